@@ -1,0 +1,183 @@
+"""`python -m producer COMMAND`: enqueue a job, watch it, steer it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import redis
+
+from producer.enqueue import EnqueueRequest, enqueue
+from producer.inputs import InputErrors
+from producer.status import job_status, render
+from workers import keys
+from workers.errors import FleetgenError
+from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
+from workers.ledger import Ledger
+from workers.settings import Settings
+
+RET_OK = 0
+RET_ERROR = 1
+RET_BAD_INPUT = 2
+
+EPILOG = """examples:
+  python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
+  python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
+  python -m producer status distill-v1
+  python -m producer jobs
+"""
+
+
+class CommandError(Exception):
+    """A command could not do what was asked; printed without a traceback."""
+
+    def __init__(self, message: str, code: int = RET_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m producer", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("enqueue", help="validate a JSONL file and queue its prompts as batches")
+    p.add_argument("input", type=Path, help="JSONL: messages / prompt / OpenAI Batch lines")
+    p.add_argument("--job", help="job name (default: the file's name without extension)")
+    p.add_argument("--output", default=None,
+                   help="s3://bucket/prefix or a folder (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE)
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
+    p.add_argument("--no-thinking", action="store_true", help="send enable_thinking=false")
+    p.add_argument("--model", default=None, help="model name sent to the servers")
+    p.add_argument("--queue", default=keys.SHARED_QUEUE,
+                   help=f"queue to use (default {keys.SHARED_QUEUE}: every GPU; gpu3 pins the job)")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per batch")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="enqueue the valid lines; write rejects next to the output")
+    p = sub.add_parser("status", help="progress, rate, ETA, tokens and workers of a job")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
+    p.add_argument("--interval", type=float, default=2.0)
+    sub.add_parser("jobs", help="list jobs with their state and progress")
+    return parser
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    import os
+
+    from workers.app import app
+
+    if args.queue != keys.SHARED_QUEUE and not keys.GPU_QUEUE.match(args.queue):
+        raise CommandError(f"--queue {args.queue!r}: use {keys.SHARED_QUEUE} or gpuN", RET_BAD_INPUT)
+    if not args.input.is_file():
+        raise CommandError(f"{args.input}: no such file", RET_BAD_INPUT)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
+    output = args.output or os.environ.get("FLEETGEN_OUTPUT") or str(Path("fleetgen-output").resolve())
+    params = GenerationParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        thinking=not args.no_thinking, model=args.model,
+    )
+    request = EnqueueRequest(
+        path=args.input, job=args.job or args.input.stem, output=output, params=params,
+        queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
+    )
+    try:
+        report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(args.input))
+    except InputErrors as exc:
+        print(str(exc), file=sys.stderr)
+        print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
+        return RET_BAD_INPUT
+    for note in report.notes:
+        print(f"note: {note}")
+    verb = "resumed" if report.resumed else "created"
+    print(f"job {report.job} {verb}: {report.prompts:,} prompts in {report.batches:,} batches "
+          f"-> queue {request.queue}, output {output}")
+    print(f"  enqueued {report.enqueued:,} batches; skipped {report.skipped_done + report.skipped_queued:,}"
+          f" ({report.skipped_done:,} done, {report.skipped_queued:,} already queued or running)")
+    if report.rejected:
+        print(f"  rejected {report.rejected:,} invalid lines -> {report.rejects_at}")
+    if report.enqueued == 0:
+        print("  nothing to do")
+    return RET_OK
+
+
+def _progress(path: Path) -> Callable[[int, int], None]:
+    total = max(1, path.stat().st_size)
+    start = time.monotonic()
+    interactive = sys.stderr.isatty()
+
+    def show(bytes_read: int, lines: int) -> None:
+        if not interactive:
+            return
+        elapsed = max(1e-6, time.monotonic() - start)
+        rate = lines / elapsed
+        eta = (total - bytes_read) / max(1.0, bytes_read / elapsed)
+        print(f"\rvalidating {path.name}: {100 * bytes_read / total:5.1f}%  {lines:,} lines"
+              f"  {rate:,.0f} lines/s  eta {eta:.0f}s ", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    ledger = Ledger.from_url(settings.redis_url)
+    while True:
+        status = job_status(ledger, args.job)
+        if args.json:
+            print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+        else:
+            if args.watch:
+                print("\x1b[2J\x1b[H", end="")
+            print(render(status))
+        if not args.watch:
+            return RET_OK
+        time.sleep(args.interval)
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    ledger = Ledger.from_url(settings.redis_url)
+    names = ledger.job_names()
+    if not names:
+        print("no jobs")
+        return RET_OK
+    print(f"{'job':<32} {'state':<10} {'done':>10} {'failed':>8} {'total':>10}  progress")
+    for name in names:
+        s = job_status(ledger, name)
+        pct = 100.0 * (s["done"] + s["failed"]) / max(1, s["total"])
+        print(f"{name:<32} {s['state']:<10} {s['done']:>10,} {s['failed']:>8,} {s['total']:>10,}  {pct:5.1f}%")
+    return RET_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "enqueue": cmd_enqueue,
+    "status": cmd_status,
+    "jobs": cmd_jobs,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        return COMMANDS[args.command](args, settings)
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except FleetgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return RET_ERROR
+    except redis.exceptions.ConnectionError as exc:
+        print(f"error: cannot reach Redis at {settings.redis_url} ({exc}); start the embedded one "
+              "with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
+        return RET_ERROR
+    except KeyboardInterrupt:
+        return 130

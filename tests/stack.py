@@ -1,0 +1,199 @@
+"""Real processes for end-to-end tests: simulated SGLang servers and Celery GPU workers.
+
+Each is started the way a user starts it (`python -m launcher sim`, `celery -A workers worker
+-Q gpuN`), with its output in a log file the failing test prints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from launcher.embedded import free_port, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+# Fast-failure settings for tests: a dead worker's batch is back in a few seconds.
+FAST_WORKER_ENV = {
+    "FLEETGEN_LEASE_TTL_S": "4",
+    "FLEETGEN_LEASE_RENEW_S": "1",
+    "FLEETGEN_RECONCILE_INTERVAL_S": "1",
+    "FLEETGEN_LOST_MESSAGE_GRACE_S": "6",
+    "FLEETGEN_RETRY_BACKOFF_S": "0.05",
+    "FLEETGEN_RETRY_BACKOFF_MAX_S": "0.2",
+    "FLEETGEN_SERVER_DOWN_WAIT_S": "30",
+    "FLEETGEN_SINK_RETRY_DEADLINE_S": "60",
+    "FLEETGEN_CAPACITY_REFRESH_S": "2",
+}
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no goodbye, as in a node failure."""
+        if self.alive():
+            os.killpg(self.pid, signal.SIGKILL)
+            assert self.popen is not None
+            self.popen.wait(10)
+
+    def stop(self, grace: float = 15.0) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        os.kill(self.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    """A fleet on one machine: Redis and S3 come from fixtures, sims and workers start here."""
+
+    tmp: Path
+    base_env: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, **self.base_env, "PYTHONUNBUFFERED": "1"}
+        env.update(extra or {})
+        return env
+
+    def sim(self, name: str, *flags: str, port: int | None = None) -> tuple[Proc, str]:
+        port = port or free_port()
+        argv = [PYTHON, "-m", "launcher", "sim", "--port", str(port), *flags]
+        proc = Proc(name, argv, self.env(), self.tmp / f"{name}.log").start()
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _healthy(url) or not proc.alive(), 30, what=f"{name} healthy")
+        assert proc.alive(), proc.log()
+        return proc, url
+
+    def worker(self, gpu: int, server_url: str, extra_env: Mapping[str, str] | None = None,
+               name: str | None = None) -> Proc:
+        name = name or f"gpu{gpu}"
+        argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"{name}@test",
+                "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
+        env = self.env({**FAST_WORKER_ENV, "SGLANG_URL": server_url, **(extra_env or {})})
+        proc = Proc(name, argv, env, self.tmp / f"{name}.log").start()
+        self.procs.append(proc)
+        wait_until(lambda: "ready." in proc.log() or not proc.alive(), 60, what=f"{name} ready")
+        assert proc.alive(), proc.log()
+        return proc
+
+    def producer(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [PYTHON, "-m", "producer", *args], env=self.env(), cwd=ROOT,
+            capture_output=True, text=True, timeout=300,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"producer {args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(grace=10)
+
+    def logs(self) -> str:
+        return "\n".join(f"==== {p.name} ====\n{p.log()}" for p in self.procs)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def chat_rows(n: int, prefix: str = "p") -> list[dict[str, Any]]:
+    """n prompts in the three accepted shapes, with stable ids."""
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        pid = f"{prefix}{i:05d}"
+        if i % 3 == 0:
+            rows.append({"id": pid, "prompt": f"Explain topic number {i} in two sentences."})
+        elif i % 3 == 1:
+            rows.append({"id": pid, "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": f"What is {i} squared?"},
+                {"role": "assistant", "content": "Let me think."},
+                {"role": "user", "content": "Go on."}]})
+        else:
+            rows.append({"custom_id": pid, "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"messages": [{"role": "user", "content": f"Write a haiku {i}."}],
+                                  "max_tokens": 3000}})
+    return rows
+
+
+def read_results(folder: Path, job: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    results = [orjson.loads(line) for f in sorted((folder / job / "results").glob("*.jsonl"))
+               for line in f.read_bytes().splitlines() if line]
+    errors = [orjson.loads(line) for f in sorted((folder / job / "errors").glob("*.jsonl"))
+              for line in f.read_bytes().splitlines() if line] if (folder / job / "errors").exists() else []
+    return results, errors
+
+
+def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    from producer.status import job_status
+    from workers.ledger import Ledger
+
+    ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = job_status(ledger, job)
+        if on_tick:
+            on_tick(status)
+        if status["state"] == "done":
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} not done in {timeout}s: {status}\n{stack.logs()}")
+
+
+def iter_ids(rows: list[dict[str, Any]]) -> Iterator[str]:
+    for r in rows:
+        yield r.get("id") or r["custom_id"]

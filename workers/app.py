@@ -1,0 +1,67 @@
+"""The Celery application: `celery -A workers worker -Q gpu0` and `celery -A workers flower`.
+
+Delivery is at-least-once with loss windows on Redis (../shared/reference/celery-redis.md);
+correctness lives in leases, create-if-absent writes and the reconciler, so the broker settings
+below only keep the broker from fighting them.
+"""
+
+from __future__ import annotations
+
+import orjson
+from celery import Celery
+from kombu import Queue
+from kombu.serialization import register
+
+from workers import keys
+from workers.settings import Settings
+
+register(
+    "orjson",
+    orjson.dumps,
+    lambda data: orjson.loads(bytes(data) if isinstance(data, memoryview) else data),
+    content_type="application/x-orjson",
+    content_encoding="utf-8",
+)
+
+settings = Settings.from_env()
+
+app = Celery("fleetgen", include=["workers.tasks"])
+app.conf.update(
+    broker_url=settings.redis_url,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    broker_transport_options={
+        # A safety net only: leases re-dispatch a dead worker's batch within a minute.
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 3,
+        "unacked_mutex_expire": 60,
+        # Own gpuN queue first, then the shared queue (kombu "priority" = order given in -Q).
+        "queue_order_strategy": "priority",
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 10,
+    },
+    task_serializer="orjson",
+    accept_content=["orjson", "json"],
+    result_accept_content=["orjson", "json"],
+    event_serializer="json",
+    task_ignore_result=True,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_acks_on_failure=True,
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+    worker_prefetch_multiplier=1,
+    # One process per GPU; two batches in flight share one request limiter, so the next batch
+    # fills the slots the previous one's tail leaves (engine.py). Threads, not prefork: the
+    # batches must share one event loop, and one process survives Redis outages (5.7.0 -c>=2
+    # prefork crash, celery-redis.md TL;DR 5).
+    worker_pool="threads",
+    worker_concurrency=settings.batch_concurrency,
+    task_default_queue=keys.SHARED_QUEUE,
+    task_queues=[Queue(keys.SHARED_QUEUE, routing_key=keys.SHARED_QUEUE)],
+    task_create_missing_queues=True,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+)

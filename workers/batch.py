@@ -1,0 +1,256 @@
+"""Run one batch: lease it, resume from its checkpoint, generate, write once, then record it.
+
+Order of effects is the whole point: a prompt's result reaches the Redis checkpoint the moment
+it finishes (so a crash loses only requests in flight), the batch's objects are written to the
+sink with create-if-absent, and only then is the batch marked done and its message acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from workers import keys
+from workers.engine import Engine
+from workers.errors import (
+    BadRequestError,
+    JobError,
+    LeaseLostError,
+    RetryableError,
+    ServerDownError,
+)
+from workers.job import JobManifest
+from workers.ledger import STATE_RUNNING, Ledger
+from workers.records import Origin, counters, error_record, is_failure, result_record
+from workers.sink import Sink, open_sink, write_with_retry
+
+log = logging.getLogger(__name__)
+
+# Adds a finished prompt to the checkpoint once; counters move only for the first copy, so a
+# prompt re-run after a crash can never be counted twice.
+_RECORD = """
+if redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+for i = 4, #ARGV - 1, 2 do
+  redis.call('hincrbyfloat', KEYS[2], ARGV[i], ARGV[i + 1])
+  if ARGV[i] == 'prompts_done' or ARGV[i] == 'prompts_failed' or ARGV[i] == 'output_tokens' then
+    redis.call('hincrbyfloat', KEYS[3], ARGV[3] .. '|' .. ARGV[i], ARGV[i + 1])
+  end
+  if ARGV[i] == 'prompts_done' or ARGV[i] == 'prompts_failed' then
+    redis.call('hincrbyfloat', KEYS[4], ARGV[#ARGV], ARGV[i + 1])
+  end
+  if ARGV[i] == 'output_tokens' then
+    redis.call('hincrbyfloat', KEYS[4], ARGV[#ARGV] .. '|tokens', ARGV[i + 1])
+  end
+end
+return 1
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    line: int
+    body: dict[str, Any]
+
+
+@dataclass
+class Outcome:
+    status: str
+    batch: str
+    done: int = 0
+    failed: int = 0
+    resumed: int = 0
+    attempt: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class BatchRunner:
+    """Executes batches for one worker process; shared by its Celery pool threads."""
+
+    def __init__(self, engine: Engine, ledger: Ledger) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.settings = engine.settings
+        self._sinks: dict[str, Sink] = {}
+        self._record, self._renew = engine.run(self._register())
+
+    async def _register(self) -> tuple[Any, Any]:
+        return (
+            self.engine.redis.register_script(_RECORD),
+            self.engine.redis.register_script(_RENEW),
+        )
+
+    def sink(self, uri: str) -> Sink:
+        if uri not in self._sinks:
+            self._sinks[uri] = open_sink(uri, addressing_style=self.settings.s3_addressing_style)
+        return self._sinks[uri]
+
+    def run(self, job: str, batch: str) -> Outcome:
+        manifest = self.ledger.load_job(job)
+        state, _ = self.ledger.job_state(job)
+        if state != STATE_RUNNING:
+            # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
+            self.ledger.unqueue(job, batch)
+            return Outcome(status=f"skipped-{state}", batch=batch)
+        sink = self.sink(manifest.output)
+        if self.ledger.is_done(job, batch) or sink.exists(keys.sink_result(job, batch)):
+            self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
+            return Outcome(status="already-done", batch=batch)
+        token = f"{self.engine.worker}/{uuid.uuid4().hex[:12]}"
+        attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
+        if attempt is None:
+            return Outcome(status="owned-elsewhere", batch=batch)
+        try:
+            return self._run_leased(manifest, sink, batch, token, attempt)
+        except ServerDownError:
+            self.ledger.release(job, batch, token, refund=True)
+            raise
+        finally:
+            self.ledger.release(job, batch, token)
+
+    def _run_leased(
+        self, manifest: JobManifest, sink: Sink, batch: str, token: str, attempt: int
+    ) -> Outcome:
+        job = manifest.name
+        raw = write_with_retry(
+            lambda: sink.get(keys.sink_input(job, batch)), deadline_s=self.settings.sink_retry_deadline_s
+        )
+        if raw is None:
+            raise JobError(f"{sink.describe(keys.sink_input(job, batch))} is missing")
+        prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
+        finished = self.ledger.load_checkpoint(job, batch)
+        origin = Origin(self.engine.server_url, self.engine.worker, attempt)
+        todo = [p for p in prompts if p.id not in finished]
+        if attempt > self.settings.batch_max_attempts:
+            reason = f"batch {batch} was interrupted {attempt - 1} times (worker died holding it)"
+            for p in todo:
+                finished[p.id] = error_record(p.id, p.line, reason, None, origin, 0)
+            todo = []
+        if todo:
+            log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
+                     job, batch, len(todo), len(prompts) - len(todo), attempt)
+            new = self.engine.run(self._generate(manifest, batch, todo, token, origin))
+            finished.update(new)
+        self._write(manifest, sink, batch, prompts, finished)
+        failed = sum(1 for r in finished.values() if is_failure(r))
+        return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
+
+    def _write(
+        self, manifest: JobManifest, sink: Sink, batch: str, prompts: list[Prompt],
+        finished: dict[str, dict[str, Any]],
+    ) -> None:
+        job = manifest.name
+        ordered = [finished[p.id] for p in prompts]
+        good = [r for r in ordered if not is_failure(r)]
+        bad = [r for r in ordered if is_failure(r)]
+        size = 0
+        if bad:
+            data = b"".join(orjson.dumps(r) + b"\n" for r in bad)
+            write_with_retry(lambda: sink.put_new(keys.sink_errors(job, batch), data),
+                             deadline_s=self.settings.sink_retry_deadline_s)
+            size += len(data)
+        data = b"".join(orjson.dumps(r) + b"\n" for r in good)
+        wrote = write_with_retry(lambda: sink.put_new(keys.sink_result(job, batch), data),
+                                 deadline_s=self.settings.sink_retry_deadline_s)
+        size += len(data) if wrote else 0
+        reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
+        self.ledger.finish_batch(
+            job, batch, {"batches_done": 1, "bytes_written": size}, self.engine.worker, reasons
+        )
+
+    async def _generate(
+        self, manifest: JobManifest, batch: str, todo: list[Prompt], token: str, origin: Origin
+    ) -> dict[str, dict[str, Any]]:
+        results: dict[str, dict[str, Any]] = {}
+        try:
+            async with asyncio.TaskGroup() as group:
+                heartbeat = group.create_task(self._heartbeat(manifest.name, batch, token))
+                prompts = [
+                    group.create_task(self._prompt(manifest, batch, p, origin, results)) for p in todo
+                ]
+                await asyncio.gather(*prompts)
+                heartbeat.cancel()
+        except BaseExceptionGroup as group_error:
+            # One cause is enough: a lost lease or a dead server stops the whole batch.
+            raise group_error.exceptions[0] from None
+        return results
+
+    async def _heartbeat(self, job: str, batch: str, token: str) -> None:
+        """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed."""
+        last_ok = time.monotonic()
+        ttl = self.settings.lease_ttl_s
+        while True:
+            await asyncio.sleep(self.settings.lease_renew_s)
+            try:
+                ok = await self._renew(keys=[keys.lease(job, batch)], args=[token, int(ttl * 1000)])
+                if not ok:
+                    raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
+                last_ok = time.monotonic()
+            except LeaseLostError:
+                raise
+            except Exception as exc:  # Redis unreachable: keep working while the lease may live.
+                if time.monotonic() - last_ok > ttl - 2 * self.settings.lease_renew_s:
+                    raise LeaseLostError(f"batch {job}/{batch}: cannot renew lease ({exc})") from exc
+                log.info("batch %s/%s: lease renewal failed, retrying (%s)", job, batch, exc)
+
+    async def _prompt(
+        self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
+        results: dict[str, dict[str, Any]],
+    ) -> None:
+        record = await self._generate_one(prompt, origin)
+        results[prompt.id] = record
+        await self._checkpoint(manifest, batch, prompt, record)
+
+    async def _generate_one(self, prompt: Prompt, origin: Origin) -> dict[str, Any]:
+        settings = self.settings
+        tries = 0
+        while True:
+            try:
+                async with self.engine.limiter:
+                    start = time.monotonic()
+                    response = await self.engine.client.chat(prompt.body)
+                return result_record(prompt.id, prompt.line, response, time.monotonic() - start, origin)
+            except BadRequestError as exc:
+                return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries + 1)
+            except ServerDownError:
+                # Not the prompt's fault: wait for the server, spend no attempt.
+                await self.engine.wait_ready(settings.server_down_wait_s)
+            except RetryableError as exc:
+                tries += 1
+                if tries >= settings.prompt_max_attempts:
+                    return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+                delay = min(settings.retry_backoff_s * 2 ** (tries - 1), settings.retry_backoff_max_s)
+                log.info("prompt %s: retry %d in %.1fs (%s)", prompt.id, tries, delay, exc.message)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+
+    async def _checkpoint(
+        self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
+    ) -> None:
+        job = manifest.name
+        thinking = bool((prompt.body.get("chat_template_kwargs") or {}).get("enable_thinking"))
+        args: list[Any] = [prompt.id, orjson.dumps(record), self.engine.worker]
+        for name, value in counters(record, thinking=thinking).items():
+            args += [name, value]
+        args.append(str(int(time.time() // 60)))
+        await self._record(
+            keys=[
+                keys.checkpoint(job, batch),
+                keys.job_part(job, "stats"),
+                keys.job_part(job, "workers"),
+                keys.job_part(job, "minutes"),
+            ],
+            args=args,
+        )

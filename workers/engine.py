@@ -1,0 +1,162 @@
+"""One asyncio loop, one httpx client and one concurrency limit per worker process.
+
+Celery runs batches in pool threads; each hands its coroutine to this loop. All batches of
+the process share one limiter sized from the server's *effective* max_running_requests (plus a
+small margin), so when one batch's tail drains, the next batch's prompts take the free slots:
+the server stays full across batch boundaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+
+from workers.errors import FleetgenError, ServerDownError
+from workers.settings import Settings
+from workers.sglang import ServerCapacity, SGLangClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Limiter:
+    """A semaphore whose size can change while requests hold it (FIFO wake-up)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.active = 0
+        self._cond = asyncio.Condition()
+
+    async def __aenter__(self) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.active < self.limit)
+            self.active += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        async with self._cond:
+            self.active -= 1
+            self._cond.notify(1)
+
+    async def set_limit(self, limit: int) -> None:
+        async with self._cond:
+            self.limit = max(1, limit)
+            self._cond.notify_all()
+
+
+class Engine:
+    """The worker process's asyncio side. `run(coro)` is called from Celery pool threads."""
+
+    def __init__(self, settings: Settings, server_url: str, worker: str) -> None:
+        self.settings = settings
+        self.server_url = server_url
+        self.worker = worker
+        self.capacity: ServerCapacity | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
+        self._started = False
+        self._lock = threading.Lock()
+        self.client: SGLangClient
+        self.redis: aioredis.Redis
+        self.limiter: Limiter
+        self._refresher: concurrent.futures.Future[None] | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._thread.start()
+            self._call(self._setup())
+            self._started = True
+            log.info("worker %s: serving %s", self.worker, self.server_url)
+
+    def stop(self) -> None:
+        """Close the client and the loop; running batches have been cancelled by then."""
+        with self._lock:
+            if not self._started:
+                return
+            self._started = False
+            if self._refresher is not None:
+                self._refresher.cancel()
+            try:
+                self._call(self._teardown(), timeout=10)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=10)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if not self._started:
+            self.start()
+        return self._call(coro)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _setup(self) -> None:
+        self.client = SGLangClient(
+            self.server_url,
+            request_timeout_s=self.settings.request_timeout_s,
+            connect_timeout_s=self.settings.connect_timeout_s,
+            api_key=self.settings.sglang_api_key,
+        )
+        self.redis = aioredis.Redis.from_url(
+            self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,
+            health_check_interval=10,
+        )
+        # Start at 1 in flight until the server says what it can take.
+        self.limiter = Limiter(1)
+        self._refresher = asyncio.run_coroutine_threadsafe(self._refresh_forever(), self._loop)
+
+    async def _teardown(self) -> None:
+        await self.client.aclose()
+        await self.redis.aclose()
+
+    def limit_for(self, capacity: ServerCapacity) -> int:
+        margin = max(self.settings.queue_margin, int(capacity.effective * self.settings.queue_margin_ratio))
+        return capacity.effective + margin
+
+    async def refresh_capacity(self) -> ServerCapacity:
+        capacity = await self.client.capacity()
+        if self.capacity is None or capacity.effective != self.capacity.effective:
+            log.info(
+                "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
+                self.worker, self.server_url, capacity.effective, capacity.requested,
+                capacity.source, self.limit_for(capacity),
+            )
+        self.capacity = capacity
+        await self.limiter.set_limit(self.limit_for(capacity))
+        return capacity
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh_capacity()
+                delay = self.settings.capacity_refresh_s
+            except FleetgenError as exc:
+                log.info("worker %s: capacity not readable yet (%s)", self.worker, exc)
+                delay = 1.0
+            await asyncio.sleep(delay)
+
+    async def wait_ready(self, deadline_s: float) -> None:
+        """Wait until the server answers /health again; raise ServerDownError past the deadline."""
+        stop = time.monotonic() + deadline_s
+        delay = 0.5
+        while time.monotonic() < stop:
+            if await self.client.ready():
+                try:
+                    await self.refresh_capacity()
+                except FleetgenError:
+                    pass
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+        raise ServerDownError(f"{self.server_url} not ready after {deadline_s:.0f}s")

@@ -1,0 +1,48 @@
+"""What can fail, named once. Callers catch these, never httpx/botocore types.
+
+    FleetgenError
+      GenerationError        one prompt could not be generated
+        RetryableError       SGLang 5xx, read timeout, connection reset mid-request
+        BadRequestError      SGLang 4xx, e.g. prompt longer than the context: fail, never retry
+        ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
+      SinkError              the output location could not be read or written
+      LeaseLostError         another worker owns the batch now: stop without writing
+      JobError               unknown job, bad job state or manifest
+"""
+
+from __future__ import annotations
+
+
+class FleetgenError(Exception):
+    """Base of every error fleetgen raises on purpose."""
+
+
+class GenerationError(FleetgenError):
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class RetryableError(GenerationError):
+    """Transient: the same request may succeed if sent again after a pause."""
+
+
+class BadRequestError(GenerationError):
+    """Permanent: the server rejected this request; sending it again cannot help."""
+
+
+class ServerDownError(GenerationError):
+    """The server is not there (restarting, crashed, draining); the prompt is not at fault."""
+
+
+class SinkError(FleetgenError):
+    """Reading or writing the output location failed."""
+
+
+class LeaseLostError(FleetgenError):
+    """The batch's lease expired or was taken over; this copy must not write."""
+
+
+class JobError(FleetgenError):
+    """The job does not exist, or the operation does not fit its state."""

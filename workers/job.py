@@ -1,0 +1,104 @@
+"""A job: its name, output location, generation parameters and manifest.
+
+The manifest is written to Redis and to `{output}/{job}/manifest.json`, so the output location
+alone describes the job and Redis can be rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from workers.errors import JobError
+from workers.keys import JOB_NAME
+
+# A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
+# a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_TEMPERATURE = 0.6
+DEFAULT_TOP_P = 0.95
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Job-wide request defaults; a prompt line's own values win."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    thinking: bool = True
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise JobError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.temperature <= 2:
+            raise JobError(f"--temperature must be in [0, 2], got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise JobError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+    def request_body(self, line_body: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completions body for one prompt: job defaults under the line's values."""
+        body: dict[str, Any] = {"model": self.model or "default"}
+        if "max_completion_tokens" not in line_body:
+            body["max_tokens"] = self.max_tokens
+        body["temperature"] = self.temperature
+        body["top_p"] = self.top_p
+        body["separate_reasoning"] = True
+        body.update(line_body)
+        kwargs = {"enable_thinking": self.thinking}
+        kwargs.update(line_body.get("chat_template_kwargs") or {})
+        body["chat_template_kwargs"] = kwargs
+        body.pop("stream", None)
+        return body
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    path: str
+    sha256: str
+    lines: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class JobManifest:
+    name: str
+    output: str
+    input: InputInfo
+    prompts: int
+    batch_size: int
+    batches: int
+    queue: str
+    params: GenerationParams
+    rejected: int = 0
+    created_at: float = field(default_factory=time.time)
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.name)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> JobManifest:
+        raw = orjson.loads(data)
+        try:
+            raw["input"] = InputInfo(**raw["input"])
+            raw["params"] = GenerationParams(**raw["params"])
+            return cls(**raw)
+        except (KeyError, TypeError) as exc:
+            raise JobError(f"job manifest is not readable: {exc}") from exc
+
+
+def validate_job_name(name: str) -> str:
+    if not JOB_NAME.match(name):
+        raise JobError(
+            f"job name {name!r}: use letters, digits, '.', '_' or '-' (at most 128), "
+            "starting with a letter or digit"
+        )
+    return name

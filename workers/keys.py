@@ -1,0 +1,80 @@
+"""Every Redis key, queue name and sink key fleetgen uses, spelled once.
+
+Redis (the ledger, rebuildable from the sink):
+    fg:jobs                      set    job names
+    fg:job:{job}                 hash   manifest (json), state, reason, created/updated
+    fg:job:{job}:queued          zset   batch -> time dispatched to the broker
+    fg:job:{job}:running         zset   batch -> time its lease was taken
+    fg:job:{job}:done            set    batches whose result object exists in the sink
+    fg:job:{job}:attempts        hash   batch -> leases taken (worker deaths are bounded)
+    fg:job:{job}:stats           hash   counters (prompts, tokens, finish reasons, bytes ...)
+    fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
+    fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
+    fg:job:{job}:failures        list   latest failure reasons (capped), newest first
+    fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
+    fg:lease:{job}:{batch}       string owner token, with TTL (heartbeat-renewed)
+Sink, under {output}/{job}/:
+    manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "fg"
+# Every GPU worker consumes this queue besides its own gpuN queue, so fast GPUs take more work.
+SHARED_QUEUE = "fleetgen"
+GPU_QUEUE = re.compile(r"^gpu(\d+)$")
+TASK_RUN_BATCH = "fleetgen.run_batch"
+
+JOBS = f"{PREFIX}:jobs"
+RECONCILER_LOCK = f"{PREFIX}:reconciler"
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def gpu_queue(index: int) -> str:
+    return f"gpu{index}"
+
+
+def job(name: str) -> str:
+    return f"{PREFIX}:job:{name}"
+
+
+def job_part(name: str, part: str) -> str:
+    return f"{PREFIX}:job:{name}:{part}"
+
+
+def checkpoint(name: str, batch: str) -> str:
+    return f"{PREFIX}:ckpt:{name}:{batch}"
+
+
+def lease(name: str, batch: str) -> str:
+    return f"{PREFIX}:lease:{name}:{batch}"
+
+
+def batch_id(index: int) -> str:
+    return f"b{index:06d}"
+
+
+def sink_manifest(name: str) -> str:
+    return f"{name}/manifest.json"
+
+
+def sink_input(name: str, batch: str) -> str:
+    return f"{name}/inputs/{batch}.jsonl"
+
+
+def sink_result(name: str, batch: str) -> str:
+    return f"{name}/results/{batch}.jsonl"
+
+
+def sink_errors(name: str, batch: str) -> str:
+    return f"{name}/errors/{batch}.jsonl"
+
+
+def sink_results_prefix(name: str) -> str:
+    return f"{name}/results/"
+
+
+def sink_errors_prefix(name: str) -> str:
+    return f"{name}/errors/"

@@ -1,0 +1,130 @@
+"""Re-dispatches batches that Celery on Redis would lose or hold for an hour.
+
+Runs in every worker as a thread; a Redis lock lets one of them work per round. Rules, per job
+that is running:
+- `running` with no live lease: its worker died (SIGKILL, partition) -> dispatch it again now,
+  not after the broker's visibility timeout. Its finished prompts are in the checkpoint.
+- `queued` for longer than the grace period and in no broker list nor the unacked hash: the
+  message was lost (a BRPOP in flight during a crash, a Redis restart) -> dispatch it again.
+Duplicates this may create are harmless: leases stop concurrent copies and the sink's
+create-if-absent write makes a late copy a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import orjson
+from celery import Celery
+
+from workers import keys
+from workers.dispatch import dispatch, parse_task_id
+from workers.ledger import STATE_RUNNING, Ledger
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, app: Celery, settings: Settings, owner: str) -> None:
+        self.app = app
+        self.settings = settings
+        self.owner = owner
+        self.ledger = Ledger.from_url(settings.redis_url)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleetgen-reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.reconcile_interval_s):
+            try:
+                if self._take_turn():
+                    self.reconcile_once()
+            except Exception:
+                log.exception("reconciler %s: round failed; next round in %.0fs",
+                              self.owner, self.settings.reconcile_interval_s)
+
+    def _take_turn(self) -> bool:
+        ttl = int(self.settings.reconcile_interval_s * 1000 * 0.9)
+        return bool(self.ledger.r.set(keys.RECONCILER_LOCK, self.owner, nx=True, px=ttl))
+
+    def reconcile_once(self) -> dict[str, int]:
+        """One pass over all running jobs; returns how many batches were re-dispatched, by cause."""
+        counts = {"dead_owner": 0, "lost_message": 0}
+        waiting: set[tuple[str, str]] | None = None
+        now = time.time()
+        for job in self.ledger.job_names():
+            state, _ = self.ledger.job_state(job)
+            if state != STATE_RUNNING:
+                continue
+            manifest = self.ledger.load_job(job)
+            orphans = [
+                b for b, started in self.ledger.running_batches(job).items()
+                if now - started > self.settings.lease_renew_s and not self.ledger.lease_alive(job, b)
+            ]
+            for batch in orphans:
+                self.ledger.r.zrem(keys.job_part(job, "running"), batch)
+            if orphans:
+                log.warning("reconciler: %s: %d batches lost their worker, re-dispatching %s",
+                            job, len(orphans), orphans[:5])
+                dispatch(self.app, self.ledger, job, orphans, manifest.queue)
+                counts["dead_owner"] += len(orphans)
+            stale = [
+                b for b, ts in self.ledger.queued_batches(job).items()
+                if now - ts > self.settings.lost_message_grace_s
+            ]
+            if stale:
+                waiting = self.broker_batches() if waiting is None else waiting
+                lost = [b for b in stale if (job, b) not in waiting and not self.ledger.is_done(job, b)]
+                if lost:
+                    log.warning("reconciler: %s: %d queued batches are in no broker queue, "
+                                "re-dispatching %s", job, len(lost), lost[:5])
+                    dispatch(self.app, self.ledger, job, lost, manifest.queue)
+                    counts["lost_message"] += len(lost)
+                fresh = [b for b in stale if (job, b) in waiting]
+                if fresh:
+                    self.ledger.mark_queued(job, fresh)
+        return counts
+
+    def broker_batches(self) -> set[tuple[str, str]]:
+        """(job, batch) of every message waiting in a queue list or held unacked by a worker."""
+        r = self.ledger.r
+        found: set[tuple[str, str]] = set()
+        queue_lists = [k for k in r.scan_iter(match="*", count=1000, _type="list")]
+        for name in queue_lists:
+            for raw in r.lrange(name, 0, -1):
+                _collect(found, raw)
+        # A message delivered long ago whose batch never got a lease belongs to a worker that
+        # died between taking it and leasing it; it does not count as waiting.
+        recent = {
+            tag for tag, score in r.zrange("unacked_index", 0, -1, withscores=True)
+            if time.time() - score < self.settings.lost_message_grace_s
+        }
+        for tag, raw in r.hgetall("unacked").items():
+            if tag not in recent:
+                continue
+            try:
+                _collect(found, orjson.dumps(orjson.loads(raw)[0]))
+            except (orjson.JSONDecodeError, IndexError, TypeError):
+                continue
+        return found
+
+
+def _collect(found: set[tuple[str, str]], raw: Any) -> None:
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    task_id = (message.get("headers") or {}).get("id") if isinstance(message, dict) else None
+    parsed = parse_task_id(task_id) if isinstance(task_id, str) else None
+    if parsed:
+        found.add(parsed)

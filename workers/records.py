@@ -1,0 +1,128 @@
+"""Per-prompt output records: what a result line and an error line contain.
+
+Result line (`results/{batch}.jsonl`):
+    {"id", "line", "reasoning_content", "content", "tool_calls", "finish_reason",
+     "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens"},
+     "latency_s", "server", "worker", "attempt"}
+Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's origin):
+    {"id", "custom_id", "response": {"status_code", "body"} | null,
+     "error": {"code", "message"}, "line", "server", "worker", "attempt", "tries"}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Stats counters every finished prompt adds to (see ledger.record_prompt).
+COUNTERS = (
+    "prompts_done",
+    "prompts_failed",
+    "input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "empty_content",
+    "missing_reasoning",
+    "latency_s",
+)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where and how a prompt ran; stamped on every record."""
+
+    server: str
+    worker: str
+    attempt: int
+
+
+def result_record(
+    prompt_id: str, line: int, response: dict[str, Any], latency_s: float, origin: Origin
+) -> dict[str, Any]:
+    choice = (response.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    usage = response.get("usage") or {}
+    details = usage.get("completion_tokens_details") or {}
+    reasoning_tokens = usage.get("reasoning_tokens")
+    if reasoning_tokens is None:
+        reasoning_tokens = details.get("reasoning_tokens", 0)
+    return {
+        "id": prompt_id,
+        "line": line,
+        "reasoning_content": message.get("reasoning_content"),
+        "content": message.get("content") or "",
+        "tool_calls": message.get("tool_calls") or None,
+        "finish_reason": choice.get("finish_reason"),
+        "usage": {
+            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "reasoning_tokens": int(reasoning_tokens or 0),
+        },
+        "latency_s": round(latency_s, 4),
+        "server": origin.server,
+        "worker": origin.worker,
+        "attempt": origin.attempt,
+    }
+
+
+def error_code(status: int | None, message: str) -> str:
+    text = message.lower()
+    if "context length" in text or "maximum context" in text:
+        return "context_length_exceeded"
+    if status is not None and 400 <= status < 500:
+        return "invalid_request"
+    if "timed out" in text:
+        return "timeout"
+    if status is not None and status >= 500:
+        return "server_error"
+    return "generation_failed"
+
+
+def error_record(
+    prompt_id: str,
+    line: int,
+    message: str,
+    status: int | None,
+    origin: Origin,
+    tries: int,
+) -> dict[str, Any]:
+    code = error_code(status, message)
+    return {
+        "id": f"fg-{prompt_id}",
+        "custom_id": prompt_id,
+        "response": (
+            {"status_code": status, "body": {"error": {"message": message, "code": code}}}
+            if status is not None
+            else None
+        ),
+        "error": {"code": code, "message": message},
+        "line": line,
+        "server": origin.server,
+        "worker": origin.worker,
+        "attempt": origin.attempt,
+        "tries": tries,
+    }
+
+
+def is_failure(record: dict[str, Any]) -> bool:
+    return "error" in record and "custom_id" in record
+
+
+def counters(record: dict[str, Any], *, thinking: bool) -> dict[str, float]:
+    """What one finished prompt adds to the job's counters."""
+    if is_failure(record):
+        return {"prompts_failed": 1, f"error_{record['error']['code']}": 1}
+    usage = record["usage"]
+    out: dict[str, float] = {
+        "prompts_done": 1,
+        "input_tokens": usage["prompt_tokens"],
+        "output_tokens": usage["completion_tokens"],
+        "reasoning_tokens": usage["reasoning_tokens"],
+        "latency_s": record["latency_s"],
+        f"finish_{record['finish_reason'] or 'none'}": 1,
+    }
+    if not record["content"] and not record["tool_calls"]:
+        out["empty_content"] = 1
+    if thinking and not record["reasoning_content"]:
+        out["missing_reasoning"] = 1
+    return out

@@ -1,0 +1,77 @@
+"""Per-process worker state: which server this worker serves, its engine and batch runner.
+
+Set up from Celery signals: `celeryd_after_setup` reads the worker's `-Q` to find its GPU
+(queue `gpuN` -> server port 30000+N unless SGLANG_URL is set) and adds the shared queue, so
+`celery -A workers worker -Q gpu0` serves GPU 0 and also takes shared work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from workers import keys
+from workers.batch import BatchRunner
+from workers.engine import Engine
+from workers.errors import FleetgenError
+from workers.ledger import Ledger
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class WorkerConfigError(FleetgenError):
+    """The worker cannot tell which server to use."""
+
+
+def server_url(settings: Settings, queues: list[str]) -> str:
+    if settings.sglang_url:
+        return settings.sglang_url
+    gpus = [int(m.group(1)) for q in queues if (m := keys.GPU_QUEUE.match(q))]
+    if len(gpus) != 1:
+        raise WorkerConfigError(
+            f"cannot tell this worker's server from queues {queues}: "
+            "consume exactly one gpuN queue (-Q gpu0) or set SGLANG_URL"
+        )
+    return settings.server_url_for_gpu(gpus[0])
+
+
+class WorkerRuntime:
+    """Lazily built on the first batch, torn down at worker shutdown."""
+
+    def __init__(self) -> None:
+        self.settings: Settings | None = None
+        self.server_url: str | None = None
+        self.worker = "worker"
+        self._runner: BatchRunner | None = None
+        self._lock = threading.Lock()
+        self.ledger: Ledger | None = None
+
+    def configure(self, settings: Settings, hostname: str, queues: list[str]) -> None:
+        self.settings = settings
+        self.worker = hostname
+        self.server_url = server_url(settings, queues)
+        self.ledger = Ledger.from_url(settings.redis_url)
+
+    def runner(self) -> BatchRunner:
+        with self._lock:
+            if self._runner is None:
+                if self.settings is None or self.server_url is None or self.ledger is None:
+                    raise WorkerConfigError("worker runtime used before the worker was set up")
+                engine = Engine(self.settings, self.server_url, self.worker)
+                engine.start()
+                self._runner = BatchRunner(engine, self.ledger)
+            return self._runner
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._runner is not None:
+                self._runner.engine.stop()
+                self._runner = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker": self.worker, "server": self.server_url}
+
+
+runtime = WorkerRuntime()

@@ -1,0 +1,115 @@
+"""The one place that reads the environment.
+
+Every process (worker, producer, Flower) builds one `Settings` with `Settings.from_env()`;
+tests build `Settings(...)` directly. Precedence is flag > environment > default: CLIs pass
+their flags through `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+# The embedded Valkey of `python -m launcher redis` listens here; a bare `python -m producer`
+# or `celery -A workers worker` on a laptop finds it without configuration.
+EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
+# SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
+SGLANG_BASE_PORT = 30000
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value fleetgen cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = EMBEDDED_REDIS_URL
+    # Explicit server for this worker; unset means "derive from the GPU queue" (gpuN → base+N).
+    sglang_url: str | None = None
+    sglang_base_port: int = SGLANG_BASE_PORT
+    sglang_api_key: str | None = None
+    # Hours, not minutes: a thinking model may decode 30k tokens at 20 tok/s under load.
+    request_timeout_s: float = 4 * 3600.0
+    connect_timeout_s: float = 10.0
+    # Requests kept waiting in the server's own queue above its effective max_running_requests,
+    # so a finishing request is replaced without a client round trip.
+    queue_margin: int = 4
+    queue_margin_ratio: float = 0.1
+    # How often the worker re-reads /server_info: a restarted server may have another capacity.
+    capacity_refresh_s: float = 30.0
+    # One prompt's transient failures (5xx, timeouts, resets) are retried this many times.
+    prompt_max_attempts: int = 4
+    retry_backoff_s: float = 2.0
+    retry_backoff_max_s: float = 60.0
+    # A batch whose server stays down this long goes back to the queue (no attempt spent).
+    server_down_wait_s: float = 300.0
+    # Lease per running batch: a dead worker's batch is re-dispatched within about
+    # lease_ttl + reconcile_interval (~45 s), well inside the 60 s promise.
+    lease_ttl_s: float = 30.0
+    lease_renew_s: float = 5.0
+    reconcile_interval_s: float = 10.0
+    # A lost broker message is only suspected after this long in "queued" with no consumer.
+    lost_message_grace_s: float = 120.0
+    # Worker deaths a batch may cause before it is failed (a poison batch must not loop).
+    batch_max_attempts: int = 5
+    # Sink writes retried through an S3 outage for this long before the batch is given up.
+    sink_retry_deadline_s: float = 600.0
+    s3_addressing_style: str = "path"
+    # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
+    visibility_timeout_s: int = 7200
+    batch_concurrency: int = 2
+    metrics_port: int | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
+            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+        if self.lease_renew_s * 2 >= self.lease_ttl_s:
+            raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from `REDIS_URL`, `SGLANG_URL` and `FLEETGEN_*` variables."""
+        env = os.environ if env is None else env
+        kwargs: dict[str, object] = {}
+        if env.get("REDIS_URL"):
+            kwargs["redis_url"] = env["REDIS_URL"]
+        if env.get("SGLANG_URL"):
+            kwargs["sglang_url"] = env["SGLANG_URL"].rstrip("/")
+        if env.get("SGLANG_API_KEY"):
+            kwargs["sglang_api_key"] = env["SGLANG_API_KEY"]
+        for f in fields(cls):
+            name = f"FLEETGEN_{f.name.upper()}"
+            if name not in env or f.name in ("extra",):
+                continue
+            kwargs[f.name] = _coerce(name, env[name], f.type)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    def server_url_for_gpu(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.sglang_base_port + index}"
+
+
+def _coerce(name: str, raw: str, type_: object) -> object:
+    text = str(type_)
+    try:
+        if "float" in text:
+            return float(raw)
+        if "int" in text:
+            return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    return raw
+
+
+ENV_DOC: dict[str, str] = {
+    "REDIS_URL": f"broker + ledger (default {EMBEDDED_REDIS_URL}, the embedded Valkey)",
+    "SGLANG_URL": "this worker's server; default http://127.0.0.1:(30000+N) for queue gpuN",
+    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key",
+    "AWS_ENDPOINT_URL": "S3 endpoint (SeaweedFS, MinIO, ...); unset means AWS",
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION": "standard boto3 credentials",
+}

@@ -1,0 +1,156 @@
+"""The HTTP client of one SGLang server (or the simulator: the worker cannot tell them apart).
+
+httpx errors and HTTP statuses become `workers.errors` types here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from workers.errors import BadRequestError, RetryableError, ServerDownError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerCapacity:
+    """What the server can really run at once, read from `/server_info` (never assumed)."""
+
+    effective: int
+    requested: int | None
+    max_total_num_tokens: int | None
+    context_length: int | None
+    model: str | None
+    source: str
+
+    @classmethod
+    def from_server_info(cls, info: dict[str, Any]) -> ServerCapacity:
+        states = info.get("internal_states") or [{}]
+        state = states[0] if isinstance(states, list) and states else {}
+        dp = int(info.get("dp_size") or 1)
+        requested = info.get("max_running_requests")
+        effective = state.get("effective_max_running_requests_per_dp")
+        source = "internal_states[0].effective_max_running_requests_per_dp"
+        if effective is None:
+            # Servers before 2026-01 lack the effective value; the scheduler's own resolved
+            # max_running_requests is the next best reading.
+            effective, source = state.get("max_running_requests"), "internal_states[0].max_running_requests"
+        if effective is None:
+            effective, source = requested, "max_running_requests (requested; server did not say)"
+        if effective is None:
+            raise RetryableError("server_info has no max_running_requests")
+        return cls(
+            effective=int(effective) * dp,
+            requested=int(requested) if requested is not None else None,
+            max_total_num_tokens=_int_or_none(info.get("max_total_num_tokens")),
+            context_length=_int_or_none(info.get("context_length")),
+            model=info.get("served_model_name") or info.get("model_path"),
+            source=source,
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+class SGLangClient:
+    """One pooled async client per worker process, for the server next to its GPU."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        request_timeout_s: float,
+        connect_timeout_s: float = 10.0,
+        api_key: str | None = None,
+        max_connections: int = 1024,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(
+                connect=connect_timeout_s, read=request_timeout_s, write=60.0, pool=None
+            ),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def ready(self) -> bool:
+        """`/health` is 200 only once the server has warmed up (contract §3)."""
+        try:
+            response = await self._http.get("/health", timeout=30.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def capacity(self) -> ServerCapacity:
+        async with self._mapped("GET /server_info"):
+            response = await self._http.get("/server_info", timeout=30.0)
+        self._raise_for_status(response)
+        return ServerCapacity.from_server_info(orjson.loads(response.content))
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one non-streaming chat completion and return the parsed response."""
+        async with self._mapped("POST /v1/chat/completions"):
+            response = await self._http.post(
+                "/v1/chat/completions",
+                content=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
+        self._raise_for_status(response)
+        data: dict[str, Any] = orjson.loads(response.content)
+        return data
+
+    @contextlib.asynccontextmanager
+    async def _mapped(self, what: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})") from exc
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"{what}: timed out ({type(exc).__name__})") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            # The connection died mid-request: usually the server crashed; the health wait
+            # that follows tells a crash from a blip.
+            raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
+        except httpx.HTTPError as exc:
+            raise RetryableError(f"{what}: {exc!r}") from exc
+
+    @staticmethod
+    def _raise_for_status(response: httpx.Response) -> None:
+        status = response.status_code
+        if status < 400:
+            return
+        message = _error_message(response)
+        if status == 503:
+            # Draining, starting, or a full queue (--max-queued-requests): not the prompt's fault.
+            raise ServerDownError(f"HTTP 503: {message}", status=status)
+        if status >= 500 or status == 429:
+            raise RetryableError(f"HTTP {status}: {message}", status=status)
+        raise BadRequestError(f"HTTP {status}: {message}", status=status)
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or body)[:2000]
+        return str(err)[:2000]
+    return str(body)[:2000]

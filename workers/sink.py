@@ -1,0 +1,221 @@
+"""The output location: S3 (any endpoint, through boto3) or a local folder.
+
+The sink is the source of truth. A batch is done when its result object exists, and objects
+are written once: `put_new` is an atomic create-if-absent (S3 `If-None-Match: *`, or a local
+temp file hard-linked into place), so a late duplicate writer is a no-op, never an overwrite.
+
+    sink = open_sink("s3://bucket/runs")     # or "/data/runs", "file:///data/runs"
+    sink.put_new("job/results/b000001.jsonl", data)  -> True (written) | False (already there)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from workers.errors import SinkError
+
+
+class Sink(Protocol):
+    uri: str
+
+    def put_new(self, key: str, data: bytes) -> bool: ...
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes | None: ...
+    def exists(self, key: str) -> bool: ...
+    def list_keys(self, prefix: str) -> Iterator[str]: ...
+    def describe(self, key: str) -> str: ...
+
+
+def open_sink(uri: str, *, addressing_style: str = "path") -> Sink:
+    """Open `s3://bucket[/prefix]`, `file:///path` or a plain folder path."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise SinkError(f"{uri}: an S3 output needs a bucket, e.g. s3://bucket/runs")
+        return S3Sink(uri, parsed.netloc, parsed.path.strip("/"), addressing_style)
+    if parsed.scheme in ("", "file"):
+        return LocalSink(uri, Path(parsed.path if parsed.scheme else uri))
+    raise SinkError(f"{uri}: unsupported output scheme {parsed.scheme!r} (use s3:// or a folder)")
+
+
+class LocalSink:
+    """A folder. Create-if-absent is `link(2)`, which fails atomically when the name exists."""
+
+    def __init__(self, uri: str, root: Path) -> None:
+        self.uri = uri
+        self.root = root.expanduser().resolve()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _write_temp(self, path: Path, data: bytes) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise SinkError(f"{path}: {exc.strerror or exc}") from exc
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            os.replace(self._write_temp(path, data), path)
+        except OSError as exc:
+            raise SinkError(f"{path}: {exc.strerror or exc}") from exc
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SinkError(f"{self._path(key)}: {exc.strerror or exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix)
+        folder = base if prefix.endswith("/") else base.parent
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.iterdir()):
+            key = path.relative_to(self.root).as_posix()
+            if key.startswith(prefix) and not path.name.startswith(".tmp-") and path.is_file():
+                yield key
+
+    def describe(self, key: str) -> str:
+        return str(self._path(key))
+
+
+class S3Sink:
+    """A bucket and prefix, through boto3 (endpoint and credentials from the AWS environment)."""
+
+    def __init__(self, uri: str, bucket: str, prefix: str, addressing_style: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.uri = uri
+        self.bucket = bucket
+        self.prefix = f"{prefix}/" if prefix else ""
+        # botocore's own retries cover brief blips; a longer outage is the caller's retry loop.
+        config = Config(
+            s3={"addressing_style": addressing_style},
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=60,
+            max_pool_connections=32,
+        )
+        self._s3: Any = boto3.client("s3", config=config)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            # 412: the object exists; 409: a concurrent conditional write won the race.
+            if _status(exc) in (409, 412):
+                return False
+            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except Exception as exc:
+            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+
+    def get(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body: bytes = self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            return body
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return False
+            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        try:
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield obj["Key"][len(self.prefix) :]
+        except Exception as exc:
+            raise SinkError(f"{self.describe(prefix)}: {_message(exc)}") from exc
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+
+def _status(exc: Any) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _message(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        err = response.get("Error", {})
+        return f"{err.get('Code', '?')}: {err.get('Message', exc)}"
+    return str(exc)
+
+
+def write_with_retry(
+    write: Any, *, deadline_s: float, backoff_s: float = 1.0, max_backoff_s: float = 15.0
+) -> Any:
+    """Call `write()` until it succeeds or `deadline_s` passes, riding through a sink outage."""
+    stop = time.monotonic() + deadline_s
+    delay = backoff_s
+    while True:
+        try:
+            return write()
+        except SinkError:
+            if time.monotonic() + delay > stop:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, max_backoff_s)

@@ -1,0 +1,61 @@
+"""The Celery task and the worker lifecycle hooks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+
+from workers import keys
+from workers.app import app, settings
+from workers.dispatch import dispatch
+from workers.errors import ServerDownError
+from workers.reconciler import Reconciler
+from workers.runtime import runtime
+
+log = logging.getLogger(__name__)
+_reconciler: Reconciler | None = None
+
+
+@celeryd_after_setup.connect
+def _setup_worker(sender: str, instance: Any, **_: Any) -> None:
+    queues = instance.app.amqp.queues
+    own = [name for name in queues.consume_from] if queues.consume_from else [keys.SHARED_QUEUE]
+    if keys.SHARED_QUEUE not in own:
+        queues.select_add(keys.SHARED_QUEUE)
+    runtime.configure(settings, sender, own)
+    log.info("worker %s: queues %s + %s, server %s", sender, own, keys.SHARED_QUEUE, runtime.server_url)
+
+
+@worker_ready.connect
+def _start(**_: Any) -> None:
+    global _reconciler
+    # One line per request at INFO would drown the lifecycle lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    runtime.runner()
+    _reconciler = Reconciler(app, settings, runtime.worker)
+    _reconciler.start()
+
+
+@worker_shutdown.connect
+def _shutdown(**_: Any) -> None:
+    if _reconciler is not None:
+        _reconciler.stop()
+    runtime.shutdown()
+
+
+@app.task(name=keys.TASK_RUN_BATCH, bind=True, acks_late=True)
+def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
+    """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
+    try:
+        return runtime.runner().run(job, batch).as_dict()
+    except ServerDownError as exc:
+        # The server stayed down: hand the batch back without spending its attempt; finished
+        # prompts stay checkpointed, so whoever takes it next resumes where this one stopped.
+        queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
+        log.warning("batch %s/%s: server down (%s); requeued to %s", job, batch, exc, queue)
+        assert runtime.ledger is not None
+        dispatch(app, runtime.ledger, job, [batch], queue)
+        return {"status": "requeued", "batch": batch, "reason": str(exc)}
