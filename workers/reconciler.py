@@ -96,27 +96,30 @@ class Reconciler:
         return counts
 
     def broker_batches(self) -> set[tuple[str, str]]:
-        """(job, batch) of every message waiting in a queue list or held unacked by a worker."""
-        r = self.ledger.r
-        found: set[tuple[str, str]] = set()
-        queue_lists = [k for k in r.scan_iter(match="*", count=1000, _type="list")]
-        for name in queue_lists:
-            for raw in r.lrange(name, 0, -1):
-                _collect(found, raw)
-        # A message delivered long ago whose batch never got a lease belongs to a worker that
-        # died between taking it and leasing it; it does not count as waiting.
-        recent = {
-            tag for tag, score in r.zrange("unacked_index", 0, -1, withscores=True)
-            if time.time() - score < self.settings.lost_message_grace_s
-        }
-        for tag, raw in r.hgetall("unacked").items():
-            if tag not in recent:
-                continue
-            try:
-                _collect(found, orjson.dumps(orjson.loads(raw)[0]))
-            except (orjson.JSONDecodeError, IndexError, TypeError):
-                continue
-        return found
+        return broker_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)
+
+
+def broker_batches(r: Any, *, grace_s: float) -> set[tuple[str, str]]:
+    """(job, batch) of every message waiting in a queue list or held unacked by a worker.
+
+    An unacked message delivered more than `grace_s` ago whose batch has no lease belongs to a
+    worker that died between taking it and leasing it; it does not count as waiting.
+    """
+    found: set[tuple[str, str]] = set()
+    for name in r.scan_iter(match="*", count=1000, _type="list"):
+        for raw in r.lrange(name, 0, -1):
+            _collect(found, raw)
+    now = time.time()
+    recent = {tag for tag, score in r.zrange("unacked_index", 0, -1, withscores=True)
+              if now - score < grace_s}
+    for tag, raw in r.hgetall("unacked").items():
+        if tag not in recent:
+            continue
+        try:
+            _collect(found, orjson.dumps(orjson.loads(raw)[0]))
+        except (orjson.JSONDecodeError, IndexError, TypeError):
+            continue
+    return found
 
 
 def _collect(found: set[tuple[str, str]], raw: Any) -> None:

@@ -1,0 +1,122 @@
+"""Steering a running job: pause, resume, cancel, and re-drive failed prompts.
+
+Pause and cancel stop new batches from starting (workers ack and drop their deliveries);
+running batches of a paused job finish, those of a cancelled job stop at their next heartbeat
+with their finished prompts kept in the checkpoint. Resume re-dispatches every batch that is
+neither done, nor running, nor waiting in the broker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import orjson
+from celery import Celery
+
+from workers import keys
+from workers.dispatch import dispatch
+from workers.errors import JobError
+from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
+from workers.reconciler import broker_batches
+from workers.sink import Sink, open_sink
+
+
+def all_batches(ledger: Ledger, job: str) -> list[str]:
+    manifest = ledger.load_job(job)
+    extra = sorted(b.decode() for b in ledger.r.smembers(keys.job_part(job, "extra")))  # type: ignore[union-attr]
+    return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
+
+
+def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
+    ledger.load_job(job)
+    ledger.set_state(job, STATE_PAUSED, reason)
+
+
+def cancel(ledger: Ledger, job: str) -> None:
+    ledger.load_job(job)
+    ledger.set_state(job, STATE_CANCELLED, "cancelled by user")
+
+
+def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = False) -> int:
+    """Set the job running again and re-dispatch what nobody is working on; returns that count."""
+    manifest = ledger.load_job(job)
+    state, reason = ledger.job_state(job)
+    if state == STATE_PAUSED and reason.startswith("quality:") and not accept_quality:
+        raise JobError(
+            f"job {job} was paused by the quality canary ({reason}); look at the examples in "
+            f"`python -m producer status {job}`, then resume with --accept-quality to go on anyway"
+        )
+    if accept_quality:
+        ledger.r.hset(keys.job(job), "quality_accepted", time.time())
+    ledger.set_state(job, STATE_RUNNING)
+    return redispatch_idle(ledger, app, job, manifest.queue)
+
+
+def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
+    done = ledger.done_batches(job)
+    running = ledger.running_batches(job)
+    waiting = {b for j, b in broker_batches(ledger.r, grace_s=float("inf")) if j == job}
+    idle = [b for b in all_batches(ledger, job) if b not in done and b not in running and b not in waiting]
+    return dispatch(app, ledger, job, idle, queue)
+
+
+@dataclass
+class RequeueReport:
+    prompts: int
+    batches: int
+
+
+def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None = None) -> RequeueReport:
+    """Send failed prompts again as new batches (e.g. after raising the context length).
+
+    Their earlier error lines stay in the sink; export keeps each prompt's latest outcome.
+    """
+    manifest = ledger.load_job(job)
+    sink = open_sink(manifest.output)
+    failed = _failed_ids(sink, job)
+    if not failed:
+        return RequeueReport(0, 0)
+    size = batch_size or manifest.batch_size
+    round_no = int(ledger.r.hincrby(keys.job(job), "requeue_rounds", 1))
+    rows = [row for row in _input_rows(sink, job) if row["id"] in failed]
+    batches: list[str] = []
+    for start in range(0, len(rows), size):
+        batch = f"r{round_no:02d}-{start // size + 1:06d}"
+        chunk = rows[start:start + size]
+        sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
+        batches.append(batch)
+    with ledger.r.pipeline() as p:
+        p.sadd(keys.job_part(job, "extra"), *batches)
+        p.hincrbyfloat(keys.job_part(job, "stats"), "prompts_failed", -len(rows))
+        p.hincrbyfloat(keys.job_part(job, "stats"), "prompts_requeued", len(rows))
+        p.execute()
+    if ledger.job_state(job)[0] == STATE_CANCELLED:
+        ledger.set_state(job, STATE_RUNNING)
+    dispatch(app, ledger, job, batches, manifest.queue)
+    return RequeueReport(len(rows), len(batches))
+
+
+def _failed_ids(sink: Sink, job: str) -> set[str]:
+    """Ids whose latest outcome is a failure (a later success clears an earlier error)."""
+    failed: set[str] = set()
+    for key in sink.list_keys(keys.sink_errors_prefix(job)):
+        failed.update(orjson.loads(line)["custom_id"] for line in (sink.get(key) or b"").splitlines() if line)
+    for key in sink.list_keys(keys.sink_results_prefix(job)):
+        failed.difference_update(
+            orjson.loads(line)["id"] for line in (sink.get(key) or b"").splitlines() if line
+        )
+    return failed
+
+
+def _input_rows(sink: Sink, job: str) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    seen: set[str] = set()
+    for key in sorted(sink.list_keys(f"{job}/inputs/")):
+        for line in (sink.get(key) or b"").splitlines():
+            if line:
+                row = orjson.loads(line)
+                if row["id"] not in seen:
+                    seen.add(row["id"])
+                    rows.append(row)
+    return rows
