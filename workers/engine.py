@@ -24,6 +24,7 @@ from workers.sglang import ServerCapacity, SGLangClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+HEALTH_PROBE_S = 1.0
 
 
 class Limiter:
@@ -66,6 +67,9 @@ class Engine:
         self.redis: aioredis.Redis
         self.limiter: Limiter
         self._refresher: concurrent.futures.Future[None] | None = None
+        self._prober: concurrent.futures.Future[None] | None = None
+        # Consecutive failed /health probes; the consumer gate reads it (gate.py).
+        self.health_failures = 0
 
     def start(self) -> None:
         with self._lock:
@@ -82,8 +86,9 @@ class Engine:
             if not self._started:
                 return
             self._started = False
-            if self._refresher is not None:
-                self._refresher.cancel()
+            for task in (self._refresher, self._prober):
+                if task is not None:
+                    task.cancel()
             try:
                 self._call(self._teardown(), timeout=10)
             finally:
@@ -115,6 +120,7 @@ class Engine:
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
         self._refresher = asyncio.run_coroutine_threadsafe(self._refresh_forever(), self._loop)
+        self._prober = asyncio.run_coroutine_threadsafe(self._probe_forever(), self._loop)
 
     async def _teardown(self) -> None:
         await self.client.aclose()
@@ -146,16 +152,29 @@ class Engine:
                 delay = 1.0
             await asyncio.sleep(delay)
 
+    async def _probe_forever(self) -> None:
+        while True:
+            if await self.client.ready():
+                if self.health_failures:
+                    await self._refresh_quietly()
+                self.health_failures = 0
+            else:
+                self.health_failures += 1
+            await asyncio.sleep(HEALTH_PROBE_S)
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh_capacity()
+        except FleetgenError as exc:
+            log.info("worker %s: capacity not readable yet (%s)", self.worker, exc)
+
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until the server answers /health again; raise ServerDownError past the deadline."""
         stop = time.monotonic() + deadline_s
         delay = 0.5
         while time.monotonic() < stop:
             if await self.client.ready():
-                try:
-                    await self.refresh_capacity()
-                except FleetgenError:
-                    pass
+                await self._refresh_quietly()
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 5.0)

@@ -47,11 +47,14 @@ class WorkerRuntime:
         self._runner: BatchRunner | None = None
         self._lock = threading.Lock()
         self.ledger: Ledger | None = None
+        # Queues this worker consumes, its own gpuN first: the gate re-adds them in this order.
+        self.queues: list[str] = []
 
     def configure(self, settings: Settings, hostname: str, queues: list[str]) -> None:
         self.settings = settings
         self.worker = hostname
         self.server_url = server_url(settings, queues)
+        self.queues = [q for q in queues if q != keys.SHARED_QUEUE] + [keys.SHARED_QUEUE]
         self.ledger = Ledger.from_url(settings.redis_url)
 
     def runner(self) -> BatchRunner:
@@ -63,6 +66,10 @@ class WorkerRuntime:
                 engine.start()
                 self._runner = BatchRunner(engine, self.ledger)
             return self._runner
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._runner.engine if self._runner is not None else None
 
     def shutdown(self) -> None:
         with self._lock:

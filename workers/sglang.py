@@ -91,7 +91,7 @@ class SGLangClient:
     async def ready(self) -> bool:
         """`/health` is 200 only once the server has warmed up (contract §3)."""
         try:
-            response = await self._http.get("/health", timeout=30.0)
+            response = await self._http.get("/health", timeout=10.0)
         except httpx.HTTPError:
             return False
         return response.status_code == 200

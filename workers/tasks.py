@@ -12,11 +12,13 @@ from workers import keys
 from workers.app import app, settings
 from workers.dispatch import dispatch
 from workers.errors import ServerDownError
+from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime
 
 log = logging.getLogger(__name__)
 _reconciler: Reconciler | None = None
+app.steps["consumer"].add(ServerGate)
 
 
 @celeryd_after_setup.connect

@@ -1,0 +1,63 @@
+"""Stop taking batches while the local server is not ready; take them again when it is.
+
+A consumer bootstep (../shared/reference/celery-redis.md §3.4): the engine probes `/health`
+on its own loop; the worker's timer cancels or re-adds the queue consumers from that reading.
+Batches wait in Redis meanwhile, so none is failed or burned because its server was down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import bootsteps
+
+from workers import keys
+from workers.runtime import runtime
+
+log = logging.getLogger(__name__)
+
+# Consecutive failed probes before the gate closes: one slow /health under load is no outage.
+CLOSE_AFTER_FAILURES = 2
+CHECK_EVERY_S = 1.0
+
+
+class ServerGate(bootsteps.StartStopStep):
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.tref: Any = None
+        self.closed_since: float | None = None
+        self.paused_s_total = 0.0
+
+    def start(self, c: Any) -> None:
+        self.tref = c.timer.call_repeatedly(CHECK_EVERY_S, self._apply, (c,), priority=10)
+
+    def stop(self, c: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+    def _apply(self, c: Any) -> None:
+        engine = runtime.engine
+        if engine is None or c.task_consumer is None:
+            return
+        ready = engine.health_failures < CLOSE_AFTER_FAILURES
+        active = {q.name for q in c.task_consumer.queues}
+        wanted = [q for q in runtime.queues if q] or [keys.SHARED_QUEUE]
+        if not ready and active:
+            for queue in list(active):
+                c.cancel_task_queue(queue)
+            self.closed_since = time.monotonic()
+            log.warning("worker %s: %s not ready; stopped taking batches", runtime.worker,
+                        engine.server_url)
+        elif ready and not active:
+            for queue in wanted:
+                c.add_task_queue(queue)
+            paused = time.monotonic() - (self.closed_since or time.monotonic())
+            self.paused_s_total += paused
+            log.warning("worker %s: %s ready again after %.1fs; taking batches", runtime.worker,
+                        engine.server_url, paused)
+            self.closed_since = None
