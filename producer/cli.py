@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import logging
 import sys
 import time
@@ -18,6 +19,7 @@ from producer.export import FORMATS
 from producer.inputs import InputErrors
 from producer.status import job_status, render
 from workers import keys
+from workers.canary import Thresholds
 from workers.errors import FleetgenError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
@@ -62,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", default=keys.SHARED_QUEUE,
                    help=f"queue to use (default {keys.SHARED_QUEUE}: every GPU; gpu3 pins the job)")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per batch")
+    p.add_argument("--canary", default=None, metavar="SPEC",
+                   help="quality thresholds, e.g. 'empty_content=0.5,length=off,min_completions=100'")
+    p.add_argument("--no-canary", action="store_true", help="do not pause on bad answers")
     p.add_argument("--skip-invalid", action="store_true",
                    help="enqueue the valid lines; write rejects next to the output")
     p = sub.add_parser("status", help="progress, rate, ETA, tokens and workers of a job")
@@ -106,9 +111,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         thinking=not args.no_thinking, model=args.model,
     )
+    thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
     request = EnqueueRequest(
         path=args.input, job=args.job or args.input.stem, output=output, params=params,
         queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
+        canary=asdict(thresholds),
     )
     try:
         report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(args.input))

@@ -55,6 +55,7 @@ class EnqueueRequest:
     queue: str = keys.SHARED_QUEUE
     batch_size: int | None = None
     skip_invalid: bool = False
+    canary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +104,7 @@ def enqueue(
             queue=req.queue,
             params=req.params,
             rejected=len(errors),
+            canary=req.canary,
         )
     if errors:
         report.rejected = len(errors)

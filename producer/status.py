@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 from workers import keys
 from workers.ledger import Ledger
 
@@ -77,8 +79,18 @@ def job_status(ledger: Ledger, job: str, now: float | None = None) -> dict[str, 
         "empty_content": int(stats.get("empty_content", 0)),
         "bytes_written": int(stats.get("bytes_written", 0)),
         "workers": _workers(ledger, job),
+        "quality": _quality(ledger, job),
         "updated_at": now,
     }
+
+
+def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
+    examples, seen, accepted = ledger.r.hmget(
+        keys.job(job), "quality_examples", "quality_seen", "quality_accepted")
+    if examples is None:
+        return None
+    return {"examples": orjson.loads(examples), "detected_after": int(seen or 0),
+            "accepted": accepted is not None}
 
 
 def _batch_len(prompts: int, size: int, batch: str) -> int:
@@ -129,6 +141,12 @@ def render(status: dict[str, Any]) -> str:
         "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s["finish_reasons"].items()) or "-")
         + f"   empty content {s['empty_content']:,}",
     ]
+    if s.get("quality"):
+        q = s["quality"]
+        lines.append(f"  quality   canary fired after {q['detected_after']} answers"
+                     f"{' (accepted by user)' if q['accepted'] else ''}; examples:")
+        for ex in q["examples"]:
+            lines.append(f"            {ex['id']}: {ex['content']!r} ({ex['output_tokens']} tokens)")
     if s["errors"]:
         lines.append("  errors    " + ", ".join(f"{k} {v:,}" for k, v in s["errors"].items()))
     lines.append(f"  written   {s['bytes_written'] / 1e6:,.1f} MB")

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from workers import keys
+from workers import canary, keys
 from workers.engine import Engine
 from workers.errors import (
     BadRequestError,
@@ -27,11 +27,13 @@ from workers.errors import (
     ServerDownError,
 )
 from workers.job import JobManifest
-from workers.ledger import STATE_CANCELLED, STATE_RUNNING, Ledger
+from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.records import Origin, counters, error_record, is_failure, result_record
 from workers.sink import Sink, open_sink, write_with_retry
 
 log = logging.getLogger(__name__)
+# The canary judges the recent window once per this many answers (per job, across workers).
+CANARY_EVERY = 10
 
 # Adds a finished prompt to the checkpoint once; counters move only for the first copy, so a
 # prompt re-run after a crash can never be counted twice.
@@ -252,7 +254,7 @@ class BatchRunner:
         for name, value in counters(record, thinking=thinking).items():
             args += [name, value]
         args.append(str(int(time.time() // 60)))
-        await self._record(
+        first = await self._record(
             keys=[
                 keys.checkpoint(job, batch),
                 keys.job_part(job, "stats"),
@@ -261,3 +263,32 @@ class BatchRunner:
             ],
             args=args,
         )
+        if first:
+            await self._watch_quality(manifest, canary.sample(record, thinking))
+
+    async def _watch_quality(self, manifest: JobManifest, fact: list[Any]) -> None:
+        """Feed the canary; every few answers, judge the recent window (canary.py)."""
+        thresholds = canary.Thresholds(**manifest.canary) if manifest.canary else canary.Thresholds()
+        if not thresholds.enabled:
+            return
+        recent = keys.job_part(manifest.name, "recent")
+        r = self.engine.redis
+        async with r.pipeline(transaction=False) as p:
+            p.lpush(recent, orjson.dumps(fact))
+            p.ltrim(recent, 0, thresholds.window - 1)
+            p.hincrby(keys.job(manifest.name), "canary_seen", 1)
+            seen = (await p.execute())[2]
+        if seen < thresholds.min_completions or seen % CANARY_EVERY:
+            return
+        state, accepted = await r.hmget(keys.job(manifest.name), "state", "quality_accepted")
+        if accepted or state != STATE_RUNNING.encode():
+            return
+        samples = [orjson.loads(x) for x in await r.lrange(recent, 0, -1)]
+        verdict = canary.evaluate(samples, thresholds)
+        if verdict is None:
+            return
+        log.warning("job %s: paused by the quality canary: %s", manifest.name, verdict.reason)
+        await r.hset(keys.job(manifest.name), mapping={
+            "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
+            "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
+        })

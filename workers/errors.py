@@ -8,6 +8,7 @@
       SinkError              the output location could not be read or written
       LeaseLostError         another worker owns the batch now: stop without writing
       JobError               unknown job, bad job state or manifest
+        JobNotRunningError   a batch of a paused or cancelled job was dropped
 """
 
 from __future__ import annotations
@@ -46,3 +47,7 @@ class LeaseLostError(FleetgenError):
 
 class JobError(FleetgenError):
     """The job does not exist, or the operation does not fit its state."""
+
+
+class JobNotRunningError(JobError):
+    """The job is paused or cancelled; its batch waits for `resume`."""

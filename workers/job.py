@@ -75,6 +75,8 @@ class JobManifest:
     queue: str
     params: GenerationParams
     rejected: int = 0
+    # Quality canary thresholds (workers.canary.Thresholds as a dict); empty means defaults.
+    canary: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     version: int = 1
 

@@ -11,7 +11,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from workers import keys
 from workers.app import app, settings
 from workers.dispatch import dispatch
-from workers.errors import ServerDownError
+from workers.errors import JobNotRunningError, ServerDownError
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime
@@ -52,7 +52,7 @@ def _shutdown(**_: Any) -> None:
 def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
     try:
-        return runtime.runner().run(job, batch).as_dict()
+        outcome = runtime.runner().run(job, batch)
     except ServerDownError as exc:
         # The server stayed down: hand the batch back without spending its attempt; finished
         # prompts stay checkpointed, so whoever takes it next resumes where this one stopped.
@@ -61,3 +61,10 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue)
         return {"status": "requeued", "batch": batch, "reason": str(exc)}
+    if outcome.status.startswith("skipped-"):
+        # Raised so Flower lists the dropped delivery with the job's reason (e.g. the canary's).
+        assert runtime.ledger is not None
+        state, reason = runtime.ledger.job_state(job)
+        raise JobNotRunningError(f"job {job} is {state}: {reason or 'no reason given'}; "
+                                 f"batch {batch} left for `python -m producer resume {job}`")
+    return outcome.as_dict()

@@ -1,0 +1,130 @@
+"""The quality canary: a job checks its own answers as they arrive and pauses itself when they
+look broken (the job fleetgen was born from ran for days on 87% empty answers).
+
+Workers push one small sample per finished prompt to a capped Redis list (the last `window`
+answers); every few completions one of them evaluates the window against the job's thresholds.
+Once `min_completions` answers exist, a crossed threshold pauses the job with the reason and
+examples; `python -m producer resume JOB --accept-quality` goes on anyway.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from workers.errors import JobError
+
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Shares of the recent window above which a job is paused (None turns a check off)."""
+
+    min_completions: int = 200
+    window: int = 200
+    empty_content: float | None = 0.2
+    length: float | None = 0.3
+    missing_reasoning: float | None = 0.5
+    duplicate: float | None = 0.2
+    # Mean output tokens below this is "far below expectation" (a boilerplate "OK." is ~3).
+    min_mean_output_tokens: float | None = 16.0
+    enabled: bool = True
+
+    @classmethod
+    def parse(cls, spec: str | None, *, enabled: bool = True) -> Thresholds:
+        """`"empty_content=0.5,length=off,min_completions=100"` over the defaults."""
+        base = cls(enabled=enabled)
+        if not spec:
+            return base
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for part in spec.split(","):
+            name, _, raw = part.strip().partition("=")
+            if name not in known or name == "enabled":
+                raise JobError(f"--canary: unknown check {name!r}; known: {', '.join(known)}")
+            if raw.lower() in ("off", "none", ""):
+                values[name] = None
+            else:
+                try:
+                    values[name] = int(raw) if name in ("min_completions", "window") else float(raw)
+                except ValueError:
+                    raise JobError(f"--canary: {name}={raw!r} is not a number") from None
+        return cls(**{**asdict(base), **values})
+
+
+def content_digest(content: str) -> str:
+    """Near-identical answers share a digest: case, spacing and trailing punctuation ignored."""
+    norm = _SPACES.sub(" ", content.strip().lower()).rstrip(".!? ")[:300]
+    return hashlib.blake2b(norm.encode(), digest_size=6).hexdigest()
+
+
+def sample(record: dict[str, Any], thinking: bool) -> list[Any]:
+    """The few facts of one answer the canary looks at: [id, empty, length, no-reasoning,
+    output tokens, digest, snippet]."""
+    if "custom_id" in record:
+        return [record["custom_id"], 0, 0, 0, 0, "", "(failed)"]
+    content = record["content"] or ""
+    empty = not content.strip() and not record.get("tool_calls")
+    return [
+        record["id"],
+        int(empty),
+        int(record["finish_reason"] == "length"),
+        int(thinking and not record.get("reasoning_content")),
+        record["usage"]["completion_tokens"],
+        content_digest(content) if content.strip() else "",
+        content[:120],
+    ]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str
+    share: float
+    threshold: float
+    reason: str
+    examples: list[dict[str, Any]]
+
+
+def evaluate(samples: list[list[Any]], t: Thresholds) -> Verdict | None:
+    """The first crossed threshold over the window, or None if the answers look healthy."""
+    answers = [s for s in samples if s[6] != "(failed)"]
+    if not t.enabled or len(answers) < min(t.min_completions, t.window):
+        return None
+    n = len(answers)
+
+    def share(index: int) -> tuple[float, list[list[Any]]]:
+        hits = [s for s in answers if s[index]]
+        return len(hits) / n, hits
+
+    checks: list[tuple[str, float | None, float, list[list[Any]], str]] = []
+    for name, index, text in (("empty_content", 1, "have an empty content"),
+                              ("length", 2, "stopped at max_tokens (finish_reason=length)"),
+                              ("missing_reasoning", 3, "have no reasoning although thinking is on")):
+        value, hits = share(index)
+        checks.append((name, getattr(t, name), value, hits, text))
+    digests = collections.Counter(s[5] for s in answers if s[5])
+    if digests:
+        top, count = digests.most_common(1)[0]
+        hits = [s for s in answers if s[5] == top]
+        snippet = hits[0][6][:40]
+        checks.append(("duplicate", t.duplicate, count / n, hits, f"are the same answer ({snippet!r})"))
+    for name, limit, value, hits, text in checks:
+        if limit is not None and value > limit:
+            return Verdict(name, value, limit,
+                           f"quality: {value:.0%} of the last {n} answers {text} "
+                           f"(threshold {limit:.0%})", _examples(hits))
+    mean_tokens = sum(s[4] for s in answers) / n
+    if t.min_mean_output_tokens is not None and mean_tokens < t.min_mean_output_tokens:
+        return Verdict("min_mean_output_tokens", mean_tokens, t.min_mean_output_tokens,
+                       f"quality: the last {n} answers average {mean_tokens:.1f} output tokens "
+                       f"(expected at least {t.min_mean_output_tokens:.0f})", _examples(answers))
+    return None
+
+
+def _examples(hits: list[list[Any]], count: int = 3) -> list[dict[str, Any]]:
+    return [{"id": s[0], "content": s[6], "output_tokens": s[4], "length": bool(s[2])}
+            for s in hits[:count]]
