@@ -9,7 +9,6 @@ skipped.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -22,10 +21,10 @@ import orjson
 from celery import Celery
 
 from producer.inputs import (
-    FileSummary,
     InputError,
     PromptRecord,
     read_prompts,
+    reject_line,
     validate_file,
     write_rejects,
 )
@@ -84,12 +83,11 @@ def enqueue(
 ) -> EnqueueReport:
     validate_job_name(req.job)
     errors: list[InputError] = []
-    summary = validate_file(req.path, progress=progress) if not req.skip_invalid else None
+    on_error = errors.append if req.skip_invalid else None
+    summary = validate_file(req.path, progress=progress, on_error=on_error)
     sink = open_sink(req.output)
     existing = ledger.load_job(req.job) if ledger.job_exists(req.job) else _manifest_from(sink, req.job)
     report = EnqueueReport(job=req.job, resumed=existing is not None)
-    if summary is None:
-        summary = _count_valid(req.path, errors)
     if existing is not None:
         manifest = _check_resume(existing, req, summary.sha256, report)
     else:
@@ -109,22 +107,12 @@ def enqueue(
     if errors:
         report.rejected = len(errors)
         report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
-        sink.put(f"{req.job}/rejects.jsonl", _rejects_bytes(errors))
+        sink.put(f"{req.job}/rejects.jsonl", b"".join(map(reject_line, errors)))
     sink.put(keys.sink_manifest(req.job), manifest.to_json())
     ledger.save_job(manifest)
     report.prompts, report.batches = manifest.prompts, manifest.batches
     _queue_batches(req, manifest, sink, ledger, app, report)
     return report
-
-
-def _count_valid(path: Path, errors: list[InputError]) -> FileSummary:
-    """With --skip-invalid: one pass that counts valid prompts and collects the rejects."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    count = sum(1 for _ in read_prompts(path, skip_invalid=True, on_error=errors.append))
-    return FileSummary(str(path), count + len(errors), count, path.stat().st_size, digest.hexdigest(), 0)
 
 
 def _manifest_from(sink: Sink, job: str) -> JobManifest | None:
@@ -210,16 +198,6 @@ def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes
     return b"".join(
         orjson.dumps({"id": r.id, "line": r.line, "body": params.request_body(r.body)}) + b"\n"
         for r in records
-    )
-
-
-def _rejects_bytes(errors: list[InputError]) -> bytes:
-    return b"".join(
-        orjson.dumps(
-            {"line": e.line, "field": e.field, "error": e.message, "raw": (e.raw or "")[:1000]}
-        )
-        + b"\n"
-        for e in errors
     )
 
 

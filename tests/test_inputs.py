@@ -1,0 +1,462 @@
+"""producer.inputs: the three line shapes, ids, every kind of bad line, streaming and rejects."""
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from producer.inputs import (
+    PROGRESS_EVERY,
+    REJECT_RAW_CHARS,
+    InputError,
+    InputErrors,
+    PromptRecord,
+    read_prompts,
+    validate_file,
+    write_rejects,
+)
+from producer.prompt_id import IdIndex, hash_id
+from producer.samples import SAMPLE_PATH
+from producer.samples.generate_sample import write_bulk, write_sample
+
+HI = [{"role": "user", "content": "hi"}]
+GOOD = {"id": "good", "messages": HI}
+
+
+def write_jsonl(tmp_path: Path, *lines: Any, name: str = "prompts.jsonl") -> Path:
+    """Write each line: bytes and str verbatim, anything else as JSON."""
+    path = tmp_path / name
+    with path.open("wb") as out:
+        for line in lines:
+            if isinstance(line, str):
+                line = line.encode()
+            elif not isinstance(line, bytes):
+                line = orjson.dumps(line)
+            out.write(line + b"\n")
+    return path
+
+
+def the_only_error(path: Path) -> InputError:
+    with pytest.raises(InputErrors) as raised:
+        validate_file(path)
+    assert len(raised.value.errors) == 1, str(raised.value)
+    return raised.value.errors[0]
+
+
+def openai_line(custom_id: str = "req-1", **body: Any) -> dict[str, Any]:
+    body = {"model": "m", "messages": HI, **body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def test_chat_line_is_read_with_its_id_tools_and_sampling(tmp_path: Path) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    line = {"id": "q1", "messages": HI, "tools": tools, "sampling": {"temperature": 0.2}}
+    [record] = read_prompts(write_jsonl(tmp_path, line))
+    assert record == PromptRecord("q1", 1, {"messages": HI, "tools": tools, "temperature": 0.2})
+
+
+def test_plain_prompt_becomes_one_user_message(tmp_path: Path) -> None:
+    [record] = read_prompts(write_jsonl(tmp_path, {"id": "p", "prompt": "hi"}))
+    assert record.body == {"messages": HI}
+
+
+def test_integer_id_becomes_a_string(tmp_path: Path) -> None:
+    [record] = read_prompts(write_jsonl(tmp_path, {"id": 42, "prompt": "hi"}))
+    assert record.id == "42"
+
+
+def test_openai_batch_line_keeps_chat_params_and_drops_model_and_stream(tmp_path: Path) -> None:
+    line = openai_line(max_tokens=64, stream=False, seed=3, chat_template_kwargs={"think": True})
+    [record] = read_prompts(write_jsonl(tmp_path, line))
+    assert record.id == "req-1"
+    assert record.body == {
+        "messages": HI,
+        "max_tokens": 64,
+        "seed": 3,
+        "chat_template_kwargs": {"think": True},
+    }
+
+
+def test_null_sampling_values_are_dropped_so_job_defaults_apply(tmp_path: Path) -> None:
+    line = {"id": "a", "messages": HI, "sampling": {"temperature": None, "max_tokens": 5}}
+    [record] = read_prompts(write_jsonl(tmp_path, line))
+    assert record.body == {"messages": HI, "max_tokens": 5}
+
+
+def test_content_parts_and_assistant_tool_calls_without_content_are_accepted(
+    tmp_path: Path,
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "assistant", "tool_calls": [call]},
+    ]
+    [record] = read_prompts(write_jsonl(tmp_path, {"messages": messages}))
+    assert record.body["messages"] == messages
+
+
+def test_line_without_id_is_named_by_the_documented_content_hash(tmp_path: Path) -> None:
+    sampling = {"temperature": 0.5, "stop": ["\n"]}
+    [record] = read_prompts(write_jsonl(tmp_path, {"messages": HI, "sampling": sampling}))
+    canonical = {"messages": HI, "tools": None, "sampling": sampling}
+    digest = hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert record.id == "h-" + digest[:24]
+
+
+def test_hash_id_does_not_depend_on_key_order(tmp_path: Path) -> None:
+    one = '{"messages": [{"role": "user", "content": "hi"}], "sampling": {"top_p": 1, "seed": 2}}'
+    two = '{"sampling": {"seed": 2, "top_p": 1}, "messages": [{"content": "hi", "role": "user"}]}'
+    [first] = read_prompts(write_jsonl(tmp_path, one, name="one.jsonl"))
+    [second] = read_prompts(write_jsonl(tmp_path, two, name="two.jsonl"))
+    assert first.id == second.id
+
+
+def test_plain_prompt_hashes_like_the_same_chat_message(tmp_path: Path) -> None:
+    [plain] = read_prompts(write_jsonl(tmp_path, {"prompt": "hi"}, name="plain.jsonl"))
+    [chat] = read_prompts(write_jsonl(tmp_path, {"messages": HI}, name="chat.jsonl"))
+    assert plain.id == chat.id
+
+
+def test_hash_id_changes_with_any_part_of_the_content() -> None:
+    bodies: list[dict[str, Any]] = [
+        {"messages": HI},
+        {"messages": [{"role": "user", "content": "hi!"}]},
+        {"messages": [{"role": "system", "content": "hi"}]},
+        {"messages": HI, "tools": [{"type": "function"}]},
+        {"messages": HI, "tools": []},
+        {"messages": HI, "temperature": 0.1},
+        {"messages": HI, "temperature": 0.2},
+    ]
+    assert len({hash_id(body) for body in bodies}) == len(bodies)
+
+
+def test_blank_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path, "", {"id": "a", "prompt": "x"}, "   ", "\t", {"id": "b", "prompt": "y"}
+    )
+    assert [(r.id, r.line) for r in read_prompts(path)] == [("a", 2), ("b", 5)]
+    summary = validate_file(path)
+    assert (summary.lines, summary.prompts, summary.blank_lines) == (5, 2, 3)
+
+
+def test_a_byte_order_mark_at_the_start_of_the_file_is_ignored(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, b"\xef\xbb\xbf" + orjson.dumps(GOOD))
+    assert [r.id for r in read_prompts(path)] == ["good"]
+
+
+def test_windows_line_endings_are_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "crlf.jsonl"
+    path.write_bytes(b'{"id": "a", "prompt": "x"}\r\n{"id": "b", "prompt": "y"}\r\n')
+    assert [r.id for r in read_prompts(path)] == ["a", "b"]
+
+
+BAD_LINES: list[tuple[str, Any, str, str]] = [
+    ("invalid JSON", '{"id": "x", "prompt": "hi"', "line", "invalid JSON: unexpected end of data"),
+    ("not an object", [1, 2], "line", "expected a JSON object; got array"),
+    ("no known shape", {"text": "hi"}, "line", "no prompt"),
+    ("missing messages", {"id": "x"}, "messages", "missing"),
+    (
+        "empty messages",
+        {"messages": []},
+        "messages",
+        "expected a non-empty list of messages; got []",
+    ),
+    ("messages not a list", {"messages": "hi"}, "messages", 'got "hi"'),
+    ("message not an object", {"messages": ["hi"]}, "messages[0]", 'expected an object; got "hi"'),
+    ("missing role", {"messages": [{"content": "hi"}]}, "messages[0].role", "; missing"),
+    (
+        "wrong role",
+        {"messages": [*HI, *HI, {"role": "bot", "content": "x"}]},
+        "messages[2].role",
+        'expected one of system, user, assistant, tool, developer; got "bot"',
+    ),
+    (
+        "content of the wrong type",
+        {"messages": [{"role": "user", "content": 5}]},
+        "messages[0].content",
+        "expected a string, a list of content parts or null; got 5",
+    ),
+    (
+        "null content for a user",
+        {"messages": [{"role": "user", "content": None}]},
+        "messages[0].content",
+        "got null; only an assistant message with tool_calls may omit it",
+    ),
+    (
+        "missing content without tool calls",
+        {"messages": [{"role": "assistant"}]},
+        "messages[0].content",
+        "missing",
+    ),
+    (
+        "content part without a type",
+        {"messages": [{"role": "user", "content": [{"text": "hi"}]}]},
+        "messages[0].content[0]",
+        '"type"',
+    ),
+    ("empty prompt", {"prompt": ""}, "prompt", 'expected a non-empty string; got ""'),
+    ("prompt not a string", {"prompt": ["hi"]}, "prompt", "got array"),
+    ("prompt and messages", {"prompt": "hi", "messages": HI}, "prompt", "not both"),
+    ("tools not a list", {"messages": HI, "tools": {"a": 1}}, "tools", "got object"),
+    ("tools of strings", {"messages": HI, "tools": ["get_weather"]}, "tools", "list of objects"),
+    ("sampling not an object", {"messages": HI, "sampling": [1]}, "sampling", "got array"),
+    (
+        "misplaced sampling param",
+        {"messages": HI, "max_tokens": 5},
+        "max_tokens",
+        'unknown field (sampling params go under "sampling")',
+    ),
+    (
+        "messages in sampling",
+        {"messages": HI, "sampling": {"messages": HI}},
+        "sampling.messages",
+        "not a sampling",
+    ),
+    ("bad method", openai_line() | {"method": "GET"}, "method", 'expected "POST"; got "GET"'),
+    ("bad url", openai_line() | {"url": "/v1/completions"}, "url", 'got "/v1/completions"'),
+    (
+        "missing body",
+        {"custom_id": "r", "method": "POST", "url": "/v1/chat/completions"},
+        "body",
+        "missing",
+    ),
+    (
+        "missing custom_id",
+        {"method": "POST", "url": "/v1/chat/completions", "body": {"messages": HI}},
+        "custom_id",
+        "missing",
+    ),
+    ("body without messages", openai_line() | {"body": {"model": "m"}}, "body.messages", "missing"),
+    (
+        "integer custom_id",
+        openai_line() | {"custom_id": 7},
+        "custom_id",
+        "expected a string; got 7",
+    ),
+    ("unknown OpenAI field", openai_line() | {"extra": 1}, "extra", "unknown field"),
+    ("id with a slash", {"id": "a/b", "prompt": "x"}, "id", "contains '/' at character 2"),
+    ("id with a newline", {"id": "a\nb", "prompt": "x"}, "id", "control characters"),
+    ("empty id", {"id": "", "prompt": "x"}, "id", "non-empty"),
+    ("long id", {"id": "x" * 257, "prompt": "x"}, "id", "longer than 256 characters (257)"),
+    ("dot-dot id", {"id": "..", "prompt": "x"}, "id", "names a directory"),
+    ("float id", {"id": 1.5, "prompt": "x"}, "id", "expected a string or an integer; got 1.5"),
+    ("boolean id", {"id": True, "prompt": "x"}, "id", "got true"),
+    ("bad custom_id", openai_line("a/b"), "custom_id", "contains '/'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "message"),
+    [case[1:] for case in BAD_LINES],
+    ids=[case[0] for case in BAD_LINES],
+)
+def test_each_bad_line_is_named_with_its_line_and_field(
+    tmp_path: Path, line: Any, field: str, message: str
+) -> None:
+    path = write_jsonl(tmp_path, GOOD, line)
+    error = the_only_error(path)
+    assert (error.path, error.line, error.field) == (str(path), 2, field)
+    assert message in error.message
+    assert str(error) == f"{path}:2: {field}: {error.message}"
+
+
+BAD_SAMPLING: list[tuple[str, Any, str]] = [
+    ("max_tokens", "100", 'an integer >= 0; got "100"'),
+    ("max_tokens", -1, "an integer >= 0; got -1"),
+    ("max_completion_tokens", 1.5, "an integer >= 0; got 1.5"),
+    ("min_tokens", True, "got true"),
+    ("seed", -3, "an integer >= 0"),
+    ("top_k", -2, "an integer >= 0, or -1 for no limit; got -2"),
+    ("temperature", "hot", 'a number; got "hot"'),
+    ("top_p", [1], "a number; got array"),
+    ("min_p", False, "a number; got false"),
+    ("frequency_penalty", {}, "a number; got {}"),
+    ("presence_penalty", "0", "a number"),
+    ("repetition_penalty", "1.1", "a number"),
+    ("stop", 3, "a string or a list of strings; got 3"),
+    ("stop", ["a", 1], "a string or a list of strings; got array"),
+    ("ignore_eos", "yes", 'true or false; got "yes"'),
+    ("chat_template_kwargs", [], "an object; got []"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD_SAMPLING)
+def test_sampling_values_of_the_wrong_type_are_named(
+    tmp_path: Path, key: str, value: Any, message: str
+) -> None:
+    path = write_jsonl(
+        tmp_path, GOOD, {"messages": HI, "sampling": {key: value}}, openai_line(**{key: value})
+    )
+    with pytest.raises(InputErrors) as raised:
+        validate_file(path)
+    errors = raised.value.errors
+    assert [(e.line, e.field) for e in errors] == [(2, f"sampling.{key}"), (3, f"body.{key}")]
+    assert all(message in e.message for e in errors)
+
+
+def test_good_sampling_values_are_kept(tmp_path: Path) -> None:
+    sampling = {
+        "max_tokens": 0, "top_k": -1, "seed": 0, "temperature": 1, "top_p": 0.9, "min_p": 0.0,
+        "stop": "END", "ignore_eos": False, "chat_template_kwargs": {}, "logprobs": True,
+    }  # fmt: skip
+    [record] = read_prompts(write_jsonl(tmp_path, {"messages": HI, "sampling": sampling}))
+    assert record.body == {"messages": HI, **sampling}
+
+
+def test_bad_utf8_is_reported_with_its_byte_offset(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, GOOD, b'{"prompt": "caf\xe9"}')
+    error = the_only_error(path)
+    assert (error.line, error.field) == (2, "line")
+    assert error.message == "not valid UTF-8 at byte 16 (0xe9)"
+    assert error.raw == '{"prompt": "caf\ufffd"}'
+
+
+def test_invalid_json_reports_orjsons_message_and_column(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, '{"prompt": "x",}'))
+    assert error.message.startswith("invalid JSON: ")
+    assert error.message.endswith("at column 15")  # the stray comma
+
+
+def test_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, {"id": "a", "prompt": "x"}, GOOD, {"id": "a", "prompt": "y"})
+    error = the_only_error(path)
+    assert (error.line, error.field) == (3, "id")
+    assert error.message == 'duplicate id "a", first on line 1'
+
+
+def test_duplicate_custom_ids_name_both_lines(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, openai_line("r"), openai_line("r", seed=1)))
+    assert (error.line, error.field) == (2, "custom_id")
+    assert "first on line 1" in error.message
+
+
+def test_an_integer_id_and_its_string_are_the_same_id(tmp_path: Path) -> None:
+    error = the_only_error(
+        write_jsonl(tmp_path, {"id": 7, "prompt": "x"}, {"id": "7", "prompt": "y"})
+    )
+    assert error.message == 'duplicate id "7", first on line 1'
+
+
+def test_identical_prompts_without_ids_are_reported_as_duplicate_content(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, {"prompt": "x"}, GOOD, {"prompt": "x"}))
+    assert error.line == 3
+    assert error.message.startswith("same content as line 1 (hash id h-")
+    assert 'give repeated prompts an "id"' in error.message
+
+
+def test_read_prompts_yields_good_lines_then_raises_at_the_first_bad_one(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, GOOD, {"prompt": ""}, {"id": "later", "prompt": "x"})
+    records = read_prompts(path)
+    assert next(records).id == "good"
+    with pytest.raises(InputError) as raised:
+        next(records)
+    assert (raised.value.line, raised.value.field) == (2, "prompt")
+
+
+def test_skip_invalid_streams_the_good_lines_and_reports_each_reject(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path,
+        {"id": "a", "prompt": "x"},
+        "not json",
+        {"id": "b", "messages": [{"role": "bot", "content": "x"}]},
+        {"id": "a", "prompt": "again"},
+        {"id": "b", "prompt": "y"},
+    )
+    rejects: list[InputError] = []
+    records = list(read_prompts(path, skip_invalid=True, on_error=rejects.append))
+    assert [(r.id, r.line) for r in records] == [("a", 1), ("b", 5)]
+    assert [(e.line, e.field) for e in rejects] == [(2, "line"), (3, "messages[0].role"), (4, "id")]
+
+
+def test_skip_invalid_without_a_callback_still_skips(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, "{", GOOD)
+    assert [r.id for r in read_prompts(path, skip_invalid=True)] == ["good"]
+
+
+def test_validate_file_summarises_a_clean_file(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, GOOD, "", {"prompt": "x"}, openai_line())
+    summary = validate_file(path)
+    data = path.read_bytes()
+    assert summary.path == str(path)
+    assert (summary.lines, summary.prompts, summary.blank_lines) == (4, 3, 1)
+    assert (summary.bytes, summary.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert summary.rejected == 0
+
+
+def test_validate_file_keeps_max_errors_and_counts_the_rest(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, GOOD, *["{"] * 30)
+    with pytest.raises(InputErrors) as raised:
+        validate_file(path, max_errors=25)
+    assert [e.line for e in raised.value.errors] == list(range(2, 27))
+    assert raised.value.total == 30
+    shown = str(raised.value).splitlines()
+    assert len(shown) == InputErrors.SHOWN + 1
+    assert shown[0].startswith(f"{path}:2: line: invalid JSON")
+    assert shown[-1] == "... and 10 more"
+
+
+def test_validate_file_with_on_error_reports_every_reject_and_returns(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path, GOOD, *["{"] * 30, {"prompt": "x"})
+    rejects: list[InputError] = []
+    summary = validate_file(path, max_errors=1, on_error=rejects.append)
+    assert (summary.prompts, summary.rejected, len(rejects)) == (2, 30, 30)
+
+
+def test_write_rejects_writes_line_field_error_and_truncated_raw(tmp_path: Path) -> None:
+    long_line = '{"prompt": "' + "x" * 2000 + '", "id": "a/b"}'
+    path = write_jsonl(tmp_path, GOOD, long_line, "[1]")
+    rejects: list[InputError] = []
+    list(read_prompts(path, skip_invalid=True, on_error=rejects.append))
+    out = tmp_path / "rejects.jsonl"
+    assert write_rejects(out, rejects) == 2
+    first, second = (orjson.loads(line) for line in out.read_bytes().splitlines())
+    assert first["line"] == 2 and first["field"] == "id" and "contains '/'" in first["error"]
+    assert first["raw"] == long_line[:REJECT_RAW_CHARS]
+    assert second == {
+        "line": 3,
+        "field": "line",
+        "error": "expected a JSON object; got array",
+        "raw": "[1]",
+    }
+
+
+def test_a_100k_line_file_streams_with_progress(tmp_path: Path) -> None:
+    path = tmp_path / "big.jsonl"
+    write_bulk(path, 100_000)
+    calls: list[tuple[int, int]] = []
+    summary = validate_file(path, progress=lambda done, lines: calls.append((done, lines)))
+    assert summary.prompts == summary.lines == 100_000
+    expected_lines = [*range(PROGRESS_EVERY, 100_001, PROGRESS_EVERY), 100_000]
+    assert [lines for _, lines in calls] == expected_lines
+    assert calls[-1][0] == path.stat().st_size
+
+
+def test_id_index_finds_duplicates_after_growing() -> None:
+    index = IdIndex()
+    assert all(index.add(f"id-{n}", n + 1) is None for n in range(100_000))
+    assert len(index) == 100_000
+    assert index.add("id-0", 200_000) == 1
+    assert index.add("id-99999", 200_001) == 100_000
+    assert index.add("new", 200_002) is None
+
+
+def test_bundled_sample_is_valid_and_has_every_shape() -> None:
+    summary = validate_file(SAMPLE_PATH)
+    assert summary.prompts == summary.lines == 200
+    lines = [orjson.loads(line) for line in SAMPLE_PATH.read_bytes().splitlines()]
+    assert sum("prompt" in line for line in lines) == 50
+    assert sum("custom_id" in line for line in lines) == 35
+    assert sum("tools" in line for line in lines) == 45
+    assert sum("id" not in line and "custom_id" not in line for line in lines) > 0
+    records = list(read_prompts(SAMPLE_PATH))
+    assert any(len(r.body["messages"]) >= 6 for r in records)
+
+
+def test_bundled_sample_is_what_the_generator_writes(tmp_path: Path) -> None:
+    regenerated = tmp_path / "sample.jsonl"
+    assert write_sample(regenerated) == 200
+    assert regenerated.read_bytes() == SAMPLE_PATH.read_bytes()
