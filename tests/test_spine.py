@@ -122,8 +122,18 @@ def test_skip_invalid_enqueues_the_rest_and_writes_rejects_with_reasons(
     assert {orjson.loads(x)["id"] for x in inputs.splitlines()} == {"ok1", "ok2"}
 
 
+@pytest.fixture
+def celery_app(redis_url: str) -> Any:
+    """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
+    from workers.app import app
+
+    app.conf.broker_url = redis_url
+    app._pool = None  # drop connections made for another broker URL
+    return app
+
+
 def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
-    stack: Stack, tmp_path: Path, redis_client: Any
+    stack: Stack, tmp_path: Path, redis_client: Any, celery_app: Any
 ) -> None:
     src = write_jsonl(tmp_path / "p.jsonl", chat_rows(60))
     out_dir = tmp_path / "out"
@@ -139,10 +149,9 @@ def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
     ledger = Ledger(redis_client)
     for batch in ("b000001", "b000002", "b000003", "b000004", "b000005", "b000006"):
         ledger.unqueue("resume", batch)
-    from workers.app import app
     from workers.dispatch import dispatch
 
-    dispatch(app, ledger, "resume", ["b000002", "b000005"], keys.SHARED_QUEUE)
+    dispatch(celery_app, ledger, "resume", ["b000002", "b000005"], keys.SHARED_QUEUE)
     worker = stack.worker(0, url)
     from launcher.embedded import wait_until
 
