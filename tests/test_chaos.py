@@ -1,0 +1,192 @@
+"""Chaos: one job survives SIGKILLed workers, a kill -9 of Redis, a crashed server and an S3 outage.
+
+Afterwards the export holds every input id exactly once; failures are only the prompts the
+simulator was told to fail, with its reason; and every killed worker's batches were running
+again within 60 s, with no restart of anything (the lease + reconciler path, default timings).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from launcher.services import RedisServer, S3Server
+from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
+from workers import keys
+from workers.retry import REDIS_ERRORS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+PROMPTS = 2000
+POISON = "POISON-PILL"
+POISONED = {f"c{i:05d}" for i in range(0, PROMPTS, 397)}
+SIM = ("--max-running-requests", "16", "--decode-tps", "80", "--mean-output-tokens", "400",
+       "--speed", "12", "--fail-rate", "0.02", "--fail-prompt", POISON)
+# Production lease timings (30 s TTL, 10 s reconcile): the 60 s promise is measured as shipped.
+CHAOS_ENV = {
+    "FLEETGEN_LEASE_TTL_S": "30", "FLEETGEN_LEASE_RENEW_S": "5",
+    "FLEETGEN_RECONCILE_INTERVAL_S": "10", "FLEETGEN_LOST_MESSAGE_GRACE_S": "20",
+}
+
+
+@pytest.fixture
+def chaos_stack(tmp_path: Path) -> Iterator[tuple[Stack, RedisServer, S3Server]]:
+    redis_server = RedisServer(data_dir=tmp_path / "redis").start()
+    s3_server = S3Server(data_dir=tmp_path / "s3").start()
+    stack = Stack(tmp_path, {"REDIS_URL": redis_server.url, **s3_server.env()})
+    try:
+        yield stack, redis_server, s3_server
+    finally:
+        stack.close()
+        s3_server.stop()
+        redis_server.stop()
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows = []
+    for i, row in enumerate(chat_rows(PROMPTS, prefix="c")):
+        pid = row.get("id") or row.get("custom_id")
+        if pid in POISONED:
+            row = {"id": pid, "prompt": f"This prompt carries the {POISON} and must fail ({i})."}
+        rows.append(row)
+    return rows
+
+
+class Recovery:
+    """Measures, per killed worker, kill -> every batch it held running again elsewhere (or done)."""
+
+    def __init__(self, redis_client: Any, job: str) -> None:
+        self.r = redis_client
+        self.job = job
+        self.seconds: list[float] = []
+        self.redone: list[int] = []
+
+    def held_by(self, worker: str) -> dict[str, int]:
+        held = {}
+        for key in self.r.scan_iter(match=f"{keys.PREFIX}:lease:{self.job}:*"):
+            owner = self.r.get(key)
+            if owner and owner.decode().startswith(f"{worker}/"):
+                batch = key.decode().rsplit(":", 1)[1]
+                held[batch] = int(self.r.hlen(keys.checkpoint(self.job, batch)))
+        return held
+
+    def wait_back(self, worker: str, held: dict[str, int], killed_at: float, limit: float) -> None:
+        pending = set(held)
+        while pending and time.monotonic() - killed_at < limit:
+            for batch in list(pending):
+                try:
+                    owner = self.r.get(keys.lease(self.job, batch))
+                except REDIS_ERRORS:
+                    continue
+                back = owner is not None and not owner.decode().startswith(f"{worker}/")
+                if back or self.r.sismember(keys.job_part(self.job, "done"), batch):
+                    pending.discard(batch)
+            time.sleep(0.2)
+        self.seconds.append(time.monotonic() - killed_at)
+        assert not pending, f"batches {pending} of {worker} not running again {limit:.0f}s after kill"
+
+
+def test_a_job_survives_worker_redis_server_and_s3_failures(
+    chaos_stack: tuple[Stack, RedisServer, S3Server], tmp_path: Path
+) -> None:
+    stack, redis_server, s3_server = chaos_stack
+    rows = _rows()
+    src = write_jsonl(tmp_path / "chaos.jsonl", rows)
+    sims = [stack.sim(f"sim{i}", *SIM) for i in range(3)]
+    workers = {i: stack.worker(i, sims[i][1], extra_env=CHAOS_ENV) for i in range(3)}
+    stack.producer("enqueue", str(src), "--job", "chaos", "--output", f"s3://{s3_server.bucket}/runs",
+                   "--batch-size", "25", "--max-tokens", "4000", "--no-canary")
+    r = redis_server.client()
+    recovery = Recovery(r, "chaos")
+    rng = random.Random(7)
+    errors: list[BaseException] = []
+
+    def done_share() -> float:
+        try:
+            return float(r.hget(keys.job_part("chaos", "stats"), "prompts_done") or 0) / PROMPTS
+        except REDIS_ERRORS:
+            return 0.0
+
+    def wait_share(share: float) -> None:
+        deadline = time.monotonic() + 300
+        while done_share() < share and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def kill_a_worker(round_no: int) -> None:
+        gpu = rng.choice(sorted(workers))
+        victim = workers[gpu]
+        held = recovery.held_by(victim.name + "@test")
+        while not held:
+            time.sleep(0.1)
+            held = recovery.held_by(victim.name + "@test")
+        victim.kill()
+        killed_at = time.monotonic()
+        # Work redone = prompts of the held batches not yet checkpointed (at most those in flight).
+        recovery.redone.append(25 * len(held) - sum(held.values()))
+        recovery.wait_back(victim.name + "@test", held, killed_at, limit=60)
+        workers[gpu] = stack.worker(gpu, sims[gpu][1], extra_env=CHAOS_ENV, name=f"gpu{gpu}r{round_no}")
+
+    def chaos() -> None:
+        try:
+            wait_share(0.08)
+            kill_a_worker(1)
+            wait_share(0.25)
+            redis_server.kill()
+            redis_server.restart()
+            wait_share(0.35)
+            kill_a_worker(2)
+            wait_share(0.5)
+            proc, url = sims[1]
+            proc.kill()
+            time.sleep(2)
+            port = int(url.rsplit(":", 1)[1])
+            sims[1] = stack.sim("sim1b", *SIM, port=port)
+            wait_share(0.6)
+            s3_server.stop()
+            time.sleep(10)
+            s3_server.start()
+            wait_share(0.75)
+            kill_a_worker(3)
+        except BaseException as exc:  # surfaced by the main thread below
+            errors.append(exc)
+        finally:
+            # Servers die with the thread that started them (PDEATHSIG): keep it until the end.
+            chaos_over.set()
+            test_over.wait(600)
+
+    chaos_over, test_over = threading.Event(), threading.Event()
+    thread = threading.Thread(target=chaos, daemon=True)
+    thread.start()
+    try:
+        _finish_and_check(stack, rows, recovery, tmp_path, chaos_over, errors)
+    finally:
+        test_over.set()
+        thread.join(timeout=30)
+
+
+def _finish_and_check(stack: Stack, rows: list[dict[str, Any]], recovery: Recovery, tmp_path: Path,
+                      chaos_over: threading.Event, errors: list[BaseException]) -> None:
+    wait_job_done(stack, "chaos", timeout=600)
+    assert chaos_over.wait(120), "chaos did not finish"
+    assert not errors, errors
+
+    export = stack.producer("export", "chaos", "--to", str(tmp_path / "chaos-out.jsonl"))
+    assert "missing 0" in export.stdout
+    lines = [orjson.loads(x) for x in (tmp_path / "chaos-out.jsonl").read_bytes().splitlines()]
+    ids = [x.get("id") if "custom_id" not in x else x["custom_id"] for x in lines]
+    assert sorted(ids) == sorted(x.get("id") or x["custom_id"] for x in rows)
+    assert max(collections.Counter(ids).values()) == 1
+    failed = {x["custom_id"]: x for x in lines if "custom_id" in x}
+    assert set(failed) == POISONED
+    assert all(f["error"]["code"] == "context_length_exceeded" for f in failed.values())
+    assert len(recovery.seconds) == 3 and max(recovery.seconds) <= 60
+    print(f"\nchaos: redelivery seconds {[round(s, 1) for s in recovery.seconds]}, "
+          f"prompts re-sent per kill {recovery.redone}")
