@@ -118,6 +118,10 @@ def _run_job(args: argparse.Namespace, started: float) -> int:
         status = job_status(ledger, job)
         if status["state"] == "done":
             break
+        if status["state"] in ("paused", "cancelled") and not status["in_flight"]:
+            print(render(status))
+            print(f"\njob {job} is {status['state']}: {status['reason']}", file=sys.stderr)
+            return 1
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job} not done after {args.timeout:.0f}s")
         if time.monotonic() - last > 2:

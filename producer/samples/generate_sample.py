@@ -341,7 +341,7 @@ def _chat(rng: random.Random, n: int) -> Json:
         messages.append({"role": "assistant" if i % 2 else "user", "content": text})
     line: Json = {"id": f"chat-{n:04d}", "messages": messages}
     if rng.random() < 0.5:
-        line["sampling"] = {"temperature": rng.choice([0.0, 0.3, 0.7, 1.0]), "max_tokens": 768}
+        line["sampling"] = {"temperature": rng.choice([0.0, 0.3, 0.7, 1.0]), "max_tokens": 8192}
     return line
 
 
@@ -379,7 +379,7 @@ def _openai(rng: random.Random, n: int) -> Json:
     messages = [_user(_fill(rng, rng.choice(PLAIN_PROMPTS)))]
     if rng.random() < 0.5:
         messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
-    body = {"model": "default", "messages": messages, "max_tokens": rng.choice([128, 256, 1024])}
+    body = {"model": "default", "messages": messages, "max_tokens": rng.choice([4096, 8192, 16384])}
     if rng.random() < 0.3:
         body["temperature"] = 0.2
     return _batch_line(f"request-{n:04d}", body)

@@ -1,0 +1,204 @@
+"""SimConfig: every simulator setting, parsed from SGLang-like flags.
+
+Each field carries its own flag spelling and help text, so the argparse parser, the defaults
+and the docs cannot drift apart. Precedence is flag > environment > default; the only
+environment variable read is `SGL_FORCE_SHUTDOWN` (SGLang's own, see contract §1).
+
+    cfg = SimConfig.from_argv(["--port", "0", "--max-running-requests", "8", "--speed", "100"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+PROG = "sglang serve"  # argparse errors read exactly like SGLang's (`usage: sglang serve ...`)
+DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json max_position_embeddings
+LOG_FORMATS = ("r", "2026-01", "2025-10", "2025-07", "2025-06")
+NONE_WORDS = ("none", "")  # `--reasoning-parser none` turns a sim default parser off
+
+
+class ConfigError(ValueError):
+    """A flag value the simulator cannot run with (argparse reports it and exits 2)."""
+
+
+def _opt(default: Any, help_: str, *flags: str, **argparse_kw: Any) -> Any:
+    return field(default=default, metadata={"help": help_, "flags": flags, "kw": argparse_kw})
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def _optional_parser(text: str) -> str | None:
+    return None if text.lower() in NONE_WORDS else text
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Settings of one simulated SGLang server; defaults equal the CLI defaults."""
+
+    # SGLang flags (contract §2), accepted so the launcher can pass its command line through.
+    model_path: str = _opt("sim/Qwen3.6-27B", "model id; only echoed", "--model-path", "--model")
+    tokenizer_path: str | None = _opt(None, "echoed in /model_info")
+    served_model_name: str | None = _opt(None, "name in /v1/models and metric labels")
+    host: str = _opt("127.0.0.1", "HTTP bind host")
+    port: int = _opt(30000, "HTTP port; 0 picks a free one", type=int)
+    tp_size: int = _opt(1, "echoed; >1 adds TP0 prefixes", "--tp-size", "--tensor-parallel-size",
+                        type=int)
+    dp_size: int = _opt(1, "echoed", "--dp-size", "--data-parallel-size", type=int)
+    context_length: int | None = _opt(None, "context length (model default 40960)", type=int)
+    mem_fraction_static: float | None = _opt(None, "KV budget fraction (auto 0.841)", type=float)
+    max_running_requests: int | None = _opt(None, "requested running cap (§7)", type=int)
+    max_queued_requests: int | None = _opt(None, "waiting-queue cap; beyond it 503", type=int)
+    max_total_tokens: int | None = _opt(None, "cap on the KV pool in tokens", type=int)
+    chunked_prefill_size: int = _opt(8192, "echoed in the summary line", type=int)
+    max_prefill_tokens: int = _opt(16384, "echoed in the summary line", type=int)
+    reasoning_parser: str | None = _opt("qwen3", "reasoning parser ('none' disables)",
+                                        type=_optional_parser)
+    tool_call_parser: str | None = _opt("qwen25", "tool-call parser ('none' disables)",
+                                        type=_optional_parser)
+    enable_metrics: bool = _opt(True, "serve /metrics (on by default in the sim)",
+                                action="store_true")
+    decode_log_interval: int = _opt(40, "Decode line every N decode iterations", type=int)
+    log_level: str = _opt("info", "level of the SGLang-style lines")
+    log_level_http: str | None = _opt(None, "uvicorn level (default: --log-level)")
+    nccl_port: int | None = _opt(None, "echoed", type=int)
+    mamba_radix_cache_strategy: str = _opt(
+        "auto", "hybrid prefix-cache strategy (§7)",
+        choices=("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"))
+    max_mamba_cache_size: int | None = _opt(None, "Mamba state slots (auto-fit: 80)", type=int)
+    mamba_full_memory_ratio: float = _opt(0.9, "mamba/KV memory ratio", type=float)
+    mamba_ssm_dtype: str = _opt("float32", "state dtype; bfloat16 doubles the slots",
+                                choices=("float32", "bfloat16", "float16"))
+    disable_radix_cache: bool = _opt(False, "Mamba ratio 1 (§7)", action="store_true")
+    speculative_algorithm: str | None = _opt(None, "e.g. EAGLE, NEXTN (upper-cased)")
+    speculative_num_steps: int | None = _opt(None, "draft steps (auto 3)", type=int)
+    speculative_eagle_topk: int | None = _opt(None, "draft top-k (auto 1)", type=int)
+    speculative_num_draft_tokens: int | None = _opt(None, "verify width (auto 4)", type=int)
+    speculative_draft_model_path: str | None = _opt(None, "echoed",
+                                                    "--speculative-draft-model-path",
+                                                    "--speculative-draft-model")
+    api_key: str | None = _opt(None, "require `Authorization: Bearer KEY`")
+    kv_cache_dtype: str = _opt("auto", "echoed")
+    load_format: str = _opt("auto", "echoed")
+    trust_remote_code: bool = _opt(False, "echoed", action="store_true")
+    skip_server_warmup: bool = _opt(False, "no warmup request at start", action="store_true")
+    watchdog_timeout: float = _opt(300.0, "echoed", type=float)
+    base_gpu_id: int = _opt(0, "echoed", type=int)
+    cuda_graph_max_bs_decode: int | None = _opt(None, "largest CUDA-graph batch", type=int)
+    allow_auto_truncate: bool = _opt(False, "clamp instead of the context 400",
+                                     action="store_true")
+    enable_cache_report: bool = _opt(False, "usage.prompt_tokens_details", action="store_true")
+    default_chat_template_kwargs: dict[str, Any] | None = _opt(  # noqa: RUF009 (a field())
+        None, "JSON, e.g. '{\"enable_thinking\": false}'", type=_json_dict)
+    # Simulator flags.
+    profile: str = _opt("dense", "capacity model (§7)", choices=("dense", "mamba-hybrid"))
+    decode_tps: float = _opt(86.0, "tokens/s of one running request", type=float)
+    prefill_tps: float = _opt(20000.0, "prompt tokens/s of one request's prefill", type=float)
+    mean_output_tokens: float = _opt(1000.0, "mean natural answer length", type=float)
+    output_sigma: float = _opt(0.8, "lognormal sigma of answer lengths", type=float)
+    speed: float = _opt(1.0, "time compression: rates are multiplied by it", type=float)
+    instant: bool = _opt(False, "no prefill/decode time at all", action="store_true")
+    seed: int = _opt(0, "changes every deterministic draw", type=int)
+    mode: str = _opt("normal", "thinking-off: ignore enable_thinking, boilerplate answers",
+                     choices=("normal", "thinking-off"))
+    boilerplate_rate: float = _opt(0.87, "share of 'OK.' answers in thinking-off mode",
+                                   type=float)
+    tool_call_rate: float = _opt(0.5, "share of answers that call a tool when tools given",
+                                 type=float)
+    speculative_accept_length: float = _opt(3.2, "accept len shown with spec", type=float)
+    speculative_accept_rate: float | None = _opt(None, "accept rate (default from length)",
+                                                 type=float)
+    log_format: str = _opt("r", "era of the batch log lines", choices=LOG_FORMATS)
+    tp_prefix: bool = _opt(False, "emit ' TP0' in scheduler line prefixes", action="store_true")
+    access_log: bool = _opt(False, "uvicorn access lines (costly at high rates)",
+                            action="store_true")
+    load_delay: float = _opt(0.0, "seconds 'loading weights' before the port opens", type=float)
+    startup_delay: float = _opt(0.0, "seconds /health answers 503 after the port opens",
+                                type=float)
+    health_latency: float = _opt(0.0, "seconds each healthy /health takes", type=float)
+    fail_rate: float = _opt(0.0, "share of requests answered 500", type=float)
+    fail_prompt: tuple[str, ...] = _opt((), "rid prefix or content marker → context 400",
+                                        action="append")
+    crash_after_requests: int | None = _opt(None, "die (-9) on receiving request N+1",
+                                            type=int)
+    crash_after_seconds: float | None = _opt(None, "die (-9) T s after ready", type=float)
+    startup_oom: bool = _opt(False, "die (-9) at start with SGLang's OOM", action="store_true")
+    force_shutdown: bool = _opt(False, "SIGTERM exits at once (env SGL_FORCE_SHUTDOWN=1)",
+                                action="store_true")
+    sglang_version: str = _opt("0.5.23", "the `version` /server_info reports")
+
+    def __post_init__(self) -> None:
+        positive = {"speed": self.speed, "decode_tps": self.decode_tps,
+                    "prefill_tps": self.prefill_tps, "mean_output_tokens": self.mean_output_tokens}
+        for name, value in positive.items():
+            if not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        for name in ("fail_rate", "boilerplate_rate", "tool_call_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1]")
+        if self.decode_log_interval < 1:
+            raise ConfigError("--decode-log-interval must be >= 1")
+        if self.context_length is not None and self.context_length < 16:
+            raise ConfigError("--context-length must be >= 16")
+
+    @property
+    def served_name(self) -> str:
+        """The name in /v1/models, metric labels and the default `model` echo."""
+        return self.served_model_name or self.model_path
+
+    @property
+    def context_len(self) -> int:
+        """The context length in force (the model's default unless given)."""
+        return self.context_length or DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def speculative(self) -> bool:
+        """Whether speculative decoding is configured."""
+        return self.speculative_algorithm is not None
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the Mamba-hybrid capacity model applies."""
+        return self.profile == "mamba-hybrid"
+
+    @classmethod
+    def from_argv(cls, argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
+        """Parse SGLang-style flags; bad flags exit 2 with argparse usage, like SGLang."""
+        parser = build_parser()
+        ns = parser.parse_args(argv)
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        values["fail_prompt"] = tuple(ns.fail_prompt or ())
+        env = os.environ if environ is None else environ
+        if not values["force_shutdown"]:
+            values["force_shutdown"] = env.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true")
+        if values["speculative_algorithm"]:
+            values["speculative_algorithm"] = values["speculative_algorithm"].upper()
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            parser.error(str(exc))
+            raise  # parser.error exits; this keeps mypy's flow analysis honest
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every SimConfig field (flag = field name with dashes)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="fleetgen's SGLang simulator (python -m launcher sim).",
+        allow_abbrev=True)
+    for f in dataclasses.fields(SimConfig):
+        flags = f.metadata["flags"] or ("--" + f.name.replace("_", "-"),)
+        kw = dict(f.metadata["kw"])
+        kw.setdefault("default", [] if kw.get("action") == "append" else f.default)
+        parser.add_argument(*flags, dest=f.name, help=f.metadata["help"], **kw)
+    parser.add_argument("--disable-metrics", dest="enable_metrics", action="store_false",
+                        help="no /metrics endpoint (404), as SGLang without --enable-metrics")
+    return parser

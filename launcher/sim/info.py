@@ -1,0 +1,106 @@
+"""The bodies of /server_info, /model_info and /v1/models (contract §4.2-4.4)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from launcher.sim.capacity import AVAIL_BEFORE_LOAD_GB
+from launcher.sim.simulator import Simulator
+
+MODEL_CLASSES = {"dense": ("Qwen3ForCausalLM", "qwen3"),
+                 "mamba-hybrid": ("Qwen3_5ForConditionalGeneration", "qwen3_5")}
+DRAFT_CLASS = "Qwen3_5ForCausalLMMTP"
+
+
+def server_args(sim: Simulator) -> dict[str, Any]:
+    """The resolved launch arguments (what SGLang logs as `server_args=` and echoes)."""
+    cfg, cap = sim.cfg, sim.capacity
+    return {
+        "model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
+        "load_format": cfg.load_format, "trust_remote_code": cfg.trust_remote_code,
+        "context_length": cfg.context_length, "kv_cache_dtype": cfg.kv_cache_dtype,
+        "served_model_name": cfg.served_name, "host": cfg.host, "port": sim.port,
+        "nccl_port": cfg.nccl_port, "tp_size": cfg.tp_size, "dp_size": cfg.dp_size,
+        "base_gpu_id": cfg.base_gpu_id, "mem_fraction_static": cap.mem_fraction_static,
+        "max_running_requests": cap.requested_running,
+        "max_queued_requests": cfg.max_queued_requests, "max_total_tokens": cfg.max_total_tokens,
+        "chunked_prefill_size": cfg.chunked_prefill_size,
+        "max_prefill_tokens": cfg.max_prefill_tokens, "page_size": 1,
+        "disable_radix_cache": cfg.disable_radix_cache,
+        "mamba_radix_cache_strategy": cap.mamba_strategy or cfg.mamba_radix_cache_strategy,
+        "max_mamba_cache_size": cfg.max_mamba_cache_size,
+        "mamba_full_memory_ratio": cfg.mamba_full_memory_ratio,
+        "mamba_ssm_dtype": cfg.mamba_ssm_dtype,
+        "cuda_graph_max_bs_decode": cap.cuda_graph_max_bs,
+        "speculative_algorithm": cfg.speculative_algorithm,
+        "speculative_draft_model_path": cfg.speculative_draft_model_path or (
+            cfg.model_path if cfg.speculative else None),
+        "speculative_num_steps": cap.spec_steps, "speculative_eagle_topk": cap.spec_topk,
+        "speculative_num_draft_tokens": cap.spec_draft_tokens,
+        "reasoning_parser": cfg.reasoning_parser, "tool_call_parser": cfg.tool_call_parser,
+        "enable_metrics": cfg.enable_metrics, "decode_log_interval": cfg.decode_log_interval,
+        "log_level": cfg.log_level, "log_level_http": cfg.log_level_http,
+        "api_key": cfg.api_key, "watchdog_timeout": cfg.watchdog_timeout,
+        "skip_server_warmup": cfg.skip_server_warmup,
+        "allow_auto_truncate": cfg.allow_auto_truncate,
+        "enable_cache_report": cfg.enable_cache_report,
+        "default_chat_template_kwargs": cfg.default_chat_template_kwargs,
+        "random_seed": cfg.seed,
+    }
+
+
+def max_req_input_len(sim: Simulator) -> int:
+    """The longest accepted prompt, as the scheduler reports it."""
+    return min(sim.cfg.context_len - 1, sim.capacity.max_total_num_tokens - 1) - 5
+
+
+def internal_state(sim: Simulator) -> dict[str, Any]:
+    """`internal_states[0]`: the scheduler's view, with the effective running cap."""
+    cap = sim.capacity
+    state: dict[str, Any] = {
+        **server_args(sim), "world_size": 1, "startup_time": sim.startup_seconds,
+        "effective_max_running_requests_per_dp": cap.effective_running,
+        "last_gen_throughput": sim.scheduler.last_gen_throughput,
+        "memory_usage": {"weight": round(cap.weights_gb, 2), "kvcache": round(cap.kv_gb, 2),
+                         "startup_available": AVAIL_BEFORE_LOAD_GB,
+                         "token_capacity": cap.max_total_num_tokens, "token_capacity_swa": None,
+                         "graph": {"decode": cap.graph_gb}},
+    }
+    if cap.mamba_cache_size is not None:
+        state["max_mamba_cache_size"] = cap.mamba_cache_size
+    if sim.cfg.speculative:
+        state["avg_spec_accept_length"] = sim.cfg.speculative_accept_length
+    return state
+
+
+def server_info(sim: Simulator) -> dict[str, Any]:
+    """The flat /server_info dict."""
+    return {
+        **server_args(sim), "launch_command": sim.launch_command,
+        "max_total_num_tokens": sim.capacity.max_total_num_tokens,
+        "max_req_input_len": max_req_input_len(sim), "status": "ready",
+        "startup_time": sim.startup_seconds, "hicache_object_layout": None, "kv_events": None,
+        "internal_states": [internal_state(sim)], "version": sim.cfg.sglang_version,
+        "frontend": "python",
+    }
+
+
+def model_info(sim: Simulator) -> dict[str, Any]:
+    """The /model_info dict."""
+    cfg = sim.cfg
+    model_class, model_type = MODEL_CLASSES[cfg.profile]
+    return {"model_path": cfg.model_path, "served_model_name": cfg.served_name,
+            "tokenizer_path": cfg.tokenizer_path or cfg.model_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default",
+            "load_format": cfg.load_format, "reasoning_parser": cfg.reasoning_parser,
+            "tool_call_parser": cfg.tool_call_parser, "disaggregation_mode": "null",
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": model_type, "architectures": [model_class]}
+
+
+def model_card(sim: Simulator) -> dict[str, Any]:
+    """One /v1/models entry."""
+    name = sim.cfg.served_name
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+            "root": name, "parent": None, "max_model_len": sim.cfg.context_len}

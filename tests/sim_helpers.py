@@ -1,0 +1,117 @@
+"""Shared helpers for the simulator tests: in-thread servers, subprocesses, metric scraping."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from launcher.sim import SimConfig, serve_in_thread
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def config(*flags: str) -> SimConfig:
+    """A SimConfig on a free port from SGLang-style flags."""
+    return SimConfig.from_argv(["--port", "0", *flags])
+
+
+@contextlib.contextmanager
+def running_sim(*flags: str) -> Iterator[str]:
+    """An in-thread simulator; yields its base URL once /health is 200."""
+    with serve_in_thread(config(*flags)) as url:
+        yield url
+
+
+def chat_body(text: str = "Hello there", **extra: Any) -> dict[str, Any]:
+    """A minimal chat request body."""
+    return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
+
+
+def wait_until(condition: Callable[[], T | None], timeout: float = 10.0,
+               what: str = "condition") -> T:
+    """Poll `condition` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` (e.g. `sglang:num_running_reqs`)."""
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    if match is None:
+        raise AssertionError(f"{name} not in /metrics")
+    return float(match.group(1))
+
+
+def gauge(url: str, name: str) -> float:
+    """The current value of one /metrics sample of the server at `url`."""
+    return metric(httpx.get(url + "/metrics").text, name)
+
+
+def free_port() -> int:
+    """A port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SimProcess:
+    """`python -m launcher sim ...` as a child process, its output in a file."""
+
+    def __init__(self, tmp: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"sim-{self.port}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "sim", "--port", str(self.port), *flags],
+            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def log(self) -> str:
+        """Everything the process printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_line(self, text: str, timeout: float = 10.0) -> str:
+        """Wait until the output contains `text`; the output so far."""
+        wait_until(lambda: text in self.log(), timeout, repr(text))
+        return self.log()
+
+    def health(self) -> int | None:
+        """/health's status code, or None if the port refuses connections."""
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code
+        except httpx.TransportError:
+            return None
+
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        """Wait until /health answers 200."""
+        wait_until(lambda: self.health() == 200, timeout, "/health == 200")
+
+    def wait_exit(self, timeout: float = 10.0) -> int:
+        """The exit code, once the process has ended."""
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        """Kill the process if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._log.close()

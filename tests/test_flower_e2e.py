@@ -1,0 +1,250 @@
+"""Flower, seen through a real browser, while a real fleet runs a job.
+
+Two simulated servers, two GPU workers, Flower started with fleetgen's config
+(workers/flowerconfig.py) and a password, jobs enqueued with the producer; headless Chromium
+renders Flower's pages (JavaScript included) and screenshots them to /tmp/flower-*.png for a
+human to look at. The other tests pin down what docs/flower.md says about authentication.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from launcher.embedded import free_port, wait_until
+from producer import control
+from tests.conftest import unavailable
+from tests.stack import CELERY, Proc, Stack, chat_rows, write_jsonl
+from workers import keys
+from workers.ledger import Ledger
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+USER, PASSWORD = "fleet", "s3cret-for-tests"
+# Slow enough that every queue still holds batches while the browser looks: a request takes
+# ~5 s and each server runs 4 at once.
+SLOW_SIM = ("--max-running-requests", "4", "--decode-tps", "40", "--mean-output-tokens", "400",
+            "--speed", "2")
+WORKERS = ("gpu0@test", "gpu1@test")
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Browser]:
+    if not Path(CHROMIUM).is_file():
+        unavailable(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+    home = tmp_path / "chromium-home"
+    home.mkdir()
+    yield Browser(home)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_url: str, redis_client: Any) -> Iterator[Stack]:
+    # Outputs go to a folder: Flower is about the broker, S3 plays no part.
+    s = Stack(tmp_path, {"REDIS_URL": redis_url})
+    try:
+        yield s
+    finally:
+        # The jobs are meant to be unfinished: a warm shutdown would wait for running batches.
+        for proc in s.procs:
+            if proc.name.startswith("gpu"):
+                proc.kill()
+        s.close()
+
+
+class Browser:
+    """Headless Chromium, one throwaway profile per run, HOME kept inside the test's tmp dir."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        # Chromium writes ~/.config/chromium and ~/.cache/dconf even with --user-data-dir.
+        self.env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+                    "XDG_CACHE_HOME": str(home / ".cache")}
+
+    def run(self, *args: str) -> str:
+        profile = tempfile.mkdtemp(dir=self.home)
+        result = subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+            env=self.env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    def dom(self, url: str) -> str:
+        """The page's DOM after its scripts ran (5 s of virtual time: ajax tables filled)."""
+        dom = self.run("--virtual-time-budget=5000", "--dump-dom", url)
+        # Kept for the failure message's reader: tmp/chromium-home/<page>.html.
+        page = re.sub(r"\W+", "_", url.split("@")[-1].split("/", 1)[-1]) or "root"
+        (self.home / f"{page}.html").write_text(dom)
+        return dom
+
+    def screenshot(self, url: str, path: Path) -> Path:
+        self.run("--virtual-time-budget=5000", "--window-size=1400,900", f"--screenshot={path}", url)
+        assert path.stat().st_size > 10_000, f"{path} looks empty"
+        return path
+
+
+def start_flower(stack: Stack, *flags: str, env: dict[str, str] | None = None,
+                 name: str = "flower") -> tuple[Proc, str]:
+    """Start `celery -A workers flower` on a free loopback port; return it and its base URL."""
+    port = free_port()
+    argv = [CELERY, "-A", "workers", "flower", "--conf=workers/flowerconfig.py",
+            "--address=127.0.0.1", f"--port={port}", *flags]
+    # FLOWER_* variables from the developer's shell would change what these tests check.
+    clean = {k: v for k, v in stack.env(env).items()
+             if not k.startswith("FLOWER_") or k in (env or {})}
+    proc = Proc(name, argv, clean, stack.tmp / f"{name}.log").start()
+    stack.procs.append(proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc: Proc, base: str) -> None:
+    wait_until(lambda: _ok(f"{base}/healthcheck") or not proc.alive(), 30, what=f"{proc.name} up")
+    assert proc.alive(), proc.log()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def queue_rows(broker_dom: str) -> dict[str, int]:
+    """Queue name -> Messages, from the /broker page's table."""
+    rows = re.findall(r'<tr id="([^"]+)">\s*<td>\1</td>\s*<td[^>]*>(\d[\d,]*)</td>', broker_dom)
+    return {name: int(count.replace(",", "")) for name, count in rows}
+
+
+def enqueue(stack: Stack, tmp: Path, job: str, queue: str, prompts: int, batch_size: int) -> None:
+    src = write_jsonl(tmp / f"{job}.jsonl", chat_rows(prompts, prefix=job))
+    stack.producer("enqueue", str(src), "--job", job, "--queue", queue,
+                   "--output", str(tmp / "out"), "--batch-size", str(batch_size), "--no-canary")
+
+
+def test_flower_shows_workers_queue_depths_and_failed_batches_with_reasons(
+    stack: Stack, chromium: Browser, tmp_path: Path, redis_client: Any
+) -> None:
+    _, url0 = stack.sim("sim0", *SLOW_SIM)
+    _, url1 = stack.sim("sim1", *SLOW_SIM)
+    # Flower runs before the workers, as a long-lived Flower does when a fleet (re)starts.
+    proc, base = start_flower(stack, f"--basic-auth={USER}:{PASSWORD}")
+    wait_healthy(proc, base)
+    # Chromium sends URL credentials on the 401 challenge, for the page and its XHRs alike.
+    flower = base.replace("http://", f"http://{USER}:{PASSWORD}@")
+    # A paused job's batches are dropped with a reason; they sit first in gpu1's queue.
+    enqueue(stack, tmp_path, "held", "gpu1", prompts=4, batch_size=2)
+    control.pause(Ledger(redis_client), "held", "paused by test operator")
+    enqueue(stack, tmp_path, "pinned0", "gpu0", prompts=40, batch_size=4)
+    enqueue(stack, tmp_path, "pinned1", "gpu1", prompts=40, batch_size=4)
+    enqueue(stack, tmp_path, "shared", keys.SHARED_QUEUE, prompts=20, batch_size=4)
+    stack.worker(0, url0)
+    stack.worker(1, url1)
+    # Workers drain their own gpuN queue first, so nobody takes from the shared one yet.
+    assert redis_client.llen(keys.SHARED_QUEUE) == 5
+
+    dashboard = chromium.dom(f"{flower}/")
+    for name in WORKERS:
+        assert name in dashboard
+    assert re.search(r'id="workers-online">2<', dashboard), "dashboard JS did not count 2 online"
+
+    # Flower lists the queues workers reported when it last inspected them (at its start,
+    # before any worker was up), else task_default_queue + task_queues: only the shared queue.
+    assert queue_rows(chromium.dom(f"{flower}/broker")).keys() == {keys.SHARED_QUEUE}
+    refresh = httpx.get(f"{base}/api/workers?refresh=1", auth=(USER, PASSWORD), timeout=10)
+    assert refresh.status_code == 200
+    lengths: dict[str, int] = {}
+
+    def broker_lists_every_queue() -> bool:
+        before = {q: redis_client.llen(q) for q in ("gpu0", "gpu1")}
+        lengths.update(queue_rows(chromium.dom(f"{flower}/broker")))
+        after = {q: redis_client.llen(q) for q in ("gpu0", "gpu1")}
+        if {"gpu0", "gpu1"} - lengths.keys():
+            return False
+        # The page shows LLEN at the moment it was rendered: between the two readings.
+        assert all(after[q] <= lengths[q] <= before[q] for q in before), (before, lengths, after)
+        return True
+
+    wait_until(broker_lists_every_queue, 30, interval=0.5, what="gpu0 and gpu1 on /broker")
+    assert lengths[keys.SHARED_QUEUE] == 5
+    assert lengths["gpu0"] >= 1 and lengths["gpu1"] >= 1
+
+    rows: dict[str, str] = {}
+
+    def tasks_page_lists_the_dropped_batches() -> bool:
+        page = chromium.dom(f"{flower}/tasks")
+        rows.update(re.findall(r'<tr id="(held:b00000[12]):[^"]*"[^>]*>(.*?)</tr>', page))
+        return len(rows) == 2 and all("FAILURE" in row for row in rows.values())
+
+    wait_until(tasks_page_lists_the_dropped_batches, 30, interval=0.5, what="2 failed batches")
+    for task, row in rows.items():
+        batch = task.split(":")[1]
+        cells = html.unescape(row)
+        assert f">held {batch}<" in cells
+        assert (f">JobNotRunningError('job held is paused: paused by test operator; batch {batch} "
+                "left for `python -m producer resume held`')<") in cells
+
+    shots = {page: chromium.screenshot(f"{flower}{path}", tmp_path / f"flower-{page}.png")
+             for page, path in (("dashboard", "/"), ("broker", "/broker"), ("tasks", "/tasks"))}
+    for page, shot in shots.items():
+        shutil.copy(shot, f"/tmp/flower-{page}.png")
+
+
+def test_flower_asks_for_the_password_everywhere_except_metrics_and_healthcheck(
+    tmp_path: Path, redis_url: str, redis_client: Any
+) -> None:
+    stack = Stack(tmp_path, {"REDIS_URL": redis_url})
+    try:
+        # From the environment, as docs/flower.md advises: a flag would show the password in ps.
+        proc, base = start_flower(stack, "--read_only",
+                                  env={"FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"})
+        wait_healthy(proc, base)
+        for path in ("/", "/broker", "/tasks", "/api/workers", "/api/queues/length"):
+            denied = httpx.get(f"{base}{path}", timeout=10)
+            assert denied.status_code == 401, path
+            if not path.startswith("/api/"):  # the API answers 401 without a challenge
+                assert denied.headers["www-authenticate"] == 'Basic realm="flower"'
+            assert httpx.get(f"{base}{path}", auth=(USER, PASSWORD), timeout=10).status_code == 200
+        assert httpx.get(f"{base}/", auth=(USER, "wrong"), timeout=10).status_code == 401
+        metrics = httpx.get(f"{base}/metrics", timeout=10)
+        assert metrics.status_code == 200 and "# TYPE flower_worker_online gauge" in metrics.text
+        assert httpx.get(f"{base}/healthcheck", timeout=10).text == "OK"
+        shutdown = httpx.post(f"{base}/api/worker/shutdown/gpu0@test", auth=(USER, PASSWORD),
+                              timeout=10)
+        assert shutdown.status_code == 403 and "Read only" in shutdown.text
+    finally:
+        stack.close()
+
+
+def test_without_auth_flower_pages_are_open_and_its_api_needs_flower_unauthenticated_api(
+    tmp_path: Path, redis_url: str, redis_client: Any
+) -> None:
+    stack = Stack(tmp_path, {"REDIS_URL": redis_url})
+    try:
+        closed, closed_base = start_flower(stack, name="flower-closed-api")
+        open_, open_base = start_flower(stack, env={"FLOWER_UNAUTHENTICATED_API": "true"},
+                                        name="flower-open-api")
+        wait_healthy(closed, closed_base)
+        wait_healthy(open_, open_base)
+        for base in (closed_base, open_base):
+            assert httpx.get(f"{base}/broker", timeout=10).status_code == 200
+        refused = httpx.get(f"{closed_base}/api/workers", timeout=10)
+        assert refused.status_code == 401 and "FLOWER_UNAUTHENTICATED_API" in refused.text
+        served = httpx.get(f"{open_base}/api/workers", timeout=10)
+        assert served.status_code == 200
+        # ... and to every web origin: any page in a browser on this host may call it.
+        assert served.headers["access-control-allow-origin"] == "*"
+    finally:
+        stack.close()

@@ -1,0 +1,132 @@
+"""The capacity model: §7's effective max_running_requests, and slots checked by measurement."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sim_helpers import SimProcess, chat_body, config, gauge, running_sim
+
+from launcher.sim.capacity import plan_capacity
+
+
+def effective(*flags: str) -> int:
+    return plan_capacity(config(*flags)).effective_running
+
+
+def test_dense_cap_is_the_request_when_the_kv_pool_allows_it() -> None:
+    assert effective("--max-running-requests", "40") == 40
+
+
+def test_dense_cap_defaults_to_the_4096_style_estimate() -> None:
+    assert effective() == 4096
+
+
+def test_speculative_decoding_defaults_the_request_to_48() -> None:
+    assert effective("--speculative-algorithm", "EAGLE") == 48
+
+
+def test_a_small_kv_pool_caps_running_at_half_its_tokens() -> None:
+    cap = plan_capacity(config("--max-total-tokens", "50", "--max-running-requests", "40"))
+    assert cap.effective_running == 25 and cap.max_total_num_tokens == 50
+    assert "reduced from the requested 40 to 25 (per dp worker)" in cap.warnings[0]
+
+
+def test_hybrid_extra_buffer_turns_128_into_16_with_the_r_warning() -> None:
+    cap = plan_capacity(config("--profile", "mamba-hybrid", "--max-running-requests", "128"))
+    assert (cap.mamba_cache_size, cap.mamba_ratio, cap.effective_running) == (80, 5, 16)
+    assert cap.warnings == (("max_running_requests is capped to 16 by the mamba state cache "
+                             "(max_mamba_cache_size=80, 5 state slots per request). To raise "
+                             "it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, "
+                             "or halve the state size with --mamba-ssm-dtype bfloat16."),)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (("--mamba-radix-cache-strategy", "no_buffer"), 80 // 3),
+    (("--mamba-radix-cache-strategy", "extra_buffer_lazy"), 80 // 4),
+    (("--disable-radix-cache",), 128),
+    (("--mamba-ssm-dtype", "bfloat16"), 161 // 5),
+    (("--max-mamba-cache-size", "40", "--speculative-algorithm", "NEXTN"), 8),
+])
+def test_hybrid_cap_follows_the_strategy_ratio_and_slots(flags: tuple[str, ...],
+                                                         expected: int) -> None:
+    assert effective("--profile", "mamba-hybrid", "--max-running-requests", "128",
+                     *flags) == expected
+
+
+def test_start_up_failures_carry_sglangs_messages() -> None:
+    tiny = plan_capacity(config("--profile", "mamba-hybrid", "--max-mamba-cache-size", "3"))
+    assert tiny.fatal is not None and tiny.fatal.startswith(
+        "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
+        "requests. max_mamba_cache_size=3, mamba_ratio=5, resulting max_num_reqs=0.")
+    starved = plan_capacity(config("--mem-fraction-static", "0.5"))
+    assert starved.fatal == ("RuntimeError: Not enough memory. Please try to increase "
+                             "--mem-fraction-static. Current value: mem_fraction_static=0.5")
+
+
+def test_hybrid_cap_shows_in_server_info_and_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="launcher.sim")
+    with running_sim("--instant", "--profile", "mamba-hybrid",
+                     "--max-running-requests", "128") as url:
+        info = httpx.get(url + "/server_info").json()
+    state = info["internal_states"][0]
+    assert info["max_running_requests"] == 128
+    assert state["effective_max_running_requests_per_dp"] == 16
+    assert state["max_mamba_cache_size"] == 80
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("max_running_requests is capped to 16") for m in messages)
+    assert any("max_running_requests=16, context_len=40960" in m for m in messages)
+    assert any(m.startswith("Mamba Cache is allocated. max_mamba_cache_size: 80,")
+               for m in messages)
+
+
+async def _flood(url: str, n: int) -> list[float]:
+    """Send n chat requests at once over warm connections; their completion times."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+        await asyncio.gather(*(client.get("/v1/models") for _ in range(n)))  # open connections
+        finished: list[float] = []
+
+        async def one(i: int) -> None:
+            reply = await client.post("/v1/chat/completions",
+                                      json=chat_body(f"question {i}", max_tokens=10_000))
+            assert reply.json()["usage"]["completion_tokens"] == 400
+            finished.append(time.perf_counter())
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return sorted(finished)
+
+
+def test_running_never_exceeds_the_cap_and_throughput_matches_slots_times_rate(
+        tmp_path: Path) -> None:
+    slots, n, rate = 6, 60, 86 * 40  # 60 answers of exactly 400 tokens on 6 slots: 10 rounds
+    sim = SimProcess(tmp_path, "--max-running-requests", str(slots), "--decode-tps", "86",
+                     "--speed", "40", "--mean-output-tokens", "400", "--output-sigma", "0",
+                     "--prefill-tps", "1e9")
+    try:
+        sim.wait_healthy()
+        seen: list[tuple[float, float]] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.005):
+                seen.append((gauge(sim.url, "sglang:num_running_reqs"),
+                             gauge(sim.url, "sglang:num_queue_reqs")))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        finished = asyncio.run(_flood(sim.url, n))
+        done.set()
+        watcher.join()
+    finally:
+        sim.close()
+    assert max(running for running, _ in seen) == slots
+    assert max(queued for _, queued in seen) > 0
+    # from the first round's end to the last one's, every slot decodes without a gap
+    steady = (n - slots) * 400 / (finished[-1] - finished[0])
+    assert steady == pytest.approx(slots * rate, rel=0.03)

@@ -1,0 +1,226 @@
+"""Prometheus metrics of one worker process, served on its own `/metrics` port.
+
+Each GPU worker is one process (Celery threads pool), so each process serves its own
+registry on a port derived from its GPU: queue gpuN -> 9400+N (`FLEETGEN_METRICS_PORT`
+overrides, 0 turns it off), on 127.0.0.1 unless `FLEETGEN_METRICS_HOST` says otherwise.
+That is simpler and more honest than prometheus_client's multiprocess mode (one shared
+`PROMETHEUS_MULTIPROC_DIR` aggregated by one endpoint): no mmap files to wipe at start, gauges
+keep their plain meaning, `process_*` metrics work, and a dead worker shows up as its own
+target going down (`up == 0`) rather than as numbers that merely stop moving.
+
+The batch runner calls the functions below; all are cheap (a dict lookup and a locked add)
+and thread-safe:
+
+    port = start_exporter(9400)
+    request_started(job, worker, server)
+    ...
+    request_ended(job, worker, server)
+    prompt_finished(job, worker, server, ok=True, finish_reason="stop", error_code=None,
+                    input_tokens=812, output_tokens=2315, reasoning_tokens=1900,
+                    latency_s=41.2, queue_wait_s=0.03)
+
+Every family is named `fleetgen_*` and labelled `job`, `worker` (the Celery node name, as
+in Flower) and `server` (the SGLang URL); docs/metrics.md lists them with a scrape config.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import start_http_server
+
+from workers import keys
+from workers.errors import FleetgenError
+
+log = logging.getLogger(__name__)
+
+# gpuN's worker serves on METRICS_BASE_PORT + N, next to its SGLang server on 30000 + N.
+METRICS_BASE_PORT = 9400
+DEFAULT_HOST = "127.0.0.1"
+
+# A cached short answer takes ~0.1 s; a 30k-token thinking answer under load can take hours.
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800,
+                   3600, 7200, 14400)
+# Near zero while the server has free slots; minutes to an hour when a batch's prompts queue
+# behind a full server (the limiter admits effective max_running_requests + margin).
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600,
+                      1800, 3600)
+# Batches are sized for 1-30 min; the tails show stragglers and resumed batches.
+BATCH_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 2700, 3600, 7200, 14400)
+
+LABELS = ("job", "worker", "server")
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+
+PROMPTS_DONE = Counter(
+    "fleetgen_prompts_done", "Prompts answered, by the server's finish_reason.",
+    (*LABELS, "finish_reason"), registry=REGISTRY)
+PROMPTS_FAILED = Counter(
+    "fleetgen_prompts_failed", "Prompts given up on, by error code (records.error_code).",
+    (*LABELS, "reason"), registry=REGISTRY)
+INPUT_TOKENS = Counter(
+    "fleetgen_input_tokens", "Prompt tokens of answered prompts (usage.prompt_tokens).",
+    LABELS, registry=REGISTRY)
+OUTPUT_TOKENS = Counter(
+    "fleetgen_output_tokens", "Completion tokens of answered prompts, reasoning included.",
+    LABELS, registry=REGISTRY)
+REASONING_TOKENS = Counter(
+    "fleetgen_reasoning_tokens", "The reasoning part of fleetgen_output_tokens.",
+    LABELS, registry=REGISTRY)
+REQUEST_LATENCY = Histogram(
+    "fleetgen_request_latency_seconds", "Time SGLang took to answer a prompt (answered only).",
+    LABELS, buckets=LATENCY_BUCKETS, registry=REGISTRY)
+QUEUE_WAIT = Histogram(
+    "fleetgen_request_queue_wait_seconds",
+    "Time a prompt waited in the worker for an in-flight slot before its request was sent.",
+    LABELS, buckets=QUEUE_WAIT_BUCKETS, registry=REGISTRY)
+IN_FLIGHT = Gauge(
+    "fleetgen_requests_in_flight", "Requests sent to SGLang and not answered yet.",
+    LABELS, registry=REGISTRY)
+BATCH_DURATION = Histogram(
+    "fleetgen_batch_duration_seconds", "Wall time of one batch delivery, by how it ended.",
+    (*LABELS, "status"), buckets=BATCH_BUCKETS, registry=REGISTRY)
+SERVER_CAPACITY = Gauge(
+    "fleetgen_server_max_running_requests",
+    "Requests the server runs at once, as it reports it (effective max_running_requests).",
+    ("worker", "server"), registry=REGISTRY)
+IN_FLIGHT_LIMIT = Gauge(
+    "fleetgen_worker_max_in_flight_requests",
+    "The worker's cap on requests in flight: server capacity plus the queue margin.",
+    ("worker", "server"), registry=REGISTRY)
+
+
+class ExporterError(FleetgenError):
+    """The `/metrics` port could not be bound (taken, or not an address of this host)."""
+
+
+class _Exporter:
+    """The one HTTP server of this process; a lock makes start/stop safe from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, port: int, host: str) -> int:
+        with self._lock:
+            if self._server is not None:
+                bound = int(self._server.server_port)
+                if port not in (0, bound):
+                    log.warning("metrics: already serving on port %d; ignoring port %d", bound, port)
+                return bound
+            # Prometheus stores each `_created` sample as a series of its own: half the series
+            # for a timestamp nobody queries. (Process-wide, hence here: only exporters do it.)
+            disable_created_metrics()  # type: ignore[no-untyped-call]
+            try:
+                self._server, self._thread = start_http_server(port, addr=host, registry=REGISTRY)
+            except OSError as exc:
+                raise ExporterError(
+                    f"cannot serve /metrics on {host}:{port} ({exc}); set FLEETGEN_METRICS_PORT "
+                    "to a free port, or 0 to turn metrics off"
+                ) from exc
+            bound = int(self._server.server_port)
+            log.info("metrics: serving http://%s:%d/metrics", host, bound)
+            return bound
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._server is None:
+                return
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server = self._thread = None
+
+
+_exporter = _Exporter()
+
+
+def start_exporter(port: int, host: str = DEFAULT_HOST) -> int:
+    """Serve this process's `/metrics` on host:port (0 = any free port); return the bound port.
+
+    Idempotent per process: later calls return the port of the first. Raises ExporterError
+    when the port cannot be bound.
+    """
+    return _exporter.start(port, host)
+
+
+def stop_exporter() -> None:
+    """Close the `/metrics` server if one runs (worker shutdown, tests)."""
+    _exporter.stop()
+
+
+def exporter_port(configured: int | None, queues: Iterable[str]) -> int | None:
+    """The port a worker consuming `queues` should serve on, or None for "no metrics".
+
+    `configured` is FLEETGEN_METRICS_PORT: a number wins, 0 turns metrics off; unset means
+    9400+N for the worker's gpuN queue (None when it consumes no gpuN queue).
+    """
+    if configured is not None:
+        return configured or None
+    gpus = [int(m.group(1)) for q in queues if (m := keys.GPU_QUEUE.match(q))]
+    return METRICS_BASE_PORT + gpus[0] if len(gpus) == 1 else None
+
+
+def prompt_finished(
+    job: str,
+    worker: str,
+    server: str,
+    *,
+    ok: bool,
+    finish_reason: str | None,
+    error_code: str | None,
+    input_tokens: int,
+    output_tokens: int,
+    reasoning_tokens: int,
+    latency_s: float,
+    queue_wait_s: float,
+) -> None:
+    """Count one prompt that reached its final record (answered, or failed for good).
+
+    Latency is observed for answered prompts only: a failure's time mixes instant 400s with
+    hour-long timeouts and says nothing about generation speed.
+    """
+    QUEUE_WAIT.labels(job, worker, server).observe(queue_wait_s)
+    if not ok:
+        PROMPTS_FAILED.labels(job, worker, server, error_code or "unknown").inc()
+        return
+    PROMPTS_DONE.labels(job, worker, server, finish_reason or "none").inc()
+    INPUT_TOKENS.labels(job, worker, server).inc(input_tokens)
+    OUTPUT_TOKENS.labels(job, worker, server).inc(output_tokens)
+    REASONING_TOKENS.labels(job, worker, server).inc(reasoning_tokens)
+    REQUEST_LATENCY.labels(job, worker, server).observe(latency_s)
+
+
+def request_started(job: str, worker: str, server: str) -> None:
+    """One more request in flight to `server`."""
+    IN_FLIGHT.labels(job, worker, server).inc()
+
+
+def request_ended(job: str, worker: str, server: str) -> None:
+    """One request answered, failed or cancelled: call it in a `finally`."""
+    IN_FLIGHT.labels(job, worker, server).dec()
+
+
+def batch_finished(job: str, worker: str, server: str, *, duration_s: float, status: str) -> None:
+    """Record one batch delivery's wall time; `status` is Outcome.status (done, stopped ...)."""
+    BATCH_DURATION.labels(job, worker, server, status).observe(duration_s)
+
+
+def set_server_capacity(worker: str, server: str, effective: int, limit: int) -> None:
+    """Publish the server's effective capacity and the worker's in-flight cap derived from it."""
+    SERVER_CAPACITY.labels(worker, server).set(effective)
+    IN_FLIGHT_LIMIT.labels(worker, server).set(limit)
