@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from workers import canary, keys
+from workers import canary, keys, metrics
 from workers.engine import Engine
 from workers.errors import (
     BadRequestError,
@@ -29,6 +29,7 @@ from workers.errors import (
 from workers.job import JobManifest
 from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.records import Origin, counters, error_record, is_failure, result_record
+from workers.retry import REDIS_ERRORS, on_redis, on_redis_async
 from workers.sink import Sink, open_sink, write_with_retry
 
 log = logging.getLogger(__name__)
@@ -115,18 +116,25 @@ class BatchRunner:
         attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
         if attempt is None:
             return Outcome(status="owned-elsewhere", batch=batch)
+        started = time.monotonic()
+        status = "error"
         try:
-            return self._run_leased(manifest, sink, batch, token, attempt)
+            outcome = self._run_leased(manifest, sink, batch, token, attempt)
+            status = outcome.status
+            return outcome
         except (LeaseLostError, JobError) as exc:
             # Another copy owns the batch now, or the job was cancelled: stop without writing;
             # finished prompts stay in the checkpoint for whoever runs it next.
             log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
+            status = "stopped"
             return Outcome(status="stopped", batch=batch, attempt=attempt)
         except ServerDownError:
             self.ledger.release(job, batch, token, refund=True)
             raise
         finally:
-            self.ledger.release(job, batch, token)
+            on_redis(f"batch {job}/{batch}: release", lambda: self.ledger.release(job, batch, token))
+            metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
+                                   duration_s=time.monotonic() - started, status=status)
 
     def _run_leased(
         self, manifest: JobManifest, sink: Sink, batch: str, token: str, attempt: int
@@ -174,9 +182,9 @@ class BatchRunner:
                                  deadline_s=self.settings.sink_retry_deadline_s)
         size += len(data) if wrote else 0
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
-        self.ledger.finish_batch(
+        on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.finish_batch(
             job, batch, {"batches_done": 1, "bytes_written": size}, self.engine.worker, reasons
-        )
+        ))
 
     async def _generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], token: str, origin: Origin
@@ -219,28 +227,42 @@ class BatchRunner:
         self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
         results: dict[str, dict[str, Any]],
     ) -> None:
-        record = await self._generate_one(prompt, origin)
+        record, queue_wait = await self._generate_one(manifest.name, prompt, origin)
         results[prompt.id] = record
+        _observe(manifest.name, record, queue_wait, origin)
         await self._checkpoint(manifest, batch, prompt, record)
 
-    async def _generate_one(self, prompt: Prompt, origin: Origin) -> dict[str, Any]:
+    async def _generate_one(
+        self, job: str, prompt: Prompt, origin: Origin
+    ) -> tuple[dict[str, Any], float]:
+        """The prompt's final record (an answer or a failure) and its time waiting for a slot."""
         settings = self.settings
         tries = 0
+        queue_wait = 0.0
         while True:
             try:
+                waited = time.monotonic()
                 async with self.engine.limiter:
                     start = time.monotonic()
-                    response = await self.engine.client.chat(prompt.body)
-                return result_record(prompt.id, prompt.line, response, time.monotonic() - start, origin)
+                    queue_wait += start - waited
+                    metrics.request_started(job, origin.worker, origin.server)
+                    try:
+                        response = await self.engine.client.chat(prompt.body)
+                    finally:
+                        metrics.request_ended(job, origin.worker, origin.server)
+                latency = time.monotonic() - start
+                return result_record(prompt.id, prompt.line, response, latency, origin), queue_wait
             except BadRequestError as exc:
-                return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries + 1)
+                failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries + 1)
+                return failed, queue_wait
             except ServerDownError:
                 # Not the prompt's fault: wait for the server, spend no attempt.
                 await self.engine.wait_ready(settings.server_down_wait_s)
             except RetryableError as exc:
                 tries += 1
                 if tries >= settings.prompt_max_attempts:
-                    return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+                    failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+                    return failed, queue_wait
                 delay = min(settings.retry_backoff_s * 2 ** (tries - 1), settings.retry_backoff_max_s)
                 log.info("prompt %s: retry %d in %.1fs (%s)", prompt.id, tries, delay, exc.message)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
@@ -254,17 +276,21 @@ class BatchRunner:
         for name, value in counters(record, thinking=thinking).items():
             args += [name, value]
         args.append(str(int(time.time() // 60)))
-        first = await self._record(
-            keys=[
-                keys.checkpoint(job, batch),
-                keys.job_part(job, "stats"),
-                keys.job_part(job, "workers"),
-                keys.job_part(job, "minutes"),
-            ],
-            args=args,
+        script_keys = [
+            keys.checkpoint(job, batch),
+            keys.job_part(job, "stats"),
+            keys.job_part(job, "workers"),
+            keys.job_part(job, "minutes"),
+        ]
+        first = await on_redis_async(
+            f"prompt {prompt.id}: checkpoint", lambda: self._record(keys=script_keys, args=args)
         )
         if first:
-            await self._watch_quality(manifest, canary.sample(record, thinking))
+            try:
+                await self._watch_quality(manifest, canary.sample(record, thinking))
+            except REDIS_ERRORS as exc:
+                # The canary is advisory; the next answers will feed it again.
+                log.info("job %s: canary skipped an answer (%s)", job, exc)
 
     async def _watch_quality(self, manifest: JobManifest, fact: list[Any]) -> None:
         """Feed the canary; every few answers, judge the recent window (canary.py)."""
@@ -292,3 +318,16 @@ class BatchRunner:
             "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
             "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
         })
+
+
+def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:
+    failed = is_failure(record)
+    usage = record.get("usage") or {}
+    metrics.prompt_finished(
+        job, origin.worker, origin.server, ok=not failed,
+        finish_reason=None if failed else record["finish_reason"],
+        error_code=record["error"]["code"] if failed else None,
+        input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
+        reasoning_tokens=usage.get("reasoning_tokens", 0),
+        latency_s=record.get("latency_s", 0.0), queue_wait_s=queue_wait_s,
+    )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
+from workers import metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.settings import Settings
 from workers.sglang import ServerCapacity, SGLangClient
@@ -140,6 +141,8 @@ class Engine:
             )
         self.capacity = capacity
         await self.limiter.set_limit(self.limit_for(capacity))
+        metrics.set_server_capacity(self.worker, self.server_url, capacity.effective,
+                                    self.limit_for(capacity))
         return capacity
 
     async def _refresh_forever(self) -> None:

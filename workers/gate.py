@@ -24,7 +24,7 @@ CHECK_EVERY_S = 1.0
 
 
 class ServerGate(bootsteps.StartStopStep):
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    requires = frozenset({"celery.worker.consumer.tasks:Tasks"})
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)

@@ -77,6 +77,12 @@ class Ledger:
     def job_names(self) -> list[str]:
         return sorted(n.decode() for n in self.r.smembers(keys.JOBS))  # type: ignore[union-attr]
 
+    def all_batches(self, name: str) -> list[str]:
+        """The job's enqueued batches plus those made by `requeue --failed`."""
+        manifest = self.load_job(name)
+        extra = sorted(b.decode() for b in self.r.smembers(keys.job_part(name, "extra")))  # type: ignore[union-attr]
+        return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
+
     def job_state(self, name: str) -> tuple[str, str]:
         state, reason = self.r.hmget(keys.job(name), "state", "reason")
         return (state or b"running").decode(), (reason or b"").decode()

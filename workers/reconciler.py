@@ -35,6 +35,8 @@ class Reconciler:
         self.owner = owner
         self.ledger = Ledger.from_url(settings.redis_url)
         self._stop = threading.Event()
+        # Batches seen in no state last round; re-dispatched if still there this round.
+        self._suspects: set[tuple[str, str]] = set()
         self._thread = threading.Thread(target=self._loop, name="fleetgen-reconciler", daemon=True)
 
     def start(self) -> None:
@@ -59,7 +61,7 @@ class Reconciler:
 
     def reconcile_once(self) -> dict[str, int]:
         """One pass over all running jobs; returns how many batches were re-dispatched, by cause."""
-        counts = {"dead_owner": 0, "lost_message": 0}
+        counts = {"dead_owner": 0, "lost_message": 0, "no_state": 0}
         waiting: set[tuple[str, str]] | None = None
         now = time.time()
         for job in self.ledger.job_names():
@@ -93,7 +95,25 @@ class Reconciler:
                 fresh = [b for b in stale if (job, b) in waiting]
                 if fresh:
                     self.ledger.mark_queued(job, fresh)
+            counts["no_state"] += self._stateless(job, manifest.queue)
         return counts
+
+    def _stateless(self, job: str, queue: str) -> int:
+        """Batches in no ledger state at all (a Redis restart lost their last write)."""
+        known = (self.ledger.done_batches(job) | set(self.ledger.queued_batches(job))
+                 | set(self.ledger.running_batches(job)))
+        missing = {(job, b) for b in self.ledger.all_batches(job) if b not in known}
+        confirmed = [b for j, b in missing & self._suspects]
+        self._suspects = {s for s in self._suspects if s[0] != job} | missing
+        if not confirmed:
+            return 0
+        waiting = self.broker_batches()
+        lost = [b for b in confirmed if (job, b) not in waiting and not self.ledger.lease_alive(job, b)]
+        if lost:
+            log.warning("reconciler: %s: %d batches have no state, re-dispatching %s",
+                        job, len(lost), lost[:5])
+            dispatch(self.app, self.ledger, job, lost, queue)
+        return len(lost)
 
     def broker_batches(self) -> set[tuple[str, str]]:
         return broker_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)

@@ -59,7 +59,9 @@ class Settings:
     # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
     visibility_timeout_s: int = 7200
     batch_concurrency: int = 2
+    # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

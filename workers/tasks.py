@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
-from workers import keys
+from workers import keys, metrics
 from workers.app import app, settings
 from workers.dispatch import dispatch
 from workers.errors import JobNotRunningError, ServerDownError
@@ -37,6 +37,14 @@ def _start(**_: Any) -> None:
     # One line per request at INFO would drown the lifecycle lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     runtime.runner()
+    port = metrics.exporter_port(settings.metrics_port, runtime.queues)
+    if port is not None:
+        try:
+            bound = metrics.start_exporter(port, settings.metrics_host)
+            log.info("worker %s: metrics on http://%s:%d/metrics", runtime.worker,
+                     settings.metrics_host, bound)
+        except metrics.ExporterError as exc:
+            log.error("worker %s: no metrics (%s)", runtime.worker, exc)
     _reconciler = Reconciler(app, settings, runtime.worker)
     _reconciler.start()
 
@@ -46,6 +54,7 @@ def _shutdown(**_: Any) -> None:
     if _reconciler is not None:
         _reconciler.stop()
     runtime.shutdown()
+    metrics.stop_exporter()
 
 
 @app.task(name=keys.TASK_RUN_BATCH, bind=True, acks_late=True)

@@ -1,0 +1,242 @@
+"""`launcher up|status|restart` end to end, with real simulator processes.
+
+Each test runs `up --sim` as a subprocess on a free block of ports with its own run dir,
+reads node.json as `status` does, and checks at the end that no process it started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from launcher import node
+from launcher.embedded import free_port, port_is_free, wait_until
+
+pytestmark = pytest.mark.e2e
+
+LAUNCHER = [sys.executable, "-m", "launcher"]
+FAST = ["--speed", "100"]  # simulated decoding 100x faster than a GPU
+
+
+def free_base(gpus: int) -> int:
+    """A base port whose HTTP ports and NCCL ports (base + 1000 + i) are all free."""
+    for _ in range(100):
+        base = free_port()
+        ports = [base + i for i in range(gpus)] + [base + 1000 + i for i in range(gpus)]
+        if base + 1000 + gpus < 65536 and all(port_is_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free block of ports")
+
+
+@dataclass
+class Node:
+    """One `launcher up` process and its run dir."""
+
+    run_dir: Path
+    base: int
+    proc: subprocess.Popen[bytes]
+    out: Path
+    pids: set[int] = field(default_factory=set)
+
+    def state(self) -> dict[str, Any]:
+        state = node.read_state(self.run_dir) or {"gpus": []}
+        for gpu in state["gpus"]:  # remember every process it ever ran, to check cleanup
+            for entry in (gpu, gpu.get("worker") or {}):
+                if entry.get("pid"):
+                    self.pids.add(entry["pid"])
+        return state
+
+    def gpu(self, index: int) -> dict[str, Any]:
+        return next(g for g in self.state()["gpus"] if g["gpu"] == index)
+
+    def wait(self, predicate: Callable[[dict[str, Any]], bool], timeout: float,
+             what: str) -> dict[str, Any]:
+        """Wait until node.json satisfies `predicate` (fails early if `up` exited)."""
+        def check() -> bool:
+            assert self.proc.poll() is None or predicate(self.state()), \
+                f"up exited with {self.proc.returncode}:\n{self.output()}"
+            return predicate(self.state())
+
+        try:
+            wait_until(check, timeout, interval=0.05, what=what)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.output()}\n{json.dumps(self.state())}") from None
+        return self.state()
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+def alive(pid: int) -> bool:
+    return node.pid_alive(pid)
+
+
+@pytest.fixture
+def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    nodes: list[Node] = []
+
+    def start(gpus: int, *flags: str, server_args: tuple[str, ...] = (),
+              env: dict[str, str] | None = None) -> Node:
+        base = free_base(gpus)
+        run_dir = tmp_path / f"node{len(nodes)}"
+        out = tmp_path / f"up{len(nodes)}.out"
+        argv = [*LAUNCHER, "up", "--sim", "--gpus", f"0-{gpus - 1}", "--base-port", str(base),
+                "--run-dir", str(run_dir), *flags, "--", *FAST, *server_args]
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        nodes.append(Node(run_dir, base, proc, out))
+        return nodes[-1]
+
+    yield start
+    for n in nodes:
+        try:
+            n.stop()
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.proc.wait()
+        n.state()
+        for pid in n.pids:  # stop leaves no server or worker, nor anything in their groups
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+                pytest.fail(f"pid {pid} outlived `launcher up`:\n{n.output()}")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LAUNCHER, *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_up_brings_two_simulated_gpus_to_ready_and_stop_leaves_nothing(
+        start_node: Callable[..., Node], record_property: Callable[[str, object], None]) -> None:
+    began = time.monotonic()
+    n = start_node(2)
+
+    state = n.wait(lambda s: len(s["gpus"]) == 2 and all(g["state"] == "ready" for g in s["gpus"]),
+                   30, "both GPUs ready")
+
+    record_property("up_to_ready_s", round(time.monotonic() - began, 2))
+    for gpu in state["gpus"]:
+        assert httpx.get(f"{gpu['url']}/health").status_code == 200
+        assert gpu["port"] == n.base + gpu["gpu"]
+        assert "--nccl-port" in gpu["argv"] and str(n.base + 1000 + gpu["gpu"]) in gpu["argv"]
+        assert gpu["capacity"]["effective"] == 4096 and gpu["capacity"]["reason"]
+    assert "gpu0: ready on port" in n.output() and "gpu1: ready on port" in n.output()
+
+    status = run_cli("status", "--run-dir", str(n.run_dir))
+    assert status.returncode == 0, status.stderr
+    rows = status.stdout.splitlines()
+    assert "running" in rows[0]
+    assert rows[1].split()[:4] == ["GPU", "PORT", "PID", "STATE"]
+    assert [r.split()[3] for r in rows[2:4]] == ["ready", "ready"]
+
+    assert n.stop() == 0
+    assert not any(alive(pid) for pid in n.pids)
+    assert all(port_is_free(n.base + i) for i in range(2))
+    after = run_cli("status", "--run-dir", str(n.run_dir))
+    assert after.returncode == 1 and "NOT running" in after.stdout
+
+
+def test_crashed_server_is_restarted_and_ready_again(
+        start_node: Callable[..., Node], record_property: Callable[[str, object], None]) -> None:
+    n = start_node(1, "--backoff", "0.1", server_args=("--crash-after-requests", "1"))
+    first = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 30, "ready")
+    url, old_pid = first["gpus"][0]["url"], first["gpus"][0]["pid"]
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
+    assert httpx.post(f"{url}/generate", json=body, timeout=10).status_code == 200
+
+    with pytest.raises(httpx.HTTPError):  # request 2 kills the server (-9), as a CUDA OOM would
+        httpx.post(f"{url}/generate", json=body, timeout=10)
+    crashed = time.monotonic()
+    state = n.wait(lambda s: s["gpus"][0]["restarts"] == 1 and s["gpus"][0]["state"] == "ready",
+                   30, "restarted and ready")
+
+    record_property("crash_to_ready_s", round(time.monotonic() - crashed, 2))
+    gpu = state["gpus"][0]
+    assert gpu["pid"] != old_pid and not alive(old_pid)
+    assert "cuda_oom" in n.output() and "(while serving); restart 1 in 0.1 s" in n.output()
+    assert httpx.post(f"{url}/generate", json=body, timeout=10).status_code == 200
+
+
+def test_startup_oom_is_reported_with_its_reason_within_seconds(
+        start_node: Callable[..., Node]) -> None:
+    began = time.monotonic()
+    n = start_node(1, "--backoff", "0.1", "--max-crashes", "2",
+                   server_args=("--startup-oom",))
+
+    state = n.wait(lambda s: bool(s["gpus"]) and "kv_no_memory" in (s["gpus"][0]["last_reason"]
+                                                                    or ""), 10, "the OOM reason")
+
+    assert time.monotonic() - began < 10
+    assert "Not enough memory. Please try to increase --mem-fraction-static" in \
+        state["gpus"][0]["last_reason"]
+    assert n.proc.wait(20) == node.EXIT_FAILED  # two crashes: stopped, nothing left to run
+    final = n.state()["gpus"][0]
+    assert final["state"] == "stopped" and final["last_reason"].startswith("crash loop: 2 crashes")
+
+
+def test_rolling_restart_applies_new_args_one_gpu_at_a_time(
+        start_node: Callable[..., Node]) -> None:
+    n = start_node(2)
+    before = n.wait(lambda s: len(s["gpus"]) == 2 and all(g["state"] == "ready"
+                                                          for g in s["gpus"]), 30, "ready")
+
+    done = run_cli("restart", "--rolling", "--run-dir", str(n.run_dir), "--",
+                   "--max-running-requests", "8")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "done, done GPU [0, 1]" in done.stdout
+    after = n.state()
+    for old, new in zip(before["gpus"], after["gpus"], strict=True):
+        assert new["state"] == "ready" and new["restarts"] == 1 and new["pid"] != old["pid"]
+        assert new["capacity"]["effective"] == 8
+        assert new["argv"][-4:] == ["--speed", "100", "--max-running-requests", "8"]
+    out = n.output()
+    assert out.index("gpu0: ready") < out.index("gpu1: starting (pid", out.index("restart r"))
+    assert "exited with code 0" in out  # drained, not killed
+
+
+def test_workers_are_started_and_restarted_with_their_servers(
+        start_node: Callable[..., Node], redis_url: str) -> None:
+    n = start_node(1, "--workers", "--backoff", "0.1", env={"REDIS_URL": redis_url})
+    state = n.wait(lambda s: bool(s["gpus"]) and (s["gpus"][0]["worker"] or {}).get("state")
+                   == "running", 30, "worker running")
+    worker = state["gpus"][0]["worker"]
+    log = Path(worker["log"])
+    wait_until(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 30,
+               what="celery to log `ready.`")
+    assert worker["argv"][-8:] == ["-Q", "gpu0", "-n", "gpu0@%h", "--without-mingle",
+                                   "--without-gossip", "--loglevel", "INFO"]
+
+    os.killpg(worker["pid"], signal.SIGKILL)
+
+    state = n.wait(lambda s: s["gpus"][0]["worker"]["restarts"] == 1
+                   and s["gpus"][0]["worker"]["state"] == "running", 30, "worker restarted")
+    assert state["gpus"][0]["worker"]["pid"] != worker["pid"]
+    assert n.stop() == 0
+
+
+def test_servers_do_not_outlive_a_killed_launcher(start_node: Callable[..., Node]) -> None:
+    n = start_node(1)
+    pid = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 30,
+                 "ready")["gpus"][0]["pid"]
+
+    n.proc.kill()  # SIGKILL: no chance to stop anything; the server gets SIGTERM from the kernel
+
+    wait_until(lambda: not alive(pid), 15, what=f"server pid {pid} to exit")

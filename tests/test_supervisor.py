@@ -1,0 +1,710 @@
+"""The launcher's supervisor, replayed on scripted histories in virtual time.
+
+A `World` plays the processes: each spawn takes the next `Script` for that process name
+(when to answer /health, when to die and with what log lines, how it takes SIGTERM). A
+`FakeClock` runs virtual time, so a 10-minute crash window passes in milliseconds. The
+argv, profile and flag-adaptation tests below are plain functions on strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import node
+from launcher.gpus import (
+    GpuSpecError,
+    NoGpuError,
+    discover_gpus,
+    parse_gpu_line,
+    parse_gpu_spec,
+    select_gpus,
+)
+from launcher.profile import Profile, adapt_flags, load_profile, merge_args, profile_from_mapping
+from launcher.server import LaunchSpec, LogFollower, ProfileError, build_argv, read_server
+from launcher.sim import info as sim_info
+from launcher.sim.config import SimConfig
+from launcher.sim.simulator import Simulator
+from launcher.supervisor import Child, Order, Policy, Slot, Supervisor
+
+OOM_LINES = [
+    "[2026-10-10 11:58:19] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "scheduler.py", line 6368, in run_scheduler_process',
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+    ("[2026-10-10 11:58:19] Received sigquit from a child process. It usually means the child "
+     "failed."),
+]
+SERVING_OOM = [
+    "[2026-10-10 12:00:00] Scheduler hit an exception: Traceback (most recent call last):",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.15 GiB.",
+    ("[2026-10-10 12:00:00] SIGQUIT received. signum=3, frame=None. It usually means one child "
+     "failed."),
+]
+
+
+class FakeClock:
+    """Virtual time: `sleep` parks the caller until `drive` advances time to its wake-up."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._seq = 0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return 1_800_000_000.0 + self.t
+
+    async def sleep(self, seconds: float) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        heapq.heappush(self._sleepers, (self.t + seconds, self._seq, future))
+        await future
+
+    async def until(self, predicate: Callable[[], bool], limit_s: float = 600.0) -> None:
+        """Sleep in virtual time until `predicate()`; fail after `limit_s` virtual seconds."""
+        deadline = self.t + limit_s
+        while not predicate():
+            assert self.t < deadline, f"condition not met within {limit_s} virtual seconds"
+            await self.sleep(0.05)
+
+    def drive(self, scenario: Coroutine[Any, Any, Any]) -> Any:
+        """Run `scenario`, advancing time whenever every task is parked in `sleep`."""
+
+        async def main() -> Any:
+            task = asyncio.ensure_future(scenario)
+            while not task.done():
+                for _ in range(30):  # let every runnable task reach its next sleep
+                    await asyncio.sleep(0)
+                if task.done() or not self._sleepers:
+                    continue
+                wake = self._sleepers[0][0]
+                self.t = max(self.t, wake)
+                while self._sleepers and self._sleepers[0][0] <= wake:
+                    future = heapq.heappop(self._sleepers)[2]
+                    if not future.done():
+                        future.set_result(None)
+            return task.result()
+
+        return asyncio.run(main())
+
+
+@dataclass
+class Script:
+    """How one started process behaves, in seconds since its start."""
+
+    ready_after: float | None = 1.0  # /health is 200 from then on (None: never)
+    exit_after: float | None = None  # it dies by itself then
+    exit_code: int = -9
+    lines: Sequence[tuple[float, str]] = ()  # appended to its log at those times
+    drain_s: float | None = 0.5  # exits 0 this long after SIGTERM; None: ignores SIGTERM
+    unhealthy_after: float | None = None  # /health fails from then on (a hung server)
+    info: Mapping[str, object] | None = None  # its /server_info body
+
+
+@dataclass
+class FakeProcess:
+    spec: LaunchSpec
+    script: Script
+    clock: FakeClock
+    pid: int
+    started: float = 0.0
+    returncode: int | None = None
+    term_at: float | None = None
+    signals: list[str] = field(default_factory=list)
+    killed_alive: bool = False
+    _written: int = 0
+
+    def age(self) -> float:
+        return self.clock.t - self.started
+
+    def poll(self) -> int | None:
+        due = [line for at, line in self.script.lines if at <= self.age()]
+        with open(self.spec.log_path, "a") as log:
+            log.writelines(line + "\n" for line in due[self._written:])
+        self._written = max(self._written, len(due))
+        if self.returncode is None:
+            s = self.script
+            if s.exit_after is not None and self.age() >= s.exit_after:
+                self.returncode = s.exit_code
+            elif self.term_at is not None and s.drain_s is not None \
+                    and self.clock.t - self.term_at >= s.drain_s:
+                self.returncode = 0
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+        self.term_at = self.clock.t if self.term_at is None else self.term_at
+
+    def kill_group(self) -> None:
+        self.signals.append("KILL")
+        if self.poll() is None:
+            self.returncode, self.killed_alive = -9, True
+
+    def healthy(self) -> bool:
+        s, age = self.script, self.age()
+        return (self.poll() is None and self.term_at is None and s.ready_after is not None
+                and age >= s.ready_after
+                and (s.unhealthy_after is None or age < s.unhealthy_after))
+
+
+class World:
+    """Spawns FakeProcesses from per-name scripts and answers probes for them."""
+
+    def __init__(self, clock: FakeClock, scripts: Mapping[str, Sequence[Script]]) -> None:
+        self.clock = clock
+        self.scripts = {name: list(s) for name, s in scripts.items()}
+        self.procs: list[FakeProcess] = []
+
+    def spawn(self, spec: LaunchSpec) -> FakeProcess:
+        queue = self.scripts[spec.name]
+        script = queue.pop(0) if len(queue) > 1 else queue[0]
+        proc = FakeProcess(spec, script, self.clock, 1000 + len(self.procs), self.clock.t)
+        self.procs.append(proc)
+        return proc
+
+    def of(self, name: str) -> list[FakeProcess]:
+        return [p for p in self.procs if p.spec.name == name]
+
+    def _live(self, url: str) -> FakeProcess | None:
+        live = [p for p in self.procs if p.spec.url == url and p.poll() is None]
+        return live[-1] if live else None
+
+    async def healthy(self, url: str) -> bool:
+        proc = self._live(url)
+        return proc is not None and proc.healthy()
+
+    async def server_info(self, url: str) -> Mapping[str, object] | None:
+        proc = self._live(url)
+        return proc.script.info if proc else None
+
+
+class History:
+    """Every published (time, GPU, state, reason) transition."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.events: list[tuple[float, int, str, str | None]] = []
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, snapshot: dict[str, Any]) -> None:
+        self.last = snapshot
+        for g in snapshot["gpus"]:
+            event = (self.clock.t, g["gpu"], g["state"], g["last_reason"])
+            previous = [e for e in self.events if e[1] == g["gpu"]]
+            if not previous or previous[-1][2:] != event[2:]:
+                self.events.append(event)
+
+    def states(self, gpu: int = 0) -> list[str]:
+        return [state for _, g, state, _ in self.events if g == gpu]
+
+    def gpu(self, gpu: int = 0) -> dict[str, Any]:
+        """The GPU's latest published entry ({"state": None} before the first publish)."""
+        return next((g for g in self.last.get("gpus", []) if g["gpu"] == gpu), {"state": None})
+
+    def all_ready(self) -> bool:
+        gpus = self.last.get("gpus", [])
+        return bool(gpus) and all(g["state"] == "ready" for g in gpus)
+
+
+def spec(tmp_path: Path, gpu: int = 0, args: Sequence[str] = ()) -> LaunchSpec:
+    argv = build_argv(["sglang", "serve"], "m", 30000 + gpu, 31000 + gpu, args)
+    return LaunchSpec(f"gpu{gpu}", tuple(argv), {}, tmp_path / f"sglang_gpu{gpu}.log",
+                      30000 + gpu)
+
+
+def make(tmp_path: Path, scripts: Mapping[str, Sequence[Script]], gpus: int = 1,
+         workers: bool = False, **policy: Any) -> tuple[Supervisor, World, History, FakeClock]:
+    clock = FakeClock()
+    world, history = World(clock, scripts), History(clock)
+    slots = []
+    for g in range(gpus):
+        server = spec(tmp_path, g)
+        worker = LaunchSpec(f"worker{g}", ("celery",), {}, tmp_path / f"worker{g}.log")
+        slots.append(Slot(g, Child(server), Child(worker) if workers else None))
+    supervisor = Supervisor(slots, Policy(**policy), probe=world, spawn=world.spawn,
+                            clock=clock, publish=history)
+    return supervisor, world, history, clock
+
+
+def run_until(supervisor: Supervisor, clock: FakeClock, done: Callable[[], bool],
+              then: Callable[[], Coroutine[Any, Any, None]] | None = None,
+              limit_s: float = 600.0) -> int:
+    """Run the supervisor until `done()`, optionally do `then()`, stop it; its exit code."""
+
+    async def scenario() -> int:
+        running = asyncio.create_task(supervisor.run(install_signals=False))
+        try:
+            await clock.until(lambda: done() or running.done(), limit_s)
+            if then is not None:
+                await then()
+        finally:  # also when an assertion failed: shut down while virtual time still runs
+            supervisor.stop.set()
+            code = await running
+        return code
+
+    return int(clock.drive(scenario()))
+
+
+def test_crashed_server_is_restarted_after_the_initial_backoff(tmp_path: Path) -> None:
+    crash = Script(ready_after=2, exit_after=10, lines=[(9.9, line) for line in SERVING_OOM])
+    sup, world, history, clock = make(tmp_path, {"gpu0": [crash, Script()]}, backoff_initial_s=1)
+
+    run_until(sup, clock, lambda: len(world.of("gpu0")) == 2 and history.gpu()["state"] == "ready")
+
+    first, second = world.of("gpu0")
+    assert 1.0 <= second.started - (first.started + 10) <= 1.0 + sup.policy.poll_s * 2
+    assert history.states()[:5] == ["starting", "ready", "restarting", "starting", "ready"]
+    crashed = next(reason for _, _, state, reason in history.events if state == "restarting")
+    assert crashed is not None and "cuda_oom" in crashed and "while serving" in crashed
+    assert history.gpu()["restarts"] == 1
+
+
+def test_backoff_doubles_with_each_recent_crash(tmp_path: Path) -> None:
+    dies = Script(ready_after=None, exit_after=0.1)
+    sup, world, _, clock = make(tmp_path, {"gpu0": [dies]}, backoff_initial_s=1,
+                                crash_loop_count=5)
+
+    run_until(sup, clock, lambda: len(world.of("gpu0")) == 4)
+
+    starts = [p.started for p in world.of("gpu0")]
+    gaps = [later - earlier - 0.1 for earlier, later in itertools.pairwise(starts)]
+    assert [round(g) for g in gaps] == [1, 2, 4]
+
+
+def test_crash_loop_stops_the_gpu_with_the_reason(tmp_path: Path) -> None:
+    dies = Script(ready_after=None, exit_after=0.5, lines=[(0.2, line) for line in OOM_LINES])
+    sup, world, history, clock = make(tmp_path, {"gpu0": [dies]}, crash_loop_count=3,
+                                      crash_loop_window_s=600)
+
+    code = run_until(sup, clock, lambda: False)  # returns by itself: every GPU stopped
+
+    assert code == 1
+    assert len(world.of("gpu0")) == 3
+    gpu = history.gpu()
+    assert gpu["state"] == "stopped"
+    assert gpu["last_reason"].startswith("crash loop: 3 crashes in 10 min; last: killed by SIGKILL")
+    assert "kv_no_memory" in gpu["last_reason"]
+
+
+def test_crashes_outside_the_window_do_not_make_a_loop(tmp_path: Path) -> None:
+    long_lived = Script(ready_after=1, exit_after=400)
+    sup, world, history, clock = make(tmp_path, {"gpu0": [long_lived]}, crash_loop_count=2,
+                                      crash_loop_window_s=300)
+
+    run_until(sup, clock, lambda: len(world.of("gpu0")) == 4, limit_s=3600)
+
+    reasons = [r or "" for _, _, _, r in history.events]
+    assert reasons.count("launcher stopped") == 1
+    assert not [r for r in reasons if r.startswith("crash loop")]
+
+
+def test_fatal_log_line_during_start_is_reported_within_seconds(tmp_path: Path) -> None:
+    # The process logs SGLang's start-up OOM, then hangs instead of exiting.
+    hangs = Script(ready_after=None, lines=[(1.0, line) for line in OOM_LINES], drain_s=None)
+    sup, world, history, clock = make(tmp_path, {"gpu0": [hangs]}, fatal_grace_s=5,
+                                      ready_timeout_s=1800, crash_loop_count=1)
+
+    run_until(sup, clock, lambda: history.gpu()["state"] == "stopped")
+
+    failed_at = next(t for t, _, state, _ in history.events if state == "crashed")
+    assert failed_at < 10  # fatal at 1 s + 5 s grace, not the 1800 s ready deadline
+    assert "kv_no_memory: RuntimeError: Not enough memory" in history.gpu()["last_reason"]
+    assert "raise --mem-fraction-static" in history.gpu()["last_reason"]
+    assert world.of("gpu0")[0].killed_alive
+
+
+def test_server_that_never_gets_ready_fails_at_its_deadline(tmp_path: Path) -> None:
+    loading = "[2026-10-10 11:58:05] Load weight begin. avail mem=78.50 GB"
+    silent = Script(ready_after=None, lines=[(1, loading)])
+    sup, _, history, clock = make(tmp_path, {"gpu0": [silent]}, ready_timeout_s=60,
+                                  crash_loop_count=1)
+
+    run_until(sup, clock, lambda: history.gpu()["state"] == "stopped")
+
+    assert "not ready after 60 s; last log line: [2026-10-10 11:58:05] Load weight begin" in \
+        history.gpu()["last_reason"]
+
+
+def test_bad_arguments_stop_the_gpu_without_retrying(tmp_path: Path) -> None:
+    usage = Script(ready_after=None, exit_after=0.3, exit_code=2, lines=[
+        (0.1, "usage: sglang serve [-h] ..."),
+        (0.1, "sglang serve: error: unrecognized arguments: --cuda-graph-max-bs 16")])
+    sup, world, history, clock = make(tmp_path, {"gpu0": [usage]}, crash_loop_count=5)
+
+    assert run_until(sup, clock, lambda: False) == 1
+
+    assert len(world.of("gpu0")) == 1
+    reason = history.gpu()["last_reason"]
+    assert "exited with code 2 (bad arguments)" in reason
+    assert "unrecognized arguments: --cuda-graph-max-bs 16" in reason
+
+
+def test_hung_server_is_restarted_when_health_fails_long_enough(tmp_path: Path) -> None:
+    hangs = Script(ready_after=1, unhealthy_after=20)
+    sup, world, history, clock = make(tmp_path, {"gpu0": [hangs, Script()]},
+                                      unhealthy_restart_s=60, health_interval_s=5)
+
+    run_until(sup, clock, lambda: len(world.of("gpu0")) == 2)
+
+    reason = next(r for _, _, state, r in history.events if state == "restarting")
+    assert reason is not None and reason.startswith("/health failed for 6")
+    assert world.of("gpu0")[0].signals[0] == "TERM"
+
+
+def test_stop_drains_then_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
+    stubborn = Script(drain_s=None)
+    sup, world, history, clock = make(tmp_path, {"gpu0": [stubborn]}, stop_timeout_s=30)
+
+    code = run_until(sup, clock, lambda: history.gpu()["state"] == "ready")
+
+    proc = world.of("gpu0")[0]
+    assert code == 0
+    assert proc.signals == ["TERM", "KILL"] and proc.killed_alive
+    assert clock.t - proc.term_at >= 30  # type: ignore[operator]
+    assert history.gpu()["state"] == "stopped"
+
+
+def test_stop_lets_a_draining_server_exit_before_sweeping_its_group(tmp_path: Path) -> None:
+    sup, world, history, clock = make(tmp_path, {"gpu0": [Script(drain_s=3)]})
+
+    run_until(sup, clock, lambda: history.gpu()["state"] == "ready")
+
+    proc = world.of("gpu0")[0]
+    assert proc.returncode == 0 and not proc.killed_alive
+    assert proc.signals == ["TERM", "KILL"]  # the sweep of leftovers in its process group
+
+
+def test_sigterm_to_the_launcher_stops_every_server(tmp_path: Path) -> None:
+    sup, world, history, clock = make(tmp_path, {"gpu0": [Script()], "gpu1": [Script()]},
+                                      gpus=2)
+
+    async def scenario() -> int:
+        running = asyncio.create_task(sup.run(install_signals=True))
+        await clock.until(history.all_ready)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await running
+
+    assert clock.drive(scenario()) == 0
+    assert all(p.returncode == 0 and p.signals[0] == "TERM" for p in world.procs)
+    assert [g["state"] for g in history.last["gpus"]] == ["stopped", "stopped"]
+
+
+def test_rolling_restart_restarts_one_gpu_at_a_time(tmp_path: Path) -> None:
+    sup, world, history, clock = make(tmp_path, {"gpu0": [Script()], "gpu1": [Script()]},
+                                      gpus=2)
+    new = {g: spec(tmp_path, g, ["--max-running-requests", "8"]) for g in (0, 1)}
+
+    async def roll() -> None:
+        sup.submit(Order("r1", new, rolling=True))
+        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+
+    run_until(sup, clock, history.all_ready, roll)
+
+    assert sup.rollout is not None and sup.rollout["state"] == "done"
+    old0, new0 = world.of("gpu0")
+    old1, new1 = world.of("gpu1")
+    assert new0.spec == new[0] and new1.spec == new[1]
+    assert old1.term_at is not None and old1.term_at >= new0.started + 1  # gpu0 ready first
+    assert old0.returncode == 0 and not old0.killed_alive  # drained, not killed
+
+
+def test_rolling_restart_stops_at_a_gpu_whose_new_args_fail(tmp_path: Path) -> None:
+    bad = Script(ready_after=None, exit_after=0.5, lines=[(0.2, line) for line in OOM_LINES])
+    sup, world, history, clock = make(
+        tmp_path, {"gpu0": [Script(), bad, Script()], "gpu1": [Script()]}, gpus=2)
+    new = {g: spec(tmp_path, g, ["--mem-fraction-static", "0.99"]) for g in (0, 1)}
+
+    async def roll() -> None:
+        sup.submit(Order("r2", new, rolling=True))
+        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+        await clock.until(lambda: history.gpu(0)["state"] == "ready")
+
+    run_until(sup, clock, history.all_ready, roll)
+
+    assert sup.rollout is not None and sup.rollout["state"] == "failed"
+    assert "GPU 0: killed by SIGKILL: kv_no_memory" in sup.rollout["reason"]
+    assert "GPU [1] not restarted" in sup.rollout["reason"]
+    assert world.of("gpu0")[-1].spec == spec(tmp_path, 0)  # back on its previous arguments
+    assert len(world.of("gpu1")) == 1
+
+
+def test_restart_without_rolling_drains_every_gpu_at_once(tmp_path: Path) -> None:
+    scripts = {"gpu0": [Script(drain_s=2)], "gpu1": [Script(drain_s=2)]}
+    sup, world, history, clock = make(tmp_path, scripts, gpus=2)
+    new = {g: spec(tmp_path, g, ["--max-running-requests", "8"]) for g in (0, 1)}
+
+    async def restart() -> None:
+        sup.submit(Order("r4", new, rolling=False))
+        sup.submit(Order("r5", new, rolling=True))  # one restart at a time
+        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+
+    run_until(sup, clock, history.all_ready, restart)
+
+    assert sup.rollout is not None and sup.rollout["state"] == "done"
+    assert sup.rollout["rejected"] == {"id": "r5", "reason": "restart r4 is still running"}
+    first0, first1 = world.of("gpu0")[0], world.of("gpu1")[0]
+    assert first0.term_at is not None and first1.term_at is not None
+    assert abs(first0.term_at - first1.term_at) <= sup.policy.poll_s
+    assert [p.spec for p in (world.of("gpu0")[1], world.of("gpu1")[1])] == [new[0], new[1]]
+
+
+def test_restart_order_brings_a_stopped_gpu_back(tmp_path: Path) -> None:
+    usage = Script(ready_after=None, exit_after=0.3, exit_code=2)
+    sup, _, history, clock = make(tmp_path, {"gpu0": [usage, Script()], "gpu1": [Script()]},
+                                  gpus=2)
+
+    async def fix() -> None:
+        sup.submit(Order("r3", {0: spec(tmp_path, 0, ["--log-level", "info"])}))
+        await clock.until(lambda: history.gpu(0)["state"] == "ready")
+
+    run_until(sup, clock, lambda: history.gpu(0)["state"] == "stopped", fix)
+
+    assert history.states(0)[-3:] == ["starting", "ready", "stopped"]
+
+
+def test_ready_server_is_read_from_server_info_and_log(tmp_path: Path) -> None:
+    sim = Simulator(SimConfig.from_argv(["--profile", "mamba-hybrid",
+                                         "--max-running-requests", "128"]))
+    graph = ("[2026-10-10 11:58:29] Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16], "
+             "elapsed=9.12 s, mem usage=0.61 GB, avail mem=4.49 GB.")
+    script = Script(info=sim_info.server_info(sim), lines=[(0.5, graph)])
+    sup, _, history, clock = make(tmp_path, {"gpu0": [script]})
+
+    run_until(sup, clock, lambda: history.gpu()["state"] == "ready")
+
+    cap = history.gpu()["capacity"]
+    assert (cap["requested"], cap["effective"], cap["binding"]) == (128, 16, "mamba")
+    assert cap["reason"].startswith("asked 128, got 16: 80 Mamba slots / 5 per request")
+    assert cap["mamba_slots"] == 80 and cap["cuda_graph_max_bs"] == 16
+    assert cap["weights_gb"] == pytest.approx(50.29) and cap["context_length"] is None
+
+
+def test_dead_worker_is_restarted_and_waits_for_its_server(tmp_path: Path) -> None:
+    scripts = {"gpu0": [Script(ready_after=5)],
+               "worker0": [Script(exit_after=3, exit_code=1, lines=[(2, "boom: lost broker")]),
+                           Script()]}
+    sup, world, history, clock = make(tmp_path, scripts, workers=True, backoff_initial_s=1)
+
+    run_until(sup, clock, lambda: len(world.of("worker0")) == 2)
+
+    first, _ = world.of("worker0")
+    assert first.started >= 5  # not before the server was ready
+    assert history.last["gpus"][0]["worker"]["restarts"] == 1
+    assert world.of("worker0")[-1].signals[0] == "TERM"  # stopped with the node
+
+
+def test_argv_has_ports_defaults_and_the_user_args_last() -> None:
+    argv = build_argv(["sglang", "serve"], "/m", 30001, 31001, ["--mem-fraction-static", "0.9"])
+    assert argv == ["sglang", "serve", "--model-path", "/m", "--port", "30001", "--nccl-port",
+                    "31001", "--host", "127.0.0.1", "--log-level", "info", "--enable-metrics",
+                    "--mem-fraction-static", "0.9"]
+
+
+def test_argv_keeps_the_users_host_log_level_and_model() -> None:
+    argv = build_argv(["x"], "/m", 1, 2, ["--host=0.0.0.0", "--log-level", "debug",
+                                          "--model", "/other"])
+    assert argv.count("--host") + argv.count("--host=0.0.0.0") == 1
+    assert "info" not in argv and "/m" not in argv
+
+
+@pytest.mark.parametrize("args", [["--port", "1"], ["--nccl-port=2"], ["--tp-size", "2"],
+                                  ["--dp", "4"]])
+def test_argv_refuses_what_the_launcher_decides_per_gpu(args: list[str]) -> None:
+    with pytest.raises(ProfileError):
+        build_argv(["x"], "/m", 1, 2, args)
+
+
+def test_profile_gpu_override_replaces_the_same_flag_only(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('model = "/dev/shm/Qwen3.6-27B"\n'
+                    'args = ["--mem-fraction-static", "0.93", "--max-running-requests", "64"]\n'
+                    '[gpu.3]\nargs = ["--max-running-requests", "32"]\n')
+    profile = load_profile(path)
+    assert profile.for_gpu(3) == ("/dev/shm/Qwen3.6-27B",
+                                  ["--mem-fraction-static", "0.93", "--max-running-requests", "32"])
+    assert profile.for_gpu(0)[1] == ["--mem-fraction-static", "0.93",
+                                     "--max-running-requests", "64"]
+
+
+def test_command_line_args_override_the_profile_flag_by_flag() -> None:
+    profile = profile_from_mapping({"args": ["--a", "1", "--flag"],
+                                    "gpu": {"1": {"args": ["--b=2"]}}})
+    assert profile.for_gpu(1, ["--a", "5", "--b", "3"], cli_model="/m") == (
+        "/m", ["--flag", "--a", "5", "--b", "3"])
+
+
+def test_merge_treats_either_spelling_of_a_renamed_flag_as_one() -> None:
+    assert merge_args(["--cuda-graph-max-bs", "8"], ["--cuda-graph-max-bs-decode", "16"]) == [
+        "--cuda-graph-max-bs-decode", "16"]
+
+
+@pytest.mark.parametrize("table, names", [
+    ({"modle": "x"}, "'modle'"), ({"gpu": {"x": {}}}, "[gpu.x]"), ({"args": "--a 1"}, "list"),
+    ({"gpu": {"2": {"port": 1}}}, "'port'")])
+def test_bad_profile_is_refused_naming_the_problem(table: dict[str, Any], names: str) -> None:
+    with pytest.raises(ProfileError, match=names.replace("[", r"\[").replace("]", r"\]")):
+        profile_from_mapping(table)
+
+
+def test_yaml_profile_without_pyyaml_says_how_to_fix_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)  # makes `import yaml` fail
+    path = tmp_path / "node.yaml"
+    path.write_text("model: /m\n")
+    with pytest.raises(ProfileError, match="PyYAML"):
+        load_profile(path)
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text("args = [\n")
+    with pytest.raises(ProfileError, match="node.toml: invalid TOML"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize("version, given, expected", [
+    ("0.5.23", ["--cuda-graph-max-bs", "16"], ["--cuda-graph-max-bs-decode", "16"]),
+    ("0.5.23", ["--mamba-scheduler-strategy=no_buffer"],
+     ["--mamba-radix-cache-strategy=no_buffer"]),
+    ("0.5.10.post1", ["--cuda-graph-max-bs-decode", "16"], ["--cuda-graph-max-bs", "16"]),
+    ("0.5.10", ["--mamba-radix-cache-strategy", "x"], ["--mamba-scheduler-strategy", "x"]),
+    (None, ["--cuda-graph-max-bs", "16"], ["--cuda-graph-max-bs-decode", "16"]),
+    ("0.5.23", ["--cuda-graph-max-bs-decode", "16"], ["--cuda-graph-max-bs-decode", "16"]),
+])
+def test_flags_are_renamed_for_the_installed_version(
+        version: str | None, given: list[str], expected: list[str]) -> None:
+    args, notes = adapt_flags(given, version)
+    assert args == expected
+    assert len(notes) == (given != expected)
+
+
+def test_gpu_spec_accepts_ranges_and_lists() -> None:
+    assert parse_gpu_spec("0-3,6") == [0, 1, 2, 3, 6]
+    assert parse_gpu_spec("1,0,1") == [0, 1]
+    for bad in ("a", "3-1", "1-", ""):
+        with pytest.raises(GpuSpecError):
+            parse_gpu_spec(bad)
+
+
+def test_gpu_discovery_without_nvidia_smi_suggests_the_simulator() -> None:
+    def missing(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError(argv[0])
+
+    with pytest.raises(NoGpuError, match="--sim"):
+        discover_gpus(missing)
+
+
+def test_gpu_discovery_reports_a_failing_driver() -> None:
+    def failing(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(list(argv), 9, "", "NVIDIA-SMI has failed because it "
+                                           "couldn't communicate with the NVIDIA driver.\n")
+
+    with pytest.raises(NoGpuError, match="exit 9.*couldn't communicate"):
+        discover_gpus(failing)
+
+
+def test_gpu_lines_are_read_and_a_missing_index_is_named() -> None:
+    gpus = [parse_gpu_line("0, NVIDIA H100 80GB HBM3, 81559 MiB"),
+            parse_gpu_line("1, NVIDIA H100 80GB HBM3, 81559 MiB")]
+    assert gpus[0].name == "NVIDIA H100 80GB HBM3" and gpus[0].memory_mib == 81559
+    assert select_gpus([1], gpus) == [gpus[1]]
+    with pytest.raises(NoGpuError, match="GPU 4 not found"):
+        select_gpus([1, 4], gpus)
+
+
+def test_log_follower_waits_for_complete_lines_and_splits_carriage_returns(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("old line\n")
+    follower = LogFollower(log)
+    with open(log, "a") as f:
+        f.write("Capturing batches (bs=1)\rCapturing batches (bs=2)\nRuntimeError: Not enough me")
+    follower.poll()
+    assert list(follower.tail) == ["Capturing batches (bs=1)", "Capturing batches (bs=2)"]
+    with open(log, "a") as f:
+        f.write("mory. Please try to increase --mem-fraction-static.")
+    follower.poll(final=True)
+    assert follower.fatal is not None and follower.fatal.kind == "kv_no_memory"
+
+
+def test_read_server_falls_back_to_the_log_without_server_info(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("[2026-10-10 11:58:00] server_args={'max_running_requests': 128}\n"
+                   "[2026-10-10 11:58:19] KV Cache is allocated. #tokens: 20000, K size: 1 GB, "
+                   "V size: 1 GB\n[2026-10-10 11:58:30] max_total_num_tokens=20000, "
+                   "chunked_prefill_size=8192, max_prefill_tokens=16384, "
+                   "max_running_requests=128, context_len=40960, available_gpu_mem=4.49 GB\n")
+    follower = LogFollower(log, offset=0)
+    follower.poll()
+    reading = read_server(None, follower.report)
+    assert (reading.kv_tokens, reading.effective, reading.binding) == (20000, 128, "request")
+
+
+def test_up_refuses_a_busy_port_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = node.main(["up", "--sim", "--gpus", "0", "--base-port", str(port),
+                          "--run-dir", str(tmp_path)])
+    assert code == node.EXIT_USAGE
+    assert f"GPU 0: HTTP port {port} is already in use" in capsys.readouterr().err
+
+
+def test_status_marks_processes_that_are_gone() -> None:
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    state: dict[str, Any] = {
+        "supervisor_pid": int(dead_pid), "updated_at": 100.0, "rollout": None,
+        "gpus": [{"gpu": 0, "port": 30000, "pid": int(dead_pid), "state": "ready", "since": 40.0,
+                  "restarts": 2, "last_reason": None, "worker": None,
+                  "capacity": {"effective": 16, "requested": 128, "reason": "asked 128, got 16"}},
+                 {"gpu": 1, "port": 30001, "pid": None, "state": "stopped", "since": 50.0,
+                  "restarts": 5, "last_reason": "crash loop: 5 crashes", "worker": None,
+                  "capacity": None}]}
+    node.annotate(state)
+    text = node.render_status(state, now=100.0)
+    assert "NOT running" in text
+    lines = text.splitlines()
+    assert lines[1].split()[:6] == ["GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS"]
+    assert f"{dead_pid} (gone)" in lines[2] and "ready?" in lines[2]
+    assert "16 (asked 128)" in lines[2] and lines[2].endswith("asked 128, got 16")
+    assert lines[3].endswith("crash loop: 5 crashes")
+
+
+def test_restart_request_overrides_args_flag_by_flag(tmp_path: Path) -> None:
+    plan = node.NodePlan((0, 1), True, False, None, Profile(), ("--speed", "100", "--a", "1"),
+                         30000, tmp_path, {})
+    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r9", "args": ["--a", "2"],
+                                                   "gpus": [1], "rolling": True})
+    order, new_plan = node.read_request(tmp_path, plan)
+    assert order is not None and list(order.specs) == [1] and order.id == "r9"
+    assert new_plan.cli_args == ("--speed", "100", "--a", "2")
+    assert order.specs[1].argv[-4:] == ("--speed", "100", "--a", "2")
+    assert order.specs[1].port == 30001 and order.specs[1].env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert not (tmp_path / node.REQUEST_FILE).exists()
+
+
+def test_api_keys_stay_out_of_logs_and_the_state_file(tmp_path: Path) -> None:
+    secret = spec(tmp_path, 0, ["--api-key", "s3cret", "--admin-api-key=t0p"])
+    sup, _, history, clock = make(tmp_path, {"gpu0": [Script()]})
+    sup.slots[0].server.spec = secret
+
+    run_until(sup, clock, lambda: history.gpu()["state"] == "ready")
+
+    assert "s3cret" not in str(history.last) and "t0p" not in str(history.last)
+    assert history.gpu()["argv"][-3:] == ["--api-key", "***", "--admin-api-key=***"]
