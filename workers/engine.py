@@ -16,16 +16,21 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import orjson
 import redis.asyncio as aioredis
 
-from workers import metrics
+from workers import keys, metrics
 from workers.errors import FleetgenError, ServerDownError
+from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
 from workers.sglang import ServerCapacity, SGLangClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
+# Registry entries older than a few beats mean the worker is gone (status shows it as lost).
+REGISTRY_BEAT_S = 5.0
+WORKERS_KEY = keys.WORKERS
 
 
 class Limiter:
@@ -156,6 +161,7 @@ class Engine:
             await asyncio.sleep(delay)
 
     async def _probe_forever(self) -> None:
+        beat = 0.0
         while True:
             if await self.client.ready():
                 if self.health_failures:
@@ -163,7 +169,29 @@ class Engine:
                 self.health_failures = 0
             else:
                 self.health_failures += 1
+            if time.monotonic() - beat >= REGISTRY_BEAT_S:
+                beat = time.monotonic()
+                await self._register()
             await asyncio.sleep(HEALTH_PROBE_S)
+
+    async def _register(self) -> None:
+        """Tell `producer status` who this worker is, what it serves, and how busy it is."""
+        capacity = self.capacity
+        entry = {
+            "worker": self.worker,
+            "server": self.server_url,
+            "state": "ready" if self.health_failures == 0 else "server-down",
+            "effective_max_running_requests": capacity.effective if capacity else None,
+            "requested_max_running_requests": capacity.requested if capacity else None,
+            "capacity_source": capacity.source if capacity else None,
+            "limit": self.limiter.limit,
+            "in_flight": self.limiter.active,
+            "updated": time.time(),
+        }
+        try:
+            await self.redis.hset(WORKERS_KEY, self.worker, orjson.dumps(entry))
+        except REDIS_ERRORS as exc:
+            log.info("worker %s: registry update skipped (%s)", self.worker, exc)
 
     async def _refresh_quietly(self) -> None:
         try:

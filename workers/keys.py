@@ -2,6 +2,7 @@
 
 Redis (the ledger, rebuildable from the sink):
     fg:jobs                      set    job names
+    fg:workers                   hash   worker -> its server, state, capacity, in flight
     fg:job:{job}                 hash   manifest (json), state, reason, created/updated
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
     fg:job:{job}:running         zset   batch -> time its lease was taken
@@ -28,6 +29,8 @@ GPU_QUEUE = re.compile(r"^gpu(\d+)$")
 TASK_RUN_BATCH = "fleetgen.run_batch"
 
 JOBS = f"{PREFIX}:jobs"
+# hash: worker node name -> json {server, state, capacity, in_flight, updated}
+WORKERS = f"{PREFIX}:workers"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
