@@ -64,6 +64,8 @@ def main(argv: list[str]) -> int:
     log_path = ROOT / ".fleetgen" / "demo.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     honcho = _start_stack(env, log_path)
+    # SIGTERM (e.g. from `timeout`) must still stop the stack: turn it into an exception.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         _wait_ready(honcho, log_path)
         print(f"stack up in {time.monotonic() - started:.1f}s  (Flower: {FLOWER_URL}, log: {log_path})")
@@ -71,11 +73,18 @@ def main(argv: list[str]) -> int:
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo: {exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}", file=sys.stderr)
         code = 1
+    except KeyboardInterrupt:
+        print("demo: interrupted; stopping the stack", file=sys.stderr)
+        code = 130
     finally:
         if not args.keep:
             _stop(honcho)
     print(f"demo wall time {time.monotonic() - started:.1f}s")
     return code
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _start_stack(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
