@@ -7,6 +7,7 @@ reads node.json as `status` does, and checks at the end that no process it start
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -240,3 +241,43 @@ def test_servers_do_not_outlive_a_killed_launcher(start_node: Callable[..., Node
     n.proc.kill()  # SIGKILL: no chance to stop anything; the server gets SIGTERM from the kernel
 
     wait_until(lambda: not alive(pid), 15, what=f"server pid {pid} to exit")
+
+
+def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
+        start_node: Callable[..., Node], redis_url: str, redis_client: Any, s3_server: Any,
+        tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
+    from tests.stack import FAST_WORKER_ENV, chat_rows, iter_ids, read_results, write_jsonl
+
+    env = {"REDIS_URL": redis_url, **s3_server.env(), **FAST_WORKER_ENV}
+    n = start_node(2, "--workers", "--backoff", "0.2", "--max-crashes", "20", env=env,
+                   server_args=("--crash-after-requests", "150", "--max-running-requests", "16",
+                                "--mean-output-tokens", "600", "--speed", "20"))
+    n.wait(lambda s: len(s["gpus"]) == 2 and all((g["worker"] or {}).get("state") == "running"
+                                                 for g in s["gpus"]), 60, "workers running")
+    for g in n.state()["gpus"]:
+        log = Path(g["worker"]["log"])
+        wait_until(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 60,
+                   what="celery ready")
+    rows = chat_rows(400)
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    out_dir = tmp_path / "out"
+    enqueue = subprocess.run(
+        [sys.executable, "-m", "producer", "enqueue", str(src), "--job", "crashy", "--output",
+         str(out_dir), "--batch-size", "25", "--no-canary"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
+    assert enqueue.returncode == 0, enqueue.stderr
+    from workers import keys
+
+    wait_until(lambda: redis_client.scard(keys.job_part("crashy", "done")) == 16, 240,
+               what="job done")
+    results, errors = read_results(out_dir, "crashy")
+    assert sorted(r["id"] for r in results) == sorted(iter_ids(rows))
+    assert not errors
+    restarts = sum(g["restarts"] for g in n.state()["gpus"])
+    assert restarts >= 1, n.output()
+    paused = [float(x) for g in n.state()["gpus"]
+              for x in re.findall(r"ready again after ([0-9.]+)s", Path(g["worker"]["log"]).read_text())]
+    record_property("server_restarts", restarts)
+    record_property("worker_paused_s", paused)
+    print(f"\nserver restarts {restarts}, worker paused for {paused} s")
+    assert n.stop() == 0
