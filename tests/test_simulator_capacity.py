@@ -127,6 +127,8 @@ def test_running_never_exceeds_the_cap_and_throughput_matches_slots_times_rate(
         sim.close()
     assert max(running for running, _ in seen) == slots
     assert max(queued for _, queued in seen) > 0
-    # from the first round's end to the last one's, every slot decodes without a gap
+    # From the first round's end to the last one's, every slot decodes without a gap. The
+    # bound is loose on purpose: this checks the model, not the machine (a loaded 2-core box
+    # adds event-loop lag); tests/perf measures the exact ratio.
     steady = (n - slots) * 400 / (finished[-1] - finished[0])
-    assert steady == pytest.approx(slots * rate, rel=0.03)
+    assert steady == pytest.approx(slots * rate, rel=0.06)
