@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 from celery import Celery
-from kombu import Queue
+from kombu import Queue  # type: ignore[attr-defined]
 from kombu.serialization import register
 
 from workers import keys

@@ -85,7 +85,7 @@ class Ledger:
 
     def job_state(self, name: str) -> tuple[str, str]:
         state, reason = self.r.hmget(keys.job(name), "state", "reason")
-        return (state or b"running").decode(), (reason or b"").decode()
+        return _text(state) or "running", _text(reason)
 
     def set_state(self, name: str, state: str, reason: str = "") -> None:
         if state not in JOB_STATES:
@@ -113,15 +113,14 @@ class Ledger:
         return {b.decode() for b in self.r.smembers(keys.job_part(name, "done"))}  # type: ignore[union-attr]
 
     def queued_batches(self, name: str) -> dict[str, float]:
-        return {
-            b.decode(): s for b, s in self.r.zrange(keys.job_part(name, "queued"), 0, -1, withscores=True)
-        }
+        return self._scored(keys.job_part(name, "queued"))
 
     def running_batches(self, name: str) -> dict[str, float]:
-        return {
-            b.decode(): s
-            for b, s in self.r.zrange(keys.job_part(name, "running"), 0, -1, withscores=True)
-        }
+        return self._scored(keys.job_part(name, "running"))
+
+    def _scored(self, key: str) -> dict[str, float]:
+        pairs: Any = self.r.zrange(key, 0, -1, withscores=True)
+        return {member.decode(): float(score) for member, score in pairs}
 
     def is_done(self, name: str, batch: str) -> bool:
         return bool(self.r.sismember(keys.job_part(name, "done"), batch))
@@ -193,3 +192,7 @@ class Ledger:
         if not batches:
             return 0
         return int(self.r.sadd(keys.job_part(name, "done"), *batches))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
