@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import orjson
@@ -17,7 +17,7 @@ from producer import control, export
 from producer.enqueue import EnqueueRequest, enqueue
 from producer.export import FORMATS
 from producer.inputs import InputErrors
-from producer.status import job_status, render
+from producer.status import format_duration, job_status, render
 from workers import keys
 from workers.canary import Thresholds
 from workers.errors import FleetgenError
@@ -34,6 +34,8 @@ EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
   python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
   python -m producer status distill-v1
+  python -m producer status distill-v1 --watch        # live, Ctrl-C to stop
+  python -m producer status distill-v1 --json         # the same figures for machines
   python -m producer jobs
 """
 
@@ -72,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="progress, rate, ETA, tokens and workers of a job")
     p.add_argument("job")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
-    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--watch", action="store_true", help="redraw every --interval seconds (Ctrl-C stops)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
+    p.add_argument("--no-servers", action="store_true",
+                   help="skip the live per-GPU table (no /metrics or /server_info requests)")
     sub.add_parser("jobs", help="list jobs with their state and progress")
     p = sub.add_parser("requeue", help="send failed prompts again (e.g. after raising the context)")
     p.add_argument("job")
@@ -156,17 +160,27 @@ def _progress(path: Path) -> Callable[[int, int], None]:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     ledger = Ledger.from_url(settings.redis_url)
-    while True:
-        status = job_status(ledger, args.job)
-        if args.json:
-            print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
-        else:
-            if args.watch:
-                print("\x1b[2J\x1b[H", end="")
-            print(render(status))
-        if not args.watch:
-            return RET_OK
-        time.sleep(args.interval)
+    ledger.load_job(args.job)
+    try:
+        while True:
+            status = job_status(ledger, args.job, live=not args.no_servers,
+                                api_key=settings.sglang_api_key)
+            if args.json:
+                # One object per line under --watch, so a reader can follow it line by line.
+                option = 0 if args.watch else orjson.OPT_INDENT_2
+                print(orjson.dumps(status, option=option).decode(), flush=True)
+            else:
+                text = render(status)
+                if args.watch:
+                    text = f"\x1b[2J\x1b[H{text}\n\n  {time.strftime('%H:%M:%S')}, every " \
+                           f"{args.interval:g}s; Ctrl-C to stop"
+                print(text, flush=True)
+            if not args.watch:
+                return RET_OK
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        # Ctrl-C is how a watch ends; it is not an error.
+        return RET_OK
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
@@ -175,11 +189,14 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     if not names:
         print("no jobs")
         return RET_OK
-    print(f"{'job':<32} {'state':<10} {'done':>10} {'failed':>8} {'total':>10}  progress")
+    print(f"{'job':<32} {'state':<10} {'done':>10} {'failed':>8} {'total':>10} {'progress':>8}"
+          f" {'prompts/s':>9} {'ETA':>8}  reason")
     for name in names:
         s = job_status(ledger, name)
         pct = 100.0 * (s["done"] + s["failed"]) / max(1, s["total"])
-        print(f"{name:<32} {s['state']:<10} {s['done']:>10,} {s['failed']:>8,} {s['total']:>10,}  {pct:5.1f}%")
+        eta = "-" if s["eta_s"] is None else format_duration(s["eta_s"])
+        print(f"{name:<32} {s['state']:<10} {s['done']:>10,} {s['failed']:>8,} {s['total']:>10,}"
+              f" {pct:>7.1f}% {s['rate']['prompts_per_s_5m']:>9.2f} {eta:>8}  {s['reason'] or ''}")
     return RET_OK
 
 

@@ -22,12 +22,6 @@ from workers.reconciler import broker_batches
 from workers.sink import Sink, open_sink
 
 
-def all_batches(ledger: Ledger, job: str) -> list[str]:
-    manifest = ledger.load_job(job)
-    extra = sorted(b.decode() for b in ledger.r.smembers(keys.job_part(job, "extra")))  # type: ignore[union-attr]
-    return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
-
-
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
     ledger.load_job(job)
     ledger.set_state(job, STATE_PAUSED, reason)
@@ -57,7 +51,7 @@ def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
     done = ledger.done_batches(job)
     running = ledger.running_batches(job)
     waiting = {b for j, b in broker_batches(ledger.r, grace_s=float("inf")) if j == job}
-    idle = [b for b in all_batches(ledger, job) if b not in done and b not in running and b not in waiting]
+    idle = [b for b in ledger.all_batches(job) if b not in done and b not in running and b not in waiting]
     return dispatch(app, ledger, job, idle, queue)
 
 

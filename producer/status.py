@@ -1,7 +1,12 @@
-"""A job's progress in one view: counts, rate, ETA, tokens, finish reasons, workers.
+"""A job's progress in one view: counts, rate, ETA, tokens, finish reasons, quality, GPUs.
 
-`job_status` gathers the figures from the ledger into one dict (the `--json` form, and what
-`progress.json` holds); `render` prints it for people.
+`job_status` gathers the figures into one dict: the `status --json` form and what
+`progress.json` holds (field names are stable; new ones may be added). With `live=True` it
+also reads every registered server (producer/fleet.py) for the per-GPU table. `render` prints
+the dict for people.
+
+    status = job_status(ledger, "distill-v1", live=True)
+    print(render(status))
 """
 
 from __future__ import annotations
@@ -11,80 +16,168 @@ from typing import Any
 
 import orjson
 
+from producer.fleet import read_fleet, render_fleet
 from workers import keys
-from workers.ledger import Ledger
+from workers.canary import Thresholds
+from workers.job import JobManifest
+from workers.ledger import STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
+STATE_DONE = "done"
 
 
-def job_status(ledger: Ledger, job: str, now: float | None = None) -> dict[str, Any]:
+def job_status(
+    ledger: Ledger, job: str, now: float | None = None, *, live: bool = False,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """Every figure of `job` at `now`; `live` adds `fleet` (one row per worker, ~2 s at most)."""
     now = time.time() if now is None else now
     manifest = ledger.load_job(job)
-    state, reason = ledger.job_state(job)
+    stored_state, reason = ledger.job_state(job)
     stats = ledger.stats(job)
     done = int(stats.get("prompts_done", 0))
     failed = int(stats.get("prompts_failed", 0))
-    running = ledger.running_batches(job)
-    queued = ledger.queued_batches(job)
-    in_flight = sum(_batch_len(manifest.prompts, manifest.batch_size, b) for b in running) - sum(
-        int(ledger.r.hlen(keys.checkpoint(job, b))) for b in running
-    )
     remaining = max(0, manifest.prompts - done - failed)
-    minutes = _minutes(ledger, job)
-    recent = _window(minutes, now, RATE_WINDOW_S)
-    started = min((m for m in minutes), default=None)
-    elapsed = max(1.0, now - (started * 60 if started is not None else manifest.created_at))
-    window = min(float(RATE_WINDOW_S), elapsed)
-    rate_5m = recent["prompts"] / window
-    rate_all = (done + failed) / elapsed
-    rate = rate_5m or rate_all
     finished_batches = len(ledger.done_batches(job))
     total_batches = manifest.batches + int(ledger.r.scard(keys.job_part(job, "extra")))
-    out_tokens = stats.get("output_tokens", 0.0)
+    finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
+    state = STATE_DONE if finished else stored_state
+    running = ledger.running_batches(job)
+    in_flight = min(remaining, _in_flight(ledger, manifest, running))
+    waiting = remaining - in_flight
+    clock = _clock(_minutes(ledger, job), manifest.created_at, now, finished)
+    rate = _rates(clock, done + failed, stats.get("output_tokens", 0.0))
+    workers = _workers(ledger, job)
     return {
         "job": job,
-        "state": "done" if finished_batches >= total_batches and state == "running" else state,
+        "state": state,
         "reason": reason or None,
         "output": manifest.output,
         "total": manifest.prompts,
         "done": done,
         "failed": failed,
-        "in_flight": max(0, in_flight),
-        "queued": max(0, manifest.prompts - done - failed - max(0, in_flight)) if queued else 0,
+        "in_flight": in_flight,
+        "queued": waiting if state == STATE_RUNNING else 0,
+        # Not started because the job is paused or cancelled: they run after `resume`.
+        "held": waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
         "batches": {"total": total_batches, "done": finished_batches,
-                    "running": len(running), "queued": len(queued)},
-        "rate": {
-            "prompts_per_s_5m": round(rate_5m, 3),
-            "prompts_per_s_all": round(rate_all, 3),
-            "output_tokens_per_s_5m": round(recent["tokens"] / window, 1),
-            "output_tokens_per_s_all": round(out_tokens / elapsed, 1),
-        },
-        "eta_s": round(remaining / rate) if rate > 0 and remaining else (0 if not remaining else None),
-        "tokens": {
-            "input": int(stats.get("input_tokens", 0)),
-            "output": int(out_tokens),
-            "reasoning": int(stats.get("reasoning_tokens", 0)),
-            "avg_output": round(out_tokens / done, 1) if done else None,
-            "reasoning_share": round(stats.get("reasoning_tokens", 0) / out_tokens, 3)
-            if out_tokens else None,
-        },
-        "finish_reasons": {
-            k.removeprefix("finish_"): int(v) for k, v in sorted(stats.items())
-            if k.startswith("finish_")
-        },
-        "errors": {
-            k.removeprefix("error_"): int(v) for k, v in sorted(stats.items())
-            if k.startswith("error_")
-        },
+                    "running": len(running), "queued": len(ledger.queued_batches(job))},
+        "elapsed_s": round(clock["elapsed"]),
+        "rate": rate,
+        "eta_s": _eta(remaining, state, rate),
+        "tokens": _tokens(stats, done),
+        "finish_reasons": _prefixed(stats, "finish_"),
+        "errors": _prefixed(stats, "error_"),
         "empty_content": int(stats.get("empty_content", 0)),
         "bytes_written": int(stats.get("bytes_written", 0)),
-        "workers": _workers(ledger, job),
+        "workers": workers,
+        "canary": _canary(ledger, job, manifest),
         "quality": _quality(ledger, job),
+        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], api_key=api_key, now=now)
+        if live else None,
         "updated_at": now,
     }
 
 
+def _in_flight(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
+    """Prompts of running batches that have not reached the checkpoint yet."""
+    with ledger.r.pipeline(transaction=False) as p:
+        for batch in running:
+            p.hlen(keys.checkpoint(manifest.name, batch))
+        checkpointed = p.execute()
+    sizes = sum(_batch_len(manifest.prompts, manifest.batch_size, b) for b in running)
+    return max(0, sizes - sum(int(n) for n in checkpointed))
+
+
+def _batch_len(prompts: int, size: int, batch: str) -> int:
+    """Prompts in an enqueued batch `bNNNNNN`; a requeue batch (`rNN-NNNNNN`) counts as full."""
+    if not batch.startswith("b"):
+        return size
+    index = int(batch[1:] or 0)
+    return max(0, min(size, prompts - (index - 1) * size))
+
+
+def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:
+    """Unix minute -> prompts finished and output tokens written in it."""
+    out: dict[int, dict[str, float]] = {}
+    raw: dict[bytes, bytes] = ledger.r.hgetall(keys.job_part(job, "minutes"))  # type: ignore[assignment]
+    for k, v in raw.items():
+        minute, _, kind = k.decode().partition("|")
+        slot = out.setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
+        slot["tokens" if kind == "tokens" else "prompts"] += float(v)
+    return out
+
+
+def _clock(
+    minutes: dict[int, dict[str, float]], created_at: float, now: float, finished: bool
+) -> dict[str, float]:
+    """Elapsed time and the last-5-minutes window, with what was produced in that window."""
+    start = max(min(minutes) * 60.0, created_at) if minutes else created_at
+    # A finished job's clock stops with its last answer, so its overall rate stays put.
+    end = min(now, (max(minutes) + 1) * 60.0) if finished and minutes else now
+    elapsed = max(1.0, end - start)
+    first = int((now - RATE_WINDOW_S) // 60)
+    recent = [v for m, v in minutes.items() if m >= first]
+    # The window covers whole minute buckets: from the start of the oldest one picked.
+    window = max(1.0, min(now - first * 60.0, now - start))
+    return {"elapsed": elapsed, "window": window,
+            "prompts": sum(v["prompts"] for v in recent), "tokens": sum(v["tokens"] for v in recent)}
+
+
+def _rates(clock: dict[str, float], finished: int, output_tokens: float) -> dict[str, float]:
+    return {
+        "prompts_per_s_5m": round(clock["prompts"] / clock["window"], 3),
+        "prompts_per_s_all": round(finished / clock["elapsed"], 3),
+        "output_tokens_per_s_5m": round(clock["tokens"] / clock["window"], 1),
+        "output_tokens_per_s_all": round(output_tokens / clock["elapsed"], 1),
+    }
+
+
+def _eta(remaining: int, state: str, rate: dict[str, float]) -> int | None:
+    """Seconds to go at the recent rate (overall if nothing finished lately); None if stalled."""
+    if not remaining:
+        return 0
+    per_s = rate["prompts_per_s_5m"] or rate["prompts_per_s_all"]
+    if state != STATE_RUNNING or per_s <= 0:
+        return None
+    return round(remaining / per_s)
+
+
+def _tokens(stats: dict[str, float], done: int) -> dict[str, Any]:
+    out_tokens = stats.get("output_tokens", 0.0)
+    reasoning = stats.get("reasoning_tokens", 0.0)
+    return {
+        "input": int(stats.get("input_tokens", 0)),
+        "output": int(out_tokens),
+        "reasoning": int(reasoning),
+        "avg_output": round(out_tokens / done, 1) if done else None,
+        "reasoning_share": round(reasoning / out_tokens, 3) if out_tokens else None,
+    }
+
+
+def _prefixed(stats: dict[str, float], prefix: str) -> dict[str, int]:
+    return {k.removeprefix(prefix): int(v) for k, v in sorted(stats.items()) if k.startswith(prefix)}
+
+
+def _workers(ledger: Ledger, job: str) -> dict[str, dict[str, float]]:
+    """This job's counters per worker: prompts_done, prompts_failed, output_tokens, batches_done."""
+    out: dict[str, dict[str, float]] = {}
+    raw: dict[bytes, bytes] = ledger.r.hgetall(keys.job_part(job, "workers"))  # type: ignore[assignment]
+    for k, v in raw.items():
+        worker, _, counter = k.decode().partition("|")
+        out.setdefault(worker, {})[counter] = float(v)
+    return out
+
+
+def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> dict[str, Any]:
+    thresholds = Thresholds(**manifest.canary) if manifest.canary else Thresholds()
+    seen = ledger.r.hget(keys.job(job), "canary_seen")
+    return {"enabled": thresholds.enabled, "answers_seen": int(seen or 0),
+            "min_completions": thresholds.min_completions}
+
+
 def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
+    """What the canary found when it paused the job (None if it never did)."""
     examples, seen, accepted = ledger.r.hmget(
         keys.job(job), "quality_examples", "quality_seen", "quality_accepted")
     if examples is None:
@@ -93,74 +186,79 @@ def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
             "accepted": accepted is not None}
 
 
-def _batch_len(prompts: int, size: int, batch: str) -> int:
-    index = int(batch.lstrip("b").split("-")[-1] or 0)
-    return max(0, min(size, prompts - (index - 1) * size))
-
-
-def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    for k, v in ledger.r.hgetall(keys.job_part(job, "minutes")).items():  # type: ignore[union-attr]
-        name = k.decode()
-        minute, _, kind = name.partition("|")
-        slot = out.setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
-        slot["tokens" if kind == "tokens" else "prompts"] += float(v)
-    return out
-
-
-def _window(minutes: dict[int, dict[str, float]], now: float, span: float) -> dict[str, float]:
-    first = int((now - span) // 60)
-    picked = [v for m, v in minutes.items() if m >= first]
-    return {"prompts": sum(v["prompts"] for v in picked), "tokens": sum(v["tokens"] for v in picked)}
-
-
-def _workers(ledger: Ledger, job: str) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for k, v in ledger.r.hgetall(keys.job_part(job, "workers")).items():  # type: ignore[union-attr]
-        worker, _, counter = k.decode().partition("|")
-        out.setdefault(worker, {})[counter] = float(v)
-    return out
-
-
 def render(status: dict[str, Any]) -> str:
+    """The status dict as a screenful of text."""
     s = status
-    total = s["total"] or 1
-    pct = 100.0 * (s["done"] + s["failed"]) / total
-    eta = _duration(s["eta_s"]) if s["eta_s"] is not None else "unknown"
-    r, t = s["rate"], s["tokens"]
     lines = [
         f"job {s['job']}  [{s['state']}]{'  ' + s['reason'] if s['reason'] else ''}  -> {s['output']}",
-        f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
-        f"  failed {s['failed']:,}  in flight {s['in_flight']:,}  queued {s['queued']:,}",
-        f"  batches   {s['batches']['done']}/{s['batches']['total']} done, "
-        f"{s['batches']['running']} running, {s['batches']['queued']} queued",
-        f"  rate      {r['prompts_per_s_5m']:.2f} prompts/s (5 min), {r['prompts_per_s_all']:.2f} overall;"
-        f"  {r['output_tokens_per_s_5m']:,.0f} output tok/s (5 min)   ETA {eta}",
-        f"  tokens    in {t['input']:,}  out {t['output']:,}  avg out {t['avg_output'] or 0:,.0f}"
-        f"  reasoning share {100 * (t['reasoning_share'] or 0):.0f}%",
-        "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s["finish_reasons"].items()) or "-")
-        + f"   empty content {s['empty_content']:,}",
+        *_render_progress(s),
+        *_render_quality(s),
     ]
-    if s.get("quality"):
-        q = s["quality"]
-        lines.append(f"  quality   canary fired after {q['detected_after']} answers"
-                     f"{' (accepted by user)' if q['accepted'] else ''}; examples:")
-        for ex in q["examples"]:
-            lines.append(f"            {ex['id']}: {ex['content']!r} ({ex['output_tokens']} tokens)")
     if s["errors"]:
         lines.append("  errors    " + ", ".join(f"{k} {v:,}" for k, v in s["errors"].items()))
-    lines.append(f"  written   {s['bytes_written'] / 1e6:,.1f} MB")
-    if s["workers"]:
-        lines.append(f"  {'worker':<28} {'done':>8} {'failed':>7} {'out tokens':>12} {'batches':>8}")
+    lines.append(f"  written   {_bytes(s['bytes_written'])}")
+    if s.get("fleet") is not None:
+        lines += ["", *(render_fleet(s["fleet"]) if s["fleet"] else ["  no workers registered"])]
+    elif s["workers"]:
+        lines += ["", f"  {'worker':<28} {'done':>8} {'failed':>7} {'out tokens':>12} {'batches':>8}"]
         for name, w in sorted(s["workers"].items()):
             lines.append(
                 f"  {name:<28} {int(w.get('prompts_done', 0)):>8,} {int(w.get('prompts_failed', 0)):>7,}"
-                f" {int(w.get('output_tokens', 0)):>12,} {int(w.get('batches_done', 0)):>8,}"
-            )
+                f" {int(w.get('output_tokens', 0)):>12,} {int(w.get('batches_done', 0)):>8,}")
     return "\n".join(lines)
 
 
-def _duration(seconds: float) -> str:
+def _render_progress(s: dict[str, Any]) -> list[str]:
+    total = s["total"] or 1
+    pct = 100.0 * (s["done"] + s["failed"]) / total
+    r, t, b = s["rate"], s["tokens"], s["batches"]
+    if s["eta_s"] is not None:
+        eta = format_duration(s["eta_s"])
+    else:
+        eta = s["state"] if s["state"] != STATE_RUNNING else "unknown"
+    waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
+    return [
+        (f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
+         f"  failed {s['failed']:,}  in flight {s['in_flight']:,}  {waiting}"),
+        f"  batches   {b['done']:,}/{b['total']:,} done, {b['running']:,} running, {b['queued']:,} queued",
+        (f"  rate      last 5 min {r['prompts_per_s_5m']:,.2f} prompts/s,"
+         f" {r['output_tokens_per_s_5m']:,.0f} out tok/s;  overall {r['prompts_per_s_all']:,.2f}"
+         f" prompts/s, {r['output_tokens_per_s_all']:,.0f} out tok/s"),
+        f"  time      elapsed {format_duration(s['elapsed_s'])}   ETA {eta}",
+        (f"  tokens    in {t['input']:,}  out {t['output']:,}  avg out {t['avg_output'] or 0:,.0f}"
+         f"  reasoning share {100 * (t['reasoning_share'] or 0):.0f}%"),
+        "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s["finish_reasons"].items()) or "-")
+        + f"   empty content {s['empty_content']:,}",
+    ]
+
+
+def _render_quality(s: dict[str, Any]) -> list[str]:
+    q, c = s.get("quality"), s.get("canary")
+    if not q:
+        if c and c["enabled"]:
+            return [(f"  canary    watching: {c['answers_seen']:,} answers seen"
+                     f" (judges from {c['min_completions']:,})")]
+        return ["  canary    off"] if c else []
+    lines = [(f"  quality   canary fired after {q['detected_after']:,} answers"
+              f"{' (accepted by user: going on)' if q['accepted'] else ''}; examples:")]
+    for ex in q["examples"]:
+        lines.append(f"            {ex['id']}: {ex['content']!r} ({ex['output_tokens']} tokens"
+                     f"{', cut at max_tokens' if ex.get('length') else ''})")
+    if not q["accepted"] and s["state"] == "paused":
+        lines.append(f"            go on anyway: python -m producer resume {s['job']} --accept-quality")
+    return lines
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} TB"
+
+
+def format_duration(seconds: float) -> str:
+    """`1h05m` or `4m09s`."""
     seconds = int(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)

@@ -12,6 +12,8 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
     fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
     fg:job:{job}:failures        list   latest failure reasons (capped), newest first
+    fg:job:{job}:recent          list   the canary's window of recent answers
+    fg:job:{job}:progress_due    string set for 60 s after progress.json was written
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
     fg:lease:{job}:{batch}       string owner token, with TTL (heartbeat-renewed)
 Sink, under {output}/{job}/:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from celery import Celery
 
+from producer.progress import write_progress
 from workers import keys
 from workers.dispatch import dispatch, parse_task_id
 from workers.ledger import STATE_RUNNING, Ledger
@@ -65,6 +66,7 @@ class Reconciler:
         waiting: set[tuple[str, str]] | None = None
         now = time.time()
         for job in self.ledger.job_names():
+            write_progress(self.ledger, job, now, settings=self.settings)
             state, _ = self.ledger.job_state(job)
             if state != STATE_RUNNING:
                 continue

@@ -1,0 +1,73 @@
+"""`{output}/{job}/progress.json`: the status figures, written next to the output once a minute.
+
+Whoever looks at the bucket (or a folder on a shared disk) sees how the job is doing without
+Redis access. The workers' reconciler calls `write_progress` for every job each round; a Redis
+key set with NX and a 60 s expiry lets one call per job per minute through, whichever worker
+makes it. A job that stopped changing (done, paused, cancelled) is written once more, then
+left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from producer.fleet import read_fleet
+from producer.status import job_status
+from workers import keys
+from workers.ledger import STATE_RUNNING, Ledger
+from workers.settings import Settings
+from workers.sink import open_sink
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 60
+PROGRESS_FILE = "progress.json"
+
+
+def progress_key(job: str) -> str:
+    """Sink key of the job's progress file."""
+    return f"{job}/{PROGRESS_FILE}"
+
+
+def due_key(job: str) -> str:
+    """Redis key that exists while the job's progress.json is fresh (expires after a minute)."""
+    return keys.job_part(job, "progress_due")
+
+
+def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings | None = None) -> bool:
+    """Write the job's progress.json if a minute has passed since the last one; True if written.
+
+    Never raises: progress is advisory, and the reconciler round that calls it has real work
+    to do for every job after this one.
+    """
+    try:
+        if not ledger.r.set(due_key(job), now, nx=True, ex=PROGRESS_EVERY_S):
+            return False
+        return _write(ledger, job, now, settings)
+    except Exception:
+        log.exception("job %s: progress.json not written this minute", job)
+        return False
+
+
+def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> bool:
+    status = job_status(ledger, job, now)
+    mark = _fingerprint(status)
+    if status["state"] != STATE_RUNNING and ledger.r.get(keys.job_part(job, "progress_mark")) == mark:
+        return False
+    status["fleet"] = read_fleet(ledger.r, status["workers"], float(status["elapsed_s"]),
+                                 api_key=settings.sglang_api_key if settings else None, now=now)
+    style = settings.s3_addressing_style if settings else "path"
+    sink = open_sink(status["output"], addressing_style=style)
+    sink.put(progress_key(job), orjson.dumps(status, option=orjson.OPT_INDENT_2))
+    ledger.r.set(keys.job_part(job, "progress_mark"), mark)
+    log.debug("job %s: progress.json written (%d/%d)", job, status["done"], status["total"])
+    return True
+
+
+def _fingerprint(status: dict[str, Any]) -> bytes:
+    """What must change for a stopped job's progress.json to be written again."""
+    quality = status["quality"] or {}
+    return f"{status['state']}|{status['done']}|{status['failed']}|{quality.get('accepted')}".encode()
+

@@ -1,0 +1,475 @@
+"""`producer status`: figures from the ledger, the live per-GPU table, --json, --watch, jobs,
+and progress.json. Counters are written by the workers' own Lua script, so status reads exactly
+what workers write."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from launcher.embedded import free_port, wait_until
+from producer import progress
+from producer.cli import main
+from producer.fleet import (
+    LOST_AFTER_S,
+    ServerReading,
+    parse_metrics,
+    read_fleet,
+    read_server,
+    render_fleet,
+)
+from producer.status import job_status, render
+from tests.stack import PYTHON, ROOT, Stack, chat_rows, wait_job_done, write_jsonl
+from workers import keys
+from workers.batch import _RECORD
+from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.ledger import STATE_PAUSED, Ledger
+from workers.records import Origin, counters, error_record, result_record
+
+NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
+MINUTE = int(NOW // 60)
+
+# Fields `status --json` and progress.json promise to keep (others may be added).
+STABLE_FIELDS = {
+    "job", "state", "reason", "output", "total", "done", "failed", "in_flight", "queued", "held",
+    "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
+    "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
+}
+FLEET_FIELDS = {
+    "worker", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
+    "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
+    "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
+    "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s",
+}
+
+
+@pytest.fixture
+def ledger(redis_client: Any) -> Ledger:
+    return Ledger(redis_client)
+
+
+@pytest.fixture
+def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+
+
+def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
+             created_at: float = NOW - 600) -> JobManifest:
+    manifest = JobManifest(
+        name=name, output=output, input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
+        prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
+        queue=keys.SHARED_QUEUE, params=GenerationParams(), created_at=created_at)
+    ledger.save_job(manifest)
+    return manifest
+
+
+class Worker:
+    """Finishes prompts the way workers/batch.py does: the same Lua script, the same counters."""
+
+    def __init__(self, ledger: Ledger, name: str) -> None:
+        self.ledger, self.name = ledger, name
+        self.origin = Origin("http://127.0.0.1:30000", name, 1)
+        self._record = ledger.r.register_script(_RECORD)
+        self.count = 0
+
+    def answer(self, job: str, batch: str, minute: int, finish: str = "stop",
+               tokens: tuple[int, int, int] = (10, 100, 60), content: str = "An answer.") -> None:
+        self.count += 1
+        response = {"choices": [{"finish_reason": finish, "message": {
+            "content": content, "reasoning_content": "thinking"}}],
+            "usage": {"prompt_tokens": tokens[0], "completion_tokens": tokens[1],
+                      "reasoning_tokens": tokens[2]}}
+        self._put(job, batch, minute, result_record(f"{batch}-{self.count}", 1, response, 0.5,
+                                                    self.origin))
+
+    def fail(self, job: str, batch: str, minute: int) -> None:
+        self.count += 1
+        record = error_record(f"{batch}-{self.count}", 1, "maximum context length is 40960",
+                              400, self.origin, 1)
+        self._put(job, batch, minute, record)
+
+    def _put(self, job: str, batch: str, minute: int, record: dict[str, Any]) -> None:
+        args: list[Any] = [record.get("custom_id") or record["id"], orjson.dumps(record), self.name]
+        for name, value in counters(record, thinking=True).items():
+            args += [name, value]
+        args.append(str(minute))
+        self._record(keys=[keys.checkpoint(job, batch), keys.job_part(job, "stats"),
+                           keys.job_part(job, "workers"), keys.job_part(job, "minutes")], args=args)
+
+    def finish_batch(self, job: str, batch: str, size: int = 1000) -> None:
+        self.ledger.finish_batch(job, batch, {"batches_done": 1, "bytes_written": size}, self.name, [])
+
+
+def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
+    """100 prompts: 6 batches written (58 answers, 2 failures), b000007 running with 4 of 10
+    checkpointed, b000008-10 queued. 40 answers 9 minutes ago, 24 in the last minute."""
+    make_job(ledger, name, output)
+    a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
+    for i in range(1, 7):
+        batch = keys.batch_id(i)
+        worker = a if i <= 3 else b
+        for j in range(10):
+            minute = MINUTE - 9 if (i - 1) * 10 + j < 40 else MINUTE - 1
+            if i == 6 and j < 2:
+                worker.fail(name, batch, minute)
+            else:
+                worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
+        worker.finish_batch(name, batch)
+    ledger.acquire(name, "b000007", "token", 30)
+    for _ in range(4):
+        a.answer(name, "b000007", MINUTE - 1)
+    ledger.mark_queued(name, ["b000008", "b000009", "b000010"])
+
+
+def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    s = job_status(ledger, "half", NOW)
+    assert (s["state"], s["total"], s["done"], s["failed"]) == ("running", 100, 62, 2)
+    assert (s["in_flight"], s["queued"], s["held"]) == (6, 30, 0)
+    assert s["batches"] == {"total": 10, "done": 6, "running": 1, "queued": 3}
+    # First answer 9 minutes ago: 64 finished in 540 s; 24 in the last five minutes.
+    assert s["elapsed_s"] == 540
+    assert s["rate"]["prompts_per_s_all"] == pytest.approx(64 / 540, abs=1e-3)
+    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(24 / 300, abs=1e-3)
+    # 22 of those 24 are answers of 100 tokens (2 were failures).
+    assert s["rate"]["output_tokens_per_s_5m"] == pytest.approx(22 * 100 / 300, abs=0.1)
+    assert s["rate"]["output_tokens_per_s_all"] == pytest.approx(62 * 100 / 540, abs=0.1)
+    assert s["eta_s"] == round(36 / (24 / 300))
+    assert s["tokens"] == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
+                           "reasoning_share": 0.6}
+    assert s["finish_reasons"] == {"length": 3, "stop": 59}
+    assert s["errors"] == {"context_length_exceeded": 2}
+    assert s["bytes_written"] == 6000
+    assert s["workers"]["gpu0@a"]["prompts_done"] == 34 and s["workers"]["gpu1@b"]["prompts_failed"] == 2
+    assert s["fleet"] is None and s["quality"] is None
+
+
+def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    text = render(job_status(ledger, "half", NOW))
+    assert "64/100 (64.0%)  done 62  failed 2  in flight 6  queued 30" in text
+    assert "last 5 min 0.08 prompts/s, 7 out tok/s;  overall 0.12 prompts/s, 12 out tok/s" in text
+    assert "elapsed 9m00s   ETA 7m30s" in text
+    assert "avg out 100  reasoning share 60%" in text
+    assert "finish    length 3, stop 59" in text and "context_length_exceeded 2" in text
+    assert "written   6.0 KB" in text
+    assert "gpu0@a" in text and "gpu1@b" in text
+
+
+def test_a_finished_job_reads_done_and_its_rate_stops_with_its_last_answer(ledger: Ledger) -> None:
+    make_job(ledger, "fin", "/tmp/out", prompts=20, created_at=NOW - 800)
+    w = Worker(ledger, "gpu0@a")
+    for i, minute in ((1, MINUTE - 12), (2, MINUTE - 11)):
+        for _ in range(10):
+            w.answer("fin", keys.batch_id(i), minute)
+        w.finish_batch("fin", keys.batch_id(i))
+    later = job_status(ledger, "fin", NOW + 3600)
+    assert later["state"] == "done" and later["eta_s"] == 0
+    assert (later["queued"], later["held"], later["in_flight"]) == (0, 0, 0)
+    assert later["elapsed_s"] == 120
+    assert later["rate"]["prompts_per_s_all"] == pytest.approx(20 / 120, abs=1e-3)
+    assert later["rate"]["prompts_per_s_5m"] == 0
+
+
+def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    s = job_status(ledger, "half", NOW)
+    assert (s["state"], s["reason"], s["eta_s"]) == ("paused", "paused by user", None)
+    assert (s["in_flight"], s["queued"], s["held"]) == (6, 0, 30)
+    text = render(s)
+    assert "[paused]  paused by user" in text and "held 30 (paused)" in text and "ETA paused" in text
+
+
+def test_status_of_a_job_paused_by_the_canary_shows_reason_examples_and_how_to_go_on(
+    ledger: Ledger,
+) -> None:
+    half_done_job(ledger)
+    reason = "quality: 100% of the last 200 answers have an empty content (threshold 20%)"
+    examples = [{"id": "p1", "content": "", "output_tokens": 64, "length": True},
+                {"id": "p2", "content": "", "output_tokens": 64, "length": True}]
+    # What workers/batch.py `_watch_quality` writes when it pauses a job.
+    ledger.r.hset(keys.job("half"), mapping={
+        "state": STATE_PAUSED, "reason": reason, "quality_examples": orjson.dumps(examples),
+        "quality_seen": 200})
+    s = job_status(ledger, "half", NOW)
+    assert s["reason"] == reason
+    assert s["quality"] == {"examples": examples, "detected_after": 200, "accepted": False}
+    text = render(s)
+    assert reason in text
+    assert "canary fired after 200 answers" in text
+    assert "p1: '' (64 tokens, cut at max_tokens)" in text
+    assert "python -m producer resume half --accept-quality" in text
+
+
+def test_the_canary_line_says_how_many_answers_it_has_seen(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.r.hset(keys.job("half"), "canary_seen", 64)
+    assert "canary    watching: 64 answers seen (judges from 200)" in render(job_status(ledger, "half", NOW))
+
+
+METRICS_TWO_RANKS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",model_name="m"} 30.0
+sglang:num_running_reqs{dp_rank="1",model_name="m"} 18.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",model_name="m"} 2.0
+sglang:num_queue_reqs{dp_rank="1",model_name="m"} 0.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",model_name="m"} 0.42
+sglang:token_usage{dp_rank="1",model_name="m"} 0.81
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{dp_rank="0",model_name="m"} 1500.5
+sglang:gen_throughput{dp_rank="1",model_name="m"} 1200.0
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{dp_rank="0",model_name="m"} 3.0
+sglang:spec_accept_length{dp_rank="1",model_name="m"} 3.5
+# TYPE sglang:generation_tokens counter
+sglang:generation_tokens_total{model_name="m"} 12345.0
+"""
+
+
+def test_metrics_of_several_schedulers_add_up_running_and_throughput_and_keep_the_worst_usage() -> None:
+    assert parse_metrics(METRICS_TWO_RANKS) == {
+        "running": 48.0, "queue": 2.0, "token_usage": 0.81, "gen_throughput": 2700.5,
+        "accept_length": 3.25}
+
+
+SERVER_INFO = {"max_running_requests": 128, "dp_size": 1, "version": "0.5.9",
+               "internal_states": [{"effective_max_running_requests_per_dp": 16,
+                                    "avg_spec_accept_length": 2.71}]}
+
+
+def read_with(handler: Any, api_key: str | None = None) -> ServerReading:
+    async def go() -> ServerReading:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await read_server(client, "http://gpu0:30000", api_key)
+
+    return asyncio.run(go())
+
+
+def test_a_server_without_metrics_still_shows_its_capacity_from_server_info() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json=SERVER_INFO)
+
+    reading = read_with(handler)
+    assert (reading.state, reading.running, reading.effective_max, reading.requested_max) == (
+        "up", None, 16, 128)
+    assert (reading.accept_length, reading.version) == (2.71, "0.5.9")
+
+
+def test_a_garbled_metrics_page_is_ignored_and_the_key_is_sent_for_server_info() -> None:
+    keys_sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="<html>proxy error</html>")
+        keys_sent.append(request.headers.get("authorization"))
+        return httpx.Response(200, json=SERVER_INFO)
+
+    reading = read_with(handler, api_key="s3cret")
+    assert (reading.state, reading.running, reading.effective_max) == ("up", None, 16)
+    assert keys_sent == ["Bearer s3cret"]
+
+
+def test_a_server_that_refuses_both_requests_is_down() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    assert read_with(handler) == ServerReading("down", error="connection refused")
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: Any) -> Iterator[Stack]:
+    s = Stack(tmp_path, {"REDIS_URL": redis_url, **s3_server.env()})
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
+    """A registry entry as workers/engine.py `_register` writes it."""
+    entry = {"worker": worker, "server": server, "state": "ready",
+             "effective_max_running_requests": 7, "requested_max_running_requests": 8,
+             "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
+             "limit": 11, "in_flight": 0, "updated": time.time() - age_s, **extra}
+    ledger.r.hset(keys.WORKERS, worker, orjson.dumps(entry))
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A port that accepts connections and never answers (a hung server)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+def test_the_fleet_table_reads_servers_live_and_a_dead_or_hung_one_costs_two_seconds_at_most(
+    stack: Stack, ledger: Ledger, black_hole: str,
+) -> None:
+    _, url = stack.sim("sim0", "--max-running-requests", "8", "--profile", "mamba-hybrid",
+                       "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5")
+    register(ledger, "gpu0@n", url)
+    register(ledger, "gpu1@n", f"http://127.0.0.1:{free_port()}", state="server-down")
+    register(ledger, "gpu2@n", black_hole)
+    register(ledger, "gpu3@n", url, age_s=LOST_AFTER_S + 5)
+    started = time.monotonic()
+    rows = {r["worker"]: r for r in read_fleet(
+        ledger.r, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000}}, elapsed_s=60.0)}
+    assert time.monotonic() - started < 2.9
+    live = rows["gpu0@n"]
+    assert set(live) == FLEET_FIELDS
+    assert (live["worker_state"], live["server_state"]) == ("ready", "up")
+    # The hybrid sim fits fewer Mamba states than asked: /server_info says 7 of 8.
+    assert (live["effective_max"], live["requested_max"]) == (7, 8)
+    assert (live["running"], live["queue"], live["token_usage"], live["mamba_usage"]) == (0, 0, 0, 0)
+    assert live["accept_length"] == 2.5 and live["version"] == "0.5.23"
+    assert (live["job_prompts_done"], live["job_output_tokens_per_s"]) == (30, 100.0)
+    assert (rows["gpu1@n"]["worker_state"], rows["gpu1@n"]["server_state"]) == ("server-down", "down")
+    assert rows["gpu1@n"]["server_error"] == "connection refused"
+    assert rows["gpu2@n"]["server_state"] == "down"
+    assert rows["gpu2@n"]["server_error"] == "no answer in time"
+    assert rows["gpu3@n"]["worker_state"] == "lost"
+    table = {line.split()[0]: line.split()[1:] for line in render_fleet(list(rows.values()))[1:]}
+    host = url.removeprefix("http://")
+    assert table["gpu0@n"] == ["ready", host, "0/7", "8", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
+    assert table["gpu1@n"][0] == "server-down" and table["gpu1@n"][2:] == ["down", "|", "0", "0"]
+    assert table["gpu3@n"][:3] == ["lost", host, "0/7"]
+
+
+def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path, ledger: Ledger) -> None:
+    _, url = stack.sim("sim0", "--max-running-requests", "8", "--decode-tps", "80",
+                       "--mean-output-tokens", "300", "--speed", "10")
+    stack.worker(0, url)
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(60))
+    stack.producer("enqueue", str(src), "--job", "busy", "--output", str(tmp_path / "out"),
+                   "--batch-size", "10", "--max-tokens", "2000")
+
+    def busy() -> bool:
+        rows = job_status(ledger, "busy", live=True)["fleet"]
+        return any(r["running"] and r["job_prompts_done"] for r in rows)
+
+    wait_until(busy, 60, what="gpu0 running prompts of the job")
+    out = stack.producer("status", "busy").stdout
+    assert "job busy  [running]" in out
+    row = next(line for line in out.splitlines() if "gpu0@test" in line)
+    assert " ready " in row and url.removeprefix("http://") in row and "/8" in row
+    data = orjson.loads(stack.producer("status", "busy", "--json").stdout)
+    assert set(data) == STABLE_FIELDS
+    assert data["fleet"][0]["worker"] == "gpu0@test" and data["fleet"][0]["effective_max"] == 8
+    wait_job_done(stack, "busy", timeout=120)
+
+
+def test_status_json_prints_the_stable_fields(ledger: Ledger, cli_env: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    half_done_job(ledger)
+    assert main(["status", "half", "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert set(data) == STABLE_FIELDS
+    assert (data["done"], data["failed"]) == (62, 2)
+    # Workers that did this job's work but are not registered (any more) are shown as lost.
+    assert [(r["worker"], r["worker_state"], r["job_prompts_done"]) for r in data["fleet"]] == [
+        ("gpu0@a", "lost", 34), ("gpu1@b", "lost", 28)]
+
+
+def test_status_of_an_unknown_job_is_an_error(ledger: Ledger, cli_env: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "nope"]) == 1
+    assert "no job named 'nope'" in capsys.readouterr().err
+
+
+def test_jobs_lists_each_job_with_state_progress_and_reason(
+    ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    half_done_job(ledger)
+    make_job(ledger, "later", "/tmp/out", prompts=50)
+    ledger.set_state("later", STATE_PAUSED, "paused by user")
+    assert main(["jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["job", "state", "done", "failed"]
+    half = next(line for line in lines if line.startswith("half "))
+    later = next(line for line in lines if line.startswith("later "))
+    assert half.split()[1:6] == ["running", "62", "2", "100", "64.0%"]
+    assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
+
+
+def test_status_watch_redraws_until_ctrl_c_and_exits_0(ledger: Ledger, redis_url: str) -> None:
+    half_done_job(ledger)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "producer", "status", "half", "--watch", "--interval", "0.2"],
+        cwd=ROOT, env={**os.environ, "REDIS_URL": redis_url}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    seen = b""
+    try:
+        while seen.count(b"\x1b[2J") < 2:
+            chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, f"status --watch exited early: {proc.wait()}"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=10)
+        seen += rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"job half  [running]" in seen and b"Ctrl-C to stop" in seen
+
+
+def test_progress_json_is_written_next_to_the_output_at_most_once_a_minute(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    half_done_job(ledger, output=str(out))
+    assert progress.write_progress(ledger, "half", NOW)
+    written = orjson.loads((out / "half" / "progress.json").read_bytes())
+    assert set(written) == STABLE_FIELDS and written["done"] == 62
+    assert [r["worker"] for r in written.pop("fleet")] == ["gpu0@a", "gpu1@b"]
+    expected = job_status(ledger, "half", NOW)
+    del expected["fleet"]
+    assert written == orjson.loads(orjson.dumps(expected))
+    Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)
+    assert not progress.write_progress(ledger, "half", NOW + 10)
+    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 62
+
+
+def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    half_done_job(ledger, output=str(out))
+    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    assert progress.write_progress(ledger, "half", NOW)
+    ledger.r.delete(progress.due_key("half"))  # a minute later
+    assert not progress.write_progress(ledger, "half", NOW + 60)
+    Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)  # a running batch finishes
+    ledger.r.delete(progress.due_key("half"))
+    assert progress.write_progress(ledger, "half", NOW + 120)
+    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 63
+
+
+def test_a_failing_progress_write_is_logged_and_never_raises(
+    ledger: Ledger, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    half_done_job(ledger, output=str(blocker / "out"))
+    assert not progress.write_progress(ledger, "half", NOW)
+    assert "job half: progress.json not written" in caplog.text
