@@ -7,8 +7,8 @@ reads node.json as `status` does, and checks at the end that no process it start
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +88,15 @@ def alive(pid: int) -> bool:
     return node.pid_alive(pid)
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 @pytest.fixture
 def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
@@ -114,7 +123,12 @@ def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
             n.proc.wait()
         n.state()
         for pid in n.pids:  # stop leaves no server or worker, nor anything in their groups
-            if alive(pid):
+            if alive(pid):  # an exited child of the launcher is reaped by init a moment later
+                try:
+                    wait_until(lambda p=pid: not running(p), 5, what=f"pid {pid} gone")
+                except TimeoutError:
+                    pass
+            if running(pid):
                 os.killpg(pid, signal.SIGKILL)
                 pytest.fail(f"pid {pid} outlived `launcher up`:\n{n.output()}")
 
@@ -256,7 +270,7 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
                                                  for g in s["gpus"]), 60, "workers running")
     for g in n.state()["gpus"]:
         log = Path(g["worker"]["log"])
-        wait_until(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 60,
+        wait_until(lambda log=log: log.exists() and " ready." in log.read_text(errors="replace"), 60,
                    what="celery ready")
     rows = chat_rows(400)
     src = write_jsonl(tmp_path / "p.jsonl", rows)
