@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ class BatchRunner:
         self.ledger = ledger
         self.settings = engine.settings
         self._sinks: dict[str, Sink] = {}
+        # Per pool thread: whether this thread's batch still counts as loading in the backlog.
+        self._loading = threading.local()
         self._record, self._renew = engine.run(self._register())
 
     async def _register(self) -> tuple[Any, Any]:
@@ -102,6 +105,17 @@ class BatchRunner:
         return self._sinks[uri]
 
     def run(self, job: str, batch: str) -> Outcome:
+        backlog = self.engine.backlog
+        backlog.add(batches=1, loading=1)
+        self._loading.value = True
+        try:
+            return self._run(job, batch)
+        finally:
+            if self._loading.value:
+                backlog.add(loading=-1)
+            backlog.add(batches=-1)
+
+    def _run(self, job: str, batch: str) -> Outcome:
         manifest = self.ledger.load_job(job)
         state, _ = self.ledger.job_state(job)
         if state != STATE_RUNNING:
@@ -154,6 +168,8 @@ class BatchRunner:
             for p in todo:
                 finished[p.id] = error_record(p.id, p.line, reason, None, origin, 0)
             todo = []
+        self.engine.backlog.add(loading=-1, unsent=len(todo))
+        self._loading.value = False
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
@@ -227,13 +243,18 @@ class BatchRunner:
         self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
         results: dict[str, dict[str, Any]],
     ) -> None:
-        record, queue_wait = await self._generate_one(manifest.name, prompt, origin)
+        sent = [False]
+        try:
+            record, queue_wait = await self._generate_one(manifest.name, prompt, origin, sent)
+        finally:
+            if not sent[0]:
+                self.engine.backlog.add(unsent=-1)
         results[prompt.id] = record
         _observe(manifest.name, record, queue_wait, origin)
         await self._checkpoint(manifest, batch, prompt, record)
 
     async def _generate_one(
-        self, job: str, prompt: Prompt, origin: Origin
+        self, job: str, prompt: Prompt, origin: Origin, sent: list[bool]
     ) -> tuple[dict[str, Any], float]:
         """The prompt's final record (an answer or a failure) and its time waiting for a slot."""
         settings = self.settings
@@ -243,6 +264,9 @@ class BatchRunner:
             try:
                 waited = time.monotonic()
                 async with self.engine.limiter:
+                    if not sent[0]:
+                        sent[0] = True
+                        self.engine.backlog.add(unsent=-1)
                     start = time.monotonic()
                     queue_wait += start - waited
                     metrics.request_started(job, origin.worker, origin.server)

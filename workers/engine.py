@@ -57,6 +57,26 @@ class Limiter:
             self._cond.notify_all()
 
 
+class Backlog:
+    """What this worker holds: batches in hand, batches still loading, prompts not yet sent.
+
+    The consumer gate (gate.py) reads it to take the next batch *before* the server would
+    go idle, and not earlier, so no worker hoards batches another GPU could be running.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.loading = 0
+        self.unsent = 0
+
+    def add(self, *, batches: int = 0, loading: int = 0, unsent: int = 0) -> None:
+        with self._lock:
+            self.batches += batches
+            self.loading += loading
+            self.unsent += unsent
+
+
 class Engine:
     """The worker process's asyncio side. `run(coro)` is called from Celery pool threads."""
 
@@ -65,6 +85,7 @@ class Engine:
         self.server_url = server_url
         self.worker = worker
         self.capacity: ServerCapacity | None = None
+        self.backlog = Backlog()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
         self._started = False

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 # Consecutive failed probes before the gate closes: one slow /health under load is no outage.
 CLOSE_AFTER_FAILURES = 2
-CHECK_EVERY_S = 1.0
+# Also how often the feed is adjusted: a batch is fetched well before the server drains.
+CHECK_EVERY_S = 0.2
 
 
 class ServerGate(bootsteps.StartStopStep):
@@ -33,6 +34,8 @@ class ServerGate(bootsteps.StartStopStep):
         self.paused_s_total = 0.0
 
     def start(self, c: Any) -> None:
+        # Celery would prefetch one batch per pool thread; start with one and let _feed decide.
+        c.qos.set(1)
         self.tref = c.timer.call_repeatedly(CHECK_EVERY_S, self._apply, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
@@ -44,6 +47,7 @@ class ServerGate(bootsteps.StartStopStep):
         engine = runtime.engine
         if engine is None or c.task_consumer is None:
             return
+        self._feed(c, engine)
         ready = engine.health_failures < CLOSE_AFTER_FAILURES
         active = {q.name for q in c.task_consumer.queues}
         wanted = [q for q in runtime.queues if q] or [keys.SHARED_QUEUE]
@@ -61,3 +65,11 @@ class ServerGate(bootsteps.StartStopStep):
             log.warning("worker %s: %s ready again after %.1fs; taking batches", runtime.worker,
                         engine.server_url, paused)
             self.closed_since = None
+
+    def _feed(self, c: Any, engine: Any) -> None:
+        """Allow one more batch only when the prompts in hand are about to run out."""
+        backlog = engine.backlog
+        low_water = max(engine.settings.queue_margin, engine.limiter.limit // 2)
+        hungry = backlog.loading == 0 and backlog.unsent < low_water
+        wanted = backlog.batches + (1 if hungry else 0)
+        c.qos.set(max(1, min(wanted, engine.settings.batch_concurrency)))

@@ -58,7 +58,8 @@ class Settings:
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
     visibility_timeout_s: int = 7200
-    batch_concurrency: int = 2
+    # Most batches one worker holds; it takes the next only when its unsent prompts run low.
+    batch_concurrency: int = 8
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
