@@ -53,10 +53,10 @@ app.conf.update(
     task_acks_on_failure=True,
     worker_cancel_long_running_tasks_on_connection_loss=False,
     worker_prefetch_multiplier=1,
-    # One process per GPU; two batches in flight share one request limiter, so the next batch
-    # fills the slots the previous one's tail leaves (engine.py). Threads, not prefork: the
-    # batches must share one event loop, and one process survives Redis outages (5.7.0 -c>=2
-    # prefork crash, celery-redis.md TL;DR 5).
+    # One process per GPU; its batches share one request limiter and the gate (gate.py) takes
+    # the next batch when the prompts in hand run low. Threads, not prefork: the batches must
+    # share one event loop, and one process survives Redis outages (the 5.7.0 -c>=2 prefork
+    # crash, celery-redis.md TL;DR 5; the chaos test kills Redis under this layout).
     worker_pool="threads",
     worker_concurrency=settings.batch_concurrency,
     task_default_queue=keys.SHARED_QUEUE,
