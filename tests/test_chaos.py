@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -60,6 +61,16 @@ def _rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _requests_at(url: str) -> int:
+    """Requests a server is running or queueing, from its /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("sglang:num_running_reqs", "sglang:num_queue_reqs")):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
 class Recovery:
     """Measures, per killed worker, kill -> every batch it held running again elsewhere (or done)."""
 
@@ -68,6 +79,7 @@ class Recovery:
         self.job = job
         self.seconds: list[float] = []
         self.redone: list[int] = []
+        self.unfinished: list[int] = []
 
     def held_by(self, worker: str) -> dict[str, int]:
         held = {}
@@ -127,10 +139,13 @@ def test_a_job_survives_worker_redis_server_and_s3_failures(
         while not held:
             time.sleep(0.1)
             held = recovery.held_by(victim.name + "@test")
+        in_flight = _requests_at(sims[gpu][1])
         victim.kill()
         killed_at = time.monotonic()
-        # Work redone = prompts of the held batches not yet checkpointed (at most those in flight).
-        recovery.redone.append(25 * len(held) - sum(held.values()))
+        # Work redone: the requests the victim had at its server (its other unfinished prompts
+        # were never sent, and finished ones are checkpointed).
+        recovery.redone.append(in_flight)
+        recovery.unfinished.append(25 * len(held) - sum(held.values()))
         recovery.wait_back(victim.name + "@test", held, killed_at, limit=60)
         workers[gpu] = stack.worker(gpu, sims[gpu][1], extra_env=CHAOS_ENV, name=f"gpu{gpu}r{round_no}")
 
@@ -189,4 +204,5 @@ def _finish_and_check(stack: Stack, rows: list[dict[str, Any]], recovery: Recove
     assert all(f["error"]["code"] == "context_length_exceeded" for f in failed.values())
     assert len(recovery.seconds) == 3 and max(recovery.seconds) <= 60
     print(f"\nchaos: redelivery seconds {[round(s, 1) for s in recovery.seconds]}, "
-          f"prompts re-sent per kill {recovery.redone}")
+          f"requests in flight (re-sent) per kill {recovery.redone}, unfinished prompts of the "
+          f"batches it held {recovery.unfinished}")
