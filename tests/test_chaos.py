@@ -170,7 +170,7 @@ def test_a_job_survives_worker_redis_server_and_s3_failures(
             s3_server.start()
             wait_share(0.75)
             kill_a_worker(3)
-        except BaseException as exc:  # surfaced by the main thread below
+        except BaseException as exc:  # noqa: BLE001 -- surfaced by the main thread below
             errors.append(exc)
         finally:
             # Servers die with the thread that started them (PDEATHSIG): keep it until the end.
