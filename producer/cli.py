@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
@@ -127,6 +128,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         print(str(exc), file=sys.stderr)
         print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
         return RET_BAD_INPUT
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     for note in report.notes:
         print(f"note: {note}")
     verb = "resumed" if report.resumed else "created"
@@ -142,18 +145,25 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _progress(path: Path) -> Callable[[int, int], None]:
+    """A one-line progress bar on stderr for both passes over the file (a terminal only)."""
     total = max(1, path.stat().st_size)
-    start = time.monotonic()
     interactive = sys.stderr.isatty()
+    state: dict[str, Any] = {"phase": "validating", "start": time.monotonic(), "last": 0,
+                             "seen": time.monotonic()}
 
     def show(bytes_read: int, lines: int) -> None:
         if not interactive:
             return
-        elapsed = max(1e-6, time.monotonic() - start)
-        rate = lines / elapsed
+        if bytes_read < state["last"]:  # the second pass (store and queue) has begun
+            print(file=sys.stderr)
+            state.update(phase="queueing", start=state["seen"])
+        state["last"], state["seen"] = bytes_read, time.monotonic()
+        elapsed = max(1e-6, time.monotonic() - state["start"])
         eta = (total - bytes_read) / max(1.0, bytes_read / elapsed)
-        print(f"\rvalidating {path.name}: {100 * bytes_read / total:5.1f}%  {lines:,} lines"
-              f"  {rate:,.0f} lines/s  eta {eta:.0f}s ", end="", file=sys.stderr, flush=True)
+        done = int(30 * bytes_read / total)
+        print(f"\r{state['phase']:<10} [{'#' * done}{'.' * (30 - done)}] {100 * bytes_read / total:5.1f}%"
+              f"  {lines:,} lines  {lines / elapsed:,.0f} lines/s  eta {eta:.0f}s    ",
+              end="", file=sys.stderr, flush=True)
 
     return show
 

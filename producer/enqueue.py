@@ -112,7 +112,7 @@ def enqueue(
     sink.put(keys.sink_manifest(req.job), manifest.to_json())
     ledger.save_job(manifest)
     report.prompts, report.batches = manifest.prompts, manifest.batches
-    _queue_batches(req, manifest, sink, ledger, app, report)
+    _queue_batches(req, manifest, sink, ledger, app, report, progress)
     return report
 
 
@@ -142,10 +142,12 @@ def _check_resume(
     return existing
 
 
-def _batches(path: Path, size: int) -> Iterator[tuple[str, list[PromptRecord]]]:
+def _batches(
+    path: Path, size: int, progress: Callable[[int, int], None] | None
+) -> Iterator[tuple[str, list[PromptRecord]]]:
     chunk: list[PromptRecord] = []
     index = 0
-    for record in read_prompts(path, skip_invalid=True):
+    for record in read_prompts(path, skip_invalid=True, progress=progress):
         chunk.append(record)
         if len(chunk) == size:
             index += 1
@@ -157,7 +159,7 @@ def _batches(path: Path, size: int) -> Iterator[tuple[str, list[PromptRecord]]]:
 
 def _queue_batches(
     req: EnqueueRequest, manifest: JobManifest, sink: Sink, ledger: Ledger, app: Celery,
-    report: EnqueueReport,
+    report: EnqueueReport, progress: Callable[[int, int], None] | None = None,
 ) -> None:
     job = manifest.name
     done = ledger.done_batches(job)
@@ -171,7 +173,7 @@ def _queue_batches(
     pending: list[str] = []
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         uploads = []
-        for batch, records in _batches(req.path, manifest.batch_size):
+        for batch, records in _batches(req.path, manifest.batch_size, progress):
             if batch in done:
                 report.skipped_done += 1
                 continue
