@@ -127,3 +127,15 @@ def empty_bucket(client: Any, bucket: str) -> None:
         keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
         if keys:
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: S3Server) -> Iterator[Any]:
+    """Simulated servers and real worker processes on this test's Redis and S3 (tests/stack.py)."""
+    from tests.stack import Stack
+
+    s = Stack(tmp_path, {"REDIS_URL": redis_url, **s3_server.env()})
+    try:
+        yield s
+    finally:
+        s.close()

@@ -9,7 +9,6 @@ is printed (`pytest -s`) as `canary: <mode> paused after N answers`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,15 +157,6 @@ def test_thresholds_parse_names_what_is_wrong(spec: str, message: str) -> None:
 FAST_SIM = ("--max-running-requests", "16", "--decode-tps", "100", "--mean-output-tokens", "300",
             "--speed", "200")
 PROMPTS = 400
-
-
-@pytest.fixture
-def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: Any) -> Iterator[Stack]:
-    s = Stack(tmp_path, {"REDIS_URL": redis_url, **s3_server.env()})
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def prompts(tmp_path: Path, n: int = PROMPTS) -> Path:

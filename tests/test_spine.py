@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,6 @@ pytestmark = pytest.mark.e2e
 
 SIM_FLAGS = ("--max-running-requests", "8", "--decode-tps", "80", "--mean-output-tokens", "300",
              "--speed", "50")
-
-
-@pytest.fixture
-def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: Any) -> Iterator[Stack]:
-    s = Stack(tmp_path, {"REDIS_URL": redis_url, **s3_server.env()})
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def _ids_once(results: list[dict[str, Any]], errors: list[dict[str, Any]]) -> collections.Counter[str]:
@@ -100,7 +90,7 @@ def test_a_bad_line_stops_enqueue_before_anything_is_queued(
     result = stack.producer("enqueue", str(src), "--job", "bad", "--output", str(tmp_path / "out"),
                             check=False)
     assert result.returncode == 2
-    assert f"bad.jsonl:6:" in result.stderr
+    assert "bad.jsonl:6:" in result.stderr
     assert field.split("[")[0].lower() in result.stderr.lower()
     assert not (tmp_path / "out").exists()
     assert redis_client.llen(keys.SHARED_QUEUE) == 0

@@ -293,15 +293,6 @@ def test_a_server_that_refuses_both_requests_is_down() -> None:
     assert read_with(handler) == ServerReading("down", error="connection refused")
 
 
-@pytest.fixture
-def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: Any) -> Iterator[Stack]:
-    s = Stack(tmp_path, {"REDIS_URL": redis_url, **s3_server.env()})
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
     """A registry entry as workers/engine.py `_register` writes it."""
     entry = {"worker": worker, "server": server, "state": "ready",
