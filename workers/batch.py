@@ -23,6 +23,7 @@ from workers.engine import Engine
 from workers.errors import (
     BadRequestError,
     JobError,
+    JobNotRunningError,
     LeaseLostError,
     RetryableError,
     ServerDownError,
@@ -61,6 +62,10 @@ return 0
 """
 
 
+class _Held(Exception):
+    """The prompt's job was paused before its request was sent."""
+
+
 @dataclass(frozen=True)
 class Prompt:
     id: str
@@ -89,6 +94,8 @@ class BatchRunner:
         self.ledger = ledger
         self.settings = engine.settings
         self._sinks: dict[str, Sink] = {}
+        # Jobs seen paused: their batches send no new request (read and written on the loop).
+        self._held: set[str] = set()
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
         self._record, self._renew = engine.run(self._register())
@@ -122,6 +129,7 @@ class BatchRunner:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
             self.ledger.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
+        self.engine.run(self._set_hold(job))
         sink = self.sink(manifest.output)
         if self.ledger.is_done(job, batch) or sink.exists(keys.sink_result(job, batch)):
             self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
@@ -217,7 +225,22 @@ class BatchRunner:
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
+        if len(results) < len(todo):
+            # Paused mid-batch: requests already sent finished and are checkpointed; the rest
+            # were not sent. The batch is released unwritten and resumed by `resume`.
+            raise JobNotRunningError(
+                f"job {manifest.name} paused; batch {batch} stopped with "
+                f"{len(todo) - len(results)} prompts unsent")
         return results
+
+    async def _set_hold(self, job: str) -> None:
+        self._hold(job, False)  # the job is running again (checked in _run)
+
+    def _hold(self, job: str, paused: bool) -> None:
+        if paused:
+            self._held.add(job)
+        else:
+            self._held.discard(job)
 
     async def _heartbeat(self, job: str, batch: str, token: str) -> None:
         """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed."""
@@ -230,8 +253,10 @@ class BatchRunner:
                 if not ok:
                     raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
                 last_ok = time.monotonic()
-                if await self.engine.redis.hget(keys.job(job), "state") == STATE_CANCELLED.encode():
+                state = await self.engine.redis.hget(keys.job(job), "state")
+                if state == STATE_CANCELLED.encode():
                     raise JobError(f"job {job} was cancelled")
+                self._hold(job, state == STATE_PAUSED.encode())
             except (LeaseLostError, JobError):
                 raise
             except Exception as exc:  # Redis unreachable: keep working while the lease may live.
@@ -246,6 +271,8 @@ class BatchRunner:
         sent = [False]
         try:
             record, queue_wait = await self._generate_one(manifest.name, prompt, origin, sent)
+        except _Held:
+            return
         finally:
             if not sent[0]:
                 self.engine.backlog.add(unsent=-1)
@@ -264,6 +291,8 @@ class BatchRunner:
             try:
                 waited = time.monotonic()
                 async with self.engine.limiter:
+                    if job in self._held:
+                        raise _Held
                     if not sent[0]:
                         sent[0] = True
                         self.engine.backlog.add(unsent=-1)
@@ -338,6 +367,7 @@ class BatchRunner:
         if verdict is None:
             return
         log.warning("job %s: paused by the quality canary: %s", manifest.name, verdict.reason)
+        self._hold(manifest.name, True)
         await r.hset(keys.job(manifest.name), mapping={
             "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
             "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
