@@ -43,8 +43,9 @@ def job_status(
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
     state = STATE_DONE if finished else stored_state
     running = ledger.running_batches(job)
-    in_flight = min(remaining, _in_flight(ledger, manifest, running))
-    waiting = remaining - in_flight
+    in_hand = min(remaining, _in_hand(ledger, manifest, running))
+    in_flight = min(in_hand, _sent(ledger, now))
+    waiting = remaining - in_hand
     clock = _clock(_minutes(ledger, job), manifest.created_at, now, finished)
     rate = _rates(clock, done + failed, stats.get("output_tokens", 0.0))
     workers = _workers(ledger, job)
@@ -57,6 +58,7 @@ def job_status(
         "done": done,
         "failed": failed,
         "in_flight": in_flight,
+        "in_hand": in_hand,
         "queued": waiting if state == STATE_RUNNING else 0,
         # Not started because the job is paused or cancelled: they run after `resume`.
         "held": waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
@@ -79,14 +81,28 @@ def job_status(
     }
 
 
-def _in_flight(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
-    """Prompts of running batches that have not reached the checkpoint yet."""
+def _sent(ledger: Ledger, now: float) -> int:
+    """Requests the live workers have at their servers right now (their registry entries)."""
+    total = 0
+    for raw in ledger.r.hvals(keys.WORKERS):
+        entry = orjson.loads(raw)
+        if now - float(entry.get("updated") or 0) < REGISTRY_FRESH_S:
+            total += int(entry.get("in_flight") or 0)
+    return total
+
+
+def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
+    """Prompts of running batches that have not reached the checkpoint yet (sent or waiting)."""
     with ledger.r.pipeline(transaction=False) as p:
         for batch in running:
             p.hlen(keys.checkpoint(manifest.name, batch))
         checkpointed = p.execute()
     sizes = sum(_batch_len(manifest.prompts, manifest.batch_size, b) for b in running)
     return max(0, sizes - sum(int(n) for n in checkpointed))
+
+
+# A worker re-registers every 5 s; an entry older than this is a worker that is gone.
+REGISTRY_FRESH_S = 30.0
 
 
 def _batch_len(prompts: int, size: int, batch: str) -> int:
@@ -219,7 +235,8 @@ def _render_progress(s: dict[str, Any]) -> list[str]:
     waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
     return [
         (f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
-         f"  failed {s['failed']:,}  in flight {s['in_flight']:,}  {waiting}"),
+         f"  failed {s['failed']:,}  in flight {s['in_flight']:,}"
+         f"  in hand {s['in_hand'] - s['in_flight']:,}  {waiting}"),
         f"  batches   {b['done']:,}/{b['total']:,} done, {b['running']:,} running, {b['queued']:,} queued",
         (f"  rate      last 5 min {r['prompts_per_s_5m']:,.2f} prompts/s,"
          f" {r['output_tokens_per_s_5m']:,.0f} out tok/s;  overall {r['prompts_per_s_all']:,.2f}"

@@ -42,7 +42,7 @@ MINUTE = int(NOW // 60)
 
 # Fields `status --json` and progress.json promise to keep (others may be added).
 STABLE_FIELDS = {
-    "job", "state", "reason", "output", "total", "done", "failed", "in_flight", "queued", "held",
+    "job", "state", "reason", "output", "total", "done", "failed", "in_flight", "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
 }
@@ -134,9 +134,14 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
 
 def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
     half_done_job(ledger)
+    # One live worker with 4 requests at its server; a lost one's count does not matter.
+    ledger.r.hset(keys.WORKERS, mapping={
+        "gpu0@n": orjson.dumps({"in_flight": 4, "updated": NOW - 3}),
+        "gpu1@n": orjson.dumps({"in_flight": 9, "updated": NOW - 300}),
+    })
     s = job_status(ledger, "half", NOW)
     assert (s["state"], s["total"], s["done"], s["failed"]) == ("running", 100, 62, 2)
-    assert (s["in_flight"], s["queued"], s["held"]) == (6, 30, 0)
+    assert (s["in_flight"], s["in_hand"], s["queued"], s["held"]) == (4, 6, 30, 0)
     assert s["batches"] == {"total": 10, "done": 6, "running": 1, "queued": 3}
     # First answer 9 minutes ago: 64 finished in 540 s; 24 in the last five minutes.
     assert s["elapsed_s"] == 540
@@ -158,7 +163,7 @@ def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledge
 def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
     half_done_job(ledger)
     text = render(job_status(ledger, "half", NOW))
-    assert "64/100 (64.0%)  done 62  failed 2  in flight 6  queued 30" in text
+    assert "64/100 (64.0%)  done 62  failed 2  in flight 0  in hand 6  queued 30" in text
     assert "last 5 min 0.08 prompts/s, 7 out tok/s;  overall 0.12 prompts/s, 12 out tok/s" in text
     assert "elapsed 9m00s   ETA 7m30s" in text
     assert "avg out 100  reasoning share 60%" in text
@@ -187,7 +192,7 @@ def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger)
     ledger.set_state("half", STATE_PAUSED, "paused by user")
     s = job_status(ledger, "half", NOW)
     assert (s["state"], s["reason"], s["eta_s"]) == ("paused", "paused by user", None)
-    assert (s["in_flight"], s["queued"], s["held"]) == (6, 0, 30)
+    assert (s["in_hand"], s["queued"], s["held"]) == (6, 0, 30)
     text = render(s)
     assert "[paused]  paused by user" in text and "held 30 (paused)" in text and "ETA paused" in text
 
