@@ -35,7 +35,7 @@ class ServerGate(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         # Celery would prefetch one batch per pool thread; start with one and let _feed decide.
-        c.qos.set(1)
+        _set_prefetch(c, 1)
         self.tref = c.timer.call_repeatedly(CHECK_EVERY_S, self._apply, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
@@ -72,4 +72,11 @@ class ServerGate(bootsteps.StartStopStep):
         low_water = max(engine.settings.queue_margin, engine.limiter.limit // 2)
         hungry = backlog.loading == 0 and backlog.unsent < low_water
         wanted = backlog.batches + (1 if hungry else 0)
-        c.qos.set(max(1, min(wanted, engine.settings.batch_concurrency)))
+        _set_prefetch(c, max(1, min(wanted, engine.settings.batch_concurrency)))
+
+
+def _set_prefetch(c: Any, count: int) -> None:
+    """Set the consumer's prefetch; `value` too, or Celery's loop restores its own number."""
+    with c.qos._mutex:
+        c.qos.value = count
+    c.qos.set(count)
