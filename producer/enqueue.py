@@ -37,10 +37,11 @@ from workers.sink import Sink, open_sink
 
 log = logging.getLogger(__name__)
 
-# Small jobs are cut into at least this many batches so every GPU gets work; large ones stop
+# Small jobs are cut into about this many batches so every GPU gets work and the job's last
+# batches are small enough not to leave one GPU with a whole batch at the end; large ones stop
 # at MAX_DEFAULT_BATCH prompts (~3 min of a B200 at 40 slots x 86 tok/s x 2.4k tokens). Two
 # batches of at least MIN_DEFAULT_BATCH in flight per worker keep a 40-slot server full.
-MIN_BATCHES = 32
+MIN_BATCHES = 64
 MIN_DEFAULT_BATCH = 48
 MAX_DEFAULT_BATCH = 256
 UPLOAD_THREADS = 16

@@ -221,7 +221,7 @@ class BatchRunner:
                     group.create_task(self._prompt(manifest, batch, p, origin, results)) for p in todo
                 ]
                 await asyncio.gather(*prompts)
-                heartbeat.cancel()
+                await _cancel(heartbeat)
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
@@ -385,3 +385,12 @@ def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Orig
         reasoning_tokens=usage.get("reasoning_tokens", 0),
         latency_s=record.get("latency_s", 0.0), queue_wait_s=queue_wait_s,
     )
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel until the task has ended: on Python 3.11 a cancel that lands while redis-py's
+    `wait_for` completes is lost (CPython gh-86296), which left a finished batch renewing its
+    lease forever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)

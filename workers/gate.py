@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 # Consecutive failed probes before the gate closes: one slow /health under load is no outage.
 CLOSE_AFTER_FAILURES = 2
 # Also how often the feed is adjusted: a batch is fetched well before the server drains.
-CHECK_EVERY_S = 0.2
+CHECK_EVERY_S = 0.05
 
 
 class ServerGate(bootsteps.StartStopStep):
@@ -69,7 +69,7 @@ class ServerGate(bootsteps.StartStopStep):
     def _feed(self, c: Any, engine: Any) -> None:
         """Allow one more batch only when the prompts in hand are about to run out."""
         backlog = engine.backlog
-        low_water = max(engine.settings.queue_margin, engine.limiter.limit // 2)
+        low_water = engine.limiter.limit
         hungry = backlog.loading == 0 and backlog.unsent < low_water
         wanted = backlog.batches + (1 if hungry else 0)
         _set_prefetch(c, max(1, min(wanted, engine.settings.batch_concurrency)))
