@@ -1,0 +1,5 @@
+import sys
+
+from tests.perf.run import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""Figure 4: `python -m producer enqueue` of a million ~1 KB prompts from one JSONL file.
+
+Measured on the producer process alone: wall time, peak RSS (`os.wait4`'s rusage of that
+child) and CPU; on Redis, `used_memory` after minus before, per prompt, with the largest keys.
+The input is generated once by producer/samples/generate_sample.py and kept in the cache
+folder (it is deterministic); a local-folder output, and S3 (SeaweedFS) when asked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.stack import PYTHON, ROOT
+
+JOB = "perf-enqueue"
+
+
+@dataclass
+class EnqueueCost:
+    target: str  # "folder" or "s3"
+    prompts: int
+    input_bytes: int
+    wall_s: float
+    peak_rss_mb: float
+    cpu_s: float
+    redis_bytes: int
+    batches: int
+    top_keys: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def redis_bytes_per_prompt(self) -> float:
+        return self.redis_bytes / max(1, self.prompts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "redis_bytes_per_prompt": self.redis_bytes_per_prompt}
+
+
+def input_file(cache: Path, prompts: int) -> tuple[Path, float]:
+    """The generated input (made now if missing) and the seconds spent making it."""
+    path = cache / f"bulk-{prompts}.jsonl"
+    done = path.with_suffix(".complete")
+    if path.exists() and done.exists():
+        return path, 0.0
+    cache.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    subprocess.run([PYTHON, "-m", "producer.samples.generate_sample", "--lines", str(prompts),
+                    "--out", str(path)], check=True, cwd=ROOT, capture_output=True)
+    done.write_text(str(prompts))
+    return path, time.monotonic() - started
+
+
+def run_enqueue(path: Path, prompts: int, folder: Path, redis_url: str, target: str,
+                output: str, extra_env: Mapping[str, str] | None = None) -> EnqueueCost:
+    """Enqueue `path` into an empty Redis and measure the producer and Redis."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    before = int(client.info("memory")["used_memory"])
+    env = {**os.environ, "REDIS_URL": redis_url, **(extra_env or {})}
+    log = (folder / f"enqueue-{target}.log").open("wb")
+    started = time.monotonic()
+    child = subprocess.Popen([PYTHON, "-m", "producer", "enqueue", str(path), "--job", JOB,
+                              "--output", output], cwd=ROOT, env=env, stdout=log,
+                             stderr=subprocess.STDOUT)
+    # wait4 returns this child's own rusage: its peak RSS, not the largest of all children.
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - started
+    log.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"enqueue exited {child.returncode}: "
+                           f"{(folder / f'enqueue-{target}.log').read_text()[-2000:]}")
+    after = int(client.info("memory")["used_memory"])
+    sizes = [(k.decode(), int(client.memory_usage(k) or 0)) for k in client.scan_iter(count=1000)]
+    sizes.sort(key=lambda kv: -kv[1])
+    batches = int(client.llen("fleetgen"))
+    client.flushall()
+    client.close()
+    return EnqueueCost(target=target, prompts=prompts, input_bytes=path.stat().st_size,
+                       wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024,
+                       cpu_s=usage.ru_utime + usage.ru_stime, redis_bytes=after - before,
+                       batches=batches, top_keys=sizes[:5])
+
+
+def remove_output(folder: Path) -> None:
+    """Delete a local output folder (a million prompts' batch inputs: about 1 GB)."""
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""`python -m tests.perf`: run the performance suite, print the table, write results/perf/.
+
+    python -m tests.perf                          # everything (~8 min on 2 cores)
+    python -m tests.perf --only saturation        # figures 1-3 only
+    python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=4
+    python -m tests.perf --s3                     # figure 4 also with an S3 output
+
+Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
+free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
+table and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.services import RedisServer, S3Server
+from tests.perf import capacity, crash, enqueue_cost, overhead, report, saturation
+from tests.perf.workload import Workload
+from tests.stack import ROOT
+
+log = logging.getLogger("tests.perf")
+BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity")
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """The suite's settings (flags only: benchmarks take no environment variables)."""
+
+    out: Path = ROOT / "results" / "perf"
+    only: tuple[str, ...] = BENCHMARKS
+    prompts: int = 5000
+    speed: float = 15.0
+    enqueue_prompts: int = 1_000_000
+    overhead_prompts: int = 20_000
+    s3: bool = False
+    profile: bool = True
+    worker_env: dict[str, str] = field(default_factory=dict)
+    batch_size: int | None = None
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = set(self.only) - set(BENCHMARKS)
+        if unknown:
+            raise ValueError(f"unknown benchmark(s) {sorted(unknown)}; choose from {BENCHMARKS}")
+
+
+def parse_args(argv: list[str] | None) -> PerfConfig:
+    p = argparse.ArgumentParser(prog="python -m tests.perf", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:7]))
+    p.add_argument("--out", type=Path, default=PerfConfig.out)
+    p.add_argument("--only", action="append", choices=BENCHMARKS, help="repeatable")
+    p.add_argument("--prompts", type=int, default=PerfConfig.prompts, help="figures 1-3")
+    p.add_argument("--speed", type=float, default=PerfConfig.speed, help="simulator time factor")
+    p.add_argument("--enqueue-prompts", type=int, default=PerfConfig.enqueue_prompts)
+    p.add_argument("--overhead-prompts", type=int, default=PerfConfig.overhead_prompts)
+    p.add_argument("--s3", action="store_true", help="figure 4 with an S3 output as well")
+    p.add_argument("--no-profile", action="store_true", help="skip the py-spy run of figure 5")
+    p.add_argument("--worker-env", action="append", default=[], metavar="FLEETGEN_X=V",
+                   help="worker setting for figures 1-3 (try a change without editing code)")
+    p.add_argument("--batch-size", type=int, help="enqueue --batch-size for figures 1-3")
+    p.add_argument("--keep", action="store_true", help="keep the run folders (logs, requests)")
+    a = p.parse_args(argv)
+    env = dict(item.split("=", 1) for item in a.worker_env)
+    return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
+                      speed=a.speed, enqueue_prompts=a.enqueue_prompts,
+                      overhead_prompts=a.overhead_prompts, s3=a.s3, profile=not a.no_profile,
+                      worker_env=env, batch_size=a.batch_size, keep=a.keep)
+
+
+class Suite:
+    """Runs the chosen benchmarks against one Valkey; collects results and errors."""
+
+    def __init__(self, cfg: PerfConfig, tmp: Path, redis: RedisServer) -> None:
+        self.cfg, self.tmp, self.redis = cfg, tmp, redis
+        self.results: dict[str, Any] = {"machine": report.machine(), "config": _jsonable(cfg),
+                                         "errors": {}}
+        self.runs: list[saturation.Run] = []
+
+    def run(self) -> None:
+        steps: dict[str, Callable[[], None]] = {
+            "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
+            "crash": self.crash, "capacity": self.capacity}
+        for name in self.cfg.only:
+            started = time.monotonic()
+            print(f"== {name} ...", flush=True)
+            self.redis.client().flushall()
+            try:
+                steps[name]()
+            except Exception as exc:  # noqa: BLE001 (one broken benchmark must not hide the others)
+                traceback.print_exc()
+                self.results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"== {name} took {time.monotonic() - started:.0f}s", flush=True)
+
+    def saturation(self) -> None:
+        wl = Workload(prompts=self.cfg.prompts, speed=self.cfg.speed)
+        folder = self.tmp / "saturation"
+        folder.mkdir()
+        prompts = wl.write_prompts(folder / "prompts.jsonl")
+        extra = ["--batch-size", str(self.cfg.batch_size)] if self.cfg.batch_size else []
+        fg = saturation.run_fleetgen(wl, prompts, folder / "fleetgen", self.redis.url,
+                                     self.cfg.worker_env, extra)
+        self.redis.client().flushall()
+        # The script keeps exactly the in-flight count the fleetgen workers derived.
+        sc = saturation.run_script(wl, prompts, folder / "script", self.redis.url,
+                                   fg.in_flight_limit or wl.slots)
+        self.runs = [fg, sc]
+        f, s = fg.figures, sc.figures
+        self.results["saturation"] = {
+            "workload": asdict(wl), "ideal_tokens_per_s": wl.ideal_rate,
+            "in_flight_limit": fg.in_flight_limit, "fleetgen": f.as_dict(), "script": s.as_dict(),
+            "makespan_ratio": f.wall_s / s.wall_s if f.wall_s and s.wall_s else None,
+            "server_makespan_ratio": f.server_makespan_s / s.server_makespan_s,
+            "notes": fg.notes}
+
+    def enqueue(self) -> None:
+        folder = self.tmp / "enqueue"
+        folder.mkdir()
+        path, made_s = enqueue_cost.input_file(self.cfg.out / "cache", self.cfg.enqueue_prompts)
+        costs = [enqueue_cost.run_enqueue(path, self.cfg.enqueue_prompts, folder, self.redis.url,
+                                          "folder", str(folder / "out"))]
+        enqueue_cost.remove_output(folder / "out")
+        if self.cfg.s3:
+            with S3Server(data_dir=folder / "s3") as s3:
+                costs.append(enqueue_cost.run_enqueue(
+                    path, self.cfg.enqueue_prompts, folder, self.redis.url, "s3",
+                    f"s3://{s3.bucket}/perf", s3.env()))
+        self.results["enqueue"] = [c.as_dict() for c in costs]
+        self.results["enqueue_input_generated_s"] = made_s
+
+    def overhead(self) -> None:
+        folder = self.tmp / "overhead"
+        folder.mkdir()
+        pid = self.redis.pid
+        assert pid is not None
+        result = overhead.run_overhead(folder, self.redis.url, pid, self.cfg.overhead_prompts,
+                                       slots=40, profile=self.cfg.profile)
+        self.results["overhead"] = result.as_dict()
+
+    def crash(self) -> None:
+        folder = self.tmp / "crash"
+        folder.mkdir()
+        self.results["crash"] = crash.run_crash(folder, self.redis.url).as_dict()
+
+    def capacity(self) -> None:
+        folder = self.tmp / "capacity"
+        folder.mkdir()
+        self.results["capacity"] = capacity.run_capacity(folder, self.redis.url).as_dict()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; exit 0 when every figure met its target, 1 otherwise."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = parse_args(argv)
+    started = time.monotonic()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="run-", dir=cfg.out))
+    try:
+        with RedisServer(data_dir=tmp / "redis") as redis:
+            suite = Suite(cfg, tmp, redis)
+            suite.run()
+        suite.results["duration_s"] = time.monotonic() - started
+        suite.results["machine"]["loadavg_end"] = list(os.getloadavg())
+        paths = report.write(cfg.out, suite.results, suite.runs)
+    finally:
+        if not cfg.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    rows = report.rows(suite.results)
+    print(report.table(rows))
+    print("\nwrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+                                 for p in paths) + (f"; run folder {tmp}" if cfg.keep else ""))
+    return 0 if all(r.ok is not False for r in rows) else 1
+
+
+def _jsonable(cfg: PerfConfig) -> dict[str, Any]:
+    data = asdict(cfg)
+    data["out"] = str(cfg.out)
+    return data
+
+
+if __name__ == "__main__":
+    sys.exit(main())
