@@ -7,7 +7,7 @@
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file; `restart` writes `{run_dir}/restart.json` and sends the supervisor
-SIGHUP, then follows the rollout in node.json. See docs/launcher.md.
+SIGHUP, then follows the rollout in node.json. See README "launcher".
 """
 
 from __future__ import annotations

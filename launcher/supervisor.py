@@ -3,7 +3,7 @@
     supervisor = Supervisor(slots, Policy(), probe=HttpProbe(), publish=write_state)
     exit_code = await supervisor.run()      # until SIGTERM/SIGINT; SIGHUP loads a restart order
 
-Rules (docs/launcher.md "Supervision"):
+Rules (README "launcher" "Supervision"):
 - A server that exits, logs a fatal line while starting, misses its ready deadline or fails
   `/health` for `unhealthy_restart_s` is restarted after an exponential backoff.
 - `crash_loop_count` crashes within `crash_loop_window_s` stop that GPU with the reason; so

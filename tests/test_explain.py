@@ -405,7 +405,7 @@ def test_python_m_launcher_explain_runs_as_a_command(tmp_path: Path) -> None:
 def test_docs_examples_are_what_explain_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    doc = (ROOT / "docs" / "explain.md").read_text(encoding="utf-8")
+    doc = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = dict(re.findall(r"<!-- example: (\w+) -->\n```\w*\n(.*?)```", doc, re.DOTALL))
     (tmp_path / "gpu0.log").write_text(blocks["log"], encoding="utf-8")
     monkeypatch.chdir(tmp_path)

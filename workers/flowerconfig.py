@@ -3,11 +3,11 @@
 Flower reads this file with tornado's `parse_config_file` (module-level names = options) after
 its FLOWER_* environment variables and before the command line: a flag wins over a value
 here, but FLOWER_PORT or FLOWER_ADDRESS do not (use flags for the options set below).
-docs/flower.md has the commands for auth, persistence and running behind a proxy.
+README "flower" has the commands for auth, persistence and running behind a proxy.
 """
 
 # Flower's own default is every interface, and its pages need no login unless auth is set:
-# loopback until someone decides otherwise (and then sets --basic-auth, see docs/flower.md).
+# loopback until someone decides otherwise (and then sets --basic-auth, see README "flower").
 address = "127.0.0.1"
 port = 5555
 

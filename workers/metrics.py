@@ -20,7 +20,7 @@ and thread-safe:
                     latency_s=41.2, queue_wait_s=0.03)
 
 Every family is named `fleetgen_*` and labelled `job`, `worker` (the Celery node name, as
-in Flower) and `server` (the SGLang URL); docs/metrics.md lists them with a scrape config.
+in Flower) and `server` (the SGLang URL); README "metrics" lists them with a scrape config.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (see docs/simulator.md)."""
+"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (see README "simulator")."""
 
 from launcher.sim.config import ConfigError, SimConfig
 from launcher.sim.server import SimStartupError, run, serve_in_thread
