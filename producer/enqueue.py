@@ -31,7 +31,13 @@ from producer.inputs import (
 from workers import keys
 from workers.dispatch import dispatch
 from workers.errors import JobError
-from workers.job import GenerationParams, InputInfo, JobManifest, validate_job_name
+from workers.job import (
+    GenerationParams,
+    InputInfo,
+    JobManifest,
+    batch_sizes,
+    validate_job_name,
+)
 from workers.ledger import Ledger
 from workers.sink import Sink, open_sink
 
@@ -100,7 +106,8 @@ def enqueue(
             input=InputInfo(str(req.path), summary.sha256, summary.lines, summary.bytes),
             prompts=summary.prompts,
             batch_size=size,
-            batches=math.ceil(summary.prompts / size),
+            batches=len(batch_sizes(summary.prompts, size, taper=True)),
+            taper=True,
             queue=req.queue,
             params=req.params,
             rejected=len(errors),
@@ -144,13 +151,13 @@ def _check_resume(
 
 
 def _batches(
-    path: Path, size: int, progress: Callable[[int, int], None] | None
+    path: Path, sizes: list[int], progress: Callable[[int, int], None] | None
 ) -> Iterator[tuple[str, list[PromptRecord]]]:
     chunk: list[PromptRecord] = []
     index = 0
     for record in read_prompts(path, skip_invalid=True, progress=progress):
         chunk.append(record)
-        if len(chunk) == size:
+        if len(chunk) == sizes[min(index, len(sizes) - 1)]:
             index += 1
             yield keys.batch_id(index), chunk
             chunk = []
@@ -174,7 +181,8 @@ def _queue_batches(
     pending: list[str] = []
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         uploads = []
-        for batch, records in _batches(req.path, manifest.batch_size, progress):
+        sizes = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
+        for batch, records in _batches(req.path, sizes, progress):
             if batch in done:
                 report.skipped_done += 1
                 continue

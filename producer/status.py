@@ -19,7 +19,7 @@ import orjson
 from producer.fleet import read_fleet, render_fleet
 from workers import keys
 from workers.canary import Thresholds
-from workers.job import JobManifest
+from workers.job import JobManifest, batch_sizes
 from workers.ledger import STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
@@ -97,7 +97,8 @@ def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -
         for batch in running:
             p.hlen(keys.checkpoint(manifest.name, batch))
         checkpointed = p.execute()
-    sizes = sum(_batch_len(manifest.prompts, manifest.batch_size, b) for b in running)
+    plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
+    sizes = sum(_batch_len(plan, manifest.batch_size, b) for b in running)
     return max(0, sizes - sum(int(n) for n in checkpointed))
 
 
@@ -105,12 +106,12 @@ def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -
 REGISTRY_FRESH_S = 30.0
 
 
-def _batch_len(prompts: int, size: int, batch: str) -> int:
+def _batch_len(plan: list[int], size: int, batch: str) -> int:
     """Prompts in an enqueued batch `bNNNNNN`; a requeue batch (`rNN-NNNNNN`) counts as full."""
     if not batch.startswith("b"):
         return size
     index = int(batch[1:] or 0)
-    return max(0, min(size, prompts - (index - 1) * size))
+    return plan[index - 1] if 0 < index <= len(plan) else 0
 
 
 def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:

@@ -77,6 +77,8 @@ class JobManifest:
     rejected: int = 0
     # Quality canary thresholds (workers.canary.Thresholds as a dict); empty means defaults.
     canary: dict[str, Any] = field(default_factory=dict)
+    # The job's last eighth is cut into quarter-size batches (batch_sizes); older jobs: False.
+    taper: bool = False
     created_at: float = field(default_factory=time.time)
     version: int = 1
 
@@ -104,3 +106,16 @@ def validate_job_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+def batch_sizes(prompts: int, size: int, *, taper: bool) -> list[int]:
+    """Prompts per batch, in order: a pure function of the job, so re-enqueueing resumes.
+
+    With `taper`, the last eighth of a job goes out in quarter-size batches, so at the end
+    no GPU is left holding a whole batch while the others drain.
+    """
+    tail = prompts // 8 if taper and prompts >= 8 * size else 0
+    small = max(1, size // 4)
+    head = prompts - tail
+    sizes = [size] * (head // size) + ([head % size] if head % size else [])
+    return sizes + [small] * (tail // small) + ([tail % small] if tail % small else [])
