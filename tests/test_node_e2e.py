@@ -280,10 +280,11 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
          str(out_dir), "--batch-size", "25", "--no-canary"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
     assert enqueue.returncode == 0, enqueue.stderr
-    from workers import keys
+    from producer.status import job_status
+    from workers.ledger import Ledger
 
-    wait_until(lambda: redis_client.scard(keys.job_part("crashy", "done")) == 16, 240,
-               what="job done")
+    ledger = Ledger(redis_client)
+    wait_until(lambda: job_status(ledger, "crashy")["state"] == "done", 240, what="job done")
     results, errors = read_results(out_dir, "crashy")
     assert sorted(r["id"] for r in results) == sorted(iter_ids(rows))
     assert not errors

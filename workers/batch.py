@@ -357,7 +357,11 @@ class BatchRunner:
             p.ltrim(recent, 0, thresholds.window - 1)
             p.hincrby(keys.job(manifest.name), "canary_seen", 1)
             seen = (await p.execute())[2]
-        if seen < thresholds.min_completions or seen % CANARY_EVERY:
+        # Judge every answer for the first stretch after K (the pause lands at K when the
+        # window is bad), then every CANARY_EVERY answers.
+        if seen < thresholds.min_completions or (
+            seen >= thresholds.min_completions + CANARY_EVERY and seen % CANARY_EVERY
+        ):
             return
         state, accepted = await r.hmget(keys.job(manifest.name), "state", "quality_accepted")
         if accepted or state != STATE_RUNNING.encode():
