@@ -39,6 +39,15 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
+def die_with_parent() -> None:
+    """In a child, before exec: SIGTERM it when the thread that started it dies (Linux).
+
+    A SIGKILLed launcher or test run then leaves no server behind.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ServiceError(Exception):
     """Base class: an embedded service could not be provided."""
 
@@ -97,9 +106,8 @@ class ChildProcess:
     def __init__(self, argv: list[str], log_path: Path, cwd: Path, env: dict[str, str]) -> None:
         parent = os.getpid()
 
-        def die_with_parent() -> None:
-            if _LIBC is not None:
-                _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        def die_with_parent_or_exit() -> None:
+            die_with_parent()
             if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(1)
 
@@ -116,7 +124,7 @@ class ChildProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509
+                preexec_fn=die_with_parent_or_exit,  # noqa: PLW1509
             )
 
     @property

@@ -21,11 +21,9 @@ Errors (the launcher's tree; `gpus.py` and `profile.py` add their own):
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +34,7 @@ from typing import Protocol, TypeVar
 import httpx
 
 from launcher.capacity import as_float, as_int, from_server_info
-from launcher.embedded import port_is_free
+from launcher.embedded import die_with_parent, port_is_free
 from launcher.explain import HINTS, LogReport
 from launcher.logparse import Fatal, parse_line
 
@@ -50,8 +48,6 @@ TAIL_LINES = 8
 MAX_READ_BYTES = 4 << 20
 # A healthy SGLang /health takes about 1 s and up to 20 s under load (contract §4.1).
 HEALTH_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 class NodeError(Exception):
@@ -213,12 +209,6 @@ class PopenProcess:
                 pass  # a process in uninterruptible sleep; poll() reaps it later
 
 
-def _die_with_parent() -> None:
-    # If the launcher is SIGKILLed its servers get SIGTERM and drain instead of orphaning.
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def spawn(spec: LaunchSpec) -> PopenProcess:
     """Start `spec` with its output appended to its log after a launcher marker line.
 
@@ -235,7 +225,8 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
         popen = subprocess.Popen(
             list(spec.argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=dict(spec.env), start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (two syscalls, no Python locks)
+            # A SIGKILLed launcher leaves its servers SIGTERMed (they drain), not orphaned.
+            preexec_fn=die_with_parent,  # noqa: PLW1509 (two syscalls, no Python locks)
         )
     return PopenProcess(popen)
 
