@@ -26,7 +26,6 @@ from producer.inputs import (
     read_prompts,
     reject_line,
     validate_file,
-    write_rejects,
 )
 from workers import keys
 from workers.dispatch import dispatch
@@ -213,4 +212,4 @@ def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes
     )
 
 
-__all__ = ["EnqueueReport", "EnqueueRequest", "default_batch_size", "enqueue", "write_rejects"]
+__all__ = ["EnqueueReport", "EnqueueRequest", "default_batch_size", "enqueue"]

@@ -29,7 +29,7 @@ from workers.errors import (
     ServerDownError,
 )
 from workers.job import JobManifest
-from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
+from workers.ledger import RENEW_LEASE, STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.records import Origin, counters, error_record, is_failure, result_record
 from workers.retry import REDIS_ERRORS, on_redis, on_redis_async
 from workers.sink import Sink, open_sink, write_with_retry
@@ -55,10 +55,6 @@ for i = 4, #ARGV - 1, 2 do
   end
 end
 return 1
-"""
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
 """
 
 
@@ -103,7 +99,7 @@ class BatchRunner:
     async def _register(self) -> tuple[Any, Any]:
         return (
             self.engine.redis.register_script(_RECORD),
-            self.engine.redis.register_script(_RENEW),
+            self.engine.redis.register_script(RENEW_LEASE),
         )
 
     def sink(self, uri: str) -> Sink:

@@ -25,7 +25,8 @@ JOB_STATES = (STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
 
-_RENEW = """
+# Extends a lease only for its owner (the batch runner's heartbeat runs it on its loop).
+RENEW_LEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('pexpire', KEYS[1], ARGV[2])
 end
@@ -44,7 +45,6 @@ class Ledger:
 
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
     @classmethod
@@ -138,9 +138,6 @@ class Ledger:
             attempt = int(p.execute()[0])
         return attempt
 
-    def renew(self, name: str, batch: str, token: str, ttl_s: float) -> bool:
-        return bool(self._renew(keys=[keys.lease(name, batch)], args=[token, int(ttl_s * 1000)]))
-
     def release(self, name: str, batch: str, token: str, *, refund: bool = False) -> None:
         """Give the lease back; `refund` returns the attempt (the batch was not at fault)."""
         if self._release(keys=[keys.lease(name, batch)], args=[token]) and refund:
@@ -150,13 +147,7 @@ class Ledger:
     def lease_alive(self, name: str, batch: str) -> bool:
         return bool(self.r.exists(keys.lease(name, batch)))
 
-    def attempts(self, name: str, batch: str) -> int:
-        return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
-
     # Prompt-level checkpoints
-
-    def checkpoint_keys(self, name: str, batch: str) -> str:
-        return keys.checkpoint(name, batch)
 
     def load_checkpoint(self, name: str, batch: str) -> dict[str, dict[str, Any]]:
         raw = self.r.hgetall(keys.checkpoint(name, batch))
