@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from celery import Celery
@@ -19,7 +20,7 @@ from workers.dispatch import dispatch
 from workers.errors import JobError
 from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.reconciler import broker_batches
-from workers.sink import Sink, open_sink
+from workers.sink import Sink, iter_jsonl, open_sink
 
 
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
@@ -93,24 +94,13 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
 
 def _failed_ids(sink: Sink, job: str) -> set[str]:
     """Ids whose latest outcome is a failure (a later success clears an earlier error)."""
-    failed: set[str] = set()
-    for key in sink.list_keys(keys.sink_errors_prefix(job)):
-        failed.update(orjson.loads(line)["custom_id"] for line in (sink.get(key) or b"").splitlines() if line)
-    for key in sink.list_keys(keys.sink_results_prefix(job)):
-        failed.difference_update(
-            orjson.loads(line)["id"] for line in (sink.get(key) or b"").splitlines() if line
-        )
+    failed = {err["custom_id"] for err in iter_jsonl(sink, keys.sink_errors_prefix(job))}
+    failed.difference_update(res["id"] for res in iter_jsonl(sink, keys.sink_results_prefix(job)))
     return failed
 
 
-def _input_rows(sink: Sink, job: str) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    seen: set[str] = set()
-    for key in sorted(sink.list_keys(f"{job}/inputs/")):
-        for line in (sink.get(key) or b"").splitlines():
-            if line:
-                row = orjson.loads(line)
-                if row["id"] not in seen:
-                    seen.add(row["id"])
-                    rows.append(row)
-    return rows
+def _input_rows(sink: Sink, job: str) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for row in iter_jsonl(sink, f"{job}/inputs/"):
+        rows.setdefault(row["id"], row)
+    return list(rows.values())

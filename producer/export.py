@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from workers import keys
-from workers.sink import Sink
+from workers.sink import Sink, iter_jsonl
 
 FORMATS = ("jsonl", "openai", "parquet")
 
@@ -34,27 +34,19 @@ class Reconcile:
                 f"missing {self.missing:,}  duplicates dropped {self.duplicates_dropped:,}")
 
 
-def _lines(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
-    for key in sorted(sink.list_keys(prefix)):
-        if key.endswith(".jsonl"):
-            for line in (sink.get(key) or b"").splitlines():
-                if line:
-                    yield orjson.loads(line)
-
-
 def collect(sink: Sink, job: str) -> tuple[list[str], dict[str, dict[str, Any]], Reconcile]:
     """Input ids in input order, each id's chosen outcome, and the reconcile counts."""
     order: list[str] = []
     seen: set[str] = set()
-    for row in _lines(sink, f"{job}/inputs/"):
+    for row in iter_jsonl(sink, f"{job}/inputs/"):
         if row["id"] not in seen:
             seen.add(row["id"])
             order.append(row["id"])
     outcome: dict[str, dict[str, Any]] = {}
     report = Reconcile(input=len(order))
-    for err in _lines(sink, keys.sink_errors_prefix(job)):
+    for err in iter_jsonl(sink, keys.sink_errors_prefix(job)):
         outcome[err["custom_id"]] = err
-    for res in _lines(sink, keys.sink_results_prefix(job)):
+    for res in iter_jsonl(sink, keys.sink_results_prefix(job)):
         previous = outcome.get(res["id"])
         if previous is not None and "custom_id" not in previous:
             report.duplicates_dropped += 1

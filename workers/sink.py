@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+import orjson
+
 from workers.errors import SinkError
 
 
@@ -191,6 +193,15 @@ class S3Sink:
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
+
+
+def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
+    """Every record of the `.jsonl` objects under `prefix`, objects in key order."""
+    for key in sorted(sink.list_keys(prefix)):
+        if key.endswith(".jsonl"):
+            for line in (sink.get(key) or b"").splitlines():
+                if line:
+                    yield orjson.loads(line)
 
 
 def _status(exc: Any) -> int:
