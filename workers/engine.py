@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import orjson
 import redis.asyncio as aioredis
 
-from workers import keys, metrics
+from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
@@ -86,7 +86,7 @@ class Engine:
         self.worker = worker
         self.capacity: ServerCapacity | None = None
         self.backlog = Backlog()
-        self._loop = asyncio.new_event_loop()
+        self._loop = loops.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
         self._started = False
         self._lock = threading.Lock()
@@ -139,6 +139,7 @@ class Engine:
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
             api_key=self.settings.sglang_api_key,
+            transport=self.settings.http_transport,
         )
         self.redis = aioredis.Redis.from_url(
             self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,

@@ -15,9 +15,9 @@ import httpx
 import orjson
 
 from workers.errors import BadRequestError, RetryableError, ServerDownError
+from workers.http1 import Http1Transport
 
 log = logging.getLogger(__name__)
-SHARDS = 8
 
 
 @dataclass(frozen=True)
@@ -71,29 +71,22 @@ class SGLangClient:
         request_timeout_s: float,
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
-        max_connections: int = 1024,
+        transport: str = "lean",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
-        # httpcore scans every pooled connection on each request (and polls its socket), so
-        # one pool of N connections costs O(N) per request. Generation requests go through
-        # SHARDS small pools instead: same one client object, a fraction of the scan.
-        per_shard = max(1, max_connections // SHARDS)
-        self._shards = [
-            httpx.AsyncClient(
-                base_url=self.base_url, headers=headers, timeout=timeout,
-                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
-            )
-            for _ in range(SHARDS)
-        ]
-        self._http = self._shards[0]
-        self._next = 0
+        # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size.
+        lean = Http1Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=request_timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout,
+            transport=lean if transport == "lean" else None,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+        )
 
     async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.aclose()
+        await self._http.aclose()
 
     async def ready(self) -> bool:
         """`/health` is 200 only once the server has warmed up (contract §3)."""
@@ -111,10 +104,8 @@ class SGLangClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
-        shard = self._shards[self._next]
-        self._next = (self._next + 1) % len(self._shards)
         async with self._mapped("POST /v1/chat/completions"):
-            response = await shard.post(
+            response = await self._http.post(
                 "/v1/chat/completions",
                 content=orjson.dumps(body),
                 headers={"Content-Type": "application/json"},

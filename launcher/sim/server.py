@@ -28,6 +28,7 @@ from launcher.sim.app import asgi_app
 from launcher.sim.config import SimConfig
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator, Status
+from workers import loops
 
 log = logging.getLogger("launcher.sim.server")
 DRAIN_LOG_SECONDS = 5.0  # SGLang's sigterm watchdog reports the remaining requests this often
@@ -148,7 +149,8 @@ def run(config: SimConfig, argv: list[str] | None = None) -> int:
     if not startup.announce(sim):
         return 1  # not reached: announce's fatal path SIGKILLs the process
     server = SimServer(_uvicorn_config(sim))
-    return asyncio.run(_serve(sim, server, None, own_signals=True))
+    with asyncio.Runner(loop_factory=loops.loop_factory()) as runner:
+        return runner.run(_serve(sim, server, None, own_signals=True))
 
 
 def _stop_from_thread(sim: Simulator, server: SimServer) -> None:
@@ -172,7 +174,7 @@ def serve_in_thread(config: SimConfig) -> Iterator[str]:
     sock.bind((config.host, config.port))
     server = SimServer(_uvicorn_config(sim))
     sim.on_fatal = lambda: _stop_from_thread(sim, server)
-    loop = asyncio.new_event_loop()
+    loop = loops.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, name="sglang-sim", daemon=True,
                               args=(_serve(sim, server, [sock], own_signals=False),))
     thread.start()
