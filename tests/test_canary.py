@@ -9,6 +9,8 @@ is printed (`pytest -s`) as `canary: <mode> paused after N answers`.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +242,14 @@ def test_a_healthy_job_is_judged_and_never_paused(stack: Stack, tmp_path: Path) 
 
 def _never_paused(status: dict[str, Any]) -> None:
     assert status["state"] != "paused", status["reason"]
+
+
+def test_long_answers_digest_as_if_normalized_whole() -> None:
+    def whole(text: str) -> str:  # the definition: normalize everything, keep 300 chars
+        norm = re.sub(r"\s+", " ", text.strip().lower()).rstrip(".!? ")[:300]
+        return hashlib.blake2b(norm.encode(), digest_size=6).hexdigest()
+
+    words = "Alpha  beta\tGamma\n\n delta. " * 400
+    for text in (words, "x" * 5000, "  " + " " * 3000 + words, words[:299] + "!!!", "Hi.  "):
+        assert content_digest(text) == whole(text)
+    assert content_digest(words + "tail A") == content_digest(words + "tail B")

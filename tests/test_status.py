@@ -32,7 +32,7 @@ from producer.fleet import (
 from producer.status import job_status, render
 from tests.stack import PYTHON, ROOT, Stack, chat_rows, wait_job_done, write_jsonl
 from workers import keys
-from workers.batch import _RECORD
+from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.job import GenerationParams, InputInfo, JobManifest
 from workers.ledger import STATE_PAUSED, Ledger
 from workers.records import Origin, counters, error_record, result_record
@@ -80,7 +80,7 @@ class Worker:
     def __init__(self, ledger: Ledger, name: str) -> None:
         self.ledger, self.name = ledger, name
         self.origin = Origin("http://127.0.0.1:30000", name, 1)
-        self._record = ledger.r.register_script(_RECORD)
+        self._record = ledger.r.register_script(RECORD_GROUP)
         self.count = 0
 
     def answer(self, job: str, batch: str, minute: int, finish: str = "stop",
@@ -100,12 +100,10 @@ class Worker:
         self._put(job, batch, minute, record)
 
     def _put(self, job: str, batch: str, minute: int, record: dict[str, Any]) -> None:
-        args: list[Any] = [record.get("custom_id") or record["id"], orjson.dumps(record), self.name]
-        for name, value in counters(record, thinking=True).items():
-            args += [name, value]
-        args.append(str(minute))
-        self._record(keys=[keys.checkpoint(job, batch), keys.job_part(job, "stats"),
-                           keys.job_part(job, "workers"), keys.job_part(job, "minutes")], args=args)
+        entry = Entry(job, batch, record.get("custom_id") or record["id"], orjson.dumps(record),
+                      counters(record, thinking=True), b"")
+        script_keys, args = group_arguments(job, [entry], self.name, minute, window=0)
+        self._record(keys=script_keys, args=args)
 
     def finish_batch(self, job: str, batch: str, size: int = 1000) -> None:
         self.ledger.finish_batch(job, batch, {"batches_done": 1, "bytes_written": size}, self.name, [])

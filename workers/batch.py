@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from workers import canary, keys, metrics
+from workers.checkpoints import CheckpointWriter, Entry
 from workers.engine import Engine
 from workers.errors import (
     BadRequestError,
@@ -31,32 +32,12 @@ from workers.errors import (
 from workers.job import JobManifest
 from workers.ledger import RENEW_LEASE, STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.records import Origin, counters, error_record, is_failure, result_record
-from workers.retry import REDIS_ERRORS, on_redis, on_redis_async
+from workers.retry import on_redis
 from workers.sink import Sink, open_sink, write_with_retry
 
 log = logging.getLogger(__name__)
 # The canary judges the recent window once per this many answers (per job, across workers).
 CANARY_EVERY = 10
-
-# Adds a finished prompt to the checkpoint once; counters move only for the first copy, so a
-# prompt re-run after a crash can never be counted twice.
-_RECORD = """
-if redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-for i = 4, #ARGV - 1, 2 do
-  redis.call('hincrbyfloat', KEYS[2], ARGV[i], ARGV[i + 1])
-  if ARGV[i] == 'prompts_done' or ARGV[i] == 'prompts_failed' or ARGV[i] == 'output_tokens' then
-    redis.call('hincrbyfloat', KEYS[3], ARGV[3] .. '|' .. ARGV[i], ARGV[i + 1])
-  end
-  if ARGV[i] == 'prompts_done' or ARGV[i] == 'prompts_failed' then
-    redis.call('hincrbyfloat', KEYS[4], ARGV[#ARGV], ARGV[i + 1])
-  end
-  if ARGV[i] == 'output_tokens' then
-    redis.call('hincrbyfloat', KEYS[4], ARGV[#ARGV] .. '|tokens', ARGV[i + 1])
-  end
-end
-return 1
-"""
-
 
 class _Held(Exception):
     """The prompt's job was paused before its request was sent."""
@@ -94,13 +75,14 @@ class BatchRunner:
         self._held: set[str] = set()
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
-        self._record, self._renew = engine.run(self._register())
+        # Canary thresholds of the jobs this worker has run (read on the loop by the writer).
+        self._thresholds: dict[str, canary.Thresholds] = {}
+        self._renew, self._checkpoints = engine.run(self._register())
 
-    async def _register(self) -> tuple[Any, Any]:
-        return (
-            self.engine.redis.register_script(_RECORD),
-            self.engine.redis.register_script(RENEW_LEASE),
-        )
+    async def _register(self) -> tuple[Any, CheckpointWriter]:
+        writer = CheckpointWriter(self.engine.redis, self.engine.worker, self._judge,
+                                  self._canary_window)
+        return self.engine.redis.register_script(RENEW_LEASE), writer
 
     def sink(self, uri: str) -> Sink:
         if uri not in self._sinks:
@@ -125,6 +107,8 @@ class BatchRunner:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
             self.ledger.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
+        self._thresholds[job] = (canary.Thresholds(**manifest.canary) if manifest.canary
+                                 else canary.Thresholds())
         self.engine.run(self._set_hold(job))
         sink = self.sink(manifest.output)
         if self.ledger.is_done(job, batch) or sink.exists(keys.sink_result(job, batch)):
@@ -319,56 +303,38 @@ class BatchRunner:
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
     ) -> None:
-        job = manifest.name
         thinking = bool((prompt.body.get("chat_template_kwargs") or {}).get("enable_thinking"))
-        args: list[Any] = [prompt.id, orjson.dumps(record), self.engine.worker]
-        for name, value in counters(record, thinking=thinking).items():
-            args += [name, value]
-        args.append(str(int(time.time() // 60)))
-        script_keys = [
-            keys.checkpoint(job, batch),
-            keys.job_part(job, "stats"),
-            keys.job_part(job, "workers"),
-            keys.job_part(job, "minutes"),
-        ]
-        first = await on_redis_async(
-            f"prompt {prompt.id}: checkpoint", lambda: self._record(keys=script_keys, args=args)
-        )
-        if first:
-            try:
-                await self._watch_quality(manifest, canary.sample(record, thinking))
-            except REDIS_ERRORS as exc:
-                # The canary is advisory; the next answers will feed it again.
-                log.info("job %s: canary skipped an answer (%s)", job, exc)
+        fact = orjson.dumps(canary.sample(record, thinking)) if self._canary_window(manifest.name) else b""
+        await self._checkpoints.add(Entry(
+            job=manifest.name, batch=batch, prompt_id=prompt.id, record=orjson.dumps(record),
+            counters=counters(record, thinking=thinking), fact=fact,
+        ))
 
-    async def _watch_quality(self, manifest: JobManifest, fact: list[Any]) -> None:
-        """Feed the canary; every few answers, judge the recent window (canary.py)."""
-        thresholds = canary.Thresholds(**manifest.canary) if manifest.canary else canary.Thresholds()
-        if not thresholds.enabled:
+    def _canary_window(self, job: str) -> int:
+        thresholds = self._thresholds.get(job)
+        return thresholds.window if thresholds is not None and thresholds.enabled else 0
+
+    async def _judge(self, job: str, seen_before: int, seen: int) -> None:
+        """Judge the canary's window if this group of answers reached a judging point:
+        every answer for the first stretch after K (the pause lands at K when the window is
+        bad), then every CANARY_EVERY answers."""
+        thresholds = self._thresholds[job]
+        k = thresholds.min_completions
+        due = seen >= k and (seen_before < k + CANARY_EVERY
+                             or seen // CANARY_EVERY > seen_before // CANARY_EVERY)
+        if not due:
             return
-        recent = keys.job_part(manifest.name, "recent")
         r = self.engine.redis
-        async with r.pipeline(transaction=False) as p:
-            p.lpush(recent, orjson.dumps(fact))
-            p.ltrim(recent, 0, thresholds.window - 1)
-            p.hincrby(keys.job(manifest.name), "canary_seen", 1)
-            seen = (await p.execute())[2]
-        # Judge every answer for the first stretch after K (the pause lands at K when the
-        # window is bad), then every CANARY_EVERY answers.
-        if seen < thresholds.min_completions or (
-            seen >= thresholds.min_completions + CANARY_EVERY and seen % CANARY_EVERY
-        ):
-            return
-        state, accepted = await r.hmget(keys.job(manifest.name), "state", "quality_accepted")
+        state, accepted = await r.hmget(keys.job(job), "state", "quality_accepted")
         if accepted or state != STATE_RUNNING.encode():
             return
-        samples = [orjson.loads(x) for x in await r.lrange(recent, 0, -1)]
+        samples = [orjson.loads(x) for x in await r.lrange(keys.job_part(job, "recent"), 0, -1)]
         verdict = canary.evaluate(samples, thresholds)
         if verdict is None:
             return
-        log.warning("job %s: paused by the quality canary: %s", manifest.name, verdict.reason)
-        self._hold(manifest.name, True)
-        await r.hset(keys.job(manifest.name), mapping={
+        log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)
+        self._hold(job, True)
+        await r.hset(keys.job(job), mapping={
             "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
             "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
         })

@@ -1,0 +1,84 @@
+"""Group-committed checkpoints (workers/checkpoints.py) on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from workers import keys
+from workers.checkpoints import CheckpointWriter, Entry
+
+JOB = "cp-job"
+
+
+def entry(i: int, batch: str = "b000000", tokens: int = 10) -> Entry:
+    record = {"id": f"p{i}", "content": "answer"}
+    return Entry(JOB, batch, f"p{i}", orjson.dumps(record),
+                 {"prompts_done": 1, "output_tokens": tokens}, orjson.dumps([f"p{i}"]))
+
+
+class Recorder:
+    """The writer's judge: records (before, after) of each group that moved the canary."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    async def __call__(self, job: str, before: int, after: int) -> None:
+        self.calls.append((before, after))
+
+
+async def with_writer(redis_url: str, window: int, body: Any) -> Any:
+    r = aioredis.Redis.from_url(redis_url)
+    judge = Recorder()
+    writer = CheckpointWriter(r, "gpu0@test", judge, lambda job: window)
+    calls = [0]
+    script = writer._script
+    original = script.__call__
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await original(*args, **kwargs)
+
+    writer._script = counting  # type: ignore[assignment]
+    try:
+        return await body(writer, judge, calls, r)
+    finally:
+        await r.aclose()
+
+
+def test_concurrent_records_share_script_calls_and_count_once(redis_url: str,
+                                                              redis_client: Any) -> None:
+    async def body(writer: CheckpointWriter, judge: Recorder, calls: list[int], r: Any) -> None:
+        firsts = await asyncio.gather(*(writer.add(entry(i, f"b{i % 3:06d}")) for i in range(300)))
+        assert all(firsts)
+        assert calls[0] < 30  # grouped: 300 records in a handful of calls
+        again = await asyncio.gather(*(writer.add(entry(i, f"b{i % 3:06d}")) for i in range(10)))
+        assert not any(again)  # a re-run's copies are not first copies
+
+    asyncio.run(with_writer(redis_url, 200, body))
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert stats == {"prompts_done": 300.0, "output_tokens": 3000.0}
+    assert sum(redis_client.hlen(keys.checkpoint(JOB, f"b{b:06d}")) for b in range(3)) == 300
+    workers = redis_client.hgetall(keys.job_part(JOB, "workers"))
+    assert float(workers[b"gpu0@test|prompts_done"]) == 300.0
+    assert redis_client.llen(keys.job_part(JOB, "recent")) == 200  # trimmed to the window
+    assert int(redis_client.hget(keys.job(JOB), "canary_seen")) == 300
+
+
+def test_judge_hears_each_group_that_moved_the_canary_and_window_zero_skips_it(
+        redis_url: str, redis_client: Any) -> None:
+    async def fed(writer: CheckpointWriter, judge: Recorder, calls: list[int], r: Any) -> list[Any]:
+        for i in range(5):
+            await writer.add(entry(i))
+        await writer.add(entry(0))  # duplicate: moves nothing, judged nothing
+        return judge.calls
+
+    assert asyncio.run(with_writer(redis_url, 200, fed)) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    redis_client.flushdb()
+    assert asyncio.run(with_writer(redis_url, 0, fed)) == []
+    assert redis_client.llen(keys.job_part(JOB, "recent")) == 0
+    assert float(redis_client.hget(keys.job_part(JOB, "stats"), "prompts_done")) == 5.0
