@@ -3,7 +3,8 @@
 The simulator answers at once (`--instant`), so the rate is the pipeline's own cost: the
 worker (HTTP client, checkpoint script, canary, metrics), Redis and the simulator share this
 machine's cores. Two runs: one measured without a profiler, one under py-spy (sampling all
-threads of the worker, `--nonblocking`) for the top items, if py-spy is installed.
+threads of the worker, pausing it for each sample so stacks are whole: `--nonblocking` tore
+most of them) for the top items, if py-spy is installed.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([str(PY_SPY), "record", "--pid", str(pid), "--format", "raw",
-                             "--rate", "200", "--nonblocking", "--output", str(out)],
+                             "--rate", "200", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
