@@ -275,7 +275,7 @@ class BatchRunner:
                         raise _Held
                     if not sent[0]:
                         sent[0] = True
-                        self.engine.backlog.add(unsent=-1)
+                        self.engine.backlog.add(unsent=-1, sent=1)
                     start = time.monotonic()
                     queue_wait += start - waited
                     metrics.request_started(job, origin.worker, origin.server)

@@ -58,10 +58,11 @@ class Limiter:
 
 
 class Backlog:
-    """What this worker holds: batches in hand, batches still loading, prompts not yet sent.
+    """What this worker holds: batches in hand, batches still loading, prompts not yet sent,
+    and how many prompts it has sent so far (their rate sizes the reserve; gate.py).
 
-    The consumer gate (gate.py) reads it to take the next batch *before* the server would
-    go idle, and not earlier, so no worker hoards batches another GPU could be running.
+    The consumer gate reads it to take the next batch *before* the server would go idle,
+    and not earlier, so no worker hoards prompts another GPU could be running.
     """
 
     def __init__(self) -> None:
@@ -69,12 +70,14 @@ class Backlog:
         self.batches = 0
         self.loading = 0
         self.unsent = 0
+        self.sent = 0
 
-    def add(self, *, batches: int = 0, loading: int = 0, unsent: int = 0) -> None:
+    def add(self, *, batches: int = 0, loading: int = 0, unsent: int = 0, sent: int = 0) -> None:
         with self._lock:
             self.batches += batches
             self.loading += loading
             self.unsent += unsent
+            self.sent += sent
 
 
 class Engine:
@@ -166,6 +169,13 @@ class Engine:
                 self.worker, self.server_url, capacity.effective, capacity.requested,
                 capacity.source, self.limit_for(capacity),
             )
+        if self.limit_for(capacity) > self.settings.batch_concurrency and (
+                self.capacity is None or self.capacity.effective != capacity.effective):
+            log.warning(
+                "worker %s: FLEETGEN_BATCH_CONCURRENCY=%d is below the %d requests kept in "
+                "flight; near a job's end batches waiting on long answers can fill every pool "
+                "thread and leave slots idle", self.worker, self.settings.batch_concurrency,
+                self.limit_for(capacity))
         self.capacity = capacity
         await self.limiter.set_limit(self.limit_for(capacity))
         metrics.set_server_capacity(self.worker, self.server_url, capacity.effective,

@@ -61,8 +61,11 @@ class Settings:
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
     visibility_timeout_s: int = 7200
-    # Most batches one worker holds; it takes the next only when its unsent prompts run low.
-    batch_concurrency: int = 8
+    # Most batches one worker holds (its pool threads); it takes the next only when its unsent
+    # prompts run low, so this is a ceiling, not a target. It must exceed the server's
+    # max_running_requests: near a job's end every batch may be waiting on one long answer,
+    # and a worker at the ceiling leaves slots idle while batches wait in the queue.
+    batch_concurrency: int = 128
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"

@@ -2,7 +2,7 @@
 
     python -m tests.perf                          # everything (~8 min on 2 cores)
     python -m tests.perf --only saturation        # figures 1-3 only
-    python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=4
+    python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
