@@ -184,11 +184,14 @@ def test_broken_answers_map_to_the_workers_error_types(reply: bytes | None,
     asyncio.run(run())
 
 
-def test_refused_connection_is_server_down_and_4xx_is_a_bad_request() -> None:
+@pytest.mark.parametrize("transport", ["lean", "httpx"])
+def test_both_transports_answer_and_map_refusals_and_4xx_alike(transport: str) -> None:
     async def run(url: str) -> None:
-        down = SGLangClient("http://127.0.0.1:9", request_timeout_s=5)
-        client = SGLangClient(url, request_timeout_s=5)
+        down = SGLangClient("http://127.0.0.1:9", request_timeout_s=5, transport=transport)
+        client = SGLangClient(url, request_timeout_s=5, transport=transport)
         try:
+            answer = await client.chat(chat_body("hi", max_tokens=8))
+            assert 0 < answer["usage"]["completion_tokens"] <= 8
             with pytest.raises(ServerDownError):
                 await down.chat(chat_body())
             with pytest.raises(BadRequestError, match="Messages cannot be empty"):
