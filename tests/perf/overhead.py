@@ -115,7 +115,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([str(PY_SPY), "record", "--pid", str(pid), "--format", "raw",
-                             "--rate", "200", "--output", str(out)],
+                             "--rate", "200", "--threads", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
