@@ -2,9 +2,10 @@
 
 The simulator answers at once (`--instant`), so the rate is the pipeline's own cost: the
 worker (HTTP client, checkpoint script, canary, metrics), Redis and the simulator share this
-machine's cores. Two runs: one measured without a profiler, one under py-spy (sampling all
-threads of the worker, pausing it for each sample so stacks are whole: `--nonblocking` tore
-most of them) for the top items, if py-spy is installed.
+machine's cores. Two runs: one measured without a profiler, one under py-spy for the top
+items, if py-spy is installed: `--gil` (the worker is bound by one core's worth of Python, so
+what holds the GIL is what costs), pausing it for each sample so stacks are whole
+(`--nonblocking` tore most of them).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([str(PY_SPY), "record", "--pid", str(pid), "--format", "raw",
-                             "--rate", "200", "--threads", "--output", str(out)],
+                             "--rate", "200", "--gil", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -144,7 +145,10 @@ def top_items(collapsed: str, n: int = 15) -> tuple[int, list[tuple[str, float]]
             continue
         count = int(count_text)
         samples += count
-        frames = [_frame_name(f) for f in stack.split(";")]
+        # `--threads` puts a `thread (ID): NAME` frame first; items are per function.
+        frames = [_frame_name(f) for f in stack.split(";") if not f.startswith("thread (")]
+        if not frames:
+            continue
         own[frames[-1]] += count
         for name in set(frames):
             total[name] += count
