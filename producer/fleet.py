@@ -1,8 +1,10 @@
 """The live per-GPU table: every registered worker and what its SGLang server says right now.
 
-Workers register in `fg:workers` every few seconds (workers/engine.py `_register`). `read_fleet`
-fetches `/metrics` and `/server_info` of every server named there, all at once and under one
-short deadline, so a server that does not answer shows as `down` instead of stalling the view.
+Workers register in `fg:workers` every few seconds (workers/engine.py `_register`), with what
+their server said at that moment. For servers on this node `read_fleet` reads `/metrics` and
+`/server_info` live, all at once and under one short deadline, so a server that does not answer
+shows as `down` instead of stalling the view; for other nodes' servers (a `127.0.0.1` URL there
+is not this node's server) it shows the reading their worker published.
 
     rows = read_fleet(ledger.r, job_workers=status["workers"], elapsed_s=600.0)
     print("\\n".join(render_fleet(rows)))
@@ -11,133 +13,27 @@ short deadline, so a server that does not answer shows as `down` instead of stal
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import httpx
 import orjson
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from workers import keys
-from workers.errors import RetryableError
-from workers.sglang import ServerCapacity
+from workers.readings import ServerReading, parse_metrics, read_server, read_server_within
+
+__all__ = ["ServerReading", "parse_metrics", "read_fleet", "read_server", "render_fleet"]
 
 # A dead server must not slow `status --watch` by more than about this much.
 FETCH_DEADLINE_S = 2.0
 CONNECT_TIMEOUT_S = 0.5
 # Workers re-register every 5 s (engine.REGISTRY_BEAT_S); six missed beats means gone.
 LOST_AFTER_S = 30.0
-
-# Gauge -> how readings of several schedulers (DP ranks) combine into one per server.
-GAUGES: dict[str, tuple[str, str]] = {
-    "running": ("sglang:num_running_reqs", "sum"),
-    "queue": ("sglang:num_queue_reqs", "sum"),
-    "token_usage": ("sglang:token_usage", "max"),
-    "mamba_usage": ("sglang:mamba_usage", "max"),
-    "gen_throughput": ("sglang:gen_throughput", "sum"),
-    "accept_length": ("sglang:spec_accept_length", "mean"),
-}
-
-
-@dataclass(frozen=True)
-class ServerReading:
-    """One server's live figures; `state` is `up` or `down` (then `error` says why)."""
-
-    state: str
-    error: str | None = None
-    running: float | None = None
-    queue: float | None = None
-    token_usage: float | None = None
-    mamba_usage: float | None = None
-    gen_throughput: float | None = None
-    accept_length: float | None = None
-    effective_max: int | None = None
-    requested_max: int | None = None
-    version: str | None = None
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """The GAUGES found in a Prometheus text page, keyed by their short name."""
-    wanted = {name: (short, how) for short, (name, how) in GAUGES.items()}
-    found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in wanted:
-            found.setdefault(wanted[family.name][0], []).extend(s.value for s in family.samples)
-    out: dict[str, float] = {}
-    for short, values in found.items():
-        how = GAUGES[short][1]
-        if values:
-            value = max(values) if how == "max" else sum(values) / (len(values) if how == "mean" else 1)
-            out[short] = round(value, 3)
-    return out
-
-
-async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None = None) -> ServerReading:
-    """`/metrics` and `/server_info` of one server; never raises for a server that is down."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    metrics, info = await asyncio.gather(
-        client.get(f"{url}/metrics"), client.get(f"{url}/server_info", headers=headers),
-        return_exceptions=True,
-    )
-    if isinstance(metrics, BaseException) and isinstance(info, BaseException):
-        return ServerReading("down", error=_describe(metrics))
-    gauges = _gauges(metrics)
-    body = _json(info)
-    capacity = _capacity(body)
-    state0 = (body.get("internal_states") or [{}])[0] if body else {}
-    accept = gauges.get("accept_length")
-    if accept is None and isinstance(state0, dict) and state0.get("avg_spec_accept_length"):
-        accept = round(float(state0["avg_spec_accept_length"]), 3)
-    return ServerReading(
-        "up",
-        running=gauges.get("running"), queue=gauges.get("queue"),
-        token_usage=gauges.get("token_usage"), mamba_usage=gauges.get("mamba_usage"),
-        gen_throughput=gauges.get("gen_throughput"), accept_length=accept,
-        effective_max=capacity.effective if capacity else None,
-        requested_max=capacity.requested if capacity else None,
-        version=body.get("version") if body else None,
-    )
-
-
-def _gauges(metrics: httpx.Response | BaseException) -> dict[str, float]:
-    """The gauges of a 200 `/metrics` answer; nothing (not an error) for 404 or a bad page."""
-    if not isinstance(metrics, httpx.Response) or metrics.status_code != 200:
-        return {}
-    try:
-        return parse_metrics(metrics.text)
-    except ValueError:
-        return {}
-
-
-def _json(info: httpx.Response | BaseException) -> dict[str, Any] | None:
-    if not isinstance(info, httpx.Response) or info.status_code != 200:
-        return None
-    try:
-        body = orjson.loads(info.content)
-    except orjson.JSONDecodeError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _capacity(body: dict[str, Any] | None) -> ServerCapacity | None:
-    if body is None:
-        return None
-    try:
-        return ServerCapacity.from_server_info(body)
-    except (RetryableError, AttributeError, TypeError, ValueError):
-        return None
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | httpx.TimeoutException):
-        return "no answer in time"
-    if isinstance(exc, httpx.ConnectError):
-        return "connection refused"
-    return type(exc).__name__
-
+THIS_HOST = socket.gethostname()
 
 async def read_servers(
     urls: Iterable[str], api_key: str | None = None, deadline_s: float = FETCH_DEADLINE_S
@@ -149,13 +45,8 @@ async def read_servers(
     timeout = httpx.Timeout(deadline_s, connect=min(CONNECT_TIMEOUT_S, deadline_s))
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
 
-        async def bounded(url: str) -> ServerReading:
-            try:
-                return await asyncio.wait_for(read_server(client, url, api_key), deadline_s)
-            except TimeoutError as exc:
-                return ServerReading("down", error=_describe(exc))
-
-        readings = await asyncio.gather(*(bounded(u) for u in unique))
+        readings = await asyncio.gather(
+            *(read_server_within(client, u, api_key, deadline_s) for u in unique))
     return dict(zip(unique, readings, strict=True))
 
 
@@ -181,16 +72,20 @@ def fleet_rows(
     readings: Mapping[str, ServerReading],
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
+    published: Mapping[str, ServerReading] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per worker: its registry entry, its server's reading and its share of the job.
 
-    Workers that did work for the job but are no longer registered are listed as `lost`.
+    `readings` are live, by server URL (this node); `published` are other nodes' workers' own
+    readings, by worker. Workers that did work for the job but are no longer registered are
+    listed as `lost`.
     """
     rows = []
+    published = published or {}
     for name in sorted(set(workers) | set(job_workers)):
         entry = workers.get(name, {})
         server = entry.get("server")
-        reading = readings.get(server) if server else None
+        reading = published.get(name) or (readings.get(server) if server else None)
         mine = job_workers.get(name, {})
         tokens = float(mine.get("output_tokens", 0))
         live = asdict(reading) if reading else asdict(ServerReading("unknown"))
@@ -226,9 +121,26 @@ def read_fleet(
     """Registry + live server readings + this job's per-worker counters, one row per worker."""
     now = time.time() if now is None else now
     workers = registry(r, now)
-    urls = [e["server"] for e in workers.values() if e.get("server")]
-    readings = asyncio.run(read_servers(urls, api_key, deadline_s))
-    return fleet_rows(workers, readings, job_workers, elapsed_s)
+    local = [e["server"] for e in workers.values() if e.get("server") and _on_this_node(e)]
+    readings = asyncio.run(read_servers(local, api_key, deadline_s))
+    published = {name: _published(e) for name, e in workers.items() if not _on_this_node(e)}
+    return fleet_rows(workers, readings, job_workers, elapsed_s, published)
+
+
+def _on_this_node(entry: Mapping[str, Any]) -> bool:
+    # Entries without a host come from workers older than the field: read them live.
+    return entry.get("host") in (None, THIS_HOST)
+
+
+def _published(entry: Mapping[str, Any]) -> ServerReading:
+    raw = entry.get("reading")
+    if not isinstance(raw, dict):
+        return ServerReading("unknown", error="on another node; its worker published no reading")
+    known = {k: v for k, v in raw.items() if k in ServerReading.__dataclass_fields__}
+    try:
+        return ServerReading(**known)
+    except TypeError:
+        return ServerReading("unknown", error="unreadable reading")
 
 
 def render_fleet(rows: list[dict[str, Any]]) -> list[str]:

@@ -148,8 +148,9 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     async def run() -> None:
         async with raw_server(handler) as (url, accepted), lean() as client:
             assert (await client.get(f"{url}/a")).content == b"once"
-            while len(accepted) == 1 and client._transport._idle and (  # type: ignore[attr-defined]
-                    client._transport._idle[-1].reusable):  # type: ignore[attr-defined]
+            transport = client._transport
+            assert isinstance(transport, Http1Transport)
+            while transport.reusable_idle():
                 await asyncio.sleep(0.01)  # until the loop has seen the server's FIN
             assert (await client.get(f"{url}/b")).content == b"once"
             assert len(accepted) == 2
@@ -230,5 +231,28 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_one_works() -> N
             release.set()
             assert (await client.get(f"{url}/fast")).content == b"fine"
             assert len(accepted) == 2  # the cancelled one's connection was not reused
+
+    asyncio.run(run())
+
+
+def test_connections_are_kept_per_origin() -> None:
+    async def answer_with_port(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = writer.get_extra_info("sockname")[1]
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(respond(str(port).encode()))
+            await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(answer_with_port) as (a, seen_a), \
+                raw_server(answer_with_port) as (b, seen_b), lean() as client:
+            for _ in range(3):
+                for url in (a, b):
+                    answer = await client.get(f"{url}/x")
+                    assert answer.content == url.rsplit(":", 1)[1].encode()
+            assert (len(seen_a), len(seen_b)) == (1, 1)
 
     asyncio.run(run())

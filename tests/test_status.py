@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,26 @@ def test_the_fleet_table_reads_servers_live_and_a_dead_or_hung_one_costs_two_sec
     assert table["gpu3@n"][:3] == ["lost", host, "0/7"]
 
 
+def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_server(
+    stack: Stack, ledger: Ledger,
+) -> None:
+    # Both workers name 127.0.0.1:PORT; on their own node that is their server, here it is
+    # this node's simulator (running 0 of 8), which must not be shown for them.
+    _, url = stack.sim("sim0", "--max-running-requests", "8")
+    published = asdict(ServerReading("up", running=33, queue=2, effective_max=40,
+                                     requested_max=40, gen_throughput=3400.0))
+    register(ledger, "gpu0@far", url, host="far-node", reading=published)
+    register(ledger, "gpu1@far", url, host="far-node")
+    register(ledger, "gpu0@here", url, host=socket.gethostname())
+    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
+    far = rows["gpu0@far"]
+    assert (far["server_state"], far["running"], far["effective_max"]) == ("up", 33, 40)
+    assert rows["gpu1@far"]["server_state"] == "unknown"
+    assert "published no reading" in rows["gpu1@far"]["server_error"]
+    here = rows["gpu0@here"]
+    assert (here["server_state"], here["running"], here["effective_max"]) == ("up", 0, 8)
+
+
 def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path, ledger: Ledger) -> None:
     _, url = stack.sim("sim0", "--max-running-requests", "8", "--decode-tps", "80",
                        "--mean-output-tokens", "300", "--speed", "10")
@@ -370,6 +391,10 @@ def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path
     data = orjson.loads(stack.producer("status", "busy", "--json").stdout)
     assert set(data) == STABLE_FIELDS
     assert data["fleet"][0]["worker"] == "gpu0@test" and data["fleet"][0]["effective_max"] == 8
+    # The worker publishes its server's reading for `status` on other nodes.
+    entry = orjson.loads(ledger.r.hget(keys.WORKERS, "gpu0@test"))
+    assert entry["host"] == socket.gethostname()
+    assert (entry["reading"]["state"], entry["reading"]["effective_max"]) == ("up", 8)
     wait_job_done(stack, "busy", timeout=120)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Coroutine
@@ -21,6 +23,7 @@ import redis.asyncio as aioredis
 
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
+from workers.readings import read_server_within
 from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
 from workers.sglang import ServerCapacity, SGLangClient
@@ -31,6 +34,7 @@ HEALTH_PROBE_S = 1.0
 # Registry entries older than a few beats mean the worker is gone (status shows it as lost).
 REGISTRY_BEAT_S = 5.0
 WORKERS_KEY = keys.WORKERS
+HOST = socket.gethostname()
 
 
 class Limiter:
@@ -209,9 +213,14 @@ class Engine:
     async def _register(self) -> None:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
         capacity = self.capacity
+        # What the server says, for `status` on other nodes (this URL may be 127.0.0.1 here).
+        reading = await read_server_within(self.client.http, self.server_url,
+                                           self.client.api_key, REGISTRY_BEAT_S / 2)
         entry = {
             "worker": self.worker,
+            "host": HOST,
             "server": self.server_url,
+            "reading": dataclasses.asdict(reading),
             "state": "ready" if self.health_failures == 0 else "server-down",
             "effective_max_running_requests": capacity.effective if capacity else None,
             "requested_max_running_requests": capacity.requested if capacity else None,

@@ -29,7 +29,7 @@ KEEPALIVE_EXPIRY_S = 4.0
 
 
 class Http1Transport(httpx.AsyncBaseTransport):
-    """Connections to one origin (scheme, host, port); any number of requests at once."""
+    """Keep-alive connections per origin (scheme, host, port); any number of requests at once."""
 
     def __init__(self, *, connect_timeout_s: float, read_timeout_s: float | None,
                  max_idle: int = 1024, verify: ssl.SSLContext | bool = True) -> None:
@@ -37,7 +37,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._read_timeout_s = read_timeout_s
         self._max_idle = max_idle
         self._verify = verify
-        self._idle: deque[_Connection] = deque()
+        self._idle: dict[tuple[str, str, int | None], deque[_Connection]] = {}
         self._closed = False
         self.connections_opened = 0
 
@@ -49,14 +49,15 @@ class Http1Transport(httpx.AsyncBaseTransport):
         body = request.content if _has_content(request) else await request.aread()
         head = _request_head(request, len(body))
         timeout = _read_timeout(request, self._read_timeout_s)
-        conn = self._take_idle() or await self._connect(request)
+        origin = (request.url.scheme, request.url.host, request.url.port)
+        conn = self._take_idle(origin) or await self._connect(request)
         try:
             status, headers, content = await conn.exchange(head + body, timeout, request)
         except BaseException:
             conn.close()  # a request cut off mid-way leaves the connection unusable
             raise
         if conn.reusable:
-            self._give_back(conn)
+            self._give_back(origin, conn)
         else:
             conn.close()
         return httpx.Response(status, headers=headers, content=content, request=request,
@@ -64,24 +65,31 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self._closed = True
-        while self._idle:
-            self._idle.pop().close()
+        for idle in self._idle.values():
+            while idle:
+                idle.pop().close()
 
-    def _take_idle(self) -> _Connection | None:
+    def reusable_idle(self) -> int:
+        """Idle connections that could serve the next request (a closed one no longer counts)."""
+        return sum(conn.reusable for idle in self._idle.values() for conn in idle)
+
+    def _take_idle(self, origin: tuple[str, str, int | None]) -> _Connection | None:
+        idle = self._idle.get(origin)
         now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()
+        while idle:
+            conn = idle.pop()
             if conn.reusable and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
                 return conn
             conn.close()
         return None
 
-    def _give_back(self, conn: _Connection) -> None:
-        if self._closed or len(self._idle) >= self._max_idle:
+    def _give_back(self, origin: tuple[str, str, int | None], conn: _Connection) -> None:
+        idle = self._idle.setdefault(origin, deque())
+        if self._closed or len(idle) >= self._max_idle:
             conn.close()
             return
         conn.idle_since = time.monotonic()
-        self._idle.append(conn)
+        idle.append(conn)
 
     async def _connect(self, request: httpx.Request) -> _Connection:
         url = request.url

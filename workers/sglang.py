@@ -74,6 +74,7 @@ class SGLangClient:
         transport: str = "lean",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
@@ -101,6 +102,15 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The client for the server's cold endpoints (`/metrics`, `/server_info`, ...)."""
+        return self._http
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
 
     async def capacity(self) -> ServerCapacity:
         async with self._mapped("GET /server_info"):

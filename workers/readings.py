@@ -1,0 +1,135 @@
+"""What one SGLang server says about itself right now: `/metrics` gauges and `/server_info`.
+
+Read by each worker for its own server (published in its registry entry, engine.py), and by
+`producer status` for servers on its own node (producer/fleet.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from workers.errors import RetryableError
+from workers.sglang import ServerCapacity
+
+# Gauge -> how readings of several schedulers (DP ranks) combine into one per server.
+GAUGES: dict[str, tuple[str, str]] = {
+    "running": ("sglang:num_running_reqs", "sum"),
+    "queue": ("sglang:num_queue_reqs", "sum"),
+    "token_usage": ("sglang:token_usage", "max"),
+    "mamba_usage": ("sglang:mamba_usage", "max"),
+    "gen_throughput": ("sglang:gen_throughput", "sum"),
+    "accept_length": ("sglang:spec_accept_length", "mean"),
+}
+
+
+@dataclass(frozen=True)
+class ServerReading:
+    """One server's live figures; `state` is `up` or `down` (then `error` says why)."""
+
+    state: str
+    error: str | None = None
+    running: float | None = None
+    queue: float | None = None
+    token_usage: float | None = None
+    mamba_usage: float | None = None
+    gen_throughput: float | None = None
+    accept_length: float | None = None
+    effective_max: int | None = None
+    requested_max: int | None = None
+    version: str | None = None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The GAUGES found in a Prometheus text page, keyed by their short name."""
+    wanted = {name: (short, how) for short, (name, how) in GAUGES.items()}
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in wanted:
+            found.setdefault(wanted[family.name][0], []).extend(s.value for s in family.samples)
+    out: dict[str, float] = {}
+    for short, values in found.items():
+        how = GAUGES[short][1]
+        if values:
+            value = max(values) if how == "max" else sum(values) / (len(values) if how == "mean" else 1)
+            out[short] = round(value, 3)
+    return out
+
+
+async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None = None) -> ServerReading:
+    """`/metrics` and `/server_info` of one server; never raises for a server that is down."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    metrics, info = await asyncio.gather(
+        client.get(f"{url}/metrics"), client.get(f"{url}/server_info", headers=headers),
+        return_exceptions=True,
+    )
+    if isinstance(metrics, BaseException) and isinstance(info, BaseException):
+        return ServerReading("down", error=describe_error(metrics))
+    gauges = _gauges(metrics)
+    body = _json(info)
+    capacity = _capacity(body)
+    state0 = (body.get("internal_states") or [{}])[0] if body else {}
+    accept = gauges.get("accept_length")
+    if accept is None and isinstance(state0, dict) and state0.get("avg_spec_accept_length"):
+        accept = round(float(state0["avg_spec_accept_length"]), 3)
+    return ServerReading(
+        "up",
+        running=gauges.get("running"), queue=gauges.get("queue"),
+        token_usage=gauges.get("token_usage"), mamba_usage=gauges.get("mamba_usage"),
+        gen_throughput=gauges.get("gen_throughput"), accept_length=accept,
+        effective_max=capacity.effective if capacity else None,
+        requested_max=capacity.requested if capacity else None,
+        version=body.get("version") if body else None,
+    )
+
+
+def _gauges(metrics: httpx.Response | BaseException) -> dict[str, float]:
+    """The gauges of a 200 `/metrics` answer; nothing (not an error) for 404 or a bad page."""
+    if not isinstance(metrics, httpx.Response) or metrics.status_code != 200:
+        return {}
+    try:
+        return parse_metrics(metrics.text)
+    except ValueError:
+        return {}
+
+
+def _json(info: httpx.Response | BaseException) -> dict[str, Any] | None:
+    if not isinstance(info, httpx.Response) or info.status_code != 200:
+        return None
+    try:
+        body = orjson.loads(info.content)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _capacity(body: dict[str, Any] | None) -> ServerCapacity | None:
+    if body is None:
+        return None
+    try:
+        return ServerCapacity.from_server_info(body)
+    except (RetryableError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """A few words for why a server did not answer."""
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return "no answer in time"
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused"
+    return type(exc).__name__
+
+
+async def read_server_within(client: httpx.AsyncClient, url: str, api_key: str | None,
+                             deadline_s: float) -> ServerReading:
+    """`read_server` under a deadline: a hung server reads as `down`."""
+    try:
+        return await asyncio.wait_for(read_server(client, url, api_key), deadline_s)
+    except TimeoutError as exc:
+        return ServerReading("down", error=describe_error(exc))
