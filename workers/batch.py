@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from workers import canary, keys, metrics
+from workers import keys, metrics
 from workers.checkpoints import CheckpointWriter, Entry
 from workers.engine import Engine
 from workers.errors import (
@@ -29,15 +29,16 @@ from workers.errors import (
     RetryableError,
     ServerDownError,
 )
+from workers.heartbeat import cancel, keep_lease
 from workers.job import JobManifest
-from workers.ledger import RENEW_LEASE, STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
+from workers.ledger import RENEW_LEASE, STATE_RUNNING, Ledger
+from workers.quality import QualityWatch
 from workers.records import Origin, counters, error_record, is_failure, result_record
 from workers.retry import on_redis
-from workers.sink import Sink, open_sink, write_with_retry
+from workers.sink import Sink, on_sink, open_sink
 
 log = logging.getLogger(__name__)
-# The canary judges the recent window once per this many answers (per job, across workers).
-CANARY_EVERY = 10
+
 
 class _Held(Exception):
     """The prompt's job was paused before its request was sent."""
@@ -71,18 +72,20 @@ class BatchRunner:
         self.ledger = ledger
         self.settings = engine.settings
         self._sinks: dict[str, Sink] = {}
-        # Jobs seen paused: their batches send no new request (read and written on the loop).
-        self._held: set[str] = set()
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
-        # Canary thresholds of the jobs this worker has run (read on the loop by the writer).
-        self._thresholds: dict[str, canary.Thresholds] = {}
-        self._renew, self._checkpoints = engine.run(self._register())
+        self._renew, self._quality, self._checkpoints = engine.run(self._register())
 
-    async def _register(self) -> tuple[Any, CheckpointWriter]:
-        writer = CheckpointWriter(self.engine.redis, self.engine.worker, self._judge,
-                                  self._canary_window)
-        return self.engine.redis.register_script(RENEW_LEASE), writer
+    async def _register(self) -> tuple[Any, QualityWatch, CheckpointWriter]:
+        quality = QualityWatch(self.engine.redis)
+        writer = CheckpointWriter(self.engine.redis, self.engine.worker, quality.judge,
+                                  quality.window)
+        return self.engine.redis.register_script(RENEW_LEASE), quality, writer
+
+    async def _watch(self, job: str, canary_spec: dict[str, Any] | None) -> None:
+        # Runs on the loop, where the canary reads its thresholds and held jobs.
+        self._quality.watch(job, canary_spec)
+        self._quality.hold(job, False)  # the job is running again (checked in _run)
 
     def sink(self, uri: str) -> Sink:
         if uri not in self._sinks:
@@ -107,9 +110,7 @@ class BatchRunner:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
             self.ledger.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
-        self._thresholds[job] = (canary.Thresholds(**manifest.canary) if manifest.canary
-                                 else canary.Thresholds())
-        self.engine.run(self._set_hold(job))
+        self.engine.run(self._watch(job, manifest.canary))
         sink = self.sink(manifest.output)
         if self.ledger.is_done(job, batch) or sink.exists(keys.sink_result(job, batch)):
             self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
@@ -142,7 +143,7 @@ class BatchRunner:
         self, manifest: JobManifest, sink: Sink, batch: str, token: str, attempt: int
     ) -> Outcome:
         job = manifest.name
-        raw = write_with_retry(
+        raw = on_sink(
             lambda: sink.get(keys.sink_input(job, batch)), deadline_s=self.settings.sink_retry_deadline_s
         )
         if raw is None:
@@ -178,11 +179,11 @@ class BatchRunner:
         size = 0
         if bad:
             data = b"".join(orjson.dumps(r) + b"\n" for r in bad)
-            write_with_retry(lambda: sink.put_new(keys.sink_errors(job, batch), data),
+            on_sink(lambda: sink.put_new(keys.sink_errors(job, batch), data),
                              deadline_s=self.settings.sink_retry_deadline_s)
             size += len(data)
         data = b"".join(orjson.dumps(r) + b"\n" for r in good)
-        wrote = write_with_retry(lambda: sink.put_new(keys.sink_result(job, batch), data),
+        wrote = on_sink(lambda: sink.put_new(keys.sink_result(job, batch), data),
                                  deadline_s=self.settings.sink_retry_deadline_s)
         size += len(data) if wrote else 0
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
@@ -196,12 +197,14 @@ class BatchRunner:
         results: dict[str, dict[str, Any]] = {}
         try:
             async with asyncio.TaskGroup() as group:
-                heartbeat = group.create_task(self._heartbeat(manifest.name, batch, token))
+                heartbeat = group.create_task(keep_lease(
+                    self.engine.redis, self._renew, self.settings, manifest.name, batch, token,
+                    self._quality.hold))
                 prompts = [
                     group.create_task(self._prompt(manifest, batch, p, origin, results)) for p in todo
                 ]
                 await asyncio.gather(*prompts)
-                await _cancel(heartbeat)
+                await cancel(heartbeat)
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
@@ -212,37 +215,6 @@ class BatchRunner:
                 f"job {manifest.name} paused; batch {batch} stopped with "
                 f"{len(todo) - len(results)} prompts unsent")
         return results
-
-    async def _set_hold(self, job: str) -> None:
-        self._hold(job, False)  # the job is running again (checked in _run)
-
-    def _hold(self, job: str, paused: bool) -> None:
-        if paused:
-            self._held.add(job)
-        else:
-            self._held.discard(job)
-
-    async def _heartbeat(self, job: str, batch: str, token: str) -> None:
-        """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed."""
-        last_ok = time.monotonic()
-        ttl = self.settings.lease_ttl_s
-        while True:
-            await asyncio.sleep(self.settings.lease_renew_s)
-            try:
-                ok = await self._renew(keys=[keys.lease(job, batch)], args=[token, int(ttl * 1000)])
-                if not ok:
-                    raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
-                last_ok = time.monotonic()
-                state = await self.engine.redis.hget(keys.job(job), "state")
-                if state == STATE_CANCELLED.encode():
-                    raise JobError(f"job {job} was cancelled")
-                self._hold(job, state == STATE_PAUSED.encode())
-            except (LeaseLostError, JobError):
-                raise
-            except Exception as exc:  # Redis unreachable: keep working while the lease may live.
-                if time.monotonic() - last_ok > ttl - 2 * self.settings.lease_renew_s:
-                    raise LeaseLostError(f"batch {job}/{batch}: cannot renew lease ({exc})") from exc
-                log.info("batch %s/%s: lease renewal failed, retrying (%s)", job, batch, exc)
 
     async def _prompt(
         self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
@@ -271,7 +243,7 @@ class BatchRunner:
             try:
                 waited = time.monotonic()
                 async with self.engine.limiter:
-                    if job in self._held:
+                    if job in self._quality.held:
                         raise _Held
                     if not sent[0]:
                         sent[0] = True
@@ -304,40 +276,11 @@ class BatchRunner:
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
     ) -> None:
         thinking = bool((prompt.body.get("chat_template_kwargs") or {}).get("enable_thinking"))
-        fact = orjson.dumps(canary.sample(record, thinking)) if self._canary_window(manifest.name) else b""
         await self._checkpoints.add(Entry(
             job=manifest.name, batch=batch, prompt_id=prompt.id, record=orjson.dumps(record),
-            counters=counters(record, thinking=thinking), fact=fact,
+            counters=counters(record, thinking=thinking),
+            fact=self._quality.fact(manifest.name, record, thinking),
         ))
-
-    def _canary_window(self, job: str) -> int:
-        thresholds = self._thresholds.get(job)
-        return thresholds.window if thresholds is not None and thresholds.enabled else 0
-
-    async def _judge(self, job: str, seen_before: int, seen: int) -> None:
-        """Judge the canary's window if this group of answers reached a judging point:
-        every answer for the first stretch after K (the pause lands at K when the window is
-        bad), then every CANARY_EVERY answers."""
-        thresholds = self._thresholds[job]
-        k = thresholds.min_completions
-        due = seen >= k and (seen_before < k + CANARY_EVERY
-                             or seen // CANARY_EVERY > seen_before // CANARY_EVERY)
-        if not due:
-            return
-        r = self.engine.redis
-        state, accepted = await r.hmget(keys.job(job), "state", "quality_accepted")
-        if accepted or state != STATE_RUNNING.encode():
-            return
-        samples = [orjson.loads(x) for x in await r.lrange(keys.job_part(job, "recent"), 0, -1)]
-        verdict = canary.evaluate(samples, thresholds)
-        if verdict is None:
-            return
-        log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)
-        self._hold(job, True)
-        await r.hset(keys.job(job), mapping={
-            "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
-            "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
-        })
 
 
 def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:
@@ -351,12 +294,3 @@ def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Orig
         reasoning_tokens=usage.get("reasoning_tokens", 0),
         latency_s=record.get("latency_s", 0.0), queue_wait_s=queue_wait_s,
     )
-
-
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    """Cancel until the task has ended: on Python 3.11 a cancel that lands while redis-py's
-    `wait_for` completes is lost (CPython gh-86296), which left a finished batch renewing its
-    lease forever."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.05)

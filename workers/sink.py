@@ -216,15 +216,16 @@ def _message(exc: Exception) -> str:
     return str(exc)
 
 
-def write_with_retry(
-    write: Any, *, deadline_s: float, backoff_s: float = 1.0, max_backoff_s: float = 15.0
+def on_sink(
+    call: Any, *, deadline_s: float, backoff_s: float = 1.0, max_backoff_s: float = 15.0
 ) -> Any:
-    """Call `write()` until it succeeds or `deadline_s` passes, riding through a sink outage."""
+    """Call `call()` (a read or a write) until it succeeds or `deadline_s` passes, riding
+    through a sink outage; the sink's counterpart of retry.on_redis."""
     stop = time.monotonic() + deadline_s
     delay = backoff_s
     while True:
         try:
-            return write()
+            return call()
         except SinkError:
             if time.monotonic() + delay > stop:
                 raise

@@ -1,0 +1,58 @@
+"""A running batch's lease heartbeat: renew it, and stop the batch when it is lost.
+
+The heartbeat also carries the job's state to the batch: a cancelled job stops it, a paused
+one holds its unsent prompts (QualityWatch.held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from workers import keys
+from workers.errors import JobError, LeaseLostError
+from workers.ledger import STATE_CANCELLED, STATE_PAUSED
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def keep_lease(redis: aioredis.Redis, renew: Any, settings: Settings, job: str, batch: str,
+                     token: str, on_paused: Callable[[str, bool], None]) -> None:
+    """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed.
+
+    `renew` is the registered RENEW_LEASE script (ledger.py).
+    """
+    last_ok = time.monotonic()
+    ttl = settings.lease_ttl_s
+    while True:
+        await asyncio.sleep(settings.lease_renew_s)
+        try:
+            ok = await renew(keys=[keys.lease(job, batch)], args=[token, int(ttl * 1000)])
+            if not ok:
+                raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
+            last_ok = time.monotonic()
+            state = await redis.hget(keys.job(job), "state")
+            if state == STATE_CANCELLED.encode():
+                raise JobError(f"job {job} was cancelled")
+            on_paused(job, state == STATE_PAUSED.encode())
+        except (LeaseLostError, JobError):
+            raise
+        except Exception as exc:  # Redis unreachable: keep working while the lease may live.
+            if time.monotonic() - last_ok > ttl - 2 * settings.lease_renew_s:
+                raise LeaseLostError(f"batch {job}/{batch}: cannot renew lease ({exc})") from exc
+            log.info("batch %s/%s: lease renewal failed, retrying (%s)", job, batch, exc)
+
+
+async def cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel until the task has ended: on Python 3.11 a cancel that lands while redis-py's
+    `wait_for` completes is lost (CPython gh-86296), which left a finished batch renewing its
+    lease forever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)

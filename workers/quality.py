@@ -1,0 +1,75 @@
+"""The quality canary's side in one worker process: which jobs it watches, which it holds,
+and when a group of new answers calls for judging the job's recent window (canary.py).
+
+Lives on the worker's loop: the checkpoint writer calls `judge` after each group it commits,
+batches read `held` before sending each request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from workers import canary, keys
+from workers.ledger import STATE_PAUSED, STATE_RUNNING
+
+log = logging.getLogger(__name__)
+# After the first stretch, the window is judged once per this many answers (per job).
+CANARY_EVERY = 10
+
+
+class QualityWatch:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        # Canary thresholds of the jobs this worker has run.
+        self._thresholds: dict[str, canary.Thresholds] = {}
+        # Jobs seen paused: their batches send no new request.
+        self.held: set[str] = set()
+
+    def watch(self, job: str, spec: dict[str, Any] | None) -> None:
+        """A batch of `job` starts here (the job is running): use its thresholds."""
+        self._thresholds[job] = canary.Thresholds(**spec) if spec else canary.Thresholds()
+
+    def hold(self, job: str, paused: bool) -> None:
+        if paused:
+            self.held.add(job)
+        else:
+            self.held.discard(job)
+
+    def window(self, job: str) -> int:
+        """Answers the job's canary keeps (0: the canary is off, feed it nothing)."""
+        thresholds = self._thresholds.get(job)
+        return thresholds.window if thresholds is not None and thresholds.enabled else 0
+
+    def fact(self, job: str, record: dict[str, Any], thinking: bool) -> bytes:
+        """What the canary keeps of one answer, or nothing when it is off."""
+        return orjson.dumps(canary.sample(record, thinking)) if self.window(job) else b""
+
+    async def judge(self, job: str, seen_before: int, seen: int) -> None:
+        """Judge the window if this group of answers reached a judging point: every answer
+        for the first stretch after K (the pause lands at K when the window is bad), then
+        every CANARY_EVERY answers."""
+        thresholds = self._thresholds[job]
+        k = thresholds.min_completions
+        due = seen >= k and (seen_before < k + CANARY_EVERY
+                             or seen // CANARY_EVERY > seen_before // CANARY_EVERY)
+        if not due:
+            return
+        r = self._redis
+        state, accepted = await r.hmget(keys.job(job), "state", "quality_accepted")
+        if accepted or state != STATE_RUNNING.encode():
+            return
+        samples = [orjson.loads(x) for x in await r.lrange(keys.job_part(job, "recent"), 0, -1)]
+        verdict = canary.evaluate(samples, thresholds)
+        if verdict is None:
+            return
+        log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)
+        self.hold(job, True)
+        await r.hset(keys.job(job), mapping={
+            "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
+            "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
+        })
