@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -22,93 +21,46 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from launcher.embedded import port_is_free
 from launcher.gpus import discover_gpus, parse_gpu_spec, select_gpus
-from launcher.profile import (
-    NEWEST_SGLANG,
-    Profile,
-    adapt_flags,
-    load_profile,
-    merge_args,
-    sglang_command,
+from launcher.plan import (
+    DEFAULT_BASE_PORT,
+    NCCL_OFFSET,
+    RANDOM_NCCL_RANGE,
+    SIM_COMMAND,
+    NodePlan,
+    check_ports,
+    read_request,
 )
-from launcher.profile import sglang_version as installed_sglang_version
-from launcher.server import (
-    HOST,
-    HttpProbe,
-    LaunchSpec,
-    NodeError,
-    PortBusyError,
-    ProfileError,
-    build_argv,
-    flag_value,
+from launcher.profile import Profile, load_profile
+from launcher.rundir import (
+    DEFAULT_RUN_DIR,
+    REQUEST_FILE,
+    STATE_FILE,
+    pid_alive,
+    read_state,
+    write_json,
 )
-from launcher.supervisor import Child, Order, OrderError, Policy, Slot, Supervisor
+from launcher.server import HttpProbe, NodeError, flag_value
+from launcher.status import _rollout_text, annotate, render_status
+from launcher.supervisor import Child, Order, Policy, Slot, Supervisor
+
+# The run-dir, plan and status helpers moved to their own modules; they stay importable
+# from here because tests and callers reach them as `node.<name>`.
+__all__ = [
+    "ACK_TIMEOUT_S", "DEFAULT_BASE_PORT", "DEFAULT_RUN_DIR", "EXIT_FAILED", "EXIT_OK",
+    "EXIT_USAGE", "NCCL_OFFSET", "RANDOM_NCCL_RANGE", "REQUEST_FILE", "SIM_COMMAND",
+    "STATE_FILE", "NodePlan", "annotate", "check_ports", "cmd_restart", "cmd_status", "cmd_up",
+    "follow", "main", "pid_alive", "read_request", "read_state", "render_status", "up_parser",
+    "write_json",
+]
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-DEFAULT_RUN_DIR = Path(".fleetgen/node")
-STATE_FILE, REQUEST_FILE = "node.json", "restart.json"
-DEFAULT_BASE_PORT = 30000
-# NCCL ports sit 1000 above the HTTP ports: outside 22000-29999, where SGLang picks random
-# NCCL ports for servers not given one, so concurrent starts cannot collide (contract §1).
-NCCL_OFFSET = 1000
-RANDOM_NCCL_RANGE = range(22000, 30000)
-SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
 ACK_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """How every GPU's server and worker is launched; `restart` replaces args or profile."""
-
-    gpus: tuple[int, ...]
-    sim: bool
-    workers: bool
-    model: str | None
-    profile: Profile
-    cli_args: tuple[str, ...]
-    base_port: int
-    log_dir: Path
-    env: Mapping[str, str]
-
-    @property
-    def version(self) -> str:
-        """The SGLang version whose flag names are used (the simulator mimics the newest)."""
-        if self.sim:
-            return NEWEST_SGLANG
-        return self.profile.sglang_version or installed_sglang_version() or NEWEST_SGLANG
-
-    def server_spec(self, gpu: int) -> LaunchSpec:
-        """GPU `gpu`'s server: merged arguments, adapted flag names, ports, environment."""
-        model, args = self.profile.for_gpu(gpu, self.cli_args, self.model)
-        if not self.sim and model is None and flag_value(args, "--model-path", "--model") is None:
-            raise ProfileError("no model: pass --model PATH or set `model` in the profile")
-        args, notes = adapt_flags(args, self.version)
-        for note in notes:
-            log.info("gpu%d: flag %s", gpu, note)
-        command = SIM_COMMAND if self.sim else tuple(sglang_command(self.profile))
-        # base + GPU index, not position: a worker for queue gpuN defaults to port 30000+N.
-        port = self.base_port + gpu
-        argv = build_argv(command, model, port, port + NCCL_OFFSET, args)
-        env = {**self.env, **self.profile.env_for_gpu(gpu),
-               # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order may differ.
-               "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        return LaunchSpec(f"gpu{gpu}", tuple(argv), env, self.log_dir / f"sglang_gpu{gpu}.log",
-                          port, flag_value(args, "--host") or HOST)
-
-    def worker_spec(self, gpu: int, server: LaunchSpec) -> LaunchSpec:
-        """GPU `gpu`'s Celery worker, pointed at its server."""
-        argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}",
-                "-n", f"gpu{gpu}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
-        return LaunchSpec(f"worker{gpu}", argv, {**self.env, "SGLANG_URL": server.url},
-                          self.log_dir / f"worker_gpu{gpu}.log")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,83 +172,12 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
         await probe.aclose()
 
 
-def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]:
-    """Turn `restart.json` into an Order and the plan it implies; (None, plan) if absent."""
-    path = run_dir / REQUEST_FILE
-    try:
-        request = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, plan
-    path.unlink(missing_ok=True)
-    request_id, new = str(request.get("id")), plan
-    try:
-        if request.get("args") is not None:
-            given = [str(a) for a in request["args"]]
-            args = given if request.get("replace") else merge_args(plan.cli_args, given)
-            new = dataclasses.replace(new, cli_args=tuple(args))
-        if request.get("profile"):
-            new = dataclasses.replace(new, profile=load_profile(Path(request["profile"])))
-        gpus = request.get("gpus") or list(plan.gpus)
-        missing = [g for g in gpus if g not in plan.gpus]
-        if missing:
-            raise NodeError(f"GPU {missing} not supervised here (GPUs {list(plan.gpus)})")
-        specs = {gpu: new.server_spec(gpu) for gpu in gpus}
-    except NodeError as exc:
-        raise OrderError(request_id, str(exc)) from None
-    return Order(request_id, specs, bool(request.get("rolling", True))), new
-
-
-def check_ports(specs: Mapping[int, LaunchSpec]) -> None:
-    """Every HTTP and NCCL port must be free now; raise PortBusyError naming the first taken."""
-    for gpu, spec in specs.items():
-        assert spec.port is not None
-        for role, port in (("HTTP", spec.port), ("NCCL", spec.port + NCCL_OFFSET)):
-            if not 0 < port < 65536:
-                raise PortBusyError(f"GPU {gpu}: {role} port {port} is out of range")
-            if not port_is_free(port):
-                raise PortBusyError(f"GPU {gpu}: {role} port {port} is already in use; "
-                                    "stop what listens there or pass another --base-port")
-            if port in RANDOM_NCCL_RANGE:
-                log.warning("GPU %d: %s port %d is in 22000-29999, where SGLang servers pick "
-                            "random NCCL ports; a --base-port of 30000 or more avoids that",
-                            gpu, role, port)
-
-
 def _refuse_second_supervisor(run_dir: Path) -> None:
     state = read_state(run_dir)
     pid = state.get("supervisor_pid") if state else None
     if isinstance(pid, int) and pid_alive(pid):
         raise NodeError(f"a supervisor (pid {pid}) already runs with run dir {run_dir}; "
                         "stop it first or pass another --run-dir")
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write atomically: readers see the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
-
-
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    """node.json, or None when there is none (never started here)."""
-    try:
-        data = json.loads((run_dir / STATE_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this pid exists (zombies included)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cmd_status(argv: Sequence[str]) -> int:
@@ -316,74 +197,6 @@ def cmd_status(argv: Sequence[str]) -> int:
     healthy = state["supervisor_alive"] and all(
         g["state"] == "ready" and g["pid_alive"] for g in state.get("gpus", []))
     return EXIT_OK if healthy else EXIT_FAILED
-
-
-def annotate(state: dict[str, Any]) -> None:
-    """Add `supervisor_alive` and each process's `pid_alive`."""
-    state["supervisor_alive"] = pid_alive(state.get("supervisor_pid"))
-    for gpu in state.get("gpus", []):
-        gpu["pid_alive"] = pid_alive(gpu.get("pid"))
-        if gpu.get("worker"):
-            gpu["worker"]["pid_alive"] = pid_alive(gpu["worker"].get("pid"))
-
-
-def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
-    """The status table: GPU, port, pid, state, uptime, restarts, capacity, why."""
-    now = time.time() if now is None else now
-    sup = state.get("supervisor_pid")
-    head = f"supervisor pid {sup} " + ("running" if state.get("supervisor_alive") else
-                                       "NOT running: the state below is stale")
-    head += f"; updated {_ago(now - float(state.get('updated_at') or now))} ago"
-    rows: list[tuple[str, ...]] = [
-        ("GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS", "CAPACITY", "WHY")]
-    for g in state.get("gpus", []):
-        rows.append(_row(g, now))
-        worker = g.get("worker")
-        if worker:
-            rows.append(_row({**worker, "gpu": f"  w{g['gpu']}", "port": "-"}, now))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
-                      for r in rows]
-    rollout = state.get("rollout")
-    if rollout:
-        lines.append(_rollout_text(rollout))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _row(g: Mapping[str, Any], now: float) -> tuple[str, ...]:
-    alive, state = g.get("pid_alive", True), str(g.get("state"))
-    pid = "-" if g.get("pid") is None or state == "stopped" else str(g["pid"])
-    if pid != "-" and not alive:
-        pid, state = f"{pid} (gone)", f"{state}?"
-    up = _ago(now - g["since"]) if g.get("state") in ("ready", "running") and alive else "-"
-    cap = g.get("capacity") or {}
-    capacity = "-"
-    if cap.get("effective") is not None:
-        capacity = f"{cap['effective']} (asked {cap.get('requested') or 'auto'})"
-    # A ready server explains its capacity; any other state explains itself.
-    why = cap.get("reason") if g.get("state") in ("ready", "running") else g.get("last_reason")
-    return (str(g.get("gpu")), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
-            capacity, why or "")
-
-
-def _rollout_text(r: Mapping[str, Any]) -> str:
-    text = f"restart {r.get('id')}: {r.get('state')}, done GPU {r.get('done')}"
-    if r.get("current") is not None:
-        text += f", now GPU {r['current']}"
-    if r.get("reason"):
-        text += f": {r['reason']}"
-    if r.get("rejected"):
-        text += f"\nrestart {r['rejected']['id']}: rejected: {r['rejected']['reason']}"
-    return text
-
-
-def _ago(seconds: float) -> str:
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def cmd_restart(argv: Sequence[str]) -> int:
