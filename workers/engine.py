@@ -150,7 +150,7 @@ class Engine:
         )
         self.redis = aioredis.Redis.from_url(
             self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,
-            health_check_interval=10,
+            health_check_interval=10, client_name=keys.worker_client(self.worker),
         )
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
@@ -219,6 +219,9 @@ class Engine:
         entry = {
             "worker": self.worker,
             "host": HOST,
+            # Its Redis connections carry keys.worker_client(worker): the reconciler may take
+            # their absence as the worker's death (workers before this field did not name them).
+            "named_connections": True,
             "server": self.server_url,
             "reading": dataclasses.asdict(reading),
             "state": "ready" if self.health_failures == 0 else "server-down",

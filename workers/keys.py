@@ -15,7 +15,9 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:recent          list   the canary's window of recent answers
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
-    fg:lease:{job}:{batch}       string owner token, with TTL (heartbeat-renewed)
+    fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
+    fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
+                                        Redis connection at the last reconciler round
 Sink, under {output}/{job}/:
     manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl
 """
@@ -34,7 +36,21 @@ JOBS = f"{PREFIX}:jobs"
 # hash: worker node name -> json {server, state, capacity, in_flight, updated}
 WORKERS = f"{PREFIX}:workers"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
+# Redis CLIENT SETNAME of every connection a worker opens: its connections vanish from
+# CLIENT LIST the moment its process dies (the reconciler's fast dead-worker signal).
+WORKER_CLIENT_PREFIX = "fleetgen-worker:"
+# set of "job|batch|token": leases whose owner had no connection at the last reconciler round
+OWNERLESS = f"{PREFIX}:ownerless"
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def worker_client(worker: str) -> str:
+    return WORKER_CLIENT_PREFIX + re.sub(r"\s", "_", worker)
+
+
+def lease_owner(token: str) -> str:
+    """The worker in a lease token (`WORKER/RANDOM`, batch.py)."""
+    return token.rsplit("/", 1)[0]
 
 
 def gpu_queue(index: int) -> str:

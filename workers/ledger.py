@@ -48,10 +48,11 @@ class Ledger:
         self._release = client.register_script(_RELEASE)
 
     @classmethod
-    def from_url(cls, url: str) -> Ledger:
+    def from_url(cls, url: str, client_name: str | None = None) -> Ledger:
         return cls(
             redis.Redis.from_url(
-                url, socket_timeout=30, socket_connect_timeout=5, health_check_interval=10
+                url, socket_timeout=30, socket_connect_timeout=5, health_check_interval=10,
+                client_name=client_name,
             )
         )
 
@@ -146,6 +147,17 @@ class Ledger:
 
     def lease_alive(self, name: str, batch: str) -> bool:
         return bool(self.r.exists(keys.lease(name, batch)))
+
+    def lease_token(self, name: str, batch: str) -> str | None:
+        raw: Any = self.r.get(keys.lease(name, batch))
+        return raw.decode() if raw is not None else None
+
+    def break_lease(self, name: str, batch: str, token: str) -> bool:
+        """Delete the lease if `token` still holds it (its owner is gone); True if deleted."""
+        if not self._release(keys=[keys.lease(name, batch)], args=[token]):
+            return False
+        self.r.zrem(keys.job_part(name, "running"), batch)
+        return True
 
     # Prompt-level checkpoints
 

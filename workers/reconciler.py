@@ -4,6 +4,11 @@ Runs in every worker as a thread; a Redis lock lets one of them work per round. 
 that is running:
 - `running` with no live lease: its worker died (SIGKILL, partition) -> dispatch it again now,
   not after the broker's visibility timeout. Its finished prompts are in the checkpoint.
+- `running` with a live lease whose worker has no Redis connection left, two rounds in a row:
+  the worker's process is gone (the kernel closed its sockets; a live worker reconnects within
+  a heartbeat after a Redis restart) -> break the lease and dispatch it again, without waiting
+  for the lease to expire. Only for workers that name their connections (registry flag); a
+  lost node keeps its sockets half-open and is left to the lease TTL.
 - `queued` for longer than the grace period and in no broker list nor the unacked hash: the
   message was lost (a BRPOP in flight during a crash, a Redis restart) -> dispatch it again.
 Duplicates this may create are harmless: leases stop concurrent copies and the sink's
@@ -18,6 +23,7 @@ import time
 from typing import Any
 
 import orjson
+import redis
 from celery import Celery
 
 from producer.progress import write_progress
@@ -38,6 +44,9 @@ class Reconciler:
         self._stop = threading.Event()
         # Batches seen in no state last round; re-dispatched if still there this round.
         self._suspects: set[tuple[str, str]] = set()
+        self._client_list_refused = False
+        # Workers whose registry entry says they name their Redis connections.
+        self._named: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="fleetgen-reconciler", daemon=True)
 
     def start(self) -> None:
@@ -62,9 +71,14 @@ class Reconciler:
 
     def reconcile_once(self) -> dict[str, int]:
         """One pass over all running jobs; returns how many batches were re-dispatched, by cause."""
-        counts = {"dead_owner": 0, "lost_message": 0, "no_state": 0}
+        counts = {"dead_owner": 0, "gone_owner": 0, "lost_message": 0, "no_state": 0}
         waiting: set[tuple[str, str]] | None = None
         now = time.time()
+        # Leases whose owner had no Redis connection in the last round (kept in Redis: the
+        # next round may be another worker's reconciler).
+        previous = {raw.decode() for raw in self.ledger.r.smembers(keys.OWNERLESS)}  # type: ignore[union-attr]
+        ownerless: set[str] = set()
+        connected: set[str] | None = None
         for job in self.ledger.job_names():
             write_progress(self.ledger, job, now, settings=self.settings)
             state, _ = self.ledger.job_state(job)
@@ -82,6 +96,15 @@ class Reconciler:
                             job, len(orphans), orphans[:5])
                 dispatch(self.app, self.ledger, job, orphans, manifest.queue)
                 counts["dead_owner"] += len(orphans)
+            leased = [b for b in self.ledger.running_batches(job) if b not in orphans]
+            if leased:
+                connected = self._connected_workers() if connected is None else connected
+                gone = self._gone_owner_batches(job, leased, connected, previous, ownerless)
+                if gone:
+                    log.warning("reconciler: %s: the workers holding %d batches closed every "
+                                "Redis connection, re-dispatching %s", job, len(gone), gone[:5])
+                    dispatch(self.app, self.ledger, job, gone, manifest.queue)
+                    counts["gone_owner"] += len(gone)
             stale = [
                 b for b, ts in self.ledger.queued_batches(job).items()
                 if now - ts > self.settings.lost_message_grace_s
@@ -98,7 +121,57 @@ class Reconciler:
                 if fresh:
                     self.ledger.mark_queued(job, fresh)
             counts["no_state"] += self._stateless(job, manifest.queue)
+        with self.ledger.r.pipeline() as p:
+            p.delete(keys.OWNERLESS)
+            if ownerless:
+                p.sadd(keys.OWNERLESS, *ownerless)
+                p.pexpire(keys.OWNERLESS, int(3000 * self.settings.reconcile_interval_s))
+            p.execute()
         return counts
+
+    def _connected_workers(self) -> set[str] | None:
+        """Workers (that name their connections) with a Redis connection open right now; None
+        when this Redis refuses CLIENT LIST (some managed services) or no worker names them."""
+        if self._client_list_refused:
+            return None
+        try:
+            clients: list[dict[str, Any]] = self.ledger.r.client_list()
+        except redis.ResponseError as exc:
+            log.info("reconciler: CLIENT LIST refused (%s); dead workers wait for their leases", exc)
+            self._client_list_refused = True
+            return None
+        registry: dict[bytes, bytes] = self.ledger.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        named = set()
+        for name, raw in registry.items():
+            try:
+                if orjson.loads(raw).get("named_connections"):
+                    named.add(name.decode())
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+        if not named:
+            return None
+        open_names = {str(c.get("name") or "") for c in clients}
+        self._named = named
+        return {w for w in named if keys.worker_client(w) in open_names}
+
+    def _gone_owner_batches(self, job: str, batches: list[str], connected: set[str] | None,
+                            previous: set[str], ownerless: set[str]) -> list[str]:
+        """Batches whose lease owner has had no connection for two rounds; their leases broken."""
+        if connected is None:
+            return []
+        gone = []
+        for batch in batches:
+            token = self.ledger.lease_token(job, batch)
+            if token is None:
+                continue
+            owner = keys.lease_owner(token)
+            if owner not in self._named or owner in connected:
+                continue
+            seen = f"{job}|{batch}|{token}"
+            ownerless.add(seen)
+            if seen in previous and self.ledger.break_lease(job, batch, token):
+                gone.append(batch)
+        return gone
 
     def _stateless(self, job: str, queue: str) -> int:
         """Batches in no ledger state at all (a Redis restart lost their last write)."""
