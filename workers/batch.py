@@ -28,6 +28,7 @@ from workers.errors import (
     LeaseLostError,
     RetryableError,
     ServerDownError,
+    WorkerStoppingError,
 )
 from workers.heartbeat import cancel, keep_lease
 from workers.job import JobManifest
@@ -131,7 +132,8 @@ class BatchRunner:
             log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
             status = "stopped"
             return Outcome(status="stopped", batch=batch, attempt=attempt)
-        except ServerDownError:
+        except (ServerDownError, WorkerStoppingError):
+            # Not the batch's fault: give the attempt back; the caller requeues it.
             self.ledger.release(job, batch, token, refund=True)
             raise
         finally:
@@ -208,6 +210,10 @@ class BatchRunner:
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
+        if len(results) < len(todo) and self.engine.draining:
+            raise WorkerStoppingError(
+                f"worker {self.engine.worker} is stopping; batch {manifest.name}/{batch} handed "
+                f"back with {len(todo) - len(results)} prompts unsent")
         if len(results) < len(todo):
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
             # were not sent. The batch is released unwritten and resumed by `resume`.
@@ -243,7 +249,7 @@ class BatchRunner:
             try:
                 waited = time.monotonic()
                 async with self.engine.limiter:
-                    if job in self._quality.held:
+                    if job in self._quality.held or self.engine.draining:
                         raise _Held
                     if not sent[0]:
                         sent[0] = True

@@ -104,6 +104,8 @@ class Engine:
         self._prober: concurrent.futures.Future[None] | None = None
         # Consecutive failed /health probes; the consumer gate reads it (gate.py).
         self.health_failures = 0
+        # Set at the start of a warm shutdown: batches send no new request and are handed back.
+        self.draining = False
 
     def start(self) -> None:
         with self._lock:

@@ -7,6 +7,7 @@
         ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
       SinkError              the output location could not be read or written
       LeaseLostError         another worker owns the batch now: stop without writing
+      WorkerStoppingError    this worker is shutting down: hand the batch back, spend no attempt
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
 """
@@ -43,6 +44,11 @@ class SinkError(FleetgenError):
 
 class LeaseLostError(FleetgenError):
     """The batch's lease expired or was taken over; this copy must not write."""
+
+
+class WorkerStoppingError(FleetgenError):
+    """This worker is shutting down: its batch goes back to the queue, resumable, no attempt
+    spent (requests already at the server finished and are checkpointed)."""
 
 
 class JobError(FleetgenError):

@@ -71,6 +71,12 @@ class WorkerRuntime:
     def engine(self) -> Engine | None:
         return self._runner.engine if self._runner is not None else None
 
+    def drain(self) -> None:
+        """Warm shutdown began: batches in hand stop sending, finish what is at the server and
+        go back to the queue, so the worker exits in about one request's time, not a batch's."""
+        if self._runner is not None:
+            self._runner.engine.draining = True
+
     def shutdown(self) -> None:
         with self._lock:
             if self._runner is not None:

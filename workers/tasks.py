@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 from celery import Task
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
 from workers import keys, metrics
 from workers.app import app, settings
 from workers.dispatch import dispatch
-from workers.errors import JobNotRunningError, ServerDownError
+from workers.errors import JobNotRunningError, ServerDownError, WorkerStoppingError
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime
@@ -49,6 +49,12 @@ def _start(**_: Any) -> None:
     _reconciler.start()
 
 
+@worker_shutting_down.connect
+def _drain(**_: Any) -> None:
+    # Runs inside the SIGTERM handler: set a flag, nothing else (no logging, no I/O).
+    runtime.drain()
+
+
 @worker_shutdown.connect
 def _shutdown(**_: Any) -> None:
     if _reconciler is not None:
@@ -62,11 +68,12 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
     try:
         outcome = runtime.runner().run(job, batch)
-    except ServerDownError as exc:
-        # The server stayed down: hand the batch back without spending its attempt; finished
-        # prompts stay checkpointed, so whoever takes it next resumes where this one stopped.
+    except (ServerDownError, WorkerStoppingError) as exc:
+        # The server stayed down, or this worker is stopping: hand the batch back without
+        # spending its attempt; finished prompts stay checkpointed, so whoever takes it next
+        # resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
-        log.warning("batch %s/%s: server down (%s); requeued to %s", job, batch, exc, queue)
+        log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue)
         return {"status": "requeued", "batch": batch, "reason": str(exc)}

@@ -1,8 +1,11 @@
-"""A SIGKILLed worker's batches come back as soon as its Redis connections are gone, not when
-its leases expire (real Valkey, simulator and Celery workers)."""
+"""When a worker goes away, its batches are back in work in seconds (real Valkey, simulators and
+Celery workers): a SIGKILLed worker's as soon as its Redis connections are gone (not when its
+leases expire); a SIGTERMed worker's as soon as its requests at the server have finished."""
 
 from __future__ import annotations
 
+import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,9 @@ def test_a_killed_workers_batches_are_back_in_seconds_with_leases_of_two_minutes
     wait_until(lambda: owners(ledger, "gone").get(batch) == "gpu1@test"
                or ledger.is_done("gone", batch), 60, what=f"{batch} running again on gpu1")
     # Two reconciler rounds of 1 s confirm the connections are gone; the lease had 2 minutes.
-    assert time.monotonic() - killed < 30
+    back_in = time.monotonic() - killed
+    print(f"\nsigkill: batch back in work after {back_in:.1f}s (lease TTL 120s)")
+    assert back_in < 30
     assert int(redis_client.hget(keys.job_part("gone", "attempts"), batch)) == 2
     status = wait_job_done(stack, "gone", timeout=180)
     assert (status["done"], status["failed"]) == (80, 0)
@@ -70,3 +75,43 @@ def test_a_killed_workers_batches_are_back_in_seconds_with_leases_of_two_minutes
                 redis_client.hgetall(keys.job_part("gone", "attempts")).items()}
     assert {b for b, n in attempts.items() if n > 1} <= {
         b for b, w in at_kill.items() if w == "gpu0@test"}
+
+
+def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_whole_batch(
+    stack: Stack, tmp_path: Path, redis_client: Any,
+) -> None:
+    ledger = Ledger(redis_client)
+    rows = chat_rows(80)
+    # Every answer takes 1.25 s (1,000 tokens at 800 tok/s): a batch of 40 on 4 slots takes
+    # 12.5 s, its requests at the server at most 1.25 s more.
+    fixed = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-tokens", "1000",
+             "--output-sigma", "0", "--speed", "10")
+    _, url0 = stack.sim("sim0", *fixed)
+    _, url1 = stack.sim("sim1", *fixed)
+    leaving = stack.worker(0, url0)
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    stack.producer("enqueue", str(src), "--job", "term", "--output", str(tmp_path / "out"),
+                   "--batch-size", "40")
+    wait_until(lambda: any(w == "gpu0@test" and redis_client.hlen(keys.checkpoint("term", b)) >= 4
+                           for b, w in owners(ledger, "term").items()), 60,
+               what="gpu0 a few answers into a batch")
+    batch = next(b for b, w in owners(ledger, "term").items() if w == "gpu0@test")
+    assert leaving.popen is not None
+    leaving.popen.send_signal(signal.SIGTERM)
+    asked = time.monotonic()
+    leaving.popen.wait(30)
+    stopped_in = time.monotonic() - asked
+    print(f"\nsigterm: worker stopped in {stopped_in:.1f}s (a whole batch takes 12.5s)")
+    assert stopped_in < 8.0, f"worker took {stopped_in:.1f}s to stop"
+    assert "handed back" in stack.logs()
+    assert not ledger.is_done("term", batch) and not ledger.lease_alive("term", batch)
+    # The hand-back spent no attempt: the next worker's run is attempt 1 again.
+    assert int(redis_client.hget(keys.job_part("term", "attempts"), batch)) == 0
+
+    stack.worker(1, url1)
+    status = wait_job_done(stack, "term", timeout=180)
+    assert (status["done"], status["failed"]) == (80, 0)
+    # gpu0 started it from scratch; gpu1 resumed it from the checkpoint, still attempt 1.
+    runs = re.findall(rf"batch term/{batch}: \d+ prompts \((\d+) resumed\), attempt 1",
+                      stack.logs())
+    assert len(runs) == 2 and int(runs[0]) == 0 and int(runs[1]) >= 4
