@@ -31,6 +31,7 @@ from workers import keys
 from workers.dispatch import dispatch
 from workers.errors import JobError
 from workers.job import (
+    TAPER,
     GenerationParams,
     InputInfo,
     JobManifest,
@@ -105,8 +106,8 @@ def enqueue(
             input=InputInfo(str(req.path), summary.sha256, summary.lines, summary.bytes),
             prompts=summary.prompts,
             batch_size=size,
-            batches=len(batch_sizes(summary.prompts, size, taper=True)),
-            taper=True,
+            batches=len(batch_sizes(summary.prompts, size, taper=TAPER)),
+            taper=TAPER,
             queue=req.queue,
             params=req.params,
             rejected=len(errors),
