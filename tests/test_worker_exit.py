@@ -23,6 +23,13 @@ pytestmark = pytest.mark.e2e
 # Leases long enough that only the connection signal can explain a quick re-dispatch.
 LONG_LEASES = {"FLEETGEN_LEASE_TTL_S": "120", "FLEETGEN_LEASE_RENEW_S": "1",
                "FLEETGEN_RECONCILE_INTERVAL_S": "1"}
+# 1,000-token answers at 800 tok/s (1.25 s each), 4 at a time.
+SLOW = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-tokens", "1000",
+        "--speed", "10")
+
+
+def two_servers(stack: Stack, *flags: str) -> tuple[str, str]:
+    return stack.sim("sim0", *SLOW, *flags)[1], stack.sim("sim1", *SLOW, *flags)[1]
 
 
 def owners(ledger: Ledger, job: str) -> dict[str, str]:
@@ -41,10 +48,7 @@ def test_a_killed_workers_batches_are_back_in_seconds_with_leases_of_two_minutes
     ledger = Ledger(redis_client)
     rows = chat_rows(80)
     # About 6 s per batch of 20: the batch is still running when its worker dies.
-    slow = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-tokens", "1000",
-            "--speed", "10")
-    _, url0 = stack.sim("sim0", *slow)
-    _, url1 = stack.sim("sim1", *slow)
+    url0, url1 = two_servers(stack)
     victim = stack.worker(0, url0, LONG_LEASES)
     src = write_jsonl(tmp_path / "p.jsonl", rows)
     stack.producer("enqueue", str(src), "--job", "gone", "--output", str(tmp_path / "out"),
@@ -82,12 +86,9 @@ def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_who
 ) -> None:
     ledger = Ledger(redis_client)
     rows = chat_rows(80)
-    # Every answer takes 1.25 s (1,000 tokens at 800 tok/s): a batch of 40 on 4 slots takes
-    # 12.5 s, its requests at the server at most 1.25 s more.
-    fixed = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-tokens", "1000",
-             "--output-sigma", "0", "--speed", "10")
-    _, url0 = stack.sim("sim0", *fixed)
-    _, url1 = stack.sim("sim1", *fixed)
+    # Every answer takes exactly 1.25 s: a batch of 40 on 4 slots takes 12.5 s, its requests
+    # at the server at most 1.25 s more.
+    url0, url1 = two_servers(stack, "--output-sigma", "0")
     leaving = stack.worker(0, url0)
     src = write_jsonl(tmp_path / "p.jsonl", rows)
     stack.producer("enqueue", str(src), "--job", "term", "--output", str(tmp_path / "out"),
