@@ -210,16 +210,15 @@ class BatchRunner:
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
-        if len(results) < len(todo) and self.engine.draining:
-            raise WorkerStoppingError(
-                f"worker {self.engine.worker} is stopping; batch {manifest.name}/{batch} handed "
-                f"back with {len(todo) - len(results)} prompts unsent")
-        if len(results) < len(todo):
+        unsent = len(todo) - len(results)
+        if unsent and self.engine.draining:
+            raise WorkerStoppingError(f"worker {self.engine.worker} is stopping; batch "
+                                      f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
+        if unsent:
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
             # were not sent. The batch is released unwritten and resumed by `resume`.
             raise JobNotRunningError(
-                f"job {manifest.name} paused; batch {batch} stopped with "
-                f"{len(todo) - len(results)} prompts unsent")
+                f"job {manifest.name} paused; batch {batch} stopped with {unsent} prompts unsent")
         return results
 
     async def _prompt(

@@ -45,8 +45,6 @@ class Reconciler:
         # Batches seen in no state last round; re-dispatched if still there this round.
         self._suspects: set[tuple[str, str]] = set()
         self._client_list_refused = False
-        # Workers whose registry entry says they name their Redis connections.
-        self._named: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="fleetgen-reconciler", daemon=True)
 
     def start(self) -> None:
@@ -78,15 +76,16 @@ class Reconciler:
         # next round may be another worker's reconciler).
         previous = {raw.decode() for raw in self.ledger.r.smembers(keys.OWNERLESS)}  # type: ignore[union-attr]
         ownerless: set[str] = set()
-        connected: set[str] | None = None
+        liveness: dict[str, bool] | None = None  # read once per round, when first needed
         for job in self.ledger.job_names():
             write_progress(self.ledger, job, now, settings=self.settings)
             state, _ = self.ledger.job_state(job)
             if state != STATE_RUNNING:
                 continue
             manifest = self.ledger.load_job(job)
+            running = self.ledger.running_batches(job)
             orphans = [
-                b for b, started in self.ledger.running_batches(job).items()
+                b for b, started in running.items()
                 if now - started > self.settings.lease_renew_s and not self.ledger.lease_alive(job, b)
             ]
             for batch in orphans:
@@ -96,10 +95,10 @@ class Reconciler:
                             job, len(orphans), orphans[:5])
                 dispatch(self.app, self.ledger, job, orphans, manifest.queue)
                 counts["dead_owner"] += len(orphans)
-            leased = [b for b in self.ledger.running_batches(job) if b not in orphans]
+            leased = [b for b in running if b not in orphans]
             if leased:
-                connected = self._connected_workers() if connected is None else connected
-                gone = self._gone_owner_batches(job, leased, connected, previous, ownerless)
+                liveness = self._owner_liveness() if liveness is None else liveness
+                gone = self._gone_owner_batches(job, leased, liveness, previous, ownerless)
                 if gone:
                     log.warning("reconciler: %s: the workers holding %d batches closed every "
                                 "Redis connection, re-dispatching %s", job, len(gone), gone[:5])
@@ -129,43 +128,38 @@ class Reconciler:
             p.execute()
         return counts
 
-    def _connected_workers(self) -> set[str] | None:
-        """Workers (that name their connections) with a Redis connection open right now; None
-        when this Redis refuses CLIENT LIST (some managed services) or no worker names them."""
+    def _owner_liveness(self) -> dict[str, bool]:
+        """Each worker that names its Redis connections -> whether one is open right now.
+        Empty when this Redis refuses CLIENT LIST (some managed services)."""
         if self._client_list_refused:
-            return None
+            return {}
         try:
             clients: list[dict[str, Any]] = self.ledger.r.client_list()
         except redis.ResponseError as exc:
             log.info("reconciler: CLIENT LIST refused (%s); dead workers wait for their leases", exc)
             self._client_list_refused = True
-            return None
+            return {}
+        open_names = {str(c.get("name") or "") for c in clients}
         registry: dict[bytes, bytes] = self.ledger.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
-        named = set()
+        liveness = {}
         for name, raw in registry.items():
             try:
-                if orjson.loads(raw).get("named_connections"):
-                    named.add(name.decode())
+                named = orjson.loads(raw).get("named_connections")
             except (orjson.JSONDecodeError, AttributeError):
                 continue
-        if not named:
-            return None
-        open_names = {str(c.get("name") or "") for c in clients}
-        self._named = named
-        return {w for w in named if keys.worker_client(w) in open_names}
+            if named:
+                worker = name.decode()
+                liveness[worker] = keys.worker_client(worker) in open_names
+        return liveness
 
-    def _gone_owner_batches(self, job: str, batches: list[str], connected: set[str] | None,
+    def _gone_owner_batches(self, job: str, batches: list[str], liveness: dict[str, bool],
                             previous: set[str], ownerless: set[str]) -> list[str]:
-        """Batches whose lease owner has had no connection for two rounds; their leases broken."""
-        if connected is None:
-            return []
+        """Batches whose lease owner has had no connection for two rounds; their leases broken.
+        Owners missing from `liveness` (older workers, no CLIENT LIST) count as alive."""
         gone = []
         for batch in batches:
             token = self.ledger.lease_token(job, batch)
-            if token is None:
-                continue
-            owner = keys.lease_owner(token)
-            if owner not in self._named or owner in connected:
+            if token is None or liveness.get(keys.lease_owner(token), True):
                 continue
             seen = f"{job}|{batch}|{token}"
             ownerless.add(seen)
