@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import orjson
 import redis
 
 from producer import control, export
-from producer.enqueue import EnqueueRequest, enqueue
+from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
 from producer.export import FORMATS
 from producer.inputs import InputErrors
 from producer.status import format_duration, job_status, render
@@ -30,6 +31,7 @@ from workers.sink import open_sink
 RET_OK = 0
 RET_ERROR = 1
 RET_BAD_INPUT = 2
+RET_INTERRUPTED = 130
 
 EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
@@ -122,12 +124,33 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
         canary=asdict(thresholds),
     )
+    # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with a
+    # report of what was stored, and the job left for the same command to finish.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(args.input))
     except InputErrors as exc:
         print(str(exc), file=sys.stderr)
         print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
         return RET_BAD_INPUT
+    except EnqueueInterrupted as exc:
+        r = exc.report
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        if not r.batches:
+            print(f"interrupted while reading {args.input}: nothing was stored or queued",
+                  file=sys.stderr)
+        elif r.complete:
+            print(f"interrupted: job {r.job} is running; {r.enqueued:,} of its batches were "
+                  "queued by this run. Run the same command again to queue the rest "
+                  "(nothing runs twice).", file=sys.stderr)
+        else:
+            print(f"interrupted: job {r.job} was not started: {r.uploaded + r.already_stored:,} "
+                  f"of {r.batches:,} batch inputs are stored and no batch runs until all are. "
+                  "Run the same command again to store the rest and start it.", file=sys.stderr)
+        return RET_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     for note in report.notes:
@@ -135,6 +158,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     verb = "resumed" if report.resumed else "created"
     print(f"job {report.job} {verb}: {report.prompts:,} prompts in {report.batches:,} batches "
           f"-> queue {request.queue}, output {output}")
+    if report.uploaded or report.already_stored:
+        print(f"  stored {report.uploaded:,} batch inputs"
+              + (f" ({report.already_stored:,} were stored by an earlier run)"
+                 if report.already_stored else ""))
     print(f"  enqueued {report.enqueued:,} batches; skipped {report.skipped_done + report.skipped_queued:,}"
           f" ({report.skipped_done:,} done, {report.skipped_queued:,} already queued or running)")
     if report.rejected:
@@ -286,4 +313,4 @@ def main(argv: list[str] | None = None) -> int:
               "with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
         return RET_ERROR
     except KeyboardInterrupt:
-        return 130
+        return RET_INTERRUPTED

@@ -18,24 +18,34 @@ from celery import Celery
 from workers import keys
 from workers.dispatch import dispatch
 from workers.errors import JobError
-from workers.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
+from workers.job import JobManifest
+from workers.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.reconciler import broker_batches
 from workers.sink import Sink, iter_jsonl, open_sink
 
 
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
-    ledger.load_job(job)
+    _created(ledger, job)
     ledger.set_state(job, STATE_PAUSED, reason)
 
 
 def cancel(ledger: Ledger, job: str) -> None:
-    ledger.load_job(job)
+    _created(ledger, job)
     ledger.set_state(job, STATE_CANCELLED, "cancelled by user")
+
+
+def _created(ledger: Ledger, job: str) -> JobManifest:
+    """The job's manifest; JobError while its enqueue has not finished (nothing runs yet)."""
+    manifest = ledger.load_job(job)
+    if ledger.job_state(job)[0] == STATE_CREATING:
+        raise JobError(f"job {job} is still being created: nothing runs until its enqueue "
+                       "finishes (run the same enqueue command again if it was interrupted)")
+    return manifest
 
 
 def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = False) -> int:
     """Set the job running again and re-dispatch what nobody is working on; returns that count."""
-    manifest = ledger.load_job(job)
+    manifest = _created(ledger, job)
     state, reason = ledger.job_state(job)
     if state == STATE_PAUSED and reason.startswith("quality:") and not accept_quality:
         raise JobError(
@@ -67,23 +77,37 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
 
     Their earlier error lines stay in the sink; export keeps each prompt's latest outcome.
     """
-    manifest = ledger.load_job(job)
+    manifest = _created(ledger, job)
     sink = open_sink(manifest.output)
     failed = _failed_ids(sink, job)
+    # Prompts of an earlier round that has not been written yet are requeued already.
+    done = ledger.done_batches(job)
+    for batch in sorted(b for b in ledger.all_batches(job) if b.startswith("r") and b not in done):
+        for line in (sink.get(keys.sink_input(job, batch)) or b"").splitlines():
+            if line:
+                failed.pop(orjson.loads(line)["id"], None)
     if not failed:
         return RequeueReport(0, 0)
     size = batch_size or manifest.batch_size
     round_no = int(ledger.r.hincrby(keys.job(job), "requeue_rounds", 1))
-    rows = [row for row in _input_rows(sink, job) if row["id"] in failed]
+    rows = _input_rows(sink, job, failed)
     batches: list[str] = []
     for start in range(0, len(rows), size):
         batch = f"r{round_no:02d}-{start // size + 1:06d}"
         chunk = rows[start:start + size]
         sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
         batches.append(batch)
+    by_code: dict[str, int] = {}
+    for row in rows:
+        by_code[failed[row["id"]]] = by_code.get(failed[row["id"]], 0) + 1
     with ledger.r.pipeline() as p:
         p.sadd(keys.job_part(job, "extra"), *batches)
-        p.hincrbyfloat(keys.job_part(job, "stats"), "prompts_failed", -len(rows))
+        # They leave the failed figures until their new batches are written; live and
+        # written counters move together so `checkpointed` stays right.
+        for part in ("stats", "written"):
+            p.hincrbyfloat(keys.job_part(job, part), "prompts_failed", -len(rows))
+            for code, n in by_code.items():
+                p.hincrbyfloat(keys.job_part(job, part), f"error_{code}", -n)
         p.hincrbyfloat(keys.job_part(job, "stats"), "prompts_requeued", len(rows))
         p.execute()
     if ledger.job_state(job)[0] == STATE_CANCELLED:
@@ -92,15 +116,20 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
     return RequeueReport(len(rows), len(batches))
 
 
-def _failed_ids(sink: Sink, job: str) -> set[str]:
-    """Ids whose latest outcome is a failure (a later success clears an earlier error)."""
-    failed = {err["custom_id"] for err in iter_jsonl(sink, keys.sink_errors_prefix(job))}
-    failed.difference_update(res["id"] for res in iter_jsonl(sink, keys.sink_results_prefix(job)))
+def _failed_ids(sink: Sink, job: str) -> dict[str, str]:
+    """Id -> error code of the ids whose latest outcome is a failure (a later success clears
+    an earlier error; errors objects are read in key order, so a later round's error wins)."""
+    failed = {err["custom_id"]: err["error"]["code"]
+              for err in iter_jsonl(sink, keys.sink_errors_prefix(job))}
+    for res in iter_jsonl(sink, keys.sink_results_prefix(job)):
+        failed.pop(res["id"], None)
     return failed
 
 
-def _input_rows(sink: Sink, job: str) -> list[dict[str, Any]]:
+def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[dict[str, Any]]:
+    """The stored input rows of the `wanted` ids (their first copy), in input order."""
     rows: dict[str, dict[str, Any]] = {}
     for row in iter_jsonl(sink, f"{job}/inputs/"):
-        rows.setdefault(row["id"], row)
+        if row["id"] in wanted:
+            rows.setdefault(row["id"], row)
     return list(rows.values())

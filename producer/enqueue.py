@@ -1,24 +1,37 @@
-"""`python -m producer enqueue`: validate, store batch inputs in the sink, queue what is left.
+"""`python -m producer enqueue`: validate, store batch inputs in the sink, then start the job.
 
-The whole file is validated before anything is written or queued, so a bad line never leaves a
-half-enqueued job. Batch inputs go to `{output}/{job}/inputs/` (the sink holds everything the
-job needs; Redis can be rebuilt from it) and batch boundaries are a pure function of the file
-and the batch size, so re-running the same command resumes: batches already done or queued are
-skipped.
+Creating a job is a transaction a user can interrupt:
+1. the whole file is validated before anything is written, so a bad line never leaves a
+   half-enqueued job;
+2. one enqueue per job name at a time: a Redis lock (renewed while it runs, expiring soon after
+   a killed process) makes a second one fail with "being created by another enqueue";
+3. the manifest is stored with `complete: false` (job state `creating`: no worker, reconciler
+   or export acts on it), then every batch input that is not in the sink yet is uploaded to
+   `{output}/{job}/inputs/`, then the manifest is rewritten with `complete: true` — the last
+   object written — and the job is set `running` and its batches are queued.
+Batch boundaries are a pure function of the file and the batch size, so running the same
+command again resumes: an interrupted creation uploads exactly the inputs still missing, and a
+running job re-queues only batches that are neither done nor waiting.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 from celery import Celery
+from redis.exceptions import LockError
 
 from producer.inputs import (
     InputError,
@@ -39,7 +52,9 @@ from workers.job import (
     validate_job_name,
 )
 from workers.ledger import Ledger
-from workers.sink import Sink, open_sink
+from workers.records import written_counts
+from workers.retry import REDIS_ERRORS
+from workers.sink import Sink, batch_records, open_sink
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +66,21 @@ MIN_BATCHES = 64
 MIN_DEFAULT_BATCH = 48
 MAX_DEFAULT_BATCH = 256
 UPLOAD_THREADS = 16
+# The creation lock outlives a killed enqueue by at most this long; a live one renews it
+# every third of it, so a slow sink cannot make it lapse.
+LOCK_TTL_S = 30.0
+
+
+class JobBusyError(JobError):
+    """Another enqueue of the same job is running."""
+
+
+class EnqueueInterrupted(Exception):
+    """Ctrl-C or SIGTERM during enqueue; `report` says how far it got."""
+
+    def __init__(self, report: EnqueueReport) -> None:
+        super().__init__(report)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -70,6 +100,10 @@ class EnqueueReport:
     job: str
     prompts: int = 0
     batches: int = 0
+    # Batch inputs stored by this run, and found already stored by an earlier one.
+    uploaded: int = 0
+    already_stored: int = 0
+    complete: bool = False
     enqueued: int = 0
     skipped_done: int = 0
     skipped_queued: int = 0
@@ -89,39 +123,102 @@ def enqueue(
     app: Celery,
     progress: Callable[[int, int], None] | None = None,
 ) -> EnqueueReport:
+    """Create or resume the job; raises EnqueueInterrupted (with what was done) on Ctrl-C."""
     validate_job_name(req.job)
+    report = EnqueueReport(job=req.job)
+    try:
+        _enqueue(req, ledger, app, progress, report)
+    except KeyboardInterrupt:
+        raise EnqueueInterrupted(report) from None
+    return report
+
+
+def _enqueue(
+    req: EnqueueRequest, ledger: Ledger, app: Celery,
+    progress: Callable[[int, int], None] | None, report: EnqueueReport,
+) -> None:
     errors: list[InputError] = []
     on_error = errors.append if req.skip_invalid else None
     summary = validate_file(req.path, progress=progress, on_error=on_error)
     sink = open_sink(req.output)
-    existing = ledger.load_job(req.job) if ledger.job_exists(req.job) else _manifest_from(sink, req.job)
-    report = EnqueueReport(job=req.job, resumed=existing is not None)
-    if existing is not None:
-        manifest = _check_resume(existing, req, summary.sha256, report)
-    else:
-        size = req.batch_size or default_batch_size(summary.prompts)
-        manifest = JobManifest(
-            name=req.job,
-            output=req.output,
-            input=InputInfo(str(req.path), summary.sha256, summary.lines, summary.bytes),
-            prompts=summary.prompts,
-            batch_size=size,
-            batches=len(batch_sizes(summary.prompts, size, taper=TAPER)),
-            taper=TAPER,
-            queue=req.queue,
-            params=req.params,
-            rejected=len(errors),
-            canary=req.canary,
-        )
-    if errors:
-        report.rejected = len(errors)
-        report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
-        sink.put(f"{req.job}/rejects.jsonl", b"".join(map(reject_line, errors)))
-    sink.put(keys.sink_manifest(req.job), manifest.to_json())
-    ledger.save_job(manifest)
-    report.prompts, report.batches = manifest.prompts, manifest.batches
-    _queue_batches(req, manifest, sink, ledger, app, report, progress)
-    return report
+    with creation_lock(ledger, req.job):
+        existing = (ledger.load_job(req.job) if ledger.job_exists(req.job)
+                    else _manifest_from(sink, req.job))
+        report.resumed = existing is not None
+        if existing is not None:
+            manifest = _check_resume(existing, req, summary.sha256, report)
+        else:
+            size = req.batch_size or default_batch_size(summary.prompts)
+            manifest = JobManifest(
+                name=req.job,
+                output=req.output,
+                input=InputInfo(str(req.path), summary.sha256, summary.lines, summary.bytes),
+                prompts=summary.prompts,
+                batch_size=size,
+                batches=len(batch_sizes(summary.prompts, size, taper=TAPER)),
+                taper=TAPER,
+                queue=req.queue,
+                params=req.params,
+                rejected=len(errors),
+                canary=req.canary,
+                complete=False,
+            )
+        report.prompts, report.batches = manifest.prompts, manifest.batches
+        if errors:
+            report.rejected = len(errors)
+            report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
+            sink.put(f"{req.job}/rejects.jsonl", b"".join(map(reject_line, errors)))
+        if manifest.complete:
+            # Redis may have lost the job (it is rebuilt from the sink's manifest).
+            ledger.save_job(manifest)
+            pending = _pending_batches(manifest, sink, ledger, report)
+        else:
+            manifest = _store_inputs(req, manifest, sink, ledger, report, progress)
+            pending = _pending_batches(manifest, sink, ledger, report)
+            # Queued in the ledger before the job runs, so no reconciler round sees them in no
+            # state and sends them a second time.
+            ledger.mark_queued(manifest.name, pending)
+            ledger.activate(manifest)
+            ledger.r.hdel(keys.job(manifest.name), "inputs_stored")
+        report.complete = True
+        report.enqueued += dispatch(app, ledger, manifest.name, pending, manifest.queue)
+
+
+@contextmanager
+def creation_lock(ledger: Ledger, job: str) -> Iterator[None]:
+    """Hold the job's enqueue lock for the block; JobBusyError if another enqueue holds it."""
+    name = keys.job_part(job, "enqueue")
+    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    lock = ledger.r.lock(name, timeout=LOCK_TTL_S, blocking=False, thread_local=False)
+    if not lock.acquire(token=token):
+        holder = ledger.r.get(name)
+        who = holder.decode().rsplit(":", 1)[0] if isinstance(holder, bytes) else "another process"
+        raise JobBusyError(
+            f"job {job} is being created by another enqueue (host:pid {who}); wait for it, or "
+            f"if it was killed, run this again in {LOCK_TTL_S:.0f}s")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(LOCK_TTL_S / 3):
+            try:
+                lock.reacquire()
+            except LockError:
+                log.error("job %s: the enqueue lock was lost", job)
+                return
+            except REDIS_ERRORS as exc:  # a Redis blip: the next round tries again
+                log.info("job %s: enqueue lock not renewed (%s)", job, exc)
+
+    renewer = threading.Thread(target=renew, name="fleetgen-enqueue-lock", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+        try:
+            lock.release()
+        except LockError:
+            pass  # expired meanwhile; nobody else can have created the job without it
 
 
 def _manifest_from(sink: Sink, job: str) -> JobManifest | None:
@@ -165,45 +262,68 @@ def _batches(
         yield keys.batch_id(index + 1), chunk
 
 
-def _queue_batches(
-    req: EnqueueRequest, manifest: JobManifest, sink: Sink, ledger: Ledger, app: Celery,
-    report: EnqueueReport, progress: Callable[[int, int], None] | None = None,
-) -> None:
+def _store_inputs(
+    req: EnqueueRequest, manifest: JobManifest, sink: Sink, ledger: Ledger,
+    report: EnqueueReport, progress: Callable[[int, int], None] | None,
+) -> JobManifest:
+    """Upload every batch input the sink lacks, then store the complete manifest in the sink
+    (its last object); returns it. The caller sets the job running."""
+    job = manifest.name
+    # The intent first, in both places: a later enqueue (even after a Redis loss) finds the
+    # file's sha256 and resumes instead of mixing two inputs.
+    sink.put(keys.sink_manifest(job), manifest.to_json())
+    ledger.save_job(manifest)
+    stored = {Path(k).stem for k in sink.list_keys(f"{job}/inputs/") if k.endswith(".jsonl")}
+    sizes = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        uploads: list[Any] = []
+        for batch, records in _batches(req.path, sizes, progress):
+            if batch in stored:
+                report.already_stored += 1
+                continue
+            data = _input_bytes(manifest.params, records)
+            uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
+            if len(uploads) >= UPLOAD_THREADS * 4:
+                report.uploaded += _drain(uploads)
+                ledger.r.hset(keys.job(job), "inputs_stored", report.uploaded + report.already_stored)
+        report.uploaded += _drain(uploads)
+    complete = replace(manifest, complete=True)
+    sink.put(keys.sink_manifest(job), complete.to_json())
+    return complete
+
+
+def _pending_batches(
+    manifest: JobManifest, sink: Sink, ledger: Ledger, report: EnqueueReport
+) -> list[str]:
+    """The job's batches that are neither done (in the sink) nor waiting (queued, running)."""
     job = manifest.name
     done = ledger.done_batches(job)
     in_sink = {
         Path(k).stem for k in sink.list_keys(keys.sink_results_prefix(job)) if k.endswith(".jsonl")
     }
-    if in_sink - done:
-        ledger.rebuild_done(job, in_sink - done)
+    for batch in sorted(in_sink - done):
+        # Redis lost it: the sink is the truth; its counts come from its objects.
+        counts = written_counts(batch_records(sink, job, batch))
+        ledger.finish_batch(job, batch, counts, "", [])
     done |= in_sink
     waiting = set(ledger.queued_batches(job)) | set(ledger.running_batches(job))
-    pending: list[str] = []
-    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-        uploads = []
-        sizes = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
-        for batch, records in _batches(req.path, sizes, progress):
-            if batch in done:
-                report.skipped_done += 1
-                continue
-            if batch in waiting:
-                report.skipped_queued += 1
-                continue
-            data = _input_bytes(manifest.params, records)
-            uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
+    pending = []
+    for batch in ledger.all_batches(job):
+        if batch in done:
+            report.skipped_done += 1
+        elif batch in waiting:
+            report.skipped_queued += 1
+        else:
             pending.append(batch)
-            if len(uploads) >= UPLOAD_THREADS * 4:
-                _drain(uploads)
-                report.enqueued += dispatch(app, ledger, job, pending, manifest.queue)
-                pending = []
-        _drain(uploads)
-    report.enqueued += dispatch(app, ledger, job, pending, manifest.queue)
+    return pending
 
 
-def _drain(uploads: list[Any]) -> None:
+def _drain(uploads: list[Any]) -> int:
+    count = len(uploads)
     for future in uploads:
         future.result()
     uploads.clear()
+    return count
 
 
 def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes:
@@ -213,4 +333,12 @@ def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes
     )
 
 
-__all__ = ["EnqueueReport", "EnqueueRequest", "default_batch_size", "enqueue"]
+__all__ = [
+    "EnqueueInterrupted",
+    "EnqueueReport",
+    "EnqueueRequest",
+    "JobBusyError",
+    "creation_lock",
+    "default_batch_size",
+    "enqueue",
+]

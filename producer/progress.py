@@ -69,5 +69,6 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
 def _fingerprint(status: dict[str, Any]) -> bytes:
     """What must change for a stopped job's progress.json to be written again."""
     quality = status["quality"] or {}
-    return f"{status['state']}|{status['done']}|{status['failed']}|{quality.get('accepted')}".encode()
+    return (f"{status['state']}|{status['done']}|{status['failed']}|{status['checkpointed']}|"
+            f"{quality.get('accepted')}").encode()
 

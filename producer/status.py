@@ -20,7 +20,7 @@ from producer.fleet import read_fleet, render_fleet
 from workers import keys
 from workers.canary import Thresholds
 from workers.job import JobManifest, batch_sizes
-from workers.ledger import STATE_RUNNING, Ledger
+from workers.ledger import STATE_CREATING, STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
 STATE_DONE = "done"
@@ -35,41 +35,48 @@ def job_status(
     manifest = ledger.load_job(job)
     stored_state, reason = ledger.job_state(job)
     stats = ledger.stats(job)
-    done = int(stats.get("prompts_done", 0))
-    failed = int(stats.get("prompts_failed", 0))
+    # done/failed are what the sink holds (the figures export reconciles); prompts answered
+    # in batches not written yet are `checkpointed` until their batch is written.
+    written = ledger.written(job)
+    done = int(written.get("prompts_done", 0))
+    failed = int(written.get("prompts_failed", 0))
+    answered = int(stats.get("prompts_done", 0) + stats.get("prompts_failed", 0))
     remaining = max(0, manifest.prompts - done - failed)
+    checkpointed = min(remaining, max(0, answered - done - failed))
     finished_batches = len(ledger.done_batches(job))
     total_batches = manifest.batches + int(ledger.r.scard(keys.job_part(job, "extra")))
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
     state = STATE_DONE if finished else stored_state
     running = ledger.running_batches(job)
-    in_hand = min(remaining, _in_hand(ledger, manifest, running))
+    in_hand = min(remaining - checkpointed, _in_hand(ledger, manifest, running))
     in_flight = min(in_hand, _sent(ledger, now))
-    waiting = remaining - in_hand
-    clock = _clock(_minutes(ledger, job), manifest.created_at, now, finished)
-    rate = _rates(clock, done + failed, stats.get("output_tokens", 0.0))
+    waiting = remaining - checkpointed - in_hand
+    times = _times(ledger, job, manifest.created_at)
+    clock = _clock(_minutes(ledger, job), times, now, finished)
+    rate = _rates(clock, answered, stats.get("output_tokens", 0.0))
     workers = _workers(ledger, job)
     return {
         "job": job,
         "state": state,
-        "reason": reason or None,
+        "reason": reason or _creating_reason(ledger, manifest, state),
         "output": manifest.output,
         "total": manifest.prompts,
         "done": done,
         "failed": failed,
+        "checkpointed": checkpointed,
         "in_flight": in_flight,
         "in_hand": in_hand,
         "queued": waiting if state == STATE_RUNNING else 0,
-        # Not started because the job is paused or cancelled: they run after `resume`.
+        # Not started because the job is paused, cancelled or still being created.
         "held": waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
         "batches": {"total": total_batches, "done": finished_batches,
                     "running": len(running), "queued": len(ledger.queued_batches(job))},
-        "elapsed_s": round(clock["elapsed"]),
+        "elapsed_s": round(clock["elapsed"], 1),
         "rate": rate,
-        "eta_s": _eta(remaining, state, rate),
-        "tokens": _tokens(stats, done),
+        "eta_s": _eta(remaining - checkpointed, state, rate),
+        "tokens": _tokens(stats, int(stats.get("prompts_done", 0))),
         "finish_reasons": _prefixed(stats, "finish_"),
-        "errors": _prefixed(stats, "error_"),
+        "errors": _prefixed(written, "error_"),
         "empty_content": int(stats.get("empty_content", 0)),
         "bytes_written": int(stats.get("bytes_written", 0)),
         "workers": workers,
@@ -125,14 +132,33 @@ def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def _times(ledger: Ledger, job: str, created_at: float) -> dict[str, float]:
+    """When the job started running (enqueue finished) and when its last batch was written."""
+    started, last_write = ledger.r.hmget(keys.job(job), "started_at", "last_write_at")
+    return {"started": float(started or created_at), "last_write": float(last_write or 0.0)}
+
+
+def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str | None:
+    """For a job still being created: who is creating it, or that its enqueue was interrupted."""
+    if state != STATE_CREATING:
+        return None
+    stored = int(ledger.r.hget(keys.job(manifest.name), "inputs_stored") or 0)
+    holder = ledger.r.get(keys.job_part(manifest.name, "enqueue"))
+    progress = f"{stored:,} of {manifest.batches:,} batch inputs stored"
+    if holder is not None:
+        return f"enqueue running ({progress})"
+    return (f"enqueue was interrupted ({progress} at its last report); no batch runs until it "
+            f"finishes: run the same enqueue command again")
+
+
 def _clock(
-    minutes: dict[int, dict[str, float]], created_at: float, now: float, finished: bool
+    minutes: dict[int, dict[str, float]], times: dict[str, float], now: float, finished: bool
 ) -> dict[str, float]:
-    """Elapsed time and the last-5-minutes window, with what was produced in that window."""
-    start = max(min(minutes) * 60.0, created_at) if minutes else created_at
-    # A finished job's clock stops with its last answer, so its overall rate stays put.
-    end = min(now, (max(minutes) + 1) * 60.0) if finished and minutes else now
-    elapsed = max(1.0, end - start)
+    """Elapsed seconds (from the job's start; a finished job's clock stops at its last write,
+    so its overall rate stays put) and the last-5-minutes window with what it produced."""
+    start = times["started"]
+    end = times["last_write"] if finished and times["last_write"] else now
+    elapsed = max(0.1, end - start)
     first = int((now - RATE_WINDOW_S) // 60)
     recent = [v for m, v in minutes.items() if m >= first]
     # The window covers whole minute buckets: from the start of the oldest one picked.
@@ -236,8 +262,8 @@ def _render_progress(s: dict[str, Any]) -> list[str]:
     waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
     return [
         (f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
-         f"  failed {s['failed']:,}  in flight {s['in_flight']:,}"
-         f"  in hand {s['in_hand'] - s['in_flight']:,}  {waiting}"),
+         f"  failed {s['failed']:,}  checkpointed {s['checkpointed']:,}"
+         f"  in flight {s['in_flight']:,}  in hand {s['in_hand'] - s['in_flight']:,}  {waiting}"),
         f"  batches   {b['done']:,}/{b['total']:,} done, {b['running']:,} running, {b['queued']:,} queued",
         (f"  rate      last 5 min {r['prompts_per_s_5m']:,.2f} prompts/s,"
          f" {r['output_tokens_per_s_5m']:,.0f} out tok/s;  overall {r['prompts_per_s_all']:,.2f}"

@@ -203,3 +203,10 @@ def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dic
 def iter_ids(rows: list[dict[str, Any]]) -> Iterator[str]:
     for r in rows:
         yield r.get("id") or r["custom_id"]
+
+
+def queue_depth(r: Any, queue: str) -> int:
+    """Messages waiting in a broker queue, over all its priority lists."""
+    from workers import keys
+
+    return sum(int(r.llen(name)) for name in keys.broker_lists(queue))

@@ -24,7 +24,7 @@ import pytest
 from launcher.embedded import free_port, wait_until
 from producer import control
 from tests.conftest import unavailable
-from tests.stack import CELERY, Proc, Stack, chat_rows, write_jsonl
+from tests.stack import CELERY, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers import keys
 from workers.ledger import Ledger
 
@@ -153,7 +153,7 @@ def test_flower_shows_workers_queue_depths_and_failed_batches_with_reasons(
     stack.worker(0, url0)
     stack.worker(1, url1)
     # Workers drain their own gpuN queue first, so nobody takes from the shared one yet.
-    assert redis_client.llen(keys.SHARED_QUEUE) == 5
+    assert queue_depth(redis_client, keys.SHARED_QUEUE) == 5
 
     dashboard = chromium.dom(f"{flower}/")
     for name in WORKERS:
@@ -168,9 +168,9 @@ def test_flower_shows_workers_queue_depths_and_failed_batches_with_reasons(
     lengths: dict[str, int] = {}
 
     def broker_lists_every_queue() -> bool:
-        before = {q: redis_client.llen(q) for q in ("gpu0", "gpu1")}
+        before = {q: queue_depth(redis_client, q) for q in ("gpu0", "gpu1")}
         lengths.update(queue_rows(chromium.dom(f"{flower}/broker")))
-        after = {q: redis_client.llen(q) for q in ("gpu0", "gpu1")}
+        after = {q: queue_depth(redis_client, q) for q in ("gpu0", "gpu1")}
         if {"gpu0", "gpu1"} - lengths.keys():
             return False
         # The page shows LLEN at the moment it was rendered: between the two readings.

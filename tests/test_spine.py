@@ -10,7 +10,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.stack import Stack, chat_rows, iter_ids, read_results, wait_job_done, write_jsonl
+from tests.stack import (
+    Stack,
+    chat_rows,
+    iter_ids,
+    queue_depth,
+    read_results,
+    wait_job_done,
+    write_jsonl,
+)
 from workers import keys
 from workers.ledger import Ledger
 
@@ -93,7 +101,7 @@ def test_a_bad_line_stops_enqueue_before_anything_is_queued(
     assert "bad.jsonl:6:" in result.stderr
     assert field.split("[")[0].lower() in result.stderr.lower()
     assert not (tmp_path / "out").exists()
-    assert redis_client.llen(keys.SHARED_QUEUE) == 0
+    assert queue_depth(redis_client, keys.SHARED_QUEUE) == 0
     assert not redis_client.exists(keys.job("bad"))
 
 
@@ -135,7 +143,7 @@ def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
 
     # A partial run: two batches finish, then the broker and the ledger's queue are lost.
     _, url = stack.sim("sim0", *SIM_FLAGS)
-    redis_client.delete(keys.SHARED_QUEUE)
+    redis_client.delete(*keys.broker_lists(keys.SHARED_QUEUE))
     ledger = Ledger(redis_client)
     for batch in ("b000001", "b000002", "b000003", "b000004", "b000005", "b000006"):
         ledger.unqueue("resume", batch)

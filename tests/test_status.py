@@ -36,14 +36,15 @@ from workers import keys
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.job import GenerationParams, InputInfo, JobManifest
 from workers.ledger import STATE_PAUSED, Ledger
-from workers.records import Origin, counters, error_record, result_record
+from workers.records import Origin, counters, error_record, result_record, written_counts
 
 NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
 MINUTE = int(NOW // 60)
 
 # Fields `status --json` and progress.json promise to keep (others may be added).
 STABLE_FIELDS = {
-    "job", "state", "reason", "output", "total", "done", "failed", "in_flight", "in_hand", "queued", "held",
+    "job", "state", "reason", "output", "total", "done", "failed", "checkpointed", "in_flight",
+    "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
 }
@@ -83,6 +84,7 @@ class Worker:
         self.origin = Origin("http://127.0.0.1:30000", name, 1)
         self._record = ledger.r.register_script(RECORD_GROUP)
         self.count = 0
+        self.records: dict[str, list[dict[str, Any]]] = {}
 
     def answer(self, job: str, batch: str, minute: int, finish: str = "stop",
                tokens: tuple[int, int, int] = (10, 100, 60), content: str = "An answer.") -> None:
@@ -101,18 +103,22 @@ class Worker:
         self._put(job, batch, minute, record)
 
     def _put(self, job: str, batch: str, minute: int, record: dict[str, Any]) -> None:
+        self.records.setdefault(batch, []).append(record)
         entry = Entry(job, batch, record.get("custom_id") or record["id"], orjson.dumps(record),
                       counters(record, thinking=True), b"")
         script_keys, args = group_arguments(job, [entry], self.name, minute, window=0)
         self._record(keys=script_keys, args=args)
 
-    def finish_batch(self, job: str, batch: str, size: int = 1000) -> None:
-        self.ledger.finish_batch(job, batch, {"batches_done": 1, "bytes_written": size}, self.name, [])
+    def finish_batch(self, job: str, batch: str, minute: int, size: int = 1000) -> None:
+        """Write the batch (its records so far) at the end of `minute`."""
+        self.ledger.finish_batch(job, batch, written_counts(self.records.pop(batch, [])),
+                                 self.name, [], size, now=(minute + 1) * 60.0)
 
 
 def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
-    """100 prompts: 6 batches written (58 answers, 2 failures), b000007 running with 4 of 10
-    checkpointed, b000008-10 queued. 40 answers 9 minutes ago, 24 in the last minute."""
+    """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
+    b000007 running with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
+    24 in the last minute."""
     make_job(ledger, name, output)
     a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
     for i in range(1, 7):
@@ -124,7 +130,7 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
                 worker.fail(name, batch, minute)
             else:
                 worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
-        worker.finish_batch(name, batch)
+        worker.finish_batch(name, batch, minute)
     ledger.acquire(name, "b000007", "token", 30)
     for _ in range(4):
         a.answer(name, "b000007", MINUTE - 1)
@@ -139,16 +145,20 @@ def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledge
         "gpu1@n": orjson.dumps({"in_flight": 9, "updated": NOW - 300}),
     })
     s = job_status(ledger, "half", NOW)
-    assert (s["state"], s["total"], s["done"], s["failed"]) == ("running", 100, 62, 2)
-    assert (s["in_flight"], s["in_hand"], s["queued"], s["held"]) == (4, 6, 30, 0)
+    # done and failed are what the sink holds; the 4 answers of the running batch are
+    # checkpointed until it is written.
+    assert (s["state"], s["total"], s["done"], s["failed"]) == ("running", 100, 58, 2)
+    assert (s["checkpointed"], s["in_flight"], s["in_hand"], s["queued"], s["held"]) == (
+        4, 4, 6, 30, 0)
     assert s["batches"] == {"total": 10, "done": 6, "running": 1, "queued": 3}
-    # First answer 9 minutes ago: 64 finished in 540 s; 24 in the last five minutes.
-    assert s["elapsed_s"] == 540
-    assert s["rate"]["prompts_per_s_all"] == pytest.approx(64 / 540, abs=1e-3)
+    # Started 600 s ago: 64 answered in 600 s; 24 in the last five minutes.
+    assert s["elapsed_s"] == 600
+    assert s["rate"]["prompts_per_s_all"] == pytest.approx(64 / 600, abs=1e-3)
     assert s["rate"]["prompts_per_s_5m"] == pytest.approx(24 / 300, abs=1e-3)
     # 22 of those 24 are answers of 100 tokens (2 were failures).
     assert s["rate"]["output_tokens_per_s_5m"] == pytest.approx(22 * 100 / 300, abs=0.1)
-    assert s["rate"]["output_tokens_per_s_all"] == pytest.approx(62 * 100 / 540, abs=0.1)
+    assert s["rate"]["output_tokens_per_s_all"] == pytest.approx(62 * 100 / 600, abs=0.1)
+    # 36 prompts are not answered yet.
     assert s["eta_s"] == round(36 / (24 / 300))
     assert s["tokens"] == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
                            "reasoning_share": 0.6}
@@ -162,27 +172,30 @@ def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledge
 def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
     half_done_job(ledger)
     text = render(job_status(ledger, "half", NOW))
-    assert "64/100 (64.0%)  done 62  failed 2  in flight 0  in hand 6  queued 30" in text
-    assert "last 5 min 0.08 prompts/s, 7 out tok/s;  overall 0.12 prompts/s, 12 out tok/s" in text
-    assert "elapsed 9m00s   ETA 7m30s" in text
+    assert ("60/100 (60.0%)  done 58  failed 2  checkpointed 4  in flight 0  in hand 6  "
+            "queued 30") in text
+    assert "last 5 min 0.08 prompts/s, 7 out tok/s;  overall 0.11 prompts/s, 10 out tok/s" in text
+    assert "elapsed 10m00s   ETA 7m30s" in text
     assert "avg out 100  reasoning share 60%" in text
     assert "finish    length 3, stop 59" in text and "context_length_exceeded 2" in text
     assert "written   6.0 KB" in text
     assert "gpu0@a" in text and "gpu1@b" in text
 
 
-def test_a_finished_job_reads_done_and_its_rate_stops_with_its_last_answer(ledger: Ledger) -> None:
+def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledger: Ledger) -> None:
     make_job(ledger, "fin", "/tmp/out", prompts=20, created_at=NOW - 800)
     w = Worker(ledger, "gpu0@a")
     for i, minute in ((1, MINUTE - 12), (2, MINUTE - 11)):
         for _ in range(10):
             w.answer("fin", keys.batch_id(i), minute)
-        w.finish_batch("fin", keys.batch_id(i))
+        w.finish_batch("fin", keys.batch_id(i), minute)
     later = job_status(ledger, "fin", NOW + 3600)
     assert later["state"] == "done" and later["eta_s"] == 0
+    assert (later["done"], later["checkpointed"]) == (20, 0)
     assert (later["queued"], later["held"], later["in_flight"]) == (0, 0, 0)
-    assert later["elapsed_s"] == 120
-    assert later["rate"]["prompts_per_s_all"] == pytest.approx(20 / 120, abs=1e-3)
+    # Started at NOW - 800, last batch written at the end of minute MINUTE - 11 (NOW - 600).
+    assert later["elapsed_s"] == 200
+    assert later["rate"]["prompts_per_s_all"] == pytest.approx(20 / 200, abs=1e-3)
     assert later["rate"]["prompts_per_s_5m"] == 0
 
 
@@ -404,7 +417,7 @@ def test_status_json_prints_the_stable_fields(ledger: Ledger, cli_env: None,
     assert main(["status", "half", "--json"]) == 0
     data = orjson.loads(capsys.readouterr().out)
     assert set(data) == STABLE_FIELDS
-    assert (data["done"], data["failed"]) == (62, 2)
+    assert (data["done"], data["failed"]) == (58, 2)
     # Workers that did this job's work but are not registered (any more) are shown as lost.
     assert [(r["worker"], r["worker_state"], r["job_prompts_done"]) for r in data["fleet"]] == [
         ("gpu0@a", "lost", 34), ("gpu1@b", "lost", 28)]
@@ -427,7 +440,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     assert lines[0].split()[:4] == ["job", "state", "done", "failed"]
     half = next(line for line in lines if line.startswith("half "))
     later = next(line for line in lines if line.startswith("later "))
-    assert half.split()[1:6] == ["running", "62", "2", "100", "64.0%"]
+    assert half.split()[1:6] == ["running", "58", "2", "100", "60.0%"]
     assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
 
 
@@ -461,14 +474,14 @@ def test_progress_json_is_written_next_to_the_output_at_most_once_a_minute(
     half_done_job(ledger, output=str(out))
     assert progress.write_progress(ledger, "half", NOW)
     written = orjson.loads((out / "half" / "progress.json").read_bytes())
-    assert set(written) == STABLE_FIELDS and written["done"] == 62
+    assert set(written) == STABLE_FIELDS and written["done"] == 58
     assert [r["worker"] for r in written.pop("fleet")] == ["gpu0@a", "gpu1@b"]
     expected = job_status(ledger, "half", NOW)
     del expected["fleet"]
     assert written == orjson.loads(orjson.dumps(expected))
     Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)
     assert not progress.write_progress(ledger, "half", NOW + 10)
-    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 62
+    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 58
 
 
 def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, tmp_path: Path) -> None:
@@ -481,7 +494,8 @@ def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, 
     Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)  # a running batch finishes
     ledger.r.delete(progress.due_key("half"))
     assert progress.write_progress(ledger, "half", NOW + 120)
-    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 63
+    written = orjson.loads((out / "half" / "progress.json").read_bytes())
+    assert (written["done"], written["checkpointed"]) == (58, 5)
 
 
 def test_a_failing_progress_write_is_logged_and_never_raises(

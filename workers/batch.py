@@ -13,8 +13,9 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -28,17 +29,27 @@ from workers.errors import (
     LeaseLostError,
     RetryableError,
     ServerDownError,
+    SinkError,
     WorkerStoppingError,
 )
 from workers.heartbeat import cancel, keep_lease
 from workers.job import JobManifest
-from workers.ledger import RENEW_LEASE, STATE_RUNNING, Ledger
+from workers.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.quality import QualityWatch
-from workers.records import Origin, counters, error_record, is_failure, result_record
+from workers.records import (
+    UNSENT_ATTEMPTS_EXHAUSTED,
+    Origin,
+    counters,
+    error_record,
+    is_failure,
+    result_record,
+    written_counts,
+)
 from workers.retry import on_redis
-from workers.sink import Sink, on_sink, open_sink
+from workers.sink import Sink, batch_records, on_sink, open_sink
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class _Held(Exception):
@@ -113,8 +124,13 @@ class BatchRunner:
             return Outcome(status=f"skipped-{state}", batch=batch)
         self.engine.run(self._watch(job, manifest.canary))
         sink = self.sink(manifest.output)
-        if self.ledger.is_done(job, batch) or sink.exists(keys.sink_result(job, batch)):
+        if self.ledger.is_done(job, batch):
             self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
+            return Outcome(status="already-done", batch=batch)
+        if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
+            # Written, but its worker died before recording it: count it from the sink.
+            counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
+            self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
             return Outcome(status="already-done", batch=batch)
         token = f"{self.engine.worker}/{uuid.uuid4().hex[:12]}"
         attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
@@ -122,42 +138,63 @@ class BatchRunner:
             return Outcome(status="owned-elsewhere", batch=batch)
         started = time.monotonic()
         status = "error"
+        # An attempt is spent only if this worker dies holding the batch, loses its lease, or
+        # meets an error nobody planned for; every planned hand-back refunds it.
+        refund = False
         try:
             outcome = self._run_leased(manifest, sink, batch, token, attempt)
             status = outcome.status
             return outcome
-        except (LeaseLostError, JobError) as exc:
-            # Another copy owns the batch now, or the job was cancelled: stop without writing;
-            # finished prompts stay in the checkpoint for whoever runs it next.
+        except LeaseLostError as exc:
+            # Another copy owns the batch now: stop without writing; finished prompts stay in
+            # the checkpoint for whoever runs it next.
             log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
             status = "stopped"
             return Outcome(status="stopped", batch=batch, attempt=attempt)
-        except (ServerDownError, WorkerStoppingError):
-            # Not the batch's fault: give the attempt back; the caller requeues it.
-            self.ledger.release(job, batch, token, refund=True)
+        except JobError as exc:
+            # Paused, cancelled, or its input is missing (the job was paused for that): handed
+            # back unwritten; `resume` re-dispatches it.
+            log.warning("batch %s/%s: handed back (%s)", job, batch, exc)
+            refund, status = True, "handed-back"
+            return Outcome(status="handed-back", batch=batch, attempt=attempt)
+        except (ServerDownError, WorkerStoppingError, SinkError):
+            # Not the batch's fault: the caller requeues it.
+            refund, status = True, "handed-back"
+            raise
+        except Exception as exc:
+            cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
+            on_redis(f"batch {job}/{batch}: note cause",
+                     lambda: self.ledger.note_cause(job, batch, cause))
             raise
         finally:
-            on_redis(f"batch {job}/{batch}: release", lambda: self.ledger.release(job, batch, token))
+            on_redis(f"batch {job}/{batch}: release",
+                     lambda: self.ledger.release(job, batch, token, refund=refund))
             metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
                                    duration_s=time.monotonic() - started, status=status)
+
+    def _sink_call(self, call: Callable[[], T]) -> T:
+        """A sink read or write, ridden through an outage up to the sink deadline."""
+        return on_sink(call, deadline_s=self.settings.sink_retry_deadline_s)
 
     def _run_leased(
         self, manifest: JobManifest, sink: Sink, batch: str, token: str, attempt: int
     ) -> Outcome:
         job = manifest.name
-        raw = on_sink(
-            lambda: sink.get(keys.sink_input(job, batch)), deadline_s=self.settings.sink_retry_deadline_s
-        )
+        raw = self._sink_call(lambda: sink.get(keys.sink_input(job, batch)))
         if raw is None:
-            raise JobError(f"{sink.describe(keys.sink_input(job, batch))} is missing")
+            # Enqueue makes a job runnable only once every input is stored, so this input was
+            # removed since: stop the job where an operator sees it, spend nothing.
+            where = sink.describe(keys.sink_input(job, batch))
+            self.ledger.set_state(job, STATE_PAUSED, f"input of batch {batch} is missing "
+                                  f"({where}); re-run the job's enqueue command to restore it")
+            raise JobError(f"{where} is missing")
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
         finished = self.ledger.load_checkpoint(job, batch)
         origin = Origin(self.engine.server_url, self.engine.worker, attempt)
         todo = [p for p in prompts if p.id not in finished]
-        if attempt > self.settings.batch_max_attempts:
-            reason = f"batch {batch} was interrupted {attempt - 1} times (worker died holding it)"
-            for p in todo:
-                finished[p.id] = error_record(p.id, p.line, reason, None, origin, 0)
+        if todo and attempt > self.settings.batch_max_attempts:
+            new = self.engine.run(self._give_up(manifest, batch, todo, origin))
+            finished.update(new)
             todo = []
         self.engine.backlog.add(loading=-1, unsent=len(todo))
         self._loading.value = False
@@ -170,6 +207,25 @@ class BatchRunner:
         failed = sum(1 for r in finished.values() if is_failure(r))
         return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
 
+    async def _give_up(
+        self, manifest: JobManifest, batch: str, todo: list[Prompt], origin: Origin
+    ) -> dict[str, dict[str, Any]]:
+        """Fail a poison batch's unsent prompts, saying exactly why; checkpointed (and so
+        counted) like any other outcome."""
+        job = manifest.name
+        cause = await asyncio.to_thread(self.ledger.last_cause, job, batch)
+        reason = (f"not sent: batch {batch} was started {origin.attempt - 1} times and never "
+                  f"finished (each time its worker died, lost its lease or failed; limit "
+                  f"FLEETGEN_BATCH_MAX_ATTEMPTS={self.settings.batch_max_attempts})"
+                  + (f"; last cause: {cause}" if cause else ""))
+        log.error("batch %s/%s: %s; failing %d prompts", job, batch, reason, len(todo))
+        records = {}
+        for p in todo:
+            records[p.id] = error_record(p.id, p.line, reason, None, origin, 0,
+                                         code=UNSENT_ATTEMPTS_EXHAUSTED)
+            await self._checkpoint(manifest, batch, p, records[p.id])
+        return records
+
     def _write(
         self, manifest: JobManifest, sink: Sink, batch: str, prompts: list[Prompt],
         finished: dict[str, dict[str, Any]],
@@ -181,17 +237,18 @@ class BatchRunner:
         size = 0
         if bad:
             data = b"".join(orjson.dumps(r) + b"\n" for r in bad)
-            on_sink(lambda: sink.put_new(keys.sink_errors(job, batch), data),
-                             deadline_s=self.settings.sink_retry_deadline_s)
+            self._sink_call(lambda: sink.put_new(keys.sink_errors(job, batch), data))
             size += len(data)
         data = b"".join(orjson.dumps(r) + b"\n" for r in good)
-        wrote = on_sink(lambda: sink.put_new(keys.sink_result(job, batch), data),
-                                 deadline_s=self.settings.sink_retry_deadline_s)
+        wrote = self._sink_call(lambda: sink.put_new(keys.sink_result(job, batch), data))
         size += len(data) if wrote else 0
+        # The result object is written last, so when it exists the errors object is complete;
+        # if another copy wrote it first, count what the sink holds, not what this copy made.
+        counts = written_counts(ordered if wrote else self._sink_call(
+            lambda: list(batch_records(sink, job, batch))))
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
         on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.finish_batch(
-            job, batch, {"batches_done": 1, "bytes_written": size}, self.engine.worker, reasons
-        ))
+            job, batch, counts, self.engine.worker, reasons if wrote else [], size))
 
     async def _generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], token: str, origin: Origin
@@ -266,7 +323,12 @@ class BatchRunner:
                 failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries + 1)
                 return failed, queue_wait
             except ServerDownError:
-                # Not the prompt's fault: wait for the server, spend no attempt.
+                # Not the prompt's fault: wait for the server, spend no attempt. Until it is
+                # back the prompt counts as unsent and the worker takes no new batch (gate.py).
+                self.engine.server_failed()
+                if sent[0]:
+                    sent[0] = False
+                    self.engine.backlog.add(unsent=1)
                 await self.engine.wait_ready(settings.server_down_wait_s)
             except RetryableError as exc:
                 tries += 1

@@ -21,9 +21,18 @@ def parse_task_id(value: str) -> tuple[str, str] | None:
     return (parts[0], parts[1]) if len(parts) == 3 else None
 
 
-def dispatch(app: Celery, ledger: Ledger, job: str, batches: Iterable[str], queue: str) -> int:
-    """Queue batches: ledger first (so a crash in between is seen by the reconciler), then broker."""
+def dispatch(
+    app: Celery, ledger: Ledger, job: str, batches: Iterable[str], queue: str,
+    *, redrive: bool = False,
+) -> int:
+    """Queue batches: ledger first (so a crash in between is seen by the reconciler), then broker.
+
+    `redrive` marks work that was already started once (its worker died, its lease was lost, it
+    was handed back): it goes out at the broker's top priority, so every worker takes it before
+    any fresh batch instead of after the whole queue.
+    """
     pending = list(batches)
+    priority = keys.REDRIVE_PRIORITY if redrive else keys.FRESH_PRIORITY
     ledger.mark_queued(job, pending)
     with app.producer_or_acquire() as producer:
         for batch in pending:
@@ -33,6 +42,7 @@ def dispatch(app: Celery, ledger: Ledger, job: str, batches: Iterable[str], queu
                 queue=queue,
                 task_id=task_id(job, batch),
                 producer=producer,
+                priority=priority,
                 argsrepr=f"{job} {batch}",
             )
     return len(pending)

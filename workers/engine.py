@@ -245,6 +245,11 @@ class Engine:
         except FleetgenError as exc:
             log.info("worker %s: capacity not readable yet (%s)", self.worker, exc)
 
+    def server_failed(self) -> None:
+        """A request found the server gone: count it as a failed probe at once, so the gate
+        takes no new batch before the next /health probe confirms."""
+        self.health_failures = max(1, self.health_failures)
+
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until the server answers /health again; raise ServerDownError past the deadline."""
         stop = time.monotonic() + deadline_s

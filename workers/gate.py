@@ -82,7 +82,10 @@ class ServerGate(bootsteps.StartStopStep):
         backlog = engine.backlog
         low_water = reserve(self.rate.update(time.monotonic(), backlog.sent),
                             engine.limiter.limit)
-        hungry = backlog.loading == 0 and backlog.unsent < low_water
+        # A server that failed its last probe or a request gets nothing more: batches taken
+        # now would wait here while a healthy GPU could run them.
+        healthy = engine.health_failures == 0
+        hungry = healthy and backlog.loading == 0 and backlog.unsent < low_water
         wanted = backlog.batches + (1 if hungry else 0)
         _set_prefetch(c, max(1, min(wanted, engine.settings.batch_concurrency)))
 

@@ -82,6 +82,10 @@ class JobManifest:
     taper: int = 0
     created_at: float = field(default_factory=time.time)
     version: int = 1
+    # False while `enqueue` is still storing batch inputs: the job is `creating`, no worker runs
+    # it and export refuses it. Set last, after every input is durable (manifests written
+    # before this field existed were always complete).
+    complete: bool = True
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)

@@ -7,13 +7,20 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
     fg:job:{job}:running         zset   batch -> time its lease was taken
     fg:job:{job}:done            set    batches whose result object exists in the sink
-    fg:job:{job}:attempts        hash   batch -> leases taken (worker deaths are bounded)
-    fg:job:{job}:stats           hash   counters (prompts, tokens, finish reasons, bytes ...)
+    fg:job:{job}:attempts        hash   batch -> attempts spent: leases taken and not handed
+                                        back (its worker died, lost the lease, or failed)
+    fg:job:{job}:causes          hash   batch -> why its last attempt ended unfinished
+    fg:job:{job}:stats           hash   live counters, moved per prompt at its checkpoint
+                                        (answers, tokens, finish reasons, bytes ...)
+    fg:job:{job}:written         hash   what the sink holds: prompts done, failed, failed by
+                                        code; moved once per written batch (export's figures)
+    fg:job:{job}:enqueue         string lock held by the enqueue creating or resuming the job
     fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
     fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
     fg:job:{job}:failures        list   latest failure reasons (capped), newest first
     fg:job:{job}:recent          list   the canary's window of recent answers
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
+    fg:job:{job}:extra           set    batches made by `requeue --failed`
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
     fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
     fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
@@ -31,6 +38,18 @@ PREFIX = "fg"
 SHARED_QUEUE = "fleetgen"
 GPU_QUEUE = re.compile(r"^gpu(\d+)$")
 TASK_RUN_BATCH = "fleetgen.run_batch"
+# Broker priorities (kombu on Redis: 0 is served first, one list per step of 0/3/6/9, and a
+# worker pops the highest priority of all its queues first). Re-dispatched work goes before
+# fresh work, whichever queue it is in.
+REDRIVE_PRIORITY = 0
+FRESH_PRIORITY = 6
+# kombu's Redis transport keeps priority p > 0 of queue q in the list "q\x06\x16p".
+_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def broker_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's waiting messages, one per priority step."""
+    return [queue if p == 0 else f"{queue}\x06\x16{p}" for p in _PRIORITY_STEPS]
 
 JOBS = f"{PREFIX}:jobs"
 # hash: worker node name -> json {server, state, capacity, in_flight, updated}

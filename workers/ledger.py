@@ -18,10 +18,13 @@ from workers import keys
 from workers.errors import JobError
 from workers.job import JobManifest
 
+# `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
+# the job until enqueue sets it `running` (after the last input and the final manifest).
+STATE_CREATING = "creating"
 STATE_RUNNING = "running"
 STATE_PAUSED = "paused"
 STATE_CANCELLED = "cancelled"
-JOB_STATES = (STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
+JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
 
@@ -32,11 +35,43 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Gives a lease back if ARGV[1] still holds it; ARGV[2] = 1 refunds the attempt taken with it
+# (the batch was handed back, not abandoned). KEYS: lease, attempts, running; ARGV[3]: batch.
 _RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+local held = redis.call('get', KEYS[1]) == ARGV[1]
+if held then
+  redis.call('del', KEYS[1])
+  if ARGV[2] == '1' then
+    redis.call('hincrby', KEYS[2], ARGV[3], -1)
+  end
 end
-return 0
+redis.call('zrem', KEYS[3], ARGV[3])
+return held and 1 or 0
+"""
+# Records a written batch once: only the call that adds it to the done set counts its prompts,
+# so a late duplicate, or a re-count after a crash between the write and this call, adds nothing.
+# KEYS: done, running, queued, written, job, checkpoint, failures.
+# ARGV: batch, now, failures kept, number of counters, counter name/value pairs, failure lines.
+_FINISH = """
+local batch = ARGV[1]
+redis.call('zrem', KEYS[2], batch)
+redis.call('zrem', KEYS[3], batch)
+redis.call('del', KEYS[6])
+if redis.call('sadd', KEYS[1], batch) == 0 then
+  return 0
+end
+local n = tonumber(ARGV[4])
+for i = 5, 4 + 2 * n, 2 do
+  redis.call('hincrbyfloat', KEYS[4], ARGV[i], ARGV[i + 1])
+end
+redis.call('hset', KEYS[5], 'last_write_at', ARGV[2])
+if #ARGV > 4 + 2 * n then
+  for i = 5 + 2 * n, #ARGV do
+    redis.call('lpush', KEYS[7], ARGV[i])
+  end
+  redis.call('ltrim', KEYS[7], 0, tonumber(ARGV[3]) - 1)
+end
+return 1
 """
 
 
@@ -46,6 +81,7 @@ class Ledger:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
         self._release = client.register_script(_RELEASE)
+        self._finish = client.register_script(_FINISH)
 
     @classmethod
     def from_url(cls, url: str, client_name: str | None = None) -> Ledger:
@@ -59,11 +95,27 @@ class Ledger:
     # Jobs
 
     def save_job(self, manifest: JobManifest) -> None:
+        """Store the manifest. An incomplete one (enqueue still storing inputs) puts the job in
+        `creating`; a complete one leaves the state as it is (`running` if it had none)."""
         now = time.time()
         with self.r.pipeline() as p:
             p.sadd(keys.JOBS, manifest.name)
             p.hset(keys.job(manifest.name), mapping={"manifest": manifest.to_json(), "updated": now})
-            p.hsetnx(keys.job(manifest.name), "state", STATE_RUNNING)
+            if manifest.complete:
+                p.hsetnx(keys.job(manifest.name), "state", STATE_RUNNING)
+                p.hsetnx(keys.job(manifest.name), "started_at", manifest.created_at)
+            else:
+                p.hset(keys.job(manifest.name), "state", STATE_CREATING)
+            p.execute()
+
+    def activate(self, manifest: JobManifest) -> None:
+        """The last step of creating a job: its complete manifest, and `running` from now on."""
+        if not manifest.complete:
+            raise JobError(f"job {manifest.name}: cannot start a job whose inputs are incomplete")
+        with self.r.pipeline() as p:
+            p.hset(keys.job(manifest.name), mapping={
+                "manifest": manifest.to_json(), "state": STATE_RUNNING, "reason": "",
+                "started_at": time.time(), "updated": time.time()})
             p.execute()
 
     def load_job(self, name: str) -> JobManifest:
@@ -139,11 +191,26 @@ class Ledger:
             attempt = int(p.execute()[0])
         return attempt
 
-    def release(self, name: str, batch: str, token: str, *, refund: bool = False) -> None:
-        """Give the lease back; `refund` returns the attempt (the batch was not at fault)."""
-        if self._release(keys=[keys.lease(name, batch)], args=[token]) and refund:
-            self.r.hincrby(keys.job_part(name, "attempts"), batch, -1)
-        self.r.zrem(keys.job_part(name, "running"), batch)
+    def release(self, name: str, batch: str, token: str, *, refund: bool) -> bool:
+        """Give the lease back if `token` still holds it; True if it did.
+
+        `refund` returns the attempt taken with the lease: the batch was handed back (pause,
+        cancel, shutdown, server or sink down), so it must not count toward the batch's limit.
+        """
+        return bool(self._release(
+            keys=[keys.lease(name, batch), keys.job_part(name, "attempts"),
+                  keys.job_part(name, "running")],
+            args=[token, "1" if refund else "0", batch]))
+
+    def attempts(self, name: str, batch: str) -> int:
+        return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
+
+    def note_cause(self, name: str, batch: str, cause: str) -> None:
+        """Why the batch's last attempt ended without finishing (kept for the limit's reason)."""
+        self.r.hset(keys.job_part(name, "causes"), batch, cause)
+
+    def last_cause(self, name: str, batch: str) -> str:
+        return _text(self.r.hget(keys.job_part(name, "causes"), batch))
 
     def lease_alive(self, name: str, batch: str) -> bool:
         return bool(self.r.exists(keys.lease(name, batch)))
@@ -153,11 +220,9 @@ class Ledger:
         return raw.decode() if raw is not None else None
 
     def break_lease(self, name: str, batch: str, token: str) -> bool:
-        """Delete the lease if `token` still holds it (its owner is gone); True if deleted."""
-        if not self._release(keys=[keys.lease(name, batch)], args=[token]):
-            return False
-        self.r.zrem(keys.job_part(name, "running"), batch)
-        return True
+        """Delete the lease if `token` still holds it (its owner is gone); True if deleted.
+        The attempt stays spent: the worker died holding the batch."""
+        return self.release(name, batch, token, refund=False)
 
     # Prompt-level checkpoints
 
@@ -168,33 +233,40 @@ class Ledger:
     # Completion
 
     def finish_batch(
-        self, name: str, batch: str, stats: Mapping[str, float], worker: str, failures: list[bytes]
-    ) -> None:
-        """Record a written batch: done set, counters, per-worker counters; drop its checkpoint."""
-        with self.r.pipeline(transaction=True) as p:
-            p.sadd(keys.job_part(name, "done"), batch)
-            p.zrem(keys.job_part(name, "running"), batch)
-            p.zrem(keys.job_part(name, "queued"), batch)
-            for field, value in stats.items():
-                p.hincrbyfloat(keys.job_part(name, "stats"), field, value)
-                if field == "batches_done":
-                    p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|{field}", value)
-            if failures:
-                p.lpush(keys.job_part(name, "failures"), *failures)
-                p.ltrim(keys.job_part(name, "failures"), 0, FAILURES_KEPT - 1)
-            p.delete(keys.checkpoint(name, batch))
-            p.execute()
+        self, name: str, batch: str, written: Mapping[str, float], worker: str,
+        failures: list[bytes], bytes_written: int = 0, now: float | None = None,
+    ) -> bool:
+        """Record a batch whose objects are in the sink: done set and the written counters
+        (`records.written_counts`), once per batch; drop its checkpoint. True if this call was
+        the first to record it. `worker` is who wrote it ("" when rebuilt from the sink)."""
+        args: list[Any] = [batch, time.time() if now is None else now, FAILURES_KEPT, len(written)]
+        for field, value in written.items():
+            args += [field, value]
+        first = bool(self._finish(
+            keys=[keys.job_part(name, "done"), keys.job_part(name, "running"),
+                  keys.job_part(name, "queued"), keys.job_part(name, "written"), keys.job(name),
+                  keys.checkpoint(name, batch), keys.job_part(name, "failures")],
+            args=args + failures))
+        if first:
+            with self.r.pipeline(transaction=False) as p:
+                p.hincrbyfloat(keys.job_part(name, "stats"), "batches_done", 1)
+                p.hincrbyfloat(keys.job_part(name, "stats"), "bytes_written", bytes_written)
+                if worker:
+                    p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|batches_done", 1)
+                p.execute()
+        return first
 
     def stats(self, name: str) -> dict[str, float]:
-        raw = self.r.hgetall(keys.job_part(name, "stats"))
-        return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        """Live counters, moved by each prompt as it reaches the checkpoint."""
+        return self._floats(keys.job_part(name, "stats"))
 
-    def rebuild_done(self, name: str, done_in_sink: Iterable[str]) -> int:
-        """Make the done set match the sink (after a Redis loss); returns batches added."""
-        batches = list(done_in_sink)
-        if not batches:
-            return 0
-        return int(self.r.sadd(keys.job_part(name, "done"), *batches))
+    def written(self, name: str) -> dict[str, float]:
+        """Counters of what the sink holds (`records.written_counts` of each written batch)."""
+        return self._floats(keys.job_part(name, "written"))
+
+    def _floats(self, key: str) -> dict[str, float]:
+        raw = self.r.hgetall(key)
+        return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
 
 def _text(value: Any) -> str:

@@ -93,7 +93,10 @@ class Reconciler:
             if orphans:
                 log.warning("reconciler: %s: %d batches lost their worker, re-dispatching %s",
                             job, len(orphans), orphans[:5])
-                dispatch(self.app, self.ledger, job, orphans, manifest.queue)
+                for batch in orphans:
+                    self.ledger.note_cause(job, batch, "its worker died or lost its lease "
+                                           "(the lease expired)")
+                dispatch(self.app, self.ledger, job, orphans, manifest.queue, redrive=True)
                 counts["dead_owner"] += len(orphans)
             leased = [b for b in running if b not in orphans]
             if leased:
@@ -102,7 +105,10 @@ class Reconciler:
                 if gone:
                     log.warning("reconciler: %s: the workers holding %d batches closed every "
                                 "Redis connection, re-dispatching %s", job, len(gone), gone[:5])
-                    dispatch(self.app, self.ledger, job, gone, manifest.queue)
+                    for batch in gone:
+                        self.ledger.note_cause(job, batch, "its worker's process is gone (no "
+                                               "Redis connection left)")
+                    dispatch(self.app, self.ledger, job, gone, manifest.queue, redrive=True)
                     counts["gone_owner"] += len(gone)
             stale = [
                 b for b, ts in self.ledger.queued_batches(job).items()
@@ -114,7 +120,7 @@ class Reconciler:
                 if lost:
                     log.warning("reconciler: %s: %d queued batches are in no broker queue, "
                                 "re-dispatching %s", job, len(lost), lost[:5])
-                    dispatch(self.app, self.ledger, job, lost, manifest.queue)
+                    dispatch(self.app, self.ledger, job, lost, manifest.queue, redrive=True)
                     counts["lost_message"] += len(lost)
                 fresh = [b for b in stale if (job, b) in waiting]
                 if fresh:
@@ -181,7 +187,7 @@ class Reconciler:
         if lost:
             log.warning("reconciler: %s: %d batches have no state, re-dispatching %s",
                         job, len(lost), lost[:5])
-            dispatch(self.app, self.ledger, job, lost, queue)
+            dispatch(self.app, self.ledger, job, lost, queue, redrive=True)
         return len(lost)
 
     def broker_batches(self) -> set[tuple[str, str]]:

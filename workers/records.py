@@ -11,10 +11,11 @@ Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-# Stats counters every finished prompt adds to (see ledger.record_prompt).
+# Live counters every finished prompt adds to (checkpoints.RECORD_GROUP).
 COUNTERS = (
     "prompts_done",
     "prompts_failed",
@@ -78,6 +79,12 @@ def error_code(status: int | None, message: str) -> str:
     return "generation_failed"
 
 
+# The one reason a prompt is failed without having been sent: its batch was started
+# FLEETGEN_BATCH_MAX_ATTEMPTS times and each attempt ended with its worker dead, its lease lost
+# or an unexpected error (a poison batch must not loop forever). The message names the cause.
+UNSENT_ATTEMPTS_EXHAUSTED = "batch_attempts_exhausted"
+
+
 def error_record(
     prompt_id: str,
     line: int,
@@ -85,8 +92,9 @@ def error_record(
     status: int | None,
     origin: Origin,
     tries: int,
+    code: str | None = None,
 ) -> dict[str, Any]:
-    code = error_code(status, message)
+    code = code or error_code(status, message)
     return {
         "id": f"fg-{prompt_id}",
         "custom_id": prompt_id,
@@ -125,4 +133,18 @@ def counters(record: dict[str, Any], *, thinking: bool) -> dict[str, float]:
         out["empty_content"] = 1
     if thinking and not record["reasoning_content"]:
         out["missing_reasoning"] = 1
+    return out
+
+
+def written_counts(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """What a batch's written objects add to the job's written counters (Ledger.finish_batch):
+    prompts answered, prompts failed, and failures by error code — what `export` will count."""
+    out: dict[str, float] = {"prompts_done": 0, "prompts_failed": 0}
+    for record in records:
+        if is_failure(record):
+            out["prompts_failed"] += 1
+            code = f"error_{record['error']['code']}"
+            out[code] = out.get(code, 0) + 1
+        else:
+            out["prompts_done"] += 1
     return out

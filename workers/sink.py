@@ -13,14 +13,17 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 import orjson
 
+from workers import keys
 from workers.errors import SinkError
+
+T = TypeVar("T")
 
 
 class Sink(Protocol):
@@ -204,6 +207,14 @@ def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
+def batch_records(sink: Sink, job: str, batch: str) -> Iterator[dict[str, Any]]:
+    """The records a written batch holds: its error lines, then its result lines."""
+    for key in (keys.sink_errors(job, batch), keys.sink_result(job, batch)):
+        for line in (sink.get(key) or b"").splitlines():
+            if line:
+                yield orjson.loads(line)
+
+
 def _status(exc: Any) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
@@ -217,8 +228,9 @@ def _message(exc: Exception) -> str:
 
 
 def on_sink(
-    call: Any, *, deadline_s: float, backoff_s: float = 1.0, max_backoff_s: float = 15.0
-) -> Any:
+    call: Callable[[], T], *, deadline_s: float, backoff_s: float = 1.0,
+    max_backoff_s: float = 15.0,
+) -> T:
     """Call `call()` (a read or a write) until it succeeds or `deadline_s` passes, riding
     through a sink outage; the sink's counterpart of retry.on_redis."""
     stop = time.monotonic() + deadline_s

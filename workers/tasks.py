@@ -11,7 +11,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from workers import keys, metrics
 from workers.app import app, settings
 from workers.dispatch import dispatch
-from workers.errors import JobNotRunningError, ServerDownError, WorkerStoppingError
+from workers.errors import JobNotRunningError, ServerDownError, SinkError, WorkerStoppingError
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime
@@ -68,14 +68,14 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
     try:
         outcome = runtime.runner().run(job, batch)
-    except (ServerDownError, WorkerStoppingError) as exc:
-        # The server stayed down, or this worker is stopping: hand the batch back without
-        # spending its attempt; finished prompts stay checkpointed, so whoever takes it next
-        # resumes where this one stopped.
+    except (ServerDownError, WorkerStoppingError, SinkError) as exc:
+        # The server or the sink stayed down, or this worker is stopping: hand the batch back
+        # without spending its attempt; finished prompts stay checkpointed, so whoever takes it
+        # next resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
         log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         assert runtime.ledger is not None
-        dispatch(app, runtime.ledger, job, [batch], queue)
+        dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         return {"status": "requeued", "batch": batch, "reason": str(exc)}
     if outcome.status.startswith("skipped-"):
         # Raised so Flower lists the dropped delivery with the job's reason (e.g. the canary's).
