@@ -23,7 +23,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -275,18 +275,23 @@ def _store_inputs(
     ledger.save_job(manifest)
     stored = {Path(k).stem for k in sink.list_keys(f"{job}/inputs/") if k.endswith(".jsonl")}
     sizes = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
-    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-        uploads: list[Any] = []
-        for batch, records in _batches(req.path, sizes, progress):
-            if batch in stored:
-                report.already_stored += 1
-                continue
-            data = _input_bytes(manifest.params, records)
-            uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
-            if len(uploads) >= UPLOAD_THREADS * 4:
-                report.uploaded += _drain(uploads)
-                ledger.r.hset(keys.job(job), "inputs_stored", report.uploaded + report.already_stored)
-        report.uploaded += _drain(uploads)
+    uploads: list[Future[None]] = []
+    try:
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            for batch, records in _batches(req.path, sizes, progress):
+                if batch in stored:
+                    report.already_stored += 1
+                    continue
+                data = _input_bytes(manifest.params, records)
+                uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
+                if len(uploads) >= UPLOAD_THREADS * 4:
+                    report.uploaded += _drain(uploads)
+                    ledger.r.hset(keys.job(job), "inputs_stored",
+                                  report.uploaded + report.already_stored)
+            report.uploaded += _drain(uploads)
+    finally:
+        # Interrupted: the pool still finished the uploads it was given; they are stored.
+        report.uploaded += sum(1 for f in uploads if not f.cancelled() and f.exception() is None)
     complete = replace(manifest, complete=True)
     sink.put(keys.sink_manifest(job), complete.to_json())
     return complete
@@ -318,7 +323,7 @@ def _pending_batches(
     return pending
 
 
-def _drain(uploads: list[Any]) -> int:
+def _drain(uploads: list[Future[None]]) -> int:
     count = len(uploads)
     for future in uploads:
         future.result()

@@ -17,6 +17,7 @@ import orjson
 from producer.fleet import read_fleet
 from producer.status import job_status
 from workers import keys
+from workers.errors import SinkError
 from workers.ledger import STATE_RUNNING, Ledger
 from workers.settings import Settings
 from workers.sink import open_sink
@@ -46,6 +47,10 @@ def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings |
         if not ledger.r.set(due_key(job), now, nx=True, ex=PROGRESS_EVERY_S):
             return False
         return _write(ledger, job, now, settings)
+    except SinkError as exc:
+        # The sink is down (the batches ride it out on their own): one line, not a traceback.
+        log.warning("job %s: progress.json not written this minute (%s)", job, exc)
+        return False
     except Exception:
         log.exception("job %s: progress.json not written this minute", job)
         return False

@@ -199,7 +199,9 @@ def _tokens(stats: dict[str, float], done: int) -> dict[str, Any]:
 
 
 def _prefixed(stats: dict[str, float], prefix: str) -> dict[str, int]:
-    return {k.removeprefix(prefix): int(v) for k, v in sorted(stats.items()) if k.startswith(prefix)}
+    # A code can fall back to 0 (its prompts requeued and answered): nothing to show then.
+    return {k.removeprefix(prefix): int(v) for k, v in sorted(stats.items())
+            if k.startswith(prefix) and int(v)}
 
 
 def _workers(ledger: Ledger, job: str) -> dict[str, dict[str, float]]:

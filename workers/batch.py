@@ -32,7 +32,7 @@ from workers.errors import (
     SinkError,
     WorkerStoppingError,
 )
-from workers.heartbeat import cancel, keep_lease
+from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
 from workers.job import JobManifest
 from workers.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.quality import QualityWatch
@@ -127,22 +127,29 @@ class BatchRunner:
         if self.ledger.is_done(job, batch):
             self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
             return Outcome(status="already-done", batch=batch)
-        if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
-            # Written, but its worker died before recording it: count it from the sink.
-            counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
-            self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
-            return Outcome(status="already-done", batch=batch)
         token = f"{self.engine.worker}/{uuid.uuid4().hex[:12]}"
         attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
         if attempt is None:
             return Outcome(status="owned-elsewhere", batch=batch)
+        # Renewed from here to the release: reading the input, generating and writing may each
+        # wait out a sink outage, and a lease that lapsed meanwhile would send the batch to
+        # another worker and spend an attempt.
+        heartbeat = self.engine.run(self._start_heartbeat(job, batch, token))
         started = time.monotonic()
         status = "error"
         # An attempt is spent only if this worker dies holding the batch, loses its lease, or
-        # meets an error nobody planned for; every planned hand-back refunds it.
-        refund = False
+        # meets an error nobody planned for; a finished batch and every planned hand-back
+        # give it back (a lost lease cannot: its release is a no-op).
+        refund = True
         try:
-            outcome = self._run_leased(manifest, sink, batch, token, attempt)
+            if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
+                # Written, but its worker died before recording it: count it from the sink.
+                counts = written_counts(
+                    self._sink_call(lambda: list(batch_records(sink, job, batch))))
+                self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
+                status = "already-done"
+                return Outcome(status="already-done", batch=batch, attempt=attempt)
+            outcome = self._run_leased(manifest, sink, batch, heartbeat, attempt)
             status = outcome.status
             return outcome
         except LeaseLostError as exc:
@@ -155,29 +162,36 @@ class BatchRunner:
             # Paused, cancelled, or its input is missing (the job was paused for that): handed
             # back unwritten; `resume` re-dispatches it.
             log.warning("batch %s/%s: handed back (%s)", job, batch, exc)
-            refund, status = True, "handed-back"
+            status = "handed-back"
             return Outcome(status="handed-back", batch=batch, attempt=attempt)
         except (ServerDownError, WorkerStoppingError, SinkError):
             # Not the batch's fault: the caller requeues it.
-            refund, status = True, "handed-back"
+            status = "handed-back"
             raise
         except Exception as exc:
+            refund = False
             cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
             on_redis(f"batch {job}/{batch}: note cause",
                      lambda: self.ledger.note_cause(job, batch, cause))
             raise
         finally:
+            self.engine.run(stop_heartbeat(heartbeat))
             on_redis(f"batch {job}/{batch}: release",
                      lambda: self.ledger.release(job, batch, token, refund=refund))
             metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
                                    duration_s=time.monotonic() - started, status=status)
+
+    async def _start_heartbeat(self, job: str, batch: str, token: str) -> asyncio.Task[None]:
+        return asyncio.create_task(keep_lease(self.engine.redis, self._renew, self.settings, job,
+                                              batch, token, self._quality.hold))
 
     def _sink_call(self, call: Callable[[], T]) -> T:
         """A sink read or write, ridden through an outage up to the sink deadline."""
         return on_sink(call, deadline_s=self.settings.sink_retry_deadline_s)
 
     def _run_leased(
-        self, manifest: JobManifest, sink: Sink, batch: str, token: str, attempt: int
+        self, manifest: JobManifest, sink: Sink, batch: str, heartbeat: asyncio.Task[None],
+        attempt: int,
     ) -> Outcome:
         job = manifest.name
         raw = self._sink_call(lambda: sink.get(keys.sink_input(job, batch)))
@@ -201,7 +215,7 @@ class BatchRunner:
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
-            new = self.engine.run(self._generate(manifest, batch, todo, token, origin))
+            new = self.engine.run(self._generate(manifest, batch, todo, heartbeat, origin))
             finished.update(new)
         self._write(manifest, sink, batch, prompts, finished)
         failed = sum(1 for r in finished.values() if is_failure(r))
@@ -251,19 +265,19 @@ class BatchRunner:
             job, batch, counts, self.engine.worker, reasons if wrote else [], size))
 
     async def _generate(
-        self, manifest: JobManifest, batch: str, todo: list[Prompt], token: str, origin: Origin
+        self, manifest: JobManifest, batch: str, todo: list[Prompt], heartbeat: asyncio.Task[None],
+        origin: Origin,
     ) -> dict[str, dict[str, Any]]:
         results: dict[str, dict[str, Any]] = {}
         try:
             async with asyncio.TaskGroup() as group:
-                heartbeat = group.create_task(keep_lease(
-                    self.engine.redis, self._renew, self.settings, manifest.name, batch, token,
-                    self._quality.hold))
+                # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
+                watch = group.create_task(follow(heartbeat))
                 prompts = [
                     group.create_task(self._prompt(manifest, batch, p, origin, results)) for p in todo
                 ]
                 await asyncio.gather(*prompts)
-                await cancel(heartbeat)
+                await cancel(watch)
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None

@@ -56,3 +56,15 @@ async def cancel(task: asyncio.Task[Any]) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=0.05)
+
+
+async def follow(heartbeat: asyncio.Task[None]) -> None:
+    """End as the heartbeat ends (raising what it raised); cancelling this leaves it running."""
+    await asyncio.shield(heartbeat)
+
+
+async def stop_heartbeat(heartbeat: asyncio.Task[None]) -> None:
+    """Stop a batch's heartbeat at its release; a failure it ended with was acted on already."""
+    await cancel(heartbeat)
+    if not heartbeat.cancelled():
+        heartbeat.exception()  # retrieved: it was the batch's to act on, not the loop's

@@ -37,16 +37,18 @@ return 0
 """
 # Gives a lease back if ARGV[1] still holds it; ARGV[2] = 1 refunds the attempt taken with it
 # (the batch was handed back, not abandoned). KEYS: lease, attempts, running; ARGV[3]: batch.
+# A lease no longer held leaves `running` alone: an expired one is the reconciler's to see, and
+# a taken-over one belongs to the new holder.
 _RELEASE = """
-local held = redis.call('get', KEYS[1]) == ARGV[1]
-if held then
-  redis.call('del', KEYS[1])
-  if ARGV[2] == '1' then
-    redis.call('hincrby', KEYS[2], ARGV[3], -1)
-  end
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('del', KEYS[1])
+if ARGV[2] == '1' then
+  redis.call('hincrby', KEYS[2], ARGV[3], -1)
 end
 redis.call('zrem', KEYS[3], ARGV[3])
-return held and 1 or 0
+return 1
 """
 # Records a written batch once: only the call that adds it to the done set counts its prompts,
 # so a late duplicate, or a re-count after a crash between the write and this call, adds nothing.
