@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,13 +20,13 @@ import orjson
 import redis
 
 from producer import control, export
-from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
+from producer.enqueue import EnqueueInterrupted, EnqueueReport, EnqueueRequest, enqueue
 from producer.export import FORMATS
-from producer.inputs import InputErrors
+from producer.inputs import InputErrors, NoPrompts
 from producer.status import format_duration, job_status, render
 from workers import keys
 from workers.canary import Thresholds
-from workers.errors import FleetgenError
+from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
 from workers.settings import Settings
@@ -32,10 +36,14 @@ RET_OK = 0
 RET_ERROR = 1
 RET_BAD_INPUT = 2
 RET_INTERRUPTED = 130
+RET_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
+STDIN = "-"
+STDIN_NAME = "<stdin>"  # the input's name in errors and the manifest when it came from stdin
 
 EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
   python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
+  zcat prompts.jsonl.gz | python -m producer enqueue - --job distill-v1        # from stdin
   python -m producer status distill-v1
   python -m producer status distill-v1 --watch        # live, Ctrl-C to stop
   python -m producer status distill-v1 --json         # the same figures for machines
@@ -57,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("enqueue", help="validate a JSONL file and queue its prompts as batches")
-    p.add_argument("input", type=Path, help="JSONL: messages / prompt / OpenAI Batch lines")
+    p.add_argument("input", type=Path,
+                   help="JSONL: messages / prompt / OpenAI Batch lines; - reads stdin (needs --job)")
     p.add_argument("--job", help="job name (default: the file's name without extension)")
     p.add_argument("--output", default=None,
                    help="s3://bucket/prefix or a folder (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
@@ -103,54 +112,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    import os
-
     from workers.app import app
 
+    from_stdin = str(args.input) == STDIN
     if args.queue != keys.SHARED_QUEUE and not keys.GPU_QUEUE.match(args.queue):
         raise CommandError(f"--queue {args.queue!r}: use {keys.SHARED_QUEUE} or gpuN", RET_BAD_INPUT)
-    if not args.input.is_file():
-        raise CommandError(f"{args.input}: no such file", RET_BAD_INPUT)
+    if from_stdin:
+        if not args.job:
+            raise CommandError("reading prompts from stdin (-) needs --job NAME", RET_BAD_INPUT)
+        if sys.stdin.isatty():
+            raise CommandError("stdin is a terminal: pipe the prompts in, or name a file",
+                               RET_BAD_INPUT)
+    else:
+        _check_input_file(args.input)
     if args.batch_size is not None and args.batch_size < 1:
         raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
     output = args.output or os.environ.get("FLEETGEN_OUTPUT") or str(Path("fleetgen-output").resolve())
-    params = GenerationParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        thinking=not args.no_thinking, model=args.model,
-    )
-    thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
-    request = EnqueueRequest(
-        path=args.input, job=args.job or args.input.stem, output=output, params=params,
-        queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
-        canary=asdict(thresholds),
-    )
-    # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with a
-    # report of what was stored, and the job left for the same command to finish.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(args.input))
-    except InputErrors as exc:
-        print(str(exc), file=sys.stderr)
-        print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
-        return RET_BAD_INPUT
-    except EnqueueInterrupted as exc:
-        r = exc.report
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-        if not r.batches:
-            print(f"interrupted while reading {args.input}: nothing was stored or queued",
-                  file=sys.stderr)
-        elif r.complete:
-            print(f"interrupted: job {r.job} is running; {r.enqueued:,} of its batches were "
-                  "queued by this run. Run the same command again to queue the rest "
-                  "(nothing runs twice).", file=sys.stderr)
-        else:
-            print(f"interrupted: job {r.job} was not started: {r.uploaded + r.already_stored:,} "
-                  f"of {r.batches:,} batch inputs are stored and no batch runs until all are. "
-                  "Run the same command again to store the rest and start it.", file=sys.stderr)
-        return RET_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        params = GenerationParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+            thinking=not args.no_thinking, model=args.model,
+        )
+    except JobError as exc:
+        raise CommandError(str(exc), RET_BAD_INPUT) from None
+    thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
+    with _spooled_stdin() if from_stdin else nullcontext(args.input) as path:
+        request = EnqueueRequest(
+            path=path, job=args.job or args.input.stem, output=output, params=params,
+            queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
+            canary=asdict(thresholds), input_name=STDIN_NAME if from_stdin else None,
+        )
+        # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with
+        # a report of what was stored, and the job left for the same command to finish.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(path))
+        except InputErrors as exc:
+            print(str(exc), file=sys.stderr)
+            print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
+            return RET_BAD_INPUT
+        except NoPrompts as exc:
+            if exc.rejects:
+                print(str(InputErrors(exc.rejects, exc.rejected)), file=sys.stderr)
+            raise CommandError(str(exc), RET_BAD_INPUT) from None
+        except EnqueueInterrupted as exc:
+            _interrupted(exc.report, STDIN_NAME if from_stdin else str(args.input))
+            return RET_INTERRUPTED
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     for note in report.notes:
@@ -169,6 +178,44 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     if report.enqueued == 0:
         print("  nothing to do")
     return RET_OK
+
+
+def _check_input_file(path: Path) -> None:
+    if path.is_dir():
+        raise CommandError(f"{path}: is a directory, not a JSONL file", RET_BAD_INPUT)
+    if not path.exists():
+        raise CommandError(f"{path}: no such file", RET_BAD_INPUT)
+    if not path.is_file():
+        # A pipe such as <(zcat x.gz): enqueue reads its input twice, which a pipe cannot do.
+        raise CommandError(f"{path}: not a regular file; pipe it to `enqueue - --job NAME`",
+                           RET_BAD_INPUT)
+
+
+@contextmanager
+def _spooled_stdin() -> Iterator[Path]:
+    """Copy stdin to a temporary file as it is read, a megabyte at a time: enqueue reads its
+    input twice (validate, then store) and hashes it, which a pipe cannot give."""
+    with tempfile.TemporaryDirectory(prefix="fleetgen-stdin-") as folder:
+        path = Path(folder) / "stdin.jsonl"
+        with path.open("wb") as spool:
+            shutil.copyfileobj(sys.stdin.buffer, spool, 1 << 20)
+        yield path
+
+
+def _interrupted(r: EnqueueReport, source: str) -> None:
+    """What an interrupted enqueue stored, and how to finish it."""
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not r.batches:
+        print(f"interrupted while reading {source}: nothing was stored or queued", file=sys.stderr)
+    elif r.complete:
+        print(f"interrupted: job {r.job} is running; {r.enqueued:,} of its batches were queued "
+              "by this run. Run the same command again to queue the rest (nothing runs twice).",
+              file=sys.stderr)
+    else:
+        print(f"interrupted: job {r.job} was not started: {r.uploaded + r.already_stored:,} of "
+              f"{r.batches:,} batch inputs are stored and no batch runs until all are. Run the "
+              "same command again to store the rest and start it.", file=sys.stderr)
 
 
 def _progress(path: Path) -> Callable[[int, int], None]:
@@ -301,7 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        return COMMANDS[args.command](args, settings)
+        code = COMMANDS[args.command](args, settings)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader of stdout went away (`status JOB | head -1`): what it wanted it has, so stop
+        # quietly. Point stdout at devnull so Python's own flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return RET_BROKEN_PIPE
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code

@@ -34,10 +34,10 @@ from celery import Celery
 from redis.exceptions import LockError
 
 from producer.inputs import (
-    InputError,
+    NoPrompts,
     PromptRecord,
+    Rejects,
     read_prompts,
-    reject_line,
     validate_file,
 )
 from workers import keys
@@ -93,6 +93,7 @@ class EnqueueRequest:
     batch_size: int | None = None
     skip_invalid: bool = False
     canary: dict[str, Any] = field(default_factory=dict)
+    input_name: str | None = None  # the input in errors and the manifest (default: path)
 
 
 @dataclass
@@ -137,9 +138,12 @@ def _enqueue(
     req: EnqueueRequest, ledger: Ledger, app: Celery,
     progress: Callable[[int, int], None] | None, report: EnqueueReport,
 ) -> None:
-    errors: list[InputError] = []
-    on_error = errors.append if req.skip_invalid else None
-    summary = validate_file(req.path, progress=progress, on_error=on_error)
+    rejects = Rejects()
+    on_error = rejects if req.skip_invalid else None
+    summary = validate_file(req.path, progress=progress, on_error=on_error, name=req.input_name)
+    if summary.prompts == 0:
+        # A job of no prompts would be done the moment it exists and hold its name for good.
+        raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
     sink = open_sink(req.output)
     with creation_lock(ledger, req.job):
         existing = (ledger.load_job(req.job) if ledger.job_exists(req.job)
@@ -152,22 +156,22 @@ def _enqueue(
             manifest = JobManifest(
                 name=req.job,
                 output=req.output,
-                input=InputInfo(str(req.path), summary.sha256, summary.lines, summary.bytes),
+                input=InputInfo(summary.path, summary.sha256, summary.lines, summary.bytes),
                 prompts=summary.prompts,
                 batch_size=size,
                 batches=len(batch_sizes(summary.prompts, size, taper=TAPER)),
                 taper=TAPER,
                 queue=req.queue,
                 params=req.params,
-                rejected=len(errors),
+                rejected=summary.rejected,
                 canary=req.canary,
                 complete=False,
             )
         report.prompts, report.batches = manifest.prompts, manifest.batches
-        if errors:
-            report.rejected = len(errors)
+        if rejects.count:
+            report.rejected = rejects.count
             report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
-            sink.put(f"{req.job}/rejects.jsonl", b"".join(map(reject_line, errors)))
+            rejects.upload(sink, f"{req.job}/rejects.jsonl")
         if manifest.complete:
             # Redis may have lost the job (it is rebuilt from the sink's manifest).
             ledger.save_job(manifest)

@@ -1,10 +1,17 @@
-"""The errors a bad input line raises: one InputError per line, InputErrors for several."""
+"""The errors a bad input raises: one InputError per line, InputErrors for several, NoPrompts for
+a file that holds no prompt at all."""
+
+# An error keeps at most this much of its line, so a few bad lines of megabytes each cost a few
+# kilobytes, not megabytes; it is also how much of the line a rejects file shows.
+REJECT_RAW_CHARS = 1000
 
 
 class InputError(Exception):
-    """One bad line. ``str(e)`` is ``FILE:LINE: FIELD: what is wrong``; ``raw`` is the line text."""
+    """One bad line. ``str(e)`` is ``FILE:LINE: FIELD: what is wrong``; ``raw`` is the line text,
+    cut to REJECT_RAW_CHARS."""
 
     def __init__(self, path: str, line: int, field: str, message: str, raw: str | None = None):
+        raw = None if raw is None else raw[:REJECT_RAW_CHARS]
         super().__init__(path, line, field, message, raw)
         self.path = path
         self.line = line
@@ -31,3 +38,30 @@ class InputErrors(Exception):
         if self.total > len(shown):
             shown.append(f"... and {self.total - len(shown)} more")
         return "\n".join(shown)
+
+
+class NoPrompts(Exception):
+    """The file holds no prompt: it is empty or blank, or every line was rejected.
+
+    Such a job would be done the moment it was created and hold its name for good, so nothing
+    is enqueued. ``rejects`` holds the first rejected lines, to show why.
+    """
+
+    def __init__(self, path: str, lines: int, rejected: int, rejects: list[InputError]):
+        super().__init__(path, lines, rejected, rejects)
+        self.path = path
+        self.lines = lines
+        self.rejected = rejected
+        self.rejects = rejects
+
+    def __str__(self) -> str:
+        if self.rejected:
+            why = f"{self.rejected:,} line{'' if self.rejected == 1 else 's'} rejected"
+            if self.rejects:
+                all_shown = len(self.rejects) == self.rejected
+                why += ", see above" if all_shown else f", see the first {len(self.rejects)} above"
+        elif self.lines:
+            why = f"{self.lines:,} line{'' if self.lines == 1 else 's'}, all blank"
+        else:
+            why = "the file is empty"
+        return f"{self.path}: no prompts ({why})"

@@ -8,7 +8,7 @@ import orjson
 
 from producer.prompt_id import IdIndex, hash_id, id_problem
 from producer.request_fields import (
-    _SAMPLING_CHECKS,
+    SAMPLING_PARAMS,
     _checked_messages,
     _checked_sampling,
     _checked_tools,
@@ -98,7 +98,7 @@ def _given_id(obj: dict[str, Any], field: str) -> str | None:
 def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
     for key in obj:
         if key not in _CHAT_FIELDS:
-            hint = ' (sampling params go under "sampling")' if key in _SAMPLING_CHECKS else ""
+            hint = ' (sampling params go under "sampling")' if key in SAMPLING_PARAMS else ""
             raise _Invalid(key, f"unknown field{hint}; a prompt line has {', '.join(_CHAT_FIELDS)}")
     if "prompt" in obj:
         if "messages" in obj:

@@ -1,6 +1,7 @@
 """producer.inputs: the three line shapes, ids, every kind of bad line, streaming and rejects."""
 
 import hashlib
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,20 @@ from producer.inputs import (
     REJECT_RAW_CHARS,
     InputError,
     InputErrors,
+    NoPrompts,
     PromptRecord,
+    Rejects,
     read_prompts,
     validate_file,
     write_rejects,
 )
 from producer.prompt_id import IdIndex, hash_id
+from producer.request_fields import SAMPLING_PARAMS
 from producer.samples import SAMPLE_PATH
 from producer.samples.generate_sample import write_bulk, write_sample
+from workers.errors import JobError
+from workers.job import MAX_TOKENS_LIMIT, GenerationParams
+from workers.sink import open_sink
 
 HI = [{"role": "user", "content": "hi"}]
 GOOD = {"id": "good", "messages": HI}
@@ -264,28 +271,50 @@ def test_each_bad_line_is_named_with_its_line_and_field(
     assert str(error) == f"{path}:2: {field}: {error.message}"
 
 
+TOKENS = f"an integer in [1, {MAX_TOKENS_LIMIT}]"
 BAD_SAMPLING: list[tuple[str, Any, str]] = [
-    ("max_tokens", "100", 'an integer >= 0; got "100"'),
-    ("max_tokens", -1, "an integer >= 0; got -1"),
-    ("max_completion_tokens", 1.5, "an integer >= 0; got 1.5"),
-    ("min_tokens", True, "got true"),
-    ("seed", -3, "an integer >= 0"),
-    ("top_k", -2, "an integer >= 0, or -1 for no limit; got -2"),
-    ("temperature", "hot", 'a number; got "hot"'),
-    ("top_p", [1], "a number; got array"),
-    ("min_p", False, "a number; got false"),
-    ("frequency_penalty", {}, "a number; got {}"),
-    ("presence_penalty", "0", "a number"),
-    ("repetition_penalty", "1.1", "a number"),
+    ("max_tokens", "100", f'{TOKENS}; got "100"'),
+    ("max_tokens", 0, f"{TOKENS}; got 0"),
+    ("max_tokens", -1, f"{TOKENS}; got -1"),
+    ("max_tokens", 1e15, f"{TOKENS}; got 1000000000000000.0"),  # a float is not a count
+    ("max_tokens", 100.0, f"{TOKENS}; got 100.0"),
+    ("max_tokens", MAX_TOKENS_LIMIT + 1, f"{TOKENS}; got 2147483648"),
+    ("max_completion_tokens", 1.5, f"{TOKENS}; got 1.5"),
+    ("max_completion_tokens", 0, f"{TOKENS}; got 0"),
+    ("min_tokens", True, f"an integer in [0, {MAX_TOKENS_LIMIT}]; got true"),
+    ("min_tokens", -1, f"an integer in [0, {MAX_TOKENS_LIMIT}]; got -1"),
+    ("seed", -3, "an integer >= 0; got -3"),
+    ("top_k", -2, "-1 (no limit) or an integer >= 1; got -2"),
+    ("top_k", 0, "-1 (no limit) or an integer >= 1; got 0"),
+    ("temperature", "hot", 'a number in [0, 2]; got "hot"'),
+    ("temperature", 5, "a number in [0, 2]; got 5"),
+    ("temperature", -0.1, "a number in [0, 2]; got -0.1"),
+    ("top_p", [1], "a number in (0, 1]; got array"),
+    ("top_p", -3, "a number in (0, 1]; got -3"),
+    ("top_p", 0, "a number in (0, 1]; got 0"),
+    ("top_p", 1.01, "a number in (0, 1]; got 1.01"),
+    ("min_p", False, "a number in [0, 1]; got false"),
+    ("min_p", 1.5, "a number in [0, 1]; got 1.5"),
+    ("frequency_penalty", {}, "a number in [-2, 2]; got {}"),
+    ("frequency_penalty", 2.5, "a number in [-2, 2]; got 2.5"),
+    ("presence_penalty", "0", 'a number in [-2, 2]; got "0"'),
+    ("presence_penalty", -3, "a number in [-2, 2]; got -3"),
+    ("repetition_penalty", "1.1", 'a number in (0, 2]; got "1.1"'),
+    ("repetition_penalty", 0, "a number in (0, 2]; got 0"),
+    ("repetition_penalty", 2.1, "a number in (0, 2]; got 2.1"),
     ("stop", 3, "a string or a list of strings; got 3"),
     ("stop", ["a", 1], "a string or a list of strings; got array"),
+    ("stop_token_ids", [-1], "a list of token ids (integers >= 0); got array"),
     ("ignore_eos", "yes", 'true or false; got "yes"'),
     ("chat_template_kwargs", [], "an object; got []"),
+    ("n", 2, "1 (one answer per prompt); got 2"),
+    ("tool_choice", "sometimes", 'one of auto, required, none or an object; got "sometimes"'),
+    ("reasoning_effort", "max", 'one of low, medium, high; got "max"'),
 ]
 
 
 @pytest.mark.parametrize(("key", "value", "message"), BAD_SAMPLING)
-def test_sampling_values_of_the_wrong_type_are_named(
+def test_sampling_values_of_the_wrong_type_or_out_of_range_are_named(
     tmp_path: Path, key: str, value: Any, message: str
 ) -> None:
     path = write_jsonl(
@@ -295,16 +324,91 @@ def test_sampling_values_of_the_wrong_type_are_named(
         validate_file(path)
     errors = raised.value.errors
     assert [(e.line, e.field) for e in errors] == [(2, f"sampling.{key}"), (3, f"body.{key}")]
-    assert all(message in e.message for e in errors)
+    assert [e.message for e in errors] == [f"expected {message}"] * 2
+    assert str(errors[0]) == f"{path}:2: sampling.{key}: {errors[0].message}"
 
 
-def test_good_sampling_values_are_kept(tmp_path: Path) -> None:
-    sampling = {
-        "max_tokens": 0, "top_k": -1, "seed": 0, "temperature": 1, "top_p": 0.9, "min_p": 0.0,
-        "stop": "END", "ignore_eos": False, "chat_template_kwargs": {}, "logprobs": True,
+def test_good_sampling_values_are_kept_up_to_their_bounds(tmp_path: Path) -> None:
+    lowest = {
+        "max_tokens": 1, "max_completion_tokens": 1, "min_tokens": 0, "top_k": -1, "seed": 0,
+        "temperature": 0, "top_p": 1e-9, "min_p": 0.0, "frequency_penalty": -2,
+        "presence_penalty": -2.0, "repetition_penalty": 1e-9, "stop": "END", "ignore_eos": False,
+        "chat_template_kwargs": {}, "logprobs": True, "n": 1, "tool_choice": "none",
     }  # fmt: skip
-    [record] = read_prompts(write_jsonl(tmp_path, {"messages": HI, "sampling": sampling}))
-    assert record.body == {"messages": HI, **sampling}
+    highest: dict[str, Any] = {
+        "max_tokens": MAX_TOKENS_LIMIT, "max_completion_tokens": MAX_TOKENS_LIMIT, "top_k": 1,
+        "temperature": 2, "top_p": 1, "min_p": 1, "frequency_penalty": 2.0,
+        "presence_penalty": 2, "repetition_penalty": 2, "stop": ["a", "b"],
+        "stop_token_ids": [0, 151645], "tool_choice": {"type": "function"},
+        "reasoning_effort": "low", "response_format": {"type": "json_object"},
+    }  # fmt: skip
+    path = write_jsonl(tmp_path, {"messages": HI, "sampling": lowest}, openai_line(**highest))
+    low, high = read_prompts(path)
+    assert low.body == {"messages": HI, **lowest}
+    assert high.body == {"messages": HI, **highest}
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("max_token", "max_tokens"),
+        ("maxtokens", "max_tokens"),
+        ("temprature", "temperature"),
+        ("top-p", "top_p"),
+        ("frequency_penality", "frequency_penalty"),
+        ("max_new_tokens", "max_tokens"),  # SGLang's own name, in the wrong place
+        ("repeat_penalty", "repetition_penalty"),
+        ("topk", "top_k"),
+    ],
+)
+def test_unknown_sampling_keys_are_refused_with_the_closest_known_one(
+    tmp_path: Path, key: str, hint: str
+) -> None:
+    typo: dict[str, Any] = {key: 100}
+    path = write_jsonl(tmp_path, GOOD, {"messages": HI, "sampling": typo}, openai_line(**typo))
+    with pytest.raises(InputErrors) as raised:
+        validate_file(path)
+    errors = raised.value.errors
+    assert [str(e) for e in errors] == [
+        f"{path}:2: sampling.{key}: unknown sampling parameter; did you mean {hint}?",
+        f"{path}:3: body.{key}: unknown sampling parameter; did you mean {hint}?",
+    ]
+
+
+def test_an_unknown_sampling_key_with_no_close_match_lists_the_known_ones(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, openai_line(user="alice")))
+    assert error.field == "body.user"
+    assert error.message == f"unknown sampling parameter; known: {', '.join(SAMPLING_PARAMS)}"
+
+
+def test_a_null_does_not_hide_an_unknown_sampling_key(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, {"messages": HI, "sampling": {"max_token": None}}))
+    assert (error.field, error.message) == (
+        "sampling.max_token",
+        "unknown sampling parameter; did you mean max_tokens?",
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"max_tokens": 0}, f"--max-tokens must be an integer in [1, {MAX_TOKENS_LIMIT}], got 0"),
+        ({"max_tokens": MAX_TOKENS_LIMIT + 1}, "got 2147483648"),
+        ({"max_tokens": 1e15}, "got 1000000000000000.0"),
+        ({"temperature": 2.5}, "--temperature must be in [0, 2], got 2.5"),
+        ({"temperature": float("nan")}, "--temperature must be in [0, 2], got nan"),
+        ({"top_p": 0.0}, "--top-p must be in (0, 1], got 0.0"),
+    ],
+)
+def test_job_defaults_out_of_range_are_refused(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(JobError) as raised:
+        GenerationParams(**params)
+    assert message in str(raised.value)
+
+
+def test_job_defaults_at_their_bounds_are_accepted() -> None:
+    GenerationParams(max_tokens=1, temperature=0.0, top_p=1.0)
+    GenerationParams(max_tokens=MAX_TOKENS_LIMIT, temperature=2.0, top_p=1e-9)
 
 
 def test_bad_utf8_is_reported_with_its_byte_offset(tmp_path: Path) -> None:
@@ -460,3 +564,83 @@ def test_bundled_sample_is_what_the_generator_writes(tmp_path: Path) -> None:
     regenerated = tmp_path / "sample.jsonl"
     assert write_sample(regenerated) == 200
     assert regenerated.read_bytes() == SAMPLE_PATH.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "char", ["x", "é", "語", "😀"], ids=["ascii", "2-byte", "3-byte", "4-byte"]
+)
+def test_an_error_keeps_only_the_start_of_a_long_line(tmp_path: Path, char: str) -> None:
+    line = '{"messages": [{"role": "bot", "content": "' + char * 1_000_000 + '"}]}'
+    error = the_only_error(write_jsonl(tmp_path, GOOD, line))
+    assert error.raw == line[:REJECT_RAW_CHARS]
+    assert all(len(arg) <= REJECT_RAW_CHARS for arg in error.args if isinstance(arg, str))
+
+
+def test_rejects_go_to_the_file_in_order_and_only_the_first_stay_in_memory(
+    tmp_path: Path,
+) -> None:
+    long_line = '{"prompt": "' + "x" * 2000 + '", "id": "a/b"}'
+    path = write_jsonl(tmp_path, GOOD, *["{"] * 25, long_line, {"prompt": "y"})
+    rejects = Rejects()
+    summary = validate_file(path, on_error=rejects)
+    assert (summary.prompts, summary.rejected, rejects.count) == (2, 26, 26)
+    assert [e.line for e in rejects.first] == list(range(2, 2 + InputErrors.SHOWN))
+    rejects.upload(open_sink(str(tmp_path / "out")), "job/rejects.jsonl")
+    written = (tmp_path / "out/job/rejects.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["line"] for line in written] == list(range(2, 28))
+    assert orjson.loads(written[-1])["raw"] == long_line[:REJECT_RAW_CHARS]
+
+
+def peak_memory_of(work: Any) -> int:
+    """Bytes of Python memory at the peak of ``work()`` (tracemalloc: exact, not timing-bound)."""
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_skip_invalid_memory_does_not_grow_with_the_number_of_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    content = "x" * 900
+    with path.open("w") as out:
+        for n in range(20_000):  # 19 MB of bad lines
+            out.write(
+                f'{{"id": "q{n}", "messages": [{{"role": "bot", "content": "{content}"}}]}}\n'
+            )
+    rejects = Rejects()
+    peak = peak_memory_of(lambda: validate_file(path, on_error=rejects))
+    assert rejects.count == 20_000
+    # The read buffer (1 MiB), the id index (0.75 MiB) and the 20 errors kept; a list of every
+    # reject would hold the 19 MB.
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB"
+
+
+def test_reported_errors_hold_kilobytes_of_their_lines_not_megabytes(tmp_path: Path) -> None:
+    line = '{"messages": [{"role": "bot", "content": "' + "x" * 1_000_000 + '"}]}'
+    path = write_jsonl(tmp_path, *[line] * InputErrors.SHOWN)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputErrors) as raised:
+            validate_file(path)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(raised.value.errors) == InputErrors.SHOWN
+    # Each error keeps REJECT_RAW_CHARS of its line; keeping the lines would hold 20 MB.
+    assert held < 2**20, f"{held / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    ("lines", "rejected", "shown", "why"),
+    [
+        (0, 0, 0, "the file is empty"),
+        (3, 0, 0, "3 lines, all blank"),
+        (1, 1, 1, "1 line rejected, see above"),
+        (30, 30, 20, "30 lines rejected, see the first 20 above"),
+    ],
+)
+def test_no_prompts_says_why(lines: int, rejected: int, shown: int, why: str) -> None:
+    first = [InputError("f.jsonl", n + 1, "line", "bad") for n in range(shown)]
+    assert str(NoPrompts("f.jsonl", lines, rejected, first)) == f"f.jsonl: no prompts ({why})"

@@ -20,6 +20,12 @@ from workers.keys import JOB_NAME
 DEFAULT_MAX_TOKENS = 16384
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.95
+# Bounds of the job defaults, shared with the checks of a prompt line's own values
+# (producer/request_fields.py). Token counts are int32 in SGLang; anything near the limit is a
+# typo, and a float such as 1e15 is not a count at all. Temperature keeps OpenAI's [0, 2]
+# (SGLang alone takes any value >= 0): above 2 the output is noise, so it is a typo too.
+MAX_TOKENS_LIMIT = 2**31 - 1
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass(frozen=True)
@@ -33,10 +39,14 @@ class GenerationParams:
     model: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise JobError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.temperature <= 2:
-            raise JobError(f"--temperature must be in [0, 2], got {self.temperature}")
+        if type(self.max_tokens) is not int or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            raise JobError(
+                f"--max-tokens must be an integer in [1, {MAX_TOKENS_LIMIT}], got {self.max_tokens}"
+            )
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise JobError(
+                f"--temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise JobError(f"--top-p must be in (0, 1], got {self.top_p}")
 

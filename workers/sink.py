@@ -11,11 +11,12 @@ temp file hard-linked into place), so a late duplicate writer is a no-op, never 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 import orjson
@@ -31,6 +32,7 @@ class Sink(Protocol):
 
     def put_new(self, key: str, data: bytes) -> bool: ...
     def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, data: IO[bytes]) -> None: ...
     def get(self, key: str) -> bytes | None: ...
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str) -> Iterator[str]: ...
@@ -59,11 +61,14 @@ class LocalSink:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def _write_temp(self, path: Path, data: bytes) -> str:
+    def _write_temp(self, path: Path, data: bytes | IO[bytes]) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                shutil.copyfileobj(data, f)
             f.flush()
             os.fsync(f.fileno())
         return tmp
@@ -83,6 +88,14 @@ class LocalSink:
             raise SinkError(f"{path}: {exc.strerror or exc}") from exc
 
     def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            os.replace(self._write_temp(path, data), path)
+        except OSError as exc:
+            raise SinkError(f"{path}: {exc.strerror or exc}") from exc
+
+    def put_file(self, key: str, data: IO[bytes]) -> None:
+        """`put` of a file's contents, streamed (memory does not grow with its size)."""
         path = self._path(key)
         try:
             os.replace(self._write_temp(path, data), path)
@@ -154,6 +167,13 @@ class S3Sink:
     def put(self, key: str, data: bytes) -> None:
         try:
             self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except Exception as exc:
+            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+
+    def put_file(self, key: str, data: IO[bytes]) -> None:
+        """`put` of a file's contents, streamed in parts (boto3's managed upload)."""
+        try:
+            self._s3.upload_fileobj(data, self.bucket, self._key(key))
         except Exception as exc:
             raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
 
