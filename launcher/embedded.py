@@ -1,8 +1,8 @@
 """Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
 
 Each server runs in its own session and process group with a minimal environment, listens on
-127.0.0.1 only, and appends its raw output to one log file in its data dir; this module logs
-lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group),
+127.0.0.1 only, keeps its data in a 0700 dir, and appends its raw output to one log file in
+that dir; this module logs lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group),
 `kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps the port and the data dir.
 The child also gets SIGTERM if the *thread* that started it dies (PR_SET_PDEATHSIG), so a
 SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
+
+from launcher.credentials import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +209,8 @@ class EmbeddedServer:
         """Start and return once the server really answers; raise ServiceStartError if not."""
         if self.alive():
             return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Data, logs and secrets: nobody else on a shared node reads them.
+        private_dir(self.data_dir)
         self._prepare()
         self._probe_error = ""
         argv = self._argv(self.binary or self._default_binary())

@@ -28,7 +28,6 @@ STATE_DONE = "done"
 
 def job_status(
     ledger: Ledger, job: str, now: float | None = None, *, live: bool = False,
-    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Every figure of `job` at `now`; `live` adds `fleet` (one row per worker, ~2 s at most)."""
     now = time.time() if now is None else now
@@ -82,7 +81,7 @@ def job_status(
         "workers": workers,
         "canary": _canary(ledger, job, manifest),
         "quality": _quality(ledger, job),
-        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], api_key=api_key, now=now)
+        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], now=now)
         if live else None,
         "updated_at": now,
     }

@@ -29,6 +29,7 @@ from launcher.services import (
     ServiceStartError,
     free_port,
     free_s3_base,
+    redis_password,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,7 +240,8 @@ def test_launcher_redis_serves_until_sigterm_and_leaves_no_process(
 ) -> None:
     port, data_dir = free_port(), tmp_path / "redis"
     proc = launch(launcher_log, "redis", "--port", str(port), "--data-dir", str(data_dir))
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                         password=redis_password(data_dir))
     try:
         wait_until(lambda: redis_answers(client), timeout=15, what="`launcher redis` to answer")
         client.set("kept", "yes")
@@ -263,7 +265,8 @@ def test_launcher_redis_server_dies_with_a_sigkilled_launcher(
 ) -> None:
     port = free_port()
     proc = launch(launcher_log, "redis", "--port", str(port), "--data-dir", str(tmp_path))
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                         password=redis_password(tmp_path))
     try:
         wait_until(lambda: redis_answers(client), timeout=15, what="`launcher redis` to answer")
         server_pid = only_child(proc)

@@ -8,14 +8,22 @@ their flags through `dataclasses.replace`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from workers.redact import redact
 
 # The embedded Valkey of `python -m launcher redis` listens here; a bare `python -m producer`
 # or `celery -A workers worker` on a laptop finds it without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
+# FLEETGEN_REDIS_PASSWORD_FILE may name a file that is not there yet: the Procfile starts the
+# embedded Redis, which writes it at its first start, together with the processes that read it.
+PASSWORD_FILE_WAIT_S = 15.0
 
 
 class SettingsError(ValueError):
@@ -73,7 +81,15 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
-            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redact(self.redis_url)!r}")
+        if self.sglang_url is not None:
+            parts = urlsplit(self.sglang_url)
+            # The URL is logged, published in the worker registry and written into every result
+            # line: a credential in it would travel everywhere the key must not.
+            if parts.username or parts.password or parts.query:
+                raise SettingsError(
+                    f"SGLANG_URL must not carry credentials or a query ({redact(self.sglang_url)}):"
+                    " give the server's key in SGLANG_API_KEY")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
@@ -90,6 +106,10 @@ class Settings:
         kwargs: dict[str, object] = {}
         if env.get("REDIS_URL"):
             kwargs["redis_url"] = env["REDIS_URL"]
+        if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
+            kwargs["redis_url"] = with_password(
+                str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
+                read_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]), PASSWORD_FILE_WAIT_S))
         if env.get("SGLANG_URL"):
             kwargs["sglang_url"] = env["SGLANG_URL"].rstrip("/")
         if env.get("SGLANG_API_KEY"):
@@ -103,6 +123,49 @@ class Settings:
 
     def server_url_for_gpu(self, index: int) -> str:
         return f"http://127.0.0.1:{self.sglang_base_port + index}"
+
+    def __repr__(self) -> str:
+        # Settings end up in tracebacks and debug logs: never with the Redis password or a key.
+        shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
+                          for f in fields(self) if f.name != "extra")
+        return f"Settings({shown})"
+
+
+def _shown(name: str, value: object) -> object:
+    return redact(value, name=name) if isinstance(value, str) else value
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in its userinfo, unless the URL already carries one."""
+    parts = urlsplit(url)
+    if parts.password or not password or parts.scheme not in ("redis", "rediss"):
+        return url
+    user = quote(parts.username or "", safe="")
+    netloc = f"{user}:{quote(password, safe='')}@{parts.hostname or ''}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
+    """The secret held in `path` (surrounding whitespace dropped), waiting up to `wait_s` for
+    the file to appear; SettingsError naming the file (never its content) if it cannot be read.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            secret = path.read_text().strip()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise SettingsError(f"{path}: no such secret file (the embedded Redis writes "
+                                    "it at its first start: `python -m launcher redis`)") from None
+            time.sleep(0.1)
+            continue
+        except OSError as exc:
+            raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+        if not secret:
+            raise SettingsError(f"{path}: the secret file is empty")
+        return secret
 
 
 def _coerce(name: str, raw: str, type_: object) -> object:
@@ -120,7 +183,8 @@ def _coerce(name: str, raw: str, type_: object) -> object:
 ENV_DOC: dict[str, str] = {
     "REDIS_URL": f"broker + ledger (default {EMBEDDED_REDIS_URL}, the embedded Valkey)",
     "SGLANG_URL": "this worker's server; default http://127.0.0.1:(30000+N) for queue gpuN",
-    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key",
+    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key; sent to this worker's server only",
+    "FLEETGEN_REDIS_PASSWORD_FILE": "file holding the Redis password (put in REDIS_URL when it has none)",
     "AWS_ENDPOINT_URL": "S3 endpoint (SeaweedFS, MinIO, ...); unset means AWS",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION": "standard boto3 credentials",
 }
