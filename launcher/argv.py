@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from launcher.errors import ProfileError
+from workers.redact import MASK, is_secret_name, redact
 
 HOST = "127.0.0.1"
+# SGLang's; any flag whose name says it holds a secret is masked too (workers/redact.py).
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
@@ -34,15 +36,16 @@ def flag_value(args: Sequence[str], *names: str) -> str | None:
 
 
 def redacted(argv: Sequence[str]) -> list[str]:
-    """`argv` with secret values masked, for logs and the state file."""
-    out = list(argv)
+    """`argv` with secret values masked (secret flags' values, credentials in URLs), for logs
+    and the state file."""
+    out = [redact(word) for word in argv]
     for i, word in enumerate(out):
         name, eq, _ = word.partition("=")
-        if name in SECRET_FLAGS:
+        if name.startswith("--") and (name in SECRET_FLAGS or is_secret_name(name)):
             if eq:
-                out[i] = f"{name}=***"
-            elif i + 1 < len(out):
-                out[i + 1] = "***"
+                out[i] = f"{name}={MASK}"
+            elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+                out[i + 1] = MASK
     return out
 
 

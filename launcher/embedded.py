@@ -209,8 +209,7 @@ class EmbeddedServer:
         """Start and return once the server really answers; raise ServiceStartError if not."""
         if self.alive():
             return self
-        # Data, logs and secrets: nobody else on a shared node reads them.
-        private_dir(self.data_dir)
+        self._claim_data_dir()
         self._prepare()
         self._probe_error = ""
         argv = self._argv(self.binary or self._default_binary())
@@ -276,6 +275,18 @@ class EmbeddedServer:
         log.info("%s %s: stopped (exit code %d)", self.name, self.address, code)
         self._child = None
         self._after_exit()
+
+    def _claim_data_dir(self) -> None:
+        """Make the data dir 0700: data, logs and secrets that nobody else on a shared node may
+        read. A dir that others can read is tightened only if it is new, empty or this kind of
+        server's (`--data-dir /tmp` must fail, not chmod /tmp)."""
+        d = self.data_dir
+        if d.is_dir() and d.stat().st_mode & 0o077 and any(d.iterdir()) and not (
+                self.log_path.exists() or (d / "password").exists()
+                or (d / "credentials").exists()):
+            raise ServiceError(f"{self.name}: {d} is readable by other users and holds files that "
+                               "are not this server's: give it a dedicated --data-dir")
+        private_dir(d)
 
     def _require_free(self, ports: list[int]) -> None:
         busy = [port for port in ports if not port_is_free(port)]

@@ -144,7 +144,8 @@ def cmd_up(argv: Sequence[str]) -> int:
     check_ports(specs)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
                   else None) for g in gpus]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # SGLang logs its own --api-key (upstream): a new run dir is private to this user.
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)
     log.info("node: %d GPU(s) %s%s, run dir %s, logs %s", len(gpus), list(gpus),
              " (simulator)" if args.sim else f" (sglang {plan.version})", run_dir, plan.log_dir)

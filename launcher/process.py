@@ -93,7 +93,8 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
     """
     if spec.port is not None and not port_is_free(spec.port):
         raise PortBusyError(f"port {spec.port} is in use by another process")
-    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    # Server logs may hold what the server prints of its own secrets: new dirs are private.
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(spec.log_path, "ab") as out:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         out.write(f"{MARKER} {stamp} starting {spec.name}: {' '.join(redacted(spec.argv))}\n".encode())

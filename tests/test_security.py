@@ -527,3 +527,185 @@ def test_no_planted_secret_shows_in_any_log_status_file_page_or_redis_after_a_ru
     leaks = [f"{secret_name} in {where}" for where, text in shown.items()
              for secret_name, secret in planted.items() if secret in text]
     assert not leaks, leaks
+
+
+# --- least privilege: the documented Redis ACL users run a fleet -------------------------------
+
+
+def documented_acl_rules() -> dict[str, list[str]]:
+    """role -> ACL SETUSER arguments, as docs/security.md gives them (passwords to fill in)."""
+    rules = {}
+    for line in (ROOT / "docs" / "security.md").read_text().splitlines():
+        if line.startswith("ACL SETUSER fleetgen-"):
+            _, _, user, *args = line.split()
+            rules[user.removeprefix("fleetgen-")] = args
+    return rules
+
+
+def test_the_documented_acl_users_run_a_job_and_flower_cannot_read_the_ledger(
+    stack: Stack, tmp_path: Path, redis_server: RedisServer, redis_client: Any,
+) -> None:
+    rules = documented_acl_rules()
+    assert set(rules) == {"worker", "producer", "flower"}
+    urls = {}
+    redis_client.execute_command("ACL", "LOG", "RESET")
+    for role, args in rules.items():
+        password = secrets.token_hex(16)
+        filled = [f">{password}" if a.startswith(">") else a for a in args]
+        redis_client.execute_command("ACL", "SETUSER", f"fleetgen-{role}", "reset", *filled)
+        urls[role] = f"redis://fleetgen-{role}:{password}@127.0.0.1:{redis_server.port}/0"
+    try:
+        stack.base_env["REDIS_URL"] = urls["producer"]
+        _, url = stack.sim("sim0", "--fail-rate", "0.3", "--max-running-requests", "8",
+                           "--decode-tps", "200", "--mean-output-tokens", "40", "--speed", "20")
+        stack.worker(0, url, {"REDIS_URL": urls["worker"], "FLEETGEN_PROMPT_MAX_ATTEMPTS": "1"})
+        flower_proc, port = flower(stack, "127.0.0.1", {"REDIS_URL": urls["flower"],
+                                                         "FLOWER_UNAUTHENTICATED_API": "true"})
+
+        def flower_up() -> bool:
+            assert flower_proc.alive(), flower_proc.log()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthcheck", timeout=2).text == "OK"
+            except httpx.HTTPError:
+                return False
+
+        wait_until(flower_up, 60, what="flower up")
+        prompts = write_jsonl(tmp_path / "in.jsonl", chat_rows(20))
+        out = str(tmp_path / "out")
+        stack.producer("enqueue", str(prompts), "--job", "acl", "--output", out, "--batch-size", "5")
+        status = wait_job_done(stack, "acl", 120)
+        assert status["failed"] > 0
+        for command in (("status", "acl", "--json"), ("jobs",), ("pause", "acl"),
+                        ("resume", "acl"), ("cancel", "acl"), ("resume", "acl"),
+                        ("requeue", "acl", "--failed"),
+                        ("export", "acl", "--to", str(tmp_path / "acl.jsonl"), "--partial")):
+            stack.producer(*command)
+        wait_job_done(stack, "acl", 120)
+        workers = httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=30).json()
+        assert "registered" in workers["gpu0@test"], "flower's inspect answers must get through"
+        assert httpx.get(f"http://127.0.0.1:{port}/api/tasks", timeout=30).json()
+        assert "CLIENT LIST refused" not in stack.logs()
+        denied = [(e["username"], e["reason"], e["object"]) for e in redis_client.acl_log(100)]
+        assert not denied, denied
+        flower_client = redis.Redis.from_url(urls["flower"])
+        for read in (lambda: flower_client.hgetall(keys.WORKERS),
+                     lambda: flower_client.hgetall(keys.job("acl"))):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                read()
+        flower_client.close()
+    finally:
+        for role in rules:
+            redis_client.execute_command("ACL", "DELUSER", f"fleetgen-{role}")
+
+
+# --- what already held, and must keep holding ---------------------------------------------------
+
+
+class TouchOnUnpickle:
+    """Unpickling it creates a file: proof that a pickled message was decoded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (self.path,))
+
+
+def test_a_pickled_message_is_refused_by_the_worker_unopened(
+    stack: Stack, tmp_path: Path, redis_url: str,
+) -> None:
+    from kombu import Connection
+
+    _, url = stack.sim("sim0")
+    worker = stack.worker(0, url)
+    marker = tmp_path / "unpickled"
+    with Connection(redis_url) as connection:
+        connection.Producer(serializer="pickle").publish(
+            TouchOnUnpickle(marker), routing_key="gpu0", exchange="",
+            headers={"task": keys.TASK_RUN_BATCH, "id": "pickled-1", "lang": "py"})
+    wait_until(lambda: "untrusted content" in worker.log() or not worker.alive(), 60,
+               what="the worker to refuse the pickled message")
+    assert worker.alive() and not marker.exists()
+    assert "application/x-python-serialize" in worker.log()
+
+
+def test_job_names_that_could_reach_other_keys_are_refused(
+    tmp_path: Path, redis_url: str, redis_client: Any,
+) -> None:
+    stack = Stack(tmp_path, {"REDIS_URL": redis_url})
+    prompts = write_jsonl(tmp_path / "in.jsonl", chat_rows(3))
+    for name in ("x:*", "a:stats", "../up", "fg:job:b", " lead"):
+        result = stack.producer("enqueue", str(prompts), "--job", name, "--output",
+                                str(tmp_path / "out"), check=False)
+        assert result.returncode != 0 and "job name" in result.stderr, (name, result.stderr)
+    assert redis_client.dbsize() == 0
+
+
+class TlsFront:
+    """A TLS endpoint in front of the embedded (plain) Valkey, with a certificate from a CA
+    that no client trusts unless told to: what a `rediss://` Redis with its own CA looks like."""
+
+    def __init__(self, backend_port: int, certificate: Any) -> None:
+        self.backend_port = backend_port
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(str(certificate.cert), str(certificate.key))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        try:
+            front = self.context.wrap_socket(raw, server_side=True)
+        except (ssl.SSLError, OSError):
+            raw.close()  # the client refused our certificate: the point of the test
+            return
+        back = socket.create_connection(("127.0.0.1", self.backend_port))
+        replies = threading.Thread(target=self._pipe, args=(back, front), daemon=True)
+        replies.start()
+        self._pipe(front, back)
+        replies.join(10)
+        front.close()
+        back.close()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_rediss_keeps_certificate_checks_on(tmp_path: Path, redis_server: RedisServer) -> None:
+    from launcher.localca import issue_node_certificate
+
+    tls = issue_node_certificate(tmp_path / "tls")
+    front = TlsFront(redis_server.port, tls)
+    try:
+        url = redis_server.url.replace("redis://", "rediss://").replace(
+            f":{redis_server.port}/", f":{front.port}/")
+        for redis_url, code, says in ((url, 1, "CERTIFICATE_VERIFY_FAILED"),
+                                      (f"{url}?ssl_ca_certs={tls.ca}", 0, "no jobs")):
+            result = subprocess.run([PYTHON, "-m", "producer", "jobs"], cwd=ROOT,
+                                    env={**os.environ, "REDIS_URL": redis_url},
+                                    capture_output=True, text=True, timeout=60, check=False)
+            assert result.returncode == code and says in result.stdout + result.stderr, result
+    finally:
+        front.close()

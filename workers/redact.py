@@ -20,11 +20,14 @@ MASK = "***"
 
 # scheme://[userinfo@]rest-of-url, up to whitespace, a quote or a closing bracket.
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"<>)\]}]+)")
-_SECRET_WORDS = ("password", "passwd", "pass", "pwd", "secret", "token", "key", "auth",
-                 "signature", "credential", "session")
-# Names that contain a secret word but hold no secret.
-_NOT_SECRET = frozenset({"key_id", "access_key_id", "aws_access_key_id", "keyspace", "prefix",
-                         "x-amz-algorithm", "x-amz-date", "x-amz-expires", "x-amz-signedheaders"})
+# A name holds a secret when one of its words (split at - _ . and spaces) is one of these:
+# `--api-key`, `SGLANG_API_KEY`, `--ssl-keyfile-password`, `X-Amz-Signature`, `FLOWER_BASIC_AUTH`
+# do; `--tokenizer-path`, `max_tokens`, `--ssl-keyfile` do not.
+_SECRET_WORDS = frozenset({"password", "passwd", "pass", "pwd", "secret", "token", "key", "auth",
+                           "authorization", "signature", "credential", "apikey"})
+# The public half of a key pair.
+_NOT_SECRET = frozenset({"aws_access_key_id", "access_key_id", "key_id"})
+_WORD = re.compile(r"[-_.\s]+")
 
 
 def redact(value: object, *, name: str = "") -> str:
@@ -39,11 +42,11 @@ def redact(value: object, *, name: str = "") -> str:
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether a setting, header or query parameter of this name holds a secret."""
-    lowered = name.lower().replace("-", "_")
-    if lowered in _NOT_SECRET or lowered.replace("_", "-") in _NOT_SECRET:
+    """Whether a setting, flag, header or query parameter of this name holds a secret."""
+    words = [w for w in _WORD.split(name.lower().strip("-")) if w]
+    if "_".join(words).endswith(tuple(_NOT_SECRET)):
         return False
-    return any(word in lowered for word in _SECRET_WORDS)
+    return any(word in _SECRET_WORDS for word in words)
 
 
 def _redact_url(match: re.Match[str]) -> str:
