@@ -102,7 +102,8 @@ class RedisServer(EmbeddedServer):
             lines = path.read_text().splitlines()
         except FileNotFoundError:
             lines = []
-        others = [line for line in lines if line.strip() and line.split()[:2] != ["user", "default"]]
+        others = [line for line in lines
+                  if line.strip() and line.split()[:2] != ["user", "default"]]
         write_private(path, "\n".join([default_user_rule(self.password), *others]) + "\n")
 
     def _argv(self, binary: Path) -> list[str]:

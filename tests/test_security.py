@@ -35,6 +35,7 @@ from launcher.embedded import free_port, wait_until
 from launcher.redis_server import ACL_FILE, RedisServer
 from launcher.s3_server import S3Server
 from tests.stack import CELERY, PYTHON, ROOT, Proc, Stack, chat_rows, wait_job_done, write_jsonl
+from tests.test_services import listening
 from workers import keys
 from workers.ledger import Ledger
 from workers.redact import redact
@@ -202,7 +203,8 @@ def test_embedded_s3_master_volume_filer_and_admin_http_ports_refuse_without_cre
             answer = http.request(method, url)
             assert answer.status_code in (401, 403, 404), (method, url, answer.status_code)
             assert body not in answer.content
-        assert http.post(f"{filer}{path}", files={"file": b"tampered"}).status_code in (401, 403, 404)
+        tamper = http.post(f"{filer}{path}", files={"file": b"tampered"})
+        assert tamper.status_code in (401, 403, 404)
         # The master's would hand out write slots and delete a bucket's whole data.
         for url in (f"{master}/dir/assign", f"{master}/col/delete?collection={s3_server.bucket}",
                     f"{master}/vol/grow?count=1", f"{master}/dir/lookup?volumeId=1"):
@@ -504,7 +506,8 @@ def test_no_planted_secret_shows_in_any_log_status_file_page_or_redis_after_a_ru
                                                            Prefix=prefix)["Contents"]]
     assert any("/errors/" in k for k in objects), "the faults must have left error files"
     for name in objects:
-        shown[name] = s3_client.get_object(Bucket=s3_server.bucket, Key=name)["Body"].read().decode()
+        obj = s3_client.get_object(Bucket=s3_server.bucket, Key=name)
+        shown[name] = obj["Body"].read().decode()
     shown["worker metrics"] = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     flower_auth = ("fleet", planted["flower password"])
     for page in ("/api/tasks", "/tasks", "/broker", "/api/workers"):
@@ -514,6 +517,10 @@ def test_no_planted_secret_shows_in_any_log_status_file_page_or_redis_after_a_ru
     assert "redis://:**@127.0.0.1" in shown["flower /broker"], "flower masks the broker URL"
     assert orjson.loads(shown["flower /api/tasks"]), "flower saw the tasks"
     shown["redis"] = redis_dump(redis_client)
+    # Every listener the run opened (server, worker metrics, Flower) is on loopback only.
+    opened = {proc.name: listening(proc.pid) for proc in stack.procs}
+    assert all(opened.values()) and {ip for ports in opened.values() for ip, _ in ports} == {
+        "127.0.0.1"}, opened
     for proc in stack.procs:
         if proc.name != "sim0":
             shown[f"log of {proc.name}"] = proc.log_path.read_text(errors="replace")
@@ -572,7 +579,8 @@ def test_the_documented_acl_users_run_a_job_and_flower_cannot_read_the_ledger(
         wait_until(flower_up, 60, what="flower up")
         prompts = write_jsonl(tmp_path / "in.jsonl", chat_rows(20))
         out = str(tmp_path / "out")
-        stack.producer("enqueue", str(prompts), "--job", "acl", "--output", out, "--batch-size", "5")
+        stack.producer("enqueue", str(prompts), "--job", "acl", "--output", out,
+                       "--batch-size", "5")
         status = wait_job_done(stack, "acl", 120)
         assert status["failed"] > 0
         for command in (("status", "acl", "--json"), ("jobs",), ("pause", "acl"),

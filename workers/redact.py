@@ -5,8 +5,9 @@ Every error path, log line and status field that may carry a URL or a setting pa
 of secret-looking query parameters (`?token=***`, S3 presigned `X-Amz-Signature=***`), and the
 whole value of a setting whose name says it is a secret (`SGLANG_API_KEY`, `*_PASSWORD`, ...):
 
-    redact("cannot reach redis://:hunter2@10.0.0.5:6379/0")   -> "cannot reach redis://:***@10.0.0.5:6379/0"
-    redact("abc123", name="AWS_SECRET_ACCESS_KEY")              -> "***"
+    redact("cannot reach redis://:hunter2@10.0.0.5:6379/0")
+        -> "cannot reach redis://:***@10.0.0.5:6379/0"
+    redact("abc123", name="AWS_SECRET_ACCESS_KEY")  -> "***"
 
 Hosts, ports, paths and user names stay: they are what a person needs to find the fault.
 """

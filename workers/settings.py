@@ -183,8 +183,10 @@ def _coerce(name: str, raw: str, type_: object) -> object:
 ENV_DOC: dict[str, str] = {
     "REDIS_URL": f"broker + ledger (default {EMBEDDED_REDIS_URL}, the embedded Valkey)",
     "SGLANG_URL": "this worker's server; default http://127.0.0.1:(30000+N) for queue gpuN",
-    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key; sent to this worker's server only",
-    "FLEETGEN_REDIS_PASSWORD_FILE": "file holding the Redis password (put in REDIS_URL when it has none)",
+    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key; sent to this worker's "
+                      "server only",
+    "FLEETGEN_REDIS_PASSWORD_FILE": "file holding the Redis password (put into REDIS_URL when "
+                                    "it has none)",
     "AWS_ENDPOINT_URL": "S3 endpoint (SeaweedFS, MinIO, ...); unset means AWS",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION": "standard boto3 credentials",
 }
