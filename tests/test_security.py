@@ -262,6 +262,20 @@ def test_embedded_s3_grpc_ports_serve_only_clients_with_the_node_certificate(
         assert not grpc_settings_frame(port, s3_server, present_certificate=False, tls=False), name
         assert not grpc_settings_frame(port, s3_server, present_certificate=False), name
         assert grpc_settings_frame(port, s3_server, present_certificate=True), name
+    # weed also serves some of them on unix sockets in /tmp: owner-only (0755), and TLS too.
+    sockets = [path for path in s3_server.ports.grpc_sockets() if path.exists()]
+    assert sockets, "weed made no gRPC socket in /tmp: update this test"
+    for path in sockets:
+        assert mode(path) & 0o022 == 0, path
+        with socket.socket(socket.AF_UNIX) as unix:
+            unix.settimeout(5)
+            unix.connect(str(path))
+            unix.sendall(H2_PREFACE)
+            try:
+                head = unix.recv(9)
+            except (ConnectionError, TimeoutError):
+                head = b""
+            assert not (len(head) == 9 and head[3] == H2_SETTINGS), path
 
 
 def test_embedded_s3_keeps_its_secrets_in_private_files_and_off_its_command_line(
