@@ -285,3 +285,20 @@ def test_a_batch_delivered_during_an_s3_outage_waits_instead_of_failing(
         assert {int(v) for v in attempts.values()} <= {0}, attempts
     finally:
         stack.close()
+
+
+def test_redelivered_batches_are_taken_before_fresh_ones(
+    stack: Stack, tmp_path: Path, ledger: Ledger, celery_app: Any,
+) -> None:
+    from workers.dispatch import dispatch
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(100))
+    stack.producer("enqueue", str(src), "--job", "fresh", "--output", str(tmp_path / "out"),
+                   "--batch-size", "10", "--no-canary")
+    # b000007 comes back as a dead worker's batch would (the reconciler's re-dispatch).
+    dispatch(celery_app, ledger, "fresh", ["b000007"], keys.SHARED_QUEUE, redrive=True)
+    _, url = stack.sim("sim0", *SLOW)
+    worker = stack.worker(0, url)
+    wait_until(lambda: "fresh:b0000" in worker.log(), 60, what="a batch received")
+    first = worker.log().split("fleetgen.run_batch[fresh:", 1)[1][:7]
+    assert first == "b000007"

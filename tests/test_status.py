@@ -199,6 +199,21 @@ def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledge
     assert later["rate"]["prompts_per_s_5m"] == 0
 
 
+def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
+    manifest = make_job(ledger, "quick", "/tmp/out", prompts=10, created_at=NOW - 30)
+    ledger.activate(manifest)  # enqueue finished now: the job's clock starts here
+    started = float(ledger.r.hget(keys.job("quick"), "started_at"))
+    w = Worker(ledger, "gpu0@a")
+    for _ in range(10):
+        w.answer("quick", "b000001", MINUTE)
+    ledger.finish_batch("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
+                        [], now=started + 7.5)
+    s = job_status(ledger, "quick", started + 3600)
+    assert s["state"] == "done" and s["elapsed_s"] == 7.5
+    assert s["rate"]["prompts_per_s_all"] == pytest.approx(10 / 7.5, abs=1e-3)
+    assert "elapsed 0m07s" in render(s)
+
+
 def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger) -> None:
     half_done_job(ledger)
     ledger.set_state("half", STATE_PAUSED, "paused by user")
