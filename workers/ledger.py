@@ -204,8 +204,9 @@ class Ledger:
                   keys.job_part(name, "running")],
             args=[token, "1" if refund else "0", batch]))
 
-    def attempts(self, name: str, batch: str) -> int:
-        return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
+    def refund(self, name: str, batch: str) -> None:
+        """Give back an attempt whose lease was lost while its worker lived (it noticed)."""
+        self.r.hincrby(keys.job_part(name, "attempts"), batch, -1)
 
     def note_cause(self, name: str, batch: str, cause: str) -> None:
         """Why the batch's last attempt ended without finishing (kept for the limit's reason)."""
