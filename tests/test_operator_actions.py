@@ -568,6 +568,21 @@ class OperatorActions(RuleBasedStateMachine):
         wait_until(lambda: batch not in ledger.running_batches(job), COMMAND_TIMEOUT,
                    interval=0.05, what=f"{job}/{batch} handed back")
 
+    def enqueue_killed_once_created(self, job: str) -> None:
+        """kill -9 an enqueue the moment its job is in Redis (before its batches are queued)."""
+        model = self.jobs[job]
+        with self.step(f"enqueue_killed_once_created({job!r})"):
+            proc = self.spawn(model.enqueue_args("main"))
+            ledger = self.ledger()
+            wait_until(lambda: ledger.job_exists(job) or proc.poll() is not None, COMMAND_TIMEOUT,
+                       interval=0.005, what=f"job {job} created")
+            proc.kill()
+            self.finish(proc, f"enqueue {job} (main), killed once created")
+            if ledger.queued_batches(job) or proc.returncode == 0:
+                raise ReplayMissed(f"enqueue of {job} had queued its batches before the kill")
+            model.touched = model.rerun = True
+            model.owner = "main"
+
     # Plumbing
 
     @contextmanager
@@ -736,3 +751,14 @@ def test_pausing_twice_fails_no_prompt_as_a_worker_death(tmp_path: Path) -> None
             m.wait_stopped("alpha", batch)
             m.steer("alpha", "resume")
             m.wait_running("alpha", batch)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"enqueue not resumable; {KNOWN_BUG}")
+def test_interrupted_enqueue_then_resume_exports_every_prompt(tmp_path: Path) -> None:
+    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
+        m.enqueue_killed_once_created("beta")
+        # The operator notices a few seconds later, when the reconciler has dispatched the
+        # batches the killed enqueue left in no state; the final phase re-runs the enqueue.
+        ledger = m.ledger()
+        wait_until(lambda: bool(ledger.queued_batches("beta")), COMMAND_TIMEOUT,
+                   what="the reconciler dispatching beta's batches")
