@@ -541,12 +541,15 @@ class OperatorActions(RuleBasedStateMachine):
         return token is not None and keys.lease_owner(token) in live
 
     def running_batch(self, job: str) -> str:
-        """A batch of `job` that a live worker holds right now (waits for one)."""
+        """A batch of `job` that a live worker holds and that has no prompt finished yet, so
+        most of its prompts are unsent (waits for one)."""
         found: list[str] = []
 
         def held() -> bool:
-            running = self.ledger().running_batches(job)
-            found[:] = [b for b in running if self.held_by_a_live_worker(job, b)]
+            ledger = self.ledger()
+            running = ledger.running_batches(job)
+            found[:] = [b for b in running if self.held_by_a_live_worker(job, b)
+                        and not ledger.r.hlen(keys.checkpoint(job, b))]
             return bool(found)
 
         wait_until(held, COMMAND_TIMEOUT, interval=0.05, what=f"a running batch of {job}")
@@ -742,7 +745,9 @@ def test_two_redis_restarts_fail_no_prompt_as_a_worker_death(tmp_path: Path) -> 
         m.restart_redis(tenths=50)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"pause burns batch attempts; {KNOWN_BUG}")
+# Not strict yet: the second pause must land while the batch still has unsent prompts, which
+# this replay does not force every time (seen: reproduced 2 runs of 4).
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason=f"pause burns batch attempts; {KNOWN_BUG}")
 def test_pausing_twice_fails_no_prompt_as_a_worker_death(tmp_path: Path) -> None:
     with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
         batch = m.running_batch("alpha")
