@@ -68,12 +68,12 @@ from workers.retry import REDIS_ERRORS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.slow]
 
-# Failures of prompts never sent to a server (`tries == 0`) that the docs name: a batch that
-# lost more leases to worker deaths than FLEETGEN_BATCH_MAX_ATTEMPTS has its unsent prompts
-# failed with "batch B was interrupted N times (worker died holding it)" (README, "What happens
-# when things die": a poison batch; workers/batch.py). Nothing else may fail a prompt unsent.
-UNSENT_FAILURE_CODES = frozenset({"generation_failed"})
-INTERRUPTED = re.compile(r"was interrupted (\d+) times")
+# Failures of prompts never sent to a server (`tries == 0`) that the docs name: a batch whose
+# workers died holding it more than FLEETGEN_BATCH_MAX_ATTEMPTS times has its unsent prompts
+# failed with code batch_attempts_exhausted, "not sent: batch B was started N times and never
+# finished ..." (README, "Attempts"; workers/records.py). Nothing else may fail a prompt unsent.
+UNSENT_FAILURE_CODES = frozenset({"batch_attempts_exhausted"})
+INTERRUPTED = re.compile(r"was started (\d+) times and never finished")
 # Reasons a prompt that reached a server may fail for here: the poison marker's context 400,
 # and the simulator's 500s (or a reset when the server is killed) after every try.
 POISON = "POISON-PILL"
@@ -525,8 +525,8 @@ class OperatorActions(RuleBasedStateMachine):
             found = INTERRUPTED.search(message)
             assert found is not None, f"{model.name}: {pid} failed unsent, no documented reason: {failure}"
             assert int(found.group(1)) <= self.worker_kills, (
-                f"{model.name}: {pid} failed unsent as interrupted {found.group(1)} times by worker "
-                f"deaths, but only {self.worker_kills} workers were killed: {failure}")
+                f"{model.name}: {pid} failed unsent after {found.group(1)} unfinished attempts, "
+                f"but only {self.worker_kills} workers were killed: {failure}")
         elif pid in model.poison:
             assert code in POISON_CODES, f"{model.name}: poisoned {pid} failed as {code}: {failure}"
         else:
@@ -716,10 +716,6 @@ def replay(tmp_path: Path, workers: int, sizes: tuple[int, int], first: str
 
 
 
-KNOWN_BUG = "found by the operator-actions machine; fixed on main by the lead's work in progress"
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"status misses prompts failed unsent; {KNOWN_BUG}")
 def test_status_counts_the_prompts_of_a_batch_failed_after_two_worker_deaths(tmp_path: Path) -> None:
     # Found: start_stack(workers=2, sizes=(158, 278), first='alpha'), kill_worker(1),
     # start_worker(1), kill_worker(1): the export held 16 failures, `status` said 8.
@@ -732,7 +728,6 @@ def test_status_counts_the_prompts_of_a_batch_failed_after_two_worker_deaths(tmp
         m.start_worker_in(0)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"Redis restarts burn batch attempts; {KNOWN_BUG}")
 def test_two_redis_restarts_fail_no_prompt_as_a_worker_death(tmp_path: Path) -> None:
     # Found: start_stack(workers=1, sizes=(178, 121), first='alpha'), start_worker(1),
     # kill_worker(0), kill_server(), enqueue_twice_at_once('alpha', other_file=False),
@@ -747,7 +742,6 @@ def test_two_redis_restarts_fail_no_prompt_as_a_worker_death(tmp_path: Path) -> 
 
 # Not strict yet: the second pause must land while the batch still has unsent prompts, which
 # this replay does not force every time (seen: reproduced 2 runs of 4).
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=f"pause burns batch attempts; {KNOWN_BUG}")
 def test_pausing_twice_fails_no_prompt_as_a_worker_death(tmp_path: Path) -> None:
     with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
         batch = m.running_batch("alpha")
@@ -758,12 +752,14 @@ def test_pausing_twice_fails_no_prompt_as_a_worker_death(tmp_path: Path) -> None
             m.wait_running("alpha", batch)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"enqueue not resumable; {KNOWN_BUG}")
 def test_interrupted_enqueue_then_resume_exports_every_prompt(tmp_path: Path) -> None:
     with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
         m.enqueue_killed_once_created("beta")
-        # The operator notices a few seconds later, when the reconciler has dispatched the
-        # batches the killed enqueue left in no state; the final phase re-runs the enqueue.
+        # The killed enqueue left a job that is `creating`: no reconciler round may dispatch
+        # its batches (inputs are missing); the final phase re-runs the enqueue, which finishes
+        # the upload and starts it.
         ledger = m.ledger()
-        wait_until(lambda: bool(ledger.queued_batches("beta")), COMMAND_TIMEOUT,
-                   what="the reconciler dispatching beta's batches")
+        assert ledger.job_state("beta")[0] == "creating"
+        wait_until(lambda: "interrupted" in (job_status(ledger, "beta")["reason"] or ""),
+                   COMMAND_TIMEOUT, what="status saying beta's enqueue was interrupted")
+        assert not ledger.queued_batches("beta") and not ledger.running_batches("beta")

@@ -302,3 +302,22 @@ def test_redelivered_batches_are_taken_before_fresh_ones(
     wait_until(lambda: "fresh:b0000" in worker.log(), 60, what="a batch received")
     first = worker.log().split("fleetgen.run_batch[fresh:", 1)[1][:7]
     assert first == "b000007"
+
+
+def test_an_enqueue_killed_on_this_host_does_not_block_the_next_one(
+    tmp_path: Path, ledger: Ledger, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+    celery_app: Any,
+) -> None:
+    import socket
+    import subprocess
+
+    # A lock held by a process of this host that no longer exists (kill -9).
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ledger.r.set(keys.job_part("killed", "enqueue"), f"{socket.gethostname()}:{dead.pid}:abcd",
+                 px=30_000)
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(30))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert cli.main(["enqueue", str(src), "--job", "killed", "--output", str(tmp_path / "out"),
+                     "--batch-size", "10"]) == 0
+    assert ledger.job_state("killed")[0] == "running"
