@@ -33,7 +33,8 @@ import orjson
 
 from workers import keys
 from workers.job import InputInfo, JobManifest
-from workers.sink import Sink
+from workers.records import is_failure
+from workers.sink import Sink, batch_records
 
 FORMATS = ("jsonl", "openai", "parquet")
 # `requeue --failed` names its batches r{round:02d}-{n:06d} (producer/control.py).
@@ -47,13 +48,11 @@ class Layout:
 
     Names only (tens of bytes per batch of hundreds of prompts). A batch counts as done when
     its result object was listed here, so a batch finishing during the export is either wholly
-    in it or wholly missing; its errors object is written before its results (workers/batch.py),
-    so listing results first and errors second never sees a done batch without its errors.
+    in it or wholly missing (its errors object is written before its results, workers/batch.py).
     """
 
     inputs: int = 0  # base batch inputs (b000001 ...)
     done: set[str] = field(default_factory=set)  # batches with a result object
-    with_errors: set[str] = field(default_factory=set)  # batches with an errors object
     requeue: list[str] = field(default_factory=list)  # requeue batches with an input, in order
 
     def finished(self, manifest: JobManifest) -> bool:
@@ -65,10 +64,7 @@ class Layout:
 
 def survey(sink: Sink, job: str) -> Layout:
     layout = Layout()
-    for name in _batch_names(sink, keys.sink_results_prefix(job)):
-        layout.done.add(name)
-    for name in _batch_names(sink, keys.sink_errors_prefix(job)):
-        layout.with_errors.add(name)
+    layout.done.update(_batch_names(sink, keys.sink_results_prefix(job)))
     requeue: list[tuple[int, int, str]] = []
     for name in _batch_names(sink, f"{job}/inputs/"):
         match = REQUEUE_BATCH.match(name)
@@ -217,10 +213,14 @@ def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
             ids = [orjson.loads(line)["id"] for line in raw.splitlines() if line]
             del raw
             report.inputs += len(ids)
-            done = batch in layout.done
-            results = {r["id"]: r for r in _records(sink, keys.sink_result(job, batch), done)}
-            errors = {e["custom_id"]: e for e in _records(
-                sink, keys.sink_errors(job, batch), done and batch in layout.with_errors)}
+            results: dict[str, dict[str, Any]] = {}
+            errors: dict[str, dict[str, Any]] = {}
+            if batch in layout.done:
+                for record in batch_records(sink, job, batch):
+                    if is_failure(record):
+                        errors[record["custom_id"]] = record
+                    else:
+                        results[record["id"]] = record
             requeued = index.lookup(ids)
             for prompt_id in ids:
                 chosen = _choose(results.get(prompt_id), requeued.get(prompt_id),
@@ -229,7 +229,7 @@ def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
                     if len(report.missing_ids) < MISSING_EXAMPLES:
                         report.missing_ids.append(prompt_id)
                     continue
-                if "custom_id" in chosen:
+                if is_failure(chosen):
                     report.failed += 1
                     report.failed_by_code[chosen["error"]["code"]] += 1
                 else:
@@ -246,13 +246,12 @@ def _index_requeue_batch(sink: Sink, job: str, batch: str, layout: Layout, index
             if line:
                 index.put(orjson.loads(line)["id"], PENDING, None)
         return
-    # Errors before results: a prompt in both (a retry after a crash between the two writes)
-    # succeeded.
-    if batch in layout.with_errors:
-        for line in _lines(sink, keys.sink_errors(job, batch)):
-            index.put(orjson.loads(line)["custom_id"], FAILURE, line)
-    for line in _lines(sink, keys.sink_result(job, batch)):
-        if not index.put(orjson.loads(line)["id"], SUCCESS, line):
+    # Errors come before results: a prompt in both (a retry after a crash between the two
+    # writes) succeeded.
+    for record in batch_records(sink, job, batch):
+        if is_failure(record):
+            index.put(record["custom_id"], FAILURE, orjson.dumps(record))
+        elif not index.put(record["id"], SUCCESS, orjson.dumps(record)):
             report.duplicates_dropped += 1
 
 
@@ -269,14 +268,6 @@ def _choose(result: dict[str, Any] | None, requeued: tuple[int, bytes | None] | 
     return error
 
 
-def _lines(sink: Sink, key: str) -> Iterator[bytes]:
-    return (line for line in (sink.get(key) or b"").splitlines() if line)
-
-
-def _records(sink: Sink, key: str, present: bool) -> Iterator[dict[str, Any]]:
-    return (orjson.loads(line) for line in _lines(sink, key)) if present else iter(())
-
-
 def drain(rows: Iterable[dict[str, Any]]) -> None:
     """Run `rows` through without writing: the reconcile of an export that will be refused."""
     deque(rows, maxlen=0)
@@ -284,7 +275,7 @@ def drain(rows: Iterable[dict[str, Any]]) -> None:
 
 def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
     """A result or error in OpenAI Batch output format."""
-    if "custom_id" in record:
+    if is_failure(record):
         return {"id": record["id"], "custom_id": record["custom_id"],
                 "response": record["response"], "error": record["error"]}
     message: dict[str, Any] = {"role": "assistant", "content": record["content"],
@@ -344,7 +335,7 @@ def _write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     count = buffered = 0
     with pq.ParquetWriter(path, schema) as writer:
         for r in rows:
-            failed = "custom_id" in r
+            failed = is_failure(r)
             usage = r.get("usage") or {}
             columns["id"].append(r["custom_id"] if failed else r["id"])
             columns["status"].append("failed" if failed else "ok")
