@@ -174,11 +174,20 @@ def test_stop_and_resume_cycles_spend_no_attempt_and_fail_nothing(
     stack.worker(0, url, extra_env={"FLEETGEN_BATCH_MAX_ATTEMPTS": "1"})
     stack.producer("enqueue", str(src), "--job", "cycles", "--output", str(tmp_path / "out"),
                    "--batch-size", "20", "--no-canary")
-    for _ in range(5):
+    for cycle in range(5):
         _wait_running_with_progress(ledger, "cycles")
         stack.producer(stop, "cycles")
         wait_until(lambda: not ledger.running_batches("cycles"), 60, interval=0.1,
                    what="the running batch handed back")
+        if cycle == 0:
+            # Stopped mid-job, status and a partial export count the same prompts.
+            told = orjson.loads(stack.producer("status", "cycles", "--json", "--no-servers").stdout)
+            partial = stack.producer("export", "cycles", "--to", str(tmp_path / "part.jsonl"),
+                                     "--partial", "--json")
+            held = orjson.loads(partial.stdout)
+            exported = (tmp_path / "part.jsonl").read_bytes().splitlines()
+            assert (told["done"], told["failed"]) == (held["done"], held["failed"])
+            assert told["done"] + told["failed"] == len(exported) < 80
         stack.producer("resume", "cycles")
     status = wait_job_done(stack, "cycles", timeout=300)
     assert (status["done"], status["failed"]) == (80, 0)
