@@ -212,6 +212,9 @@ class BatchRunner:
         origin = Origin(self.engine.server_url, self.engine.worker, attempt)
         todo = [p for p in prompts if p.id not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
+            attempt = self._settled_attempts(job, batch, attempt)
+            origin = Origin(self.engine.server_url, self.engine.worker, attempt)
+        if todo and attempt > self.settings.batch_max_attempts:
             new = self.engine.run(self._give_up(manifest, batch, todo, origin))
             finished.update(new)
             todo = []
@@ -225,6 +228,20 @@ class BatchRunner:
         self._write(manifest, sink, batch, prompts, finished)
         failed = sum(1 for r in finished.values() if is_failure(r))
         return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
+
+    def _settled_attempts(self, job: str, batch: str, attempt: int) -> int:
+        """The batch's spent attempts once late refunds have landed (this one included).
+
+        A live worker that lost its lease in a Redis outage gives its attempt back only when
+        Redis is back, which can be after the reconciler re-dispatched the batch and this copy
+        counted it. Before failing prompts on the limit, wait one lease period for them.
+        """
+        deadline = time.monotonic() + self.settings.lease_ttl_s
+        while attempt > self.settings.batch_max_attempts and time.monotonic() < deadline:
+            time.sleep(min(1.0, self.settings.lease_renew_s))
+            attempt = on_redis(f"batch {job}/{batch}: attempts",
+                               lambda: self.ledger.attempts(job, batch))
+        return attempt
 
     async def _give_up(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], origin: Origin

@@ -208,6 +208,10 @@ class Ledger:
         """Give back an attempt whose lease was lost while its worker lived (it noticed)."""
         self.r.hincrby(keys.job_part(name, "attempts"), batch, -1)
 
+    def attempts(self, name: str, batch: str) -> int:
+        """Attempts the batch has spent, counting one held right now."""
+        return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
+
     def note_cause(self, name: str, batch: str, cause: str) -> None:
         """Why the batch's last attempt ended without finishing (kept for the limit's reason)."""
         self.r.hset(keys.job_part(name, "causes"), batch, cause)
