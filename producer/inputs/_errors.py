@@ -1,12 +1,19 @@
-"""The errors a bad input raises: one InputError per line, InputErrors for several, NoPrompts for
-a file that holds no prompt at all."""
+"""The errors a bad input raises, under fleetgen's root (workers.errors):
+
+    FleetgenError
+      InputError     one bad line: FILE:LINE: FIELD: what is wrong
+      InputErrors    several bad lines: the first ones kept, and the count of all
+      NoPrompts      the file holds no prompt at all
+"""
+
+from workers.errors import FleetgenError
 
 # An error keeps at most this much of its line, so a few bad lines of megabytes each cost a few
 # kilobytes, not megabytes; it is also how much of the line a rejects file shows.
 REJECT_RAW_CHARS = 1000
 
 
-class InputError(Exception):
+class InputError(FleetgenError):
     """One bad line. ``str(e)`` is ``FILE:LINE: FIELD: what is wrong``; ``raw`` is the line text,
     cut to REJECT_RAW_CHARS."""
 
@@ -23,7 +30,7 @@ class InputError(Exception):
         return f"{self.path}:{self.line}: {self.field}: {self.message}"
 
 
-class InputErrors(Exception):
+class InputErrors(FleetgenError):
     """Several bad lines: ``errors`` holds the first ones kept, ``total`` counts them all."""
 
     SHOWN = 20
@@ -40,7 +47,7 @@ class InputErrors(Exception):
         return "\n".join(shown)
 
 
-class NoPrompts(Exception):
+class NoPrompts(FleetgenError):
     """The file holds no prompt: it is empty or blank, or every line was rejected.
 
     Such a job would be done the moment it was created and hold its name for good, so nothing

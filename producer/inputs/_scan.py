@@ -1,24 +1,20 @@
-"""_Scan: one streaming pass over an input file, counting lines and bytes as it goes."""
+"""Scan: one streaming pass over an input file, counting lines and bytes as it goes."""
 
 import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from producer.input_errors import REJECT_RAW_CHARS, InputError
-from producer.prompt_id import IdIndex
-from producer.prompt_line import PromptRecord, _record
-from producer.request_fields import _Invalid
+from producer.inputs._errors import InputError
+from producer.inputs._ids import IdIndex
+from producer.inputs._line import PromptRecord, parse_line
 
-PROGRESS_EVERY = 10_000  # lines: often enough for a progress bar, rare enough to cost nothing
 _BOM = b"\xef\xbb\xbf"  # some editors start a UTF-8 file with it; orjson refuses it
-# An error keeps REJECT_RAW_CHARS characters of its line; UTF-8 spends at most 4 bytes on one, so
-# decoding this many bytes is enough, and a bad line of megabytes is never decoded whole.
-_RAW_BYTES = 4 * REJECT_RAW_CHARS
 
 
-class _Scan:
+class Scan:
     """One pass over a file, yielding a PromptRecord or an InputError per non-blank line.
 
+    ``progress(bytes_read, lines_read)`` is called every ``every`` lines and once at the end.
     ``name`` is what errors call the file (default: its path), e.g. ``<stdin>`` for a spooled copy.
     """
 
@@ -26,12 +22,14 @@ class _Scan:
         self,
         path: str | Path,
         progress: Callable[[int, int], None] | None,
+        every: int,
         hash_bytes: bool = False,
         name: str | None = None,
     ):
         self.path = path
         self.name = str(path) if name is None else name
         self.progress = progress
+        self.every = every
         self.digest = hashlib.sha256()
         self._hash_bytes = hash_bytes
         self.lines = self.bytes = self.blank_lines = 0
@@ -46,11 +44,7 @@ class _Scan:
                 if not raw or raw.isspace():
                     self.blank_lines += 1
                     continue
-                try:
-                    yield _record(raw, self.lines, ids)
-                except _Invalid as bad:
-                    text = raw[:_RAW_BYTES].decode("utf-8", "replace").rstrip("\r\n")
-                    yield InputError(self.name, self.lines, bad.field, bad.message, text)
+                yield parse_line(raw, self.lines, ids, self.name)
         if self.progress is not None:
             self.progress(self.bytes, self.lines)
 
@@ -59,5 +53,5 @@ class _Scan:
         self.bytes += len(raw)
         if self._hash_bytes:
             self.digest.update(raw)
-        if self.progress is not None and self.lines % PROGRESS_EVERY == 0:
+        if self.progress is not None and self.lines % self.every == 0:
             self.progress(self.bytes, self.lines)
