@@ -2,7 +2,7 @@
 
 SGLang caps max_running_requests by the KV pool (tokens // 2), by the Mamba state pool
 (slots // slots-per-request) or by the request itself, and it often logs nothing about it
-(shared/reference/sglang-contract.md §7). `read_capacity` names the binding limit in one
+(docs/reference/sglang.md#max-running-requests). `read_capacity` names the binding limit in one
 sentence; `from_server_info` reads the same facts, and the real concurrency, from a live
 `/server_info` body. Workers and the launcher must size their concurrency from
 `ServerReading.concurrency`, never from the flag they passed.
@@ -23,7 +23,8 @@ Binding = Literal["request", "kv", "mamba", "spec-default", "auto"]
 # speculative_hook.py sets an unset --max-running-requests to this when drafting is on.
 SPEC_DEFAULT = 48
 # Mamba state slots per running request for each radix-cache strategy, with overlap scheduling
-# on (the default): 3 + tracking slots (contract §7.3). extra_buffer without overlap takes 4.
+# on (the default): 3 + tracking slots (docs/reference/sglang.md#mamba-cap). extra_buffer
+# without overlap takes 4.
 STRATEGY_RATIO = {"no_buffer": 3, "extra_buffer": 5, "extra_buffer_lazy": 4}
 _RATIO_NAME = {1: "radix cache off", 3: "no_buffer", 4: "extra_buffer_lazy or no overlap",
                5: "extra_buffer"}
@@ -59,7 +60,9 @@ class CapacityReading:
 
 @dataclass(frozen=True)
 class ServerReading:
-    """What a live server says about itself in `/server_info` (contract §4.3)."""
+    """What a live server says about itself in `/server_info`.
+
+    As in docs/reference/sglang.md#server-info."""
 
     version: str | None
     model_path: str | None

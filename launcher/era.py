@@ -13,7 +13,8 @@ from launcher.logparse import (
     WeightsLoaded,
 )
 
-# Months each format was printed in, (first, last), None when open (contract §6.2-§6.4).
+# Months each format was printed in, (first, last), None when open
+# (docs/reference/sglang.md §6.2-§6.4).
 _PERIOD_TRAILING = {(".", False): (None, "2025-06"), (".", True): ("2025-07", "2025-10"),
                     (",", True): ("2025-10", "2026-01")}
 

@@ -3,7 +3,7 @@
 Every recognised line becomes a frozen dataclass. Each one carries `ts`, the time in the
 `[YYYY-mm-dd HH:MM:SS(.ms)( DP0| TP0 ...)]` prefix, and `ranks`. Lines without the prefix
 (tracebacks, `RuntimeError: ...`) are still checked for fatal patterns, with `ts=None`.
-Formats follow shared/reference/sglang-contract.md §6 for every release from 2025 to 0.5.23.
+Formats follow docs/reference/sglang.md#logs for every release from 2025 to 0.5.23.
 Fields are read as `key: value` / `key=value` pairs, never by position, because their order
 and presence changed between releases.
 

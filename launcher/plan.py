@@ -41,7 +41,8 @@ log = logging.getLogger("launcher.node")
 
 DEFAULT_BASE_PORT = 30000
 # NCCL ports sit 1000 above the HTTP ports: outside 22000-29999, where SGLang picks random
-# NCCL ports for servers not given one, so concurrent starts cannot collide (contract §1).
+# NCCL ports for servers not given one, so concurrent starts cannot collide
+# (docs/reference/sglang.md#process).
 NCCL_OFFSET = 1000
 RANDOM_NCCL_RANGE = range(22000, 30000)
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")

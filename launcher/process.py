@@ -1,7 +1,7 @@
 """A server or worker child process: its launch spec, spawning it, and stopping it.
 
 The child runs in its own session and process group with stdout and stderr merged into one
-log file (contract §1: SGLang logs to both).
+log file (docs/reference/sglang.md#process: SGLang logs to both).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class PopenProcess:
 
     def terminate(self) -> None:
         # The leader only: SGLang's main process drains and then stops its schedulers itself,
-        # and a Celery worker's warm shutdown needs its pool children alive (celery-redis X9).
+        # and a Celery worker's warm shutdown needs its pool children alive
+        # (docs/development/delivery.md#redelivery).
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
 
@@ -89,7 +90,7 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
     """Start `spec` with its output appended to its log after a launcher marker line.
 
     Raises PortBusyError when its port is taken: SGLang would find out only after loading
-    the whole model (contract §1).
+    the whole model (docs/reference/sglang.md#process).
     """
     if spec.port is not None and not port_is_free(spec.port):
         raise PortBusyError(f"port {spec.port} is in use by another process")

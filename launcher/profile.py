@@ -8,8 +8,9 @@ A profile is TOML (YAML too when PyYAML is installed):
     args = ["--max-running-requests", "32"]
 
 Layers are merged flag by flag, later ones winning: profile `args` < `[gpu.N] args` < the
-arguments after `--` on the command line. SGLang renamed flags between releases (contract §2),
-so `adapt_flags` rewrites either spelling to the one the installed version accepts.
+arguments after `--` on the command line. SGLang renamed flags between releases
+(docs/reference/sglang.md#flags), so `adapt_flags` rewrites either spelling to the one the
+installed version accepts.
 
     profile = load_profile(Path("node.toml"))
     model, args = profile.for_gpu(3, cli_args=["--log-level", "info"])

@@ -1,7 +1,7 @@
 """Readiness of a starting server: the HTTP probe and the wait for `/health`.
 
 Readiness polls `/health`, checks the return code and tails the log for fatal lines every
-round, under one deadline (contract §3).
+round, under one deadline (docs/reference/sglang.md#startup).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from launcher.clock import Clock
 from launcher.logfollower import LogFollower, describe_exit, describe_fatal
 from launcher.process import LaunchSpec, ServerProcess
 
-# A healthy SGLang /health takes about 1 s and up to 20 s under load (contract §4.1).
+# A healthy SGLang /health takes about 1 s and up to 20 s under load
+# (docs/reference/sglang.md#health).
 HEALTH_TIMEOUT_S = 30.0
 
 

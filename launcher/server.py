@@ -6,8 +6,9 @@
     await stop_process(proc, clock, timeout_s=60)
 
 The server runs in its own session and process group with stdout and stderr merged into one
-log file per GPU (contract §1: SGLang logs to both). Readiness polls `/health`, checks the
-return code and tails the log for fatal lines every round, under one deadline (contract §3).
+log file per GPU (docs/reference/sglang.md#process: SGLang logs to both). Readiness polls
+`/health`, checks the return code and tails the log for fatal lines every round, under one
+deadline (docs/reference/sglang.md#startup).
 
 This module only re-exports, so callers keep one import site; the parts live in:
 

@@ -405,7 +405,7 @@ def test_python_m_launcher_explain_runs_as_a_command(tmp_path: Path) -> None:
 def test_docs_examples_are_what_explain_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    doc = (ROOT / "README.md").read_text(encoding="utf-8")
+    doc = (ROOT / "docs" / "guides" / "explain.md").read_text(encoding="utf-8")
     blocks = dict(re.findall(r"<!-- example: (\w+) -->\n```\w*\n(.*?)```", doc, re.DOTALL))
     (tmp_path / "gpu0.log").write_text(blocks["log"], encoding="utf-8")
     monkeypatch.chdir(tmp_path)
@@ -454,7 +454,7 @@ def test_capacity_reading_names_the_binding_limit(
 
 
 def server_info(**overrides: object) -> dict[str, object]:
-    """A /server_info body shaped like 0.5.23's (contract §4.3)."""
+    """A /server_info body shaped like 0.5.23's (docs/reference/sglang.md#server-info)."""
     info: dict[str, object] = {
         "model_path": "Qwen/Qwen3.5-35B-A3B", "served_model_name": "qwen", "version": "0.5.23",
         "max_running_requests": 128, "context_length": None, "chunked_prefill_size": 8192,

@@ -1,6 +1,6 @@
 """launcher.logparse: one SGLang log line in, one typed event (or None) out.
 
-Lines are copied from the formats of shared/reference/sglang-contract.md §6, one per era.
+Lines are copied from the formats of docs/reference/sglang.md#logs, one per era.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`python -m launcher sim` as a process: readiness, SIGTERM drain, fatal exits (contract §1, §3)."""
+"""`python -m launcher sim` as a process: readiness, SIGTERM drain, fatal exits.
+
+As in docs/reference/sglang.md#process and docs/reference/sglang.md#startup."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class Settings:
     # Sink writes retried through an S3 outage for this long before the batch is given up.
     sink_retry_deadline_s: float = 600.0
     s3_addressing_style: str = "path"
-    # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
+    # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
