@@ -1,7 +1,7 @@
 """`python -m launcher explain`: logs in, a report of what the server did and why, out.
 
-Also covers launcher.capacity, the "why" of the effective max_running_requests, both from a
-log and from a `/server_info` body.
+Also covers the capacity reading in launcher.logs, the "why" of the effective
+max_running_requests, both from a log and from a `/server_info` body.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.capacity import CapacityFacts, from_server_info, read_capacity
-from launcher.explain import main
+from launcher.logs import CapacityFacts, from_server_info, read_capacity
+from launcher.logs import explain as main
 
 ROOT = Path(__file__).resolve().parents[1]
 MAMBA_REASON = ("asked 128, got 16: 80 Mamba slots / 5 per request (extra_buffer); "

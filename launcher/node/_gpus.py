@@ -13,21 +13,13 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher.server import NodeError
+from launcher.node._errors import GpuSpecError, NoGpuError
 
 QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"]
 # nvidia-smi can hang for tens of seconds on a wedged driver; a node that slow is not usable.
 QUERY_TIMEOUT_S = 30.0
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-
-
-class NoGpuError(NodeError):
-    """No usable NVIDIA GPU: nvidia-smi is missing or failed, or a requested index is absent."""
-
-
-class GpuSpecError(NodeError):
-    """A `--gpus` value that is not a list of indices and ranges (e.g. `0-6` or `0,1,4`)."""
 
 
 @dataclass(frozen=True)

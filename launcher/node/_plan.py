@@ -15,28 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.embedded import port_is_free
-from launcher.profile import (
+from launcher.node._args import (
+    HOST,
     NEWEST_SGLANG,
     Profile,
     adapt_flags,
+    build_argv,
+    flag_value,
     load_profile,
     merge_args,
     sglang_command,
 )
-from launcher.profile import sglang_version as installed_sglang_version
-from launcher.rundir import REQUEST_FILE
-from launcher.server import (
-    HOST,
-    LaunchSpec,
-    NodeError,
-    PortBusyError,
-    ProfileError,
-    build_argv,
-    flag_value,
-)
-from launcher.supervisor import Order, OrderError
+from launcher.node._args import sglang_version as installed_sglang_version
+from launcher.node._errors import NodeError, PortBusyError, ProfileError
+from launcher.node._process import LaunchSpec
+from launcher.node._rundir import REQUEST_FILE
+from launcher.node._supervisor import Order, OrderError
 
-# The logger keeps its pre-split name so logging config keyed on `launcher.node` still applies.
+# The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")
 
 DEFAULT_BASE_PORT = 30000

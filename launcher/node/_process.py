@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from launcher.argv import HOST, redacted
-from launcher.clock import Clock
 from launcher.embedded import die_with_parent, port_is_free
-from launcher.errors import PortBusyError
+from launcher.node._args import HOST, redacted
+from launcher.node._clock import Clock
+from launcher.node._errors import PortBusyError
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 
@@ -97,7 +97,8 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as out:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        out.write(f"{MARKER} {stamp} starting {spec.name}: {' '.join(redacted(spec.argv))}\n".encode())
+        argv = " ".join(redacted(spec.argv))
+        out.write(f"{MARKER} {stamp} starting {spec.name}: {argv}\n".encode())
         out.flush()
         popen = subprocess.Popen(
             list(spec.argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -1,11 +1,11 @@
-"""Pure parser for SGLang server log lines: `parse_line(str) -> Event | None`.
+"""SGLang server log lines in, typed events out: `parse_line(str) -> Event | None`.
 
-Every recognised line becomes a frozen dataclass. Each one carries `ts`, the time in the
-`[YYYY-mm-dd HH:MM:SS(.ms)( DP0| TP0 ...)]` prefix, and `ranks`. Lines without the prefix
-(tracebacks, `RuntimeError: ...`) are still checked for fatal patterns, with `ts=None`.
-Formats follow docs/reference/sglang.md#logs for every release from 2025 to 0.5.23.
-Fields are read as `key: value` / `key=value` pairs, never by position, because their order
-and presence changed between releases.
+Every recognised line becomes a frozen dataclass (one per kind of line, below). Each one
+carries `ts`, the time in the `[YYYY-mm-dd HH:MM:SS(.ms)( DP0| TP0 ...)]` prefix, and `ranks`.
+Lines without the prefix (tracebacks, `RuntimeError: ...`) are still checked for fatal
+patterns, with `ts=None`. Formats follow docs/reference/sglang.md#logs for every
+release from 2025 to 0.5.23. Fields are read as `key: value` / `key=value` pairs, never by
+position, because their order and presence changed between releases.
 
     >>> parse_line("[2026-10-10 11:59:41] The server is fired up and ready to roll!")
     Ready(ts=datetime.datetime(2026, 10, 10, 11, 59, 41), ranks=())
@@ -13,49 +13,190 @@ and presence changed between releases.
 
 from __future__ import annotations
 
+import ast
 import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import cast
+from typing import Literal, cast
 
-from launcher.logevents import (
-    CapKind,
-    CapWarning,
-    CudaGraph,
-    DecodeBatch,
-    Draining,
-    Event,
-    Fatal,
-    FatalKind,
-    KVCache,
-    MambaCache,
-    PrefillBatch,
-    Ready,
-    ServerArgs,
-    Summary,
-    WeightsLoaded,
-    WeightsLoading,
-)
-from launcher.logfields import _float, _gb, _grab, _int, _pairs, _server_args
-
-__all__ = [
-    "CapKind",
-    "CapWarning",
-    "CudaGraph",
-    "DecodeBatch",
-    "Draining",
-    "Event",
-    "Fatal",
-    "FatalKind",
-    "KVCache",
-    "MambaCache",
-    "PrefillBatch",
-    "Ready",
-    "ServerArgs",
-    "Summary",
-    "WeightsLoaded",
-    "WeightsLoading",
-    "parse_line",
+FatalKind = Literal[
+    "kv_no_memory", "weights_no_memory", "zero_requests", "pool_too_small", "mamba_no_memory",
+    "mamba_too_small", "cuda_graph", "cuda_oom", "watchdog", "scheduler_exception",
+    "scheduler_died", "warmup_failed", "init_failed", "health_check", "port_in_use", "sigquit",
 ]
+CapKind = Literal["mamba", "kv", "spec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of every parsed line: when it was logged (None without a prefix) and by which ranks."""
+
+    ts: datetime | None = None
+    ranks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerArgs(Event):
+    """`server_args={...}` ([R]) or `server_args=ServerArgs(...)` (older): the resolved args."""
+
+    args: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class WeightsLoading(Event):
+    """`Load weight begin. avail mem=X GB`."""
+
+    avail_gb: float | None
+
+
+@dataclass(frozen=True)
+class WeightsLoaded(Event):
+    """`Load weight end. ...`; a draft/MTP model logs a second one (`is_draft`)."""
+
+    elapsed_s: float | None
+    model_class: str | None
+    avail_gb: float | None
+    mem_usage_gb: float | None
+    is_draft: bool
+    dtype: str | None = None
+    quant: str | None = None
+
+
+@dataclass(frozen=True)
+class MambaCache(Event):
+    """`Mamba Cache is allocated. max_mamba_cache_size: N, ...`: state slots per DP shard."""
+
+    max_mamba_cache_size: int | None
+    conv_gb: float | None
+    ssm_gb: float | None
+    intermediate_ssm_gb: float | None = None
+    intermediate_conv_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class KVCache(Event):
+    """`KV Cache is allocated. [dtype: D, ]#tokens: N, K size/V size | KV size`.
+
+    `kv_gb` is the printed `KV size` (MLA) or K + V; `dtype` is None before 2026-05-24.
+    """
+
+    tokens: int | None
+    dtype: str | None
+    k_gb: float | None
+    v_gb: float | None
+    kv_gb: float | None
+    upper_bound: bool = False
+
+
+@dataclass(frozen=True)
+class CudaGraph(Event):
+    """A CUDA (or CPU/NPU) graph capture line: begin, the old `bs [...]` line, or end.
+
+    `stage` is decode/verify/prefill/piecewise, or "" in the old format that names none;
+    `legacy` marks the format used before 2026-06-22.
+    """
+
+    max_bs: int | None
+    bs_list: tuple[int, ...]
+    elapsed_s: float | None
+    mem_gb: float | None
+    avail_gb: float | None = None
+    role: str = "target"
+    stage: str = ""
+    done: bool = False
+    legacy: bool = False
+
+
+@dataclass(frozen=True)
+class Summary(Event):
+    """`max_total_num_tokens=N, ...`; `max_running_requests` is the effective per-DP cap."""
+
+    max_total_num_tokens: int | None
+    chunked_prefill_size: int | None
+    max_prefill_tokens: int | None
+    max_running_requests: int | None
+    context_len: int | None
+    available_gpu_mem_gb: float | None
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ready(Event):
+    """`The server is fired up and ready to roll!`."""
+
+
+@dataclass(frozen=True)
+class _Batch(Event):
+    fields: Mapping[str, str]
+    running: int | None
+    queue: int | None
+    token_usage: float | None
+    full_token_usage: float | None
+    swa_token_usage: float | None
+    mamba_usage: float | None
+    cuda_graph: bool | None
+    iteration: int | None
+    sep: str  # "." before 2025-10-26, "," after
+    trailing_comma: bool  # 2025-07 to 2026-01
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV usage whichever way it was printed (`token usage` or hybrid `full token usage`)."""
+        return self.token_usage if self.token_usage is not None else self.full_token_usage
+
+
+@dataclass(frozen=True)
+class PrefillBatch(_Batch):
+    """`Prefill batch[ [iter]][.,] ...`, every era and hybrid variant."""
+
+    new_seq: int | None = None
+    new_token: int | None = None
+    cached_token: int | None = None
+    pending_token: int | None = None
+    input_throughput: float | None = None
+
+
+@dataclass(frozen=True)
+class DecodeBatch(_Batch):
+    """`Decode batch[ [iter]][.,] ...`, every era, hybrid Mamba/SWA and speculative variant."""
+
+    tokens: int | None = None
+    mamba_num: int | None = None
+    accept_len: float | None = None
+    accept_rate: float | None = None
+    gen_throughput: float | None = None
+
+
+@dataclass(frozen=True)
+class CapWarning(Event):
+    """A warning that max_running_requests was lowered (mamba, kv) or defaulted (spec, 48)."""
+
+    kind: CapKind
+    requested: int | None
+    effective: int | None
+    slots: int | None = None
+    per_request: int | None = None
+
+
+@dataclass(frozen=True)
+class Fatal(Event):
+    """A line that means the server failed or is about to die (§6.4)."""
+
+    kind: FatalKind
+    message: str
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Draining(Event):
+    """SIGTERM received or `Gracefully exiting... Remaining number of requests N`."""
+
+    remaining: int | None = None
+
+
+# The parser.
 
 _PREFIX = re.compile(
     r"\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] ?"
@@ -232,3 +373,71 @@ def _kv(msg: str, ts: datetime | None, ranks: tuple[str, ...]) -> Event | None:
         kv if kv is not None else (k + v if k is not None and v is not None else None),
         "VA upper bound" in msg, ts=ts, ranks=ranks,
     )
+
+
+# Field readers: `key: value` pairs, numbers, GB sizes, the server_args dict.
+
+_NUM = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_LOOSE_ARG = re.compile(
+    r"""['"]?(\w+)['"]?(?:\s*:\s*|=)('[^']*'|"[^"]*"|-?\d[\w.+-]*|True|False|None)(?=\s*[,)}])"""
+)
+
+
+def _server_args(text: str) -> dict[str, object]:
+    """Read the args dict ([R]) or `ServerArgs(k=v, ...)` repr; values ast cannot read stay text."""
+    text = text.strip()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # odd escapes in paths must not warn
+            node = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        node = None
+    if isinstance(node, ast.Dict):
+        pairs = [(_literal(k, text), v) for k, v in zip(node.keys, node.values) if k is not None]
+        return {str(k): _literal(v, text) for k, v in pairs}
+    if isinstance(node, ast.Call):
+        return {kw.arg: _literal(kw.value, text) for kw in node.keywords if kw.arg}
+    # Reprs of enums or objects (`<X: 1>`) break ast; keep the simple scalar pairs.
+    return {k: _literal_text(v) for k, v in _LOOSE_ARG.findall(text)}
+
+
+def _literal(node: ast.expr, text: str) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return ast.get_source_segment(text, node)
+
+
+def _literal_text(value: str) -> object:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return value
+
+
+def _pairs(text: str, sep: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(", "):
+        key, found, value = part.partition(sep)
+        if found:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _grab(pattern: str, text: str) -> str | None:
+    m = re.search(pattern, text)
+    return m.group(1) if m else None
+
+
+def _gb(name: str, text: str) -> float | None:
+    return _float(_grab(name + r" size: ([\d.]+)\s*GB", text))
+
+
+def _float(text: str | None) -> float | None:
+    m = _NUM.search(text) if text else None
+    return float(m.group()) if m else None
+
+
+def _int(text: str | None) -> int | None:
+    number = _float(text)
+    return int(number) if number is not None else None

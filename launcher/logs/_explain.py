@@ -1,8 +1,47 @@
-"""The compact aligned text form of a `LogReport`'s JSON, as `explain` prints it."""
+"""`python -m launcher explain LOGFILE [--json]`: what an SGLang log says about its server.
+
+Streams the log through `parse_line` and folds the events into a `LogReport`: format era,
+model, memory pools, requested vs effective max_running_requests and why, readiness, the
+latest Decode batch, and the fatal error with a hint; prints it as JSON or as the compact
+aligned text of `render_text`. Exit codes: 0 normally, 1 when the log shows a fatal error, 2
+on bad usage or an unreadable file.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections.abc import Mapping
+
+from launcher.logs._report import read_log
+
+EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
+
+
+def explain(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m launcher explain LOGFILE [--json]`; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher explain",
+        description="Explain what an SGLang server log says about its server.",
+        epilog="examples:\n  python -m launcher explain logs/gpu0.log\n"
+        "  python -m launcher explain logs/gpu0.log --json | jq .max_running_requests",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("logfile", help="an SGLang server log (stdout and stderr merged)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        report = read_log(args.logfile)
+    except OSError as exc:
+        print(f"explain: cannot read {args.logfile}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    data = report.to_json()
+    print(json.dumps(data, indent=2) if args.json else render_text(data))
+    return EXIT_FATAL if data["fatal"] is not None else EXIT_OK
 
 
 def render_text(data: Mapping[str, object]) -> str:

@@ -1,4 +1,4 @@
-"""Server arguments per GPU: a profile file, per-GPU overrides, and flag names for the SGLang here.
+"""A server's arguments: profile file, per-GPU layers, flag names per SGLang release, argv.
 
 A profile is TOML (YAML too when PyYAML is installed):
 
@@ -8,13 +8,15 @@ A profile is TOML (YAML too when PyYAML is installed):
     args = ["--max-running-requests", "32"]
 
 Layers are merged flag by flag, later ones winning: profile `args` < `[gpu.N] args` < the
-arguments after `--` on the command line. SGLang renamed flags between releases
-(docs/reference/sglang.md#flags), so `adapt_flags` rewrites either spelling to the one the
-installed version accepts.
+arguments after `--` on the command line. SGLang renamed flags between releases (docs/reference/sglang.md#flags),
+so `adapt_flags` rewrites either spelling to the one the installed version accepts. Then
+`build_argv` adds the entry point, model, ports and the launcher's defaults; `redacted` masks
+secrets wherever an argv is logged or published.
 
     profile = load_profile(Path("node.toml"))
     model, args = profile.for_gpu(3, cli_args=["--log-level", "info"])
     args, notes = adapt_flags(args, sglang_version())
+    argv = build_argv(["sglang", "serve"], model, 30003, 31003, args)
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.server import ProfileError, split_flags
+from launcher.node._errors import ProfileError
 
-__all__ = ["GpuOverride", "Profile", "ProfileError", "adapt_flags", "load_profile",
-           "merge_args", "profile_from_mapping", "sglang_command", "sglang_version"]
-
+# Servers listen on loopback unless the arguments say otherwise.
+HOST = "127.0.0.1"
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
 # The newest release the contract was read from; assumed when SGLang is not installed here.
 NEWEST_SGLANG = "0.5.23"
 # (old flag, new flag, first release taking the new one). Upstream renamed both in June 2026
@@ -242,3 +244,67 @@ def sglang_command(profile: Profile) -> list[str]:
 def _declares_cli() -> bool:
     scripts = importlib.metadata.distribution("sglang").entry_points.select(group="console_scripts")
     return any(entry.name == "sglang" for entry in scripts)
+
+
+# The argument list itself: flags read from it, secrets masked, the full argv built.
+
+def split_flags(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
+    """Group an argument list into (flag, tokens) items: `--x 1 2` and `--y=3` are one each."""
+    items: list[tuple[str | None, list[str]]] = []
+    for arg in args:
+        if arg.startswith("--"):
+            items.append((arg.partition("=")[0], [arg]))
+        elif items:
+            items[-1][1].append(arg)
+        else:
+            items.append((None, [arg]))
+    return items
+
+
+def flag_value(args: Sequence[str], *names: str) -> str | None:
+    """The last value given for any of `names` (`--x v` or `--x=v`); "" for a bare flag."""
+    value: str | None = None
+    for flag, tokens in split_flags(args):
+        if flag in names:
+            _, eq, inline = tokens[0].partition("=")
+            value = inline if eq else (tokens[1] if len(tokens) > 1 else "")
+    return value
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """`argv` with secret values masked, for logs and the state file."""
+    out = list(argv)
+    for i, word in enumerate(out):
+        name, eq, _ = word.partition("=")
+        if name in SECRET_FLAGS:
+            if eq:
+                out[i] = f"{name}=***"
+            elif i + 1 < len(out):
+                out[i + 1] = "***"
+    return out
+
+
+def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int,
+               args: Sequence[str]) -> list[str]:
+    """The server's full argv: entry point, model, ports, launcher defaults, then `args`."""
+    for flag in ("--port", "--nccl-port", "--base-gpu-id"):
+        if flag_value(args, flag) is not None:
+            raise ProfileError(f"{flag} is set per GPU by the launcher (ports: --base-port); "
+                               "remove it from the server arguments")
+    for flags in (("--tp-size", "--tensor-parallel-size", "--tp"),
+                  ("--dp-size", "--data-parallel-size", "--dp")):
+        value = flag_value(args, *flags)
+        if value not in (None, "1"):
+            raise ProfileError(f"{flags[0]} {value}: the launcher runs one server per GPU, "
+                               "so tensor and data parallelism must be 1")
+    argv = list(command)
+    if model and flag_value(args, "--model-path", "--model") is None:
+        argv += ["--model-path", model]
+    argv += ["--port", str(port), "--nccl-port", str(nccl_port)]
+    # --log-level warning would hide the lines readiness and capacity are read from (§1).
+    for flag, value in (("--host", HOST), ("--log-level", "info")):
+        if flag_value(args, flag) is None:
+            argv += [flag, value]
+    if flag_value(args, "--enable-metrics") is None:
+        argv.append("--enable-metrics")
+    return argv + list(args)

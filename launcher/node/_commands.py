@@ -6,8 +6,8 @@
     python -m launcher restart --rolling -- --max-running-requests 64
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
-`status` reads that file; `restart` writes `{run_dir}/restart.json` and sends the supervisor
-SIGHUP, then follows the rollout in node.json. See README "launcher".
+`status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
+and sends the supervisor SIGHUP, then follows the rollout in node.json. See README "launcher".
 """
 
 from __future__ import annotations
@@ -21,21 +21,20 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from launcher.gpus import discover_gpus, parse_gpu_spec, select_gpus
-from launcher.plan import (
+from launcher.node._args import Profile, flag_value, load_profile
+from launcher.node._errors import NodeError
+from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
+from launcher.node._plan import (
     DEFAULT_BASE_PORT,
-    NCCL_OFFSET,
-    RANDOM_NCCL_RANGE,
-    SIM_COMMAND,
     NodePlan,
     check_ports,
     read_request,
 )
-from launcher.profile import Profile, load_profile
-from launcher.rundir import (
+from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
     REQUEST_FILE,
     STATE_FILE,
@@ -43,21 +42,10 @@ from launcher.rundir import (
     read_state,
     write_json,
 )
-from launcher.server import HttpProbe, NodeError, flag_value
-from launcher.status import _rollout_text, annotate, render_status
-from launcher.supervisor import Child, Order, Policy, Slot, Supervisor
+from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
+from launcher.node._watch import HttpProbe
 
-# The run-dir, plan and status helpers moved to their own modules; they stay importable
-# from here because tests and callers reach them as `node.<name>`.
-__all__ = [
-    "ACK_TIMEOUT_S", "DEFAULT_BASE_PORT", "DEFAULT_RUN_DIR", "EXIT_FAILED", "EXIT_OK",
-    "EXIT_USAGE", "NCCL_OFFSET", "RANDOM_NCCL_RANGE", "REQUEST_FILE", "SIM_COMMAND",
-    "STATE_FILE", "NodePlan", "annotate", "check_ports", "cmd_restart", "cmd_status", "cmd_up",
-    "follow", "main", "pid_alive", "read_request", "read_state", "render_status", "up_parser",
-    "write_json",
-]
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("launcher.node")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 ACK_TIMEOUT_S = 10.0
@@ -256,3 +244,73 @@ def follow(run_dir: Path, request_id: str, timeout_s: float, no_wait: bool = Fal
         time.sleep(0.2)
     print(f"restart {request_id}: still running after {timeout_s:.0f} s", file=sys.stderr)
     return EXIT_FAILED
+
+
+# The `status` table: node.json annotated with liveness and rendered as text.
+
+def annotate(state: dict[str, Any]) -> None:
+    """Add `supervisor_alive` and each process's `pid_alive`."""
+    state["supervisor_alive"] = pid_alive(state.get("supervisor_pid"))
+    for gpu in state.get("gpus", []):
+        gpu["pid_alive"] = pid_alive(gpu.get("pid"))
+        if gpu.get("worker"):
+            gpu["worker"]["pid_alive"] = pid_alive(gpu["worker"].get("pid"))
+
+
+def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
+    """The status table: GPU, port, pid, state, uptime, restarts, capacity, why."""
+    now = time.time() if now is None else now
+    sup = state.get("supervisor_pid")
+    head = f"supervisor pid {sup} " + ("running" if state.get("supervisor_alive") else
+                                       "NOT running: the state below is stale")
+    head += f"; updated {_ago(now - float(state.get('updated_at') or now))} ago"
+    rows: list[tuple[str, ...]] = [
+        ("GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS", "CAPACITY", "WHY")]
+    for g in state.get("gpus", []):
+        rows.append(_row(g, now))
+        worker = g.get("worker")
+        if worker:
+            rows.append(_row({**worker, "gpu": f"  w{g['gpu']}", "port": "-"}, now))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+                      for r in rows]
+    rollout = state.get("rollout")
+    if rollout:
+        lines.append(_rollout_text(rollout))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _row(g: Mapping[str, Any], now: float) -> tuple[str, ...]:
+    alive, state = g.get("pid_alive", True), str(g.get("state"))
+    pid = "-" if g.get("pid") is None or state == "stopped" else str(g["pid"])
+    if pid != "-" and not alive:
+        pid, state = f"{pid} (gone)", f"{state}?"
+    up = _ago(now - g["since"]) if g.get("state") in ("ready", "running") and alive else "-"
+    cap = g.get("capacity") or {}
+    capacity = "-"
+    if cap.get("effective") is not None:
+        capacity = f"{cap['effective']} (asked {cap.get('requested') or 'auto'})"
+    # A ready server explains its capacity; any other state explains itself.
+    why = cap.get("reason") if g.get("state") in ("ready", "running") else g.get("last_reason")
+    return (str(g.get("gpu")), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
+            capacity, why or "")
+
+
+def _rollout_text(r: Mapping[str, Any]) -> str:
+    text = f"restart {r.get('id')}: {r.get('state')}, done GPU {r.get('done')}"
+    if r.get("current") is not None:
+        text += f", now GPU {r['current']}"
+    if r.get("reason"):
+        text += f": {r['reason']}"
+    if r.get("rejected"):
+        text += f"\nrestart {r['rejected']['id']}: rejected: {r['rejected']['reason']}"
+    return text
+
+
+def _ago(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
