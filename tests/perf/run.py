@@ -4,6 +4,7 @@
     python -m tests.perf --only saturation        # figures 1-3 only
     python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
+    python -m tests.perf --only timings           # figure 7: how soon things happen
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -26,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher.services import RedisServer, S3Server
-from tests.perf import capacity, crash, enqueue_cost, overhead, report, saturation
+from tests.perf import capacity, crash, enqueue_cost, overhead, report, saturation, timings
 from tests.perf.workload import Workload
 from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
-BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity")
+BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "timings")
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class Suite:
     def run(self) -> None:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
-            "crash": self.crash, "capacity": self.capacity}
+            "crash": self.crash, "capacity": self.capacity, "timings": self.timings}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -158,6 +159,11 @@ class Suite:
         folder = self.tmp / "capacity"
         folder.mkdir()
         self.results["capacity"] = capacity.run_capacity(folder, self.redis.url).as_dict()
+
+    def timings(self) -> None:
+        folder = self.tmp / "timings"
+        folder.mkdir()
+        self.results["timings"] = timings.run_timings(folder, self.redis.url).as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:
