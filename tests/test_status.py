@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from sim_helpers import VirtualClockLoop
+from sim_helpers import VirtualClockLoop, gauge
 
 from launcher.embedded import free_port, wait_until
 from producer import progress
@@ -334,6 +334,8 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
 ) -> None:
     _, url = stack.sim("sim0", "--max-running-requests", "8", "--profile", "mamba-hybrid",
                        "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5")
+    # The start-up's warm-up request shows in gen throughput until the next Decode tick.
+    wait_until(lambda: gauge(url, "sglang:gen_throughput") == 0, 60, what="an idle server")
     register(ledger, "gpu0@n", url)
     register(ledger, "gpu1@n", f"http://127.0.0.1:{free_port()}", state="server-down")
     register(ledger, "gpu2@n", black_hole)
