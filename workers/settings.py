@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from workers.errors import FleetgenError
+
 # The embedded Valkey of `python -m launcher redis` listens here; a bare `python -m producer`
 # or `celery -A workers worker` on a laptop finds it without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
@@ -18,7 +20,7 @@ EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
 SGLANG_BASE_PORT = 30000
 
 
-class SettingsError(ValueError):
+class SettingsError(FleetgenError, ValueError):
     """An environment variable holds a value fleetgen cannot use."""
 
 
@@ -77,7 +79,7 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+                raise SettingsError(f"FLEETGEN_{f.name.upper()} must be >= 0, got {value}")
         if self.http_transport not in ("lean", "httpx"):
             raise SettingsError(f"FLEETGEN_HTTP_TRANSPORT must be lean or httpx, got {self.http_transport!r}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
