@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
 from workers.redact import redact
-from workers.settings import Settings, SettingsError
+from workers.settings import Settings
 from workers.sink import open_sink
 
 RET_OK = 0
@@ -106,9 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="go on although the quality canary paused the job")
     p = sub.add_parser("export", help="write one dataset with every input id exactly once")
     p.add_argument("job")
-    p.add_argument("--to", type=Path, required=True, help="file to write")
+    p.add_argument("--to", type=Path, required=True, help="file to write (never the job's input)")
     p.add_argument("--format", choices=FORMATS, default="jsonl")
-    p.add_argument("--partial", action="store_true", help="export a job that is not finished")
+    p.add_argument("--partial", action="store_true",
+                   help="export what exists of a job that is not finished (or not fully enqueued)")
+    p.add_argument("--force", action="store_true", help="replace --to if it exists")
+    p.add_argument("--json", action="store_true",
+                   help="print the reconcile as one JSON object (other messages go to stderr)")
     return parser
 
 
@@ -318,16 +322,37 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
-    manifest = ledger.load_job(args.job)
-    order, outcome, report = export.collect(open_sink(manifest.output), args.job)
-    print(f"reconcile: {report.line()}")
-    if report.missing and not args.partial:
-        print(f"job {args.job} is not finished: {report.missing:,} prompts have no outcome yet "
-              f"(e.g. {', '.join(report.missing_ids[:5])}); wait, or pass --partial", file=sys.stderr)
-        return RET_ERROR
-    written = export.write(args.to, args.format, order, outcome, manifest.params.model or "default")
-    print(f"wrote {written:,} lines to {args.to} ({args.format})")
+    manifest = Ledger.from_url(settings.redis_url).load_job(args.job)
+    problem = export.target_problem(args.to, manifest.input, force=args.force)
+    if problem:
+        raise CommandError(problem)
+    sink = open_sink(manifest.output)
+    layout = export.survey(sink, args.job)
+    report = export.Reconcile.of(manifest, layout)
+    written: int | None = None
+    with closing(export.outcomes(sink, manifest, layout, report)) as rows:
+        if not (args.partial or layout.finished(manifest)):
+            export.drain(rows)  # it will be refused: count, write nothing
+        else:
+            with export.Staged(args.to, force=args.force) as staged:
+                written = export.write(staged.tmp, args.format, rows,
+                                       manifest.params.model or "default")
+                if (args.partial or report.problem() is None) and not staged.publish():
+                    raise CommandError(f"--to {args.to} appeared during the export; nothing "
+                                       "written (pass --force to replace it)")
+    if args.json:
+        print(orjson.dumps({**report.as_dict(), "written": written}).decode(), flush=True)
+    else:
+        print(f"reconcile: {report.line()}", flush=True)
+    out = sys.stderr if args.json else sys.stdout
+    shortfall = report.problem()
+    if shortfall and not args.partial:
+        reason, fix = shortfall
+        raise CommandError(f"{reason}; {fix}, or pass --partial to export what exists")
+    if shortfall:
+        print(f"note: {shortfall[0]}; exported what exists, {report.missing:,} prompts missing",
+              file=out)
+    print(f"wrote {written or 0:,} lines to {args.to} ({args.format})", file=out)
     return RET_OK
 
 
@@ -360,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
-    except (FleetgenError, SettingsError) as exc:
+    except FleetgenError as exc:  # SettingsError too: a setting's error may quote a URL
         print(f"error: {redact(exc)}", file=sys.stderr)
         return RET_ERROR
     except redis.exceptions.AuthenticationError as exc:

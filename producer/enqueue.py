@@ -195,11 +195,12 @@ def creation_lock(ledger: Ledger, job: str) -> Iterator[None]:
     token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     lock = ledger.r.lock(name, timeout=LOCK_TTL_S, blocking=False, thread_local=False)
     if not lock.acquire(token=token):
-        holder = ledger.r.get(name)
-        who = holder.decode().rsplit(":", 1)[0] if isinstance(holder, bytes) else "another process"
-        raise JobBusyError(
-            f"job {job} is being created by another enqueue (host:pid {who}); wait for it, or "
-            f"if it was killed, run this again in {LOCK_TTL_S:.0f}s")
+        who = creation_holder(ledger, job, clear_stale=True)
+        if who is not None or not lock.acquire(token=token):
+            raise JobBusyError(
+                f"job {job} is being created by another enqueue (host:pid {who or '?'}); wait "
+                f"for it, or if it was killed on another host, run this again in "
+                f"{LOCK_TTL_S:.0f}s")
     stop = threading.Event()
 
     def renew() -> None:
@@ -223,6 +224,37 @@ def creation_lock(ledger: Ledger, job: str) -> Iterator[None]:
             lock.release()
         except LockError:
             pass  # expired meanwhile; nobody else can have created the job without it
+
+
+def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> str | None:
+    """`host:pid` of the enqueue holding the job's lock, or None. A holder on this host whose
+    process is gone (kill -9) counts as none; `clear_stale` also removes its lock then."""
+    name = keys.job_part(job, "enqueue")
+    raw = ledger.r.get(name)
+    if not isinstance(raw, bytes):
+        return None
+    holder = raw.decode()
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+        return f"{host}:{pid}"
+    if clear_stale:
+        try:
+            # redis-py's compare-and-delete: only if the dead holder still has it.
+            ledger.r.lock(name, timeout=LOCK_TTL_S).do_release(raw)
+        except LockError:
+            pass  # it changed hands meanwhile: the caller's next acquire decides
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _manifest_from(sink: Sink, job: str) -> JobManifest | None:
@@ -347,6 +379,7 @@ __all__ = [
     "EnqueueReport",
     "EnqueueRequest",
     "JobBusyError",
+    "creation_holder",
     "creation_lock",
     "default_batch_size",
     "enqueue",

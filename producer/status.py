@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from producer.enqueue import creation_holder
 from producer.fleet import read_fleet, render_fleet
 from workers import keys
 from workers.canary import Thresholds
@@ -142,10 +143,10 @@ def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str |
     if state != STATE_CREATING:
         return None
     stored = int(ledger.r.hget(keys.job(manifest.name), "inputs_stored") or 0)
-    holder = ledger.r.get(keys.job_part(manifest.name, "enqueue"))
+    holder = creation_holder(ledger, manifest.name)
     progress = f"{stored:,} of {manifest.batches:,} batch inputs stored"
     if holder is not None:
-        return f"enqueue running ({progress})"
+        return f"enqueue running on {holder} ({progress})"
     return (f"enqueue was interrupted ({progress} at its last report); no batch runs until it "
             f"finishes: run the same enqueue command again")
 

@@ -76,7 +76,7 @@ class Interrupt:
 @pytest.fixture
 def frequent_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress callbacks every 100 lines, so a small file can be interrupted mid-pass."""
-    monkeypatch.setattr("producer.scan.PROGRESS_EVERY", 100)
+    monkeypatch.setattr("producer.inputs.PROGRESS_EVERY", 100)
 
 
 def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
@@ -174,11 +174,20 @@ def test_stop_and_resume_cycles_spend_no_attempt_and_fail_nothing(
     stack.worker(0, url, extra_env={"FLEETGEN_BATCH_MAX_ATTEMPTS": "1"})
     stack.producer("enqueue", str(src), "--job", "cycles", "--output", str(tmp_path / "out"),
                    "--batch-size", "20", "--no-canary")
-    for _ in range(5):
+    for cycle in range(5):
         _wait_running_with_progress(ledger, "cycles")
         stack.producer(stop, "cycles")
         wait_until(lambda: not ledger.running_batches("cycles"), 60, interval=0.1,
                    what="the running batch handed back")
+        if cycle == 0:
+            # Stopped mid-job, status and a partial export count the same prompts.
+            told = orjson.loads(stack.producer("status", "cycles", "--json", "--no-servers").stdout)
+            partial = stack.producer("export", "cycles", "--to", str(tmp_path / "part.jsonl"),
+                                     "--partial", "--json")
+            held = orjson.loads(partial.stdout)
+            exported = (tmp_path / "part.jsonl").read_bytes().splitlines()
+            assert (told["done"], told["failed"]) == (held["done"], held["failed"])
+            assert told["done"] + told["failed"] == len(exported) < 80
         stack.producer("resume", "cycles")
     status = wait_job_done(stack, "cycles", timeout=300)
     assert (status["done"], status["failed"]) == (80, 0)
@@ -285,3 +294,39 @@ def test_a_batch_delivered_during_an_s3_outage_waits_instead_of_failing(
         assert {int(v) for v in attempts.values()} <= {0}, attempts
     finally:
         stack.close()
+
+
+def test_redelivered_batches_are_taken_before_fresh_ones(
+    stack: Stack, tmp_path: Path, ledger: Ledger, celery_app: Any,
+) -> None:
+    from workers.dispatch import dispatch
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(100))
+    stack.producer("enqueue", str(src), "--job", "fresh", "--output", str(tmp_path / "out"),
+                   "--batch-size", "10", "--no-canary")
+    # b000007 comes back as a dead worker's batch would (the reconciler's re-dispatch).
+    dispatch(celery_app, ledger, "fresh", ["b000007"], keys.SHARED_QUEUE, redrive=True)
+    _, url = stack.sim("sim0", *SLOW)
+    worker = stack.worker(0, url)
+    wait_until(lambda: "fresh:b0000" in worker.log(), 60, what="a batch received")
+    first = worker.log().split("fleetgen.run_batch[fresh:", 1)[1][:7]
+    assert first == "b000007"
+
+
+def test_an_enqueue_killed_on_this_host_does_not_block_the_next_one(
+    tmp_path: Path, ledger: Ledger, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+    celery_app: Any,
+) -> None:
+    import socket
+    import subprocess
+
+    # A lock held by a process of this host that no longer exists (kill -9).
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ledger.r.set(keys.job_part("killed", "enqueue"), f"{socket.gethostname()}:{dead.pid}:abcd",
+                 px=30_000)
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(30))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert cli.main(["enqueue", str(src), "--job", "killed", "--output", str(tmp_path / "out"),
+                     "--batch-size", "10"]) == 0
+    assert ledger.job_state("killed")[0] == "running"

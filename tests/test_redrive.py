@@ -37,6 +37,7 @@ def test_requeue_failed_sends_failed_prompts_again_and_export_keeps_the_latest_o
     assert (status["done"], status["failed"]) == (59, 1)
     partial = stack.producer("export", "redrive", "--to", str(tmp_path / "a.jsonl"))
     assert "done 59  failed 1  missing 0" in partial.stdout
+    _assert_export_agrees_with_status(stack, "redrive", tmp_path / "a2.jsonl")
 
     # The server gets a longer context (here: restarted without the injected failure).
     worker.stop()
@@ -51,6 +52,7 @@ def test_requeue_failed_sends_failed_prompts_again_and_export_keeps_the_latest_o
 
     report = stack.producer("export", "redrive", "--to", str(tmp_path / "b.jsonl"))
     assert "input 60  done 60  failed 0  missing 0  duplicates dropped 0" in report.stdout
+    _assert_export_agrees_with_status(stack, "redrive", tmp_path / "b2.jsonl")
     lines = [orjson.loads(x) for x in (tmp_path / "b.jsonl").read_bytes().splitlines()]
     assert [x["id"] for x in lines] == list(iter_ids(rows))
     stack.producer("export", "redrive", "--to", str(tmp_path / "c.jsonl"), "--format", "openai")
@@ -63,6 +65,18 @@ def test_requeue_failed_sends_failed_prompts_again_and_export_keeps_the_latest_o
 
     table = pq.read_table(tmp_path / "d.parquet")
     assert table.num_rows == 60 and set(table.column("status").to_pylist()) == {"ok"}
+
+
+def _assert_export_agrees_with_status(stack: Stack, job: str, to: Path) -> None:
+    """The export's reconcile (read from the sink) and status (Redis's written counters) count
+    the same prompts."""
+    exported = orjson.loads(stack.producer("export", job, "--to", str(to), "--json").stdout)
+    status = orjson.loads(stack.producer("status", job, "--json", "--no-servers").stdout)
+    assert {k: exported[k] for k in ("total", "done", "failed")} == {
+        k: status[k] for k in ("total", "done", "failed")}
+    assert exported["missing"] == status["total"] - status["done"] - status["failed"] == 0
+    # `requeue --failed` takes its prompts off their error code, which may leave a 0.
+    assert exported["failed_by_code"] == {k: n for k, n in status["errors"].items() if n}
 
 
 def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(

@@ -88,6 +88,19 @@ def test_settings_never_show_the_redis_password_or_the_api_key(tmp_path: Path) -
         Settings.from_env({"FLEETGEN_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})
 
 
+def test_next_to_the_embedded_redis_its_password_file_is_found_without_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert Settings.from_env({}).redis_url == "redis://127.0.0.1:6389/0"
+    (tmp_path / ".fleetgen" / "redis").mkdir(parents=True)
+    (tmp_path / ".fleetgen" / "redis" / "password").write_text("embedded-pw\n")
+    assert Settings.from_env({}).redis_url == "redis://:embedded-pw@127.0.0.1:6389/0"
+    # Another Redis named in REDIS_URL never gets the embedded one's password.
+    assert Settings.from_env({"REDIS_URL": "redis://10.0.0.5:6379/0"}).redis_url == \
+        "redis://10.0.0.5:6379/0"
+
+
 def test_the_producer_names_redis_without_its_password_when_it_is_refused_or_unreachable(
     redis_server: RedisServer, redis_url: str
 ) -> None:

@@ -140,7 +140,7 @@ class BatchRunner:
         # An attempt is spent only if this worker dies holding the batch, loses its lease, or
         # meets an error nobody planned for; a finished batch and every planned hand-back
         # give it back (a lost lease cannot: its release is a no-op).
-        refund = True
+        refund, lost = True, False
         try:
             if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
                 # Written, but its worker died before recording it: count it from the sink.
@@ -153,9 +153,12 @@ class BatchRunner:
             status = outcome.status
             return outcome
         except LeaseLostError as exc:
-            # Another copy owns the batch now: stop without writing; finished prompts stay in
-            # the checkpoint for whoever runs it next.
+            # Another copy owns the batch now, or will: stop without writing; finished prompts
+            # stay in the checkpoint for whoever runs it next. This worker is alive and noticed,
+            # so the batch did not kill it (a Redis outage longer than the lease does this):
+            # its attempt is given back here, as its release can no longer do it.
             log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
+            lost = True
             status = "stopped"
             return Outcome(status="stopped", batch=batch, attempt=attempt)
         except JobError as exc:
@@ -176,8 +179,10 @@ class BatchRunner:
             raise
         finally:
             self.engine.run(stop_heartbeat(heartbeat))
-            on_redis(f"batch {job}/{batch}: release",
-                     lambda: self.ledger.release(job, batch, token, refund=refund))
+            released = on_redis(f"batch {job}/{batch}: release",
+                                lambda: self.ledger.release(job, batch, token, refund=refund))
+            if lost and not released:
+                on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.refund(job, batch))
             metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
                                    duration_s=time.monotonic() - started, status=status)
 
@@ -207,6 +212,9 @@ class BatchRunner:
         origin = Origin(self.engine.server_url, self.engine.worker, attempt)
         todo = [p for p in prompts if p.id not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
+            attempt = self._settled_attempts(job, batch, attempt)
+            origin = Origin(self.engine.server_url, self.engine.worker, attempt)
+        if todo and attempt > self.settings.batch_max_attempts:
             new = self.engine.run(self._give_up(manifest, batch, todo, origin))
             finished.update(new)
             todo = []
@@ -220,6 +228,20 @@ class BatchRunner:
         self._write(manifest, sink, batch, prompts, finished)
         failed = sum(1 for r in finished.values() if is_failure(r))
         return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
+
+    def _settled_attempts(self, job: str, batch: str, attempt: int) -> int:
+        """The batch's spent attempts once late refunds have landed (this one included).
+
+        A live worker that lost its lease in a Redis outage gives its attempt back only when
+        Redis is back, which can be after the reconciler re-dispatched the batch and this copy
+        counted it. Before failing prompts on the limit, wait one lease period for them.
+        """
+        deadline = time.monotonic() + self.settings.lease_ttl_s
+        while attempt > self.settings.batch_max_attempts and time.monotonic() < deadline:
+            time.sleep(min(1.0, self.settings.lease_renew_s))
+            attempt = on_redis(f"batch {job}/{batch}: attempts",
+                               lambda: self.ledger.attempts(job, batch))
+        return attempt
 
     async def _give_up(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], origin: Origin

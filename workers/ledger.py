@@ -204,7 +204,12 @@ class Ledger:
                   keys.job_part(name, "running")],
             args=[token, "1" if refund else "0", batch]))
 
+    def refund(self, name: str, batch: str) -> None:
+        """Give back an attempt whose lease was lost while its worker lived (it noticed)."""
+        self.r.hincrby(keys.job_part(name, "attempts"), batch, -1)
+
     def attempts(self, name: str, batch: str) -> int:
+        """Attempts the batch has spent, counting one held right now."""
         return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
 
     def note_cause(self, name: str, batch: str, cause: str) -> None:

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from workers.errors import FleetgenError
 from workers.redact import redact
 
-# The embedded Valkey of `python -m launcher redis` listens here; a bare `python -m producer`
-# or `celery -A workers worker` on a laptop finds it without configuration.
+# The embedded Valkey of `python -m launcher redis` listens here, and keeps the password it
+# generates in this file (relative to where it was started); a bare `python -m producer` or
+# `celery -A workers worker` run there finds both without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
+EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
 # FLEETGEN_REDIS_PASSWORD_FILE may name a file that is not there yet: the Procfile starts the
@@ -26,7 +29,7 @@ SGLANG_BASE_PORT = 30000
 PASSWORD_FILE_WAIT_S = 15.0
 
 
-class SettingsError(ValueError):
+class SettingsError(FleetgenError, ValueError):
     """An environment variable holds a value fleetgen cannot use."""
 
 
@@ -67,7 +70,7 @@ class Settings:
     # Sink writes retried through an S3 outage for this long before the batch is given up.
     sink_retry_deadline_s: float = 600.0
     s3_addressing_style: str = "path"
-    # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
+    # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
@@ -93,7 +96,7 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+                raise SettingsError(f"FLEETGEN_{f.name.upper()} must be >= 0, got {value}")
         if self.http_transport not in ("lean", "httpx"):
             raise SettingsError(f"FLEETGEN_HTTP_TRANSPORT must be lean or httpx, got {self.http_transport!r}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
@@ -106,10 +109,6 @@ class Settings:
         kwargs: dict[str, object] = {}
         if env.get("REDIS_URL"):
             kwargs["redis_url"] = env["REDIS_URL"]
-        if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
-            kwargs["redis_url"] = with_password(
-                str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
-                read_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]), PASSWORD_FILE_WAIT_S))
         if env.get("SGLANG_URL"):
             kwargs["sglang_url"] = env["SGLANG_URL"].rstrip("/")
         if env.get("SGLANG_API_KEY"):
@@ -119,6 +118,14 @@ class Settings:
             if name not in env or f.name in ("extra",):
                 continue
             kwargs[f.name] = _coerce(name, env[name], f.type)
+        if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
+            kwargs["redis_url"] = with_password(
+                str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
+                read_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]), PASSWORD_FILE_WAIT_S))
+        elif "redis_url" not in kwargs and EMBEDDED_REDIS_PASSWORD_FILE.is_file():
+            # The embedded Valkey's own default: a bare command next to it needs no setting.
+            kwargs["redis_url"] = with_password(
+                EMBEDDED_REDIS_URL, read_secret_file(EMBEDDED_REDIS_PASSWORD_FILE))
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def server_url_for_gpu(self, index: int) -> str:

@@ -4,6 +4,8 @@
     python -m tests.perf --only saturation        # figures 1-3 only
     python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
+    python -m tests.perf --only export --export-baseline main   # figure 7, before and after
+    python -m tests.perf --only timings           # figure 8: how soon things happen
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -26,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from launcher.services import RedisServer, S3Server
-from tests.perf import capacity, crash, enqueue_cost, overhead, report, saturation
+from tests.perf import (
+    capacity,
+    crash,
+    enqueue_cost,
+    export_cost,
+    overhead,
+    report,
+    saturation,
+    timings,
+)
 from tests.perf.workload import Workload
 from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
-BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity")
+BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings")
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class PerfConfig:
     speed: float = 15.0
     enqueue_prompts: int = 1_000_000
     overhead_prompts: int = 20_000
+    export_mb: int = 500
+    export_baseline: str | None = None
     s3: bool = False
     profile: bool = True
     worker_env: dict[str, str] = field(default_factory=dict)
@@ -66,6 +79,10 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
     p.add_argument("--speed", type=float, default=PerfConfig.speed, help="simulator time factor")
     p.add_argument("--enqueue-prompts", type=int, default=PerfConfig.enqueue_prompts)
     p.add_argument("--overhead-prompts", type=int, default=PerfConfig.overhead_prompts)
+    p.add_argument("--export-mb", type=int, default=PerfConfig.export_mb,
+                   help="figure 7: MB of results in the synthetic job")
+    p.add_argument("--export-baseline", metavar="REV",
+                   help="figure 7: also export with this git revision's code (e.g. main)")
     p.add_argument("--s3", action="store_true", help="figure 4 with an S3 output as well")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy run of figure 5")
     p.add_argument("--worker-env", action="append", default=[], metavar="FLEETGEN_X=V",
@@ -76,7 +93,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
                       speed=a.speed, enqueue_prompts=a.enqueue_prompts,
-                      overhead_prompts=a.overhead_prompts, s3=a.s3, profile=not a.no_profile,
+                      overhead_prompts=a.overhead_prompts, export_mb=a.export_mb,
+                      export_baseline=a.export_baseline, s3=a.s3, profile=not a.no_profile,
                       worker_env=env, batch_size=a.batch_size, keep=a.keep)
 
 
@@ -92,7 +110,8 @@ class Suite:
     def run(self) -> None:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
-            "crash": self.crash, "capacity": self.capacity}
+            "crash": self.crash, "capacity": self.capacity, "export": self.export,
+            "timings": self.timings}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -158,6 +177,17 @@ class Suite:
         folder = self.tmp / "capacity"
         folder.mkdir()
         self.results["capacity"] = capacity.run_capacity(folder, self.redis.url).as_dict()
+
+    def export(self) -> None:
+        folder = self.tmp / "export"
+        folder.mkdir()
+        self.results["export"] = export_cost.run_export_cost(
+            folder, self.redis.url, self.cfg.export_mb, self.cfg.export_baseline)
+
+    def timings(self) -> None:
+        folder = self.tmp / "timings"
+        folder.mkdir()
+        self.results["timings"] = timings.run_timings(folder, self.redis.url).as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:
