@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Importing any workers module builds the Celery app and reads the settings from the
-# environment (until the lead's change); a malformed REDIS_URL makes that fail loudly.
+# Building the Celery app reads the settings from the environment; a malformed REDIS_URL
+# makes any import that builds it fail loudly.
 BAD_ENV = {**os.environ, "REDIS_URL": "garbage"}
 
 
@@ -41,3 +41,23 @@ def test_sim_help_works_with_a_malformed_redis_url() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: sglang serve")
     assert done.stderr == ""
+
+
+def test_importing_the_packages_builds_no_celery_app_and_reads_no_environment() -> None:
+    script = ("import sys, workers, producer, launcher, launcher.sim\n"
+              "import workers.ledger, workers.sink, workers.job, workers.keys, producer.inputs\n"
+              "print('workers.app' in sys.modules, 'celery' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_celery_finds_the_app_under_the_package_name() -> None:
+    script = ("from celery.app.utils import find_app\n"
+              "app = find_app('workers')\n"
+              "print(app.main, app.conf.task_default_queue)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fleetgen", "fleetgen"]
