@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 import redis
 
-from producer import control, export
+from producer import control, export, report
 from producer.enqueue import (
     MAX_DEFAULT_BATCH,
     MIN_BATCHES,
@@ -141,6 +142,15 @@ def build_parser() -> CommandParser:
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
     p.add_argument("--json", action="store_true",
                    help="print the reconcile as one JSON object (other messages go to stderr)")
+    p = command("report", "write one HTML page of a job: throughput per GPU, capacity, latency, "
+                "lengths, finish reasons, failures, canary",
+                "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
+    p.add_argument("job", help="the job's name")
+    p.add_argument("--to", type=Path, default=None,
+                   help="HTML file to write (default: ./JOB-report.html)")
+    p.add_argument("--max-batches", type=int, default=report.DEFAULT_MAX_BATCHES,
+                   help="read latency and lengths from at most this many written batches")
+    p.add_argument("--force", action="store_true", help="replace --to if it exists")
     return parser
 
 
@@ -384,6 +394,28 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     return RET_OK
 
 
+def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
+    ledger = Ledger.from_url(settings.redis_url)
+    manifest = ledger.load_job(args.job)
+    to: Path = args.to or Path(f"{args.job}-report.html")
+    problem = export.target_problem(to, manifest.input, force=args.force)
+    if problem:
+        raise CommandError(problem)
+    if args.max_batches < 1:
+        raise CommandError("--max-batches must be >= 1", RET_BAD_INPUT)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("report draws with matplotlib: pip install 'fleetgen[perf]'")
+    page = report.build_report(ledger, args.job, args.max_batches)
+    with export.Staged(to, force=args.force) as staged:
+        staged.tmp.write_text(page.html, encoding="utf-8")
+        if not staged.publish():
+            raise CommandError(f"--to {to} appeared meanwhile; nothing written (pass --force)")
+    s = page.status
+    print(f"wrote {to}: job {args.job} [{s['state']}], {s['done']:,} done, {s['failed']:,} failed "
+          f"of {s['total']:,}")
+    return RET_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "enqueue": cmd_enqueue,
     "status": cmd_status,
@@ -393,6 +425,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "cancel": cmd_cancel,
     "resume": cmd_resume,
     "export": cmd_export,
+    "report": cmd_report,
 }
 
 
