@@ -59,6 +59,9 @@ EPILOG = """examples:
   python -m producer status distill-v1 --watch        # live, Ctrl-C to stop
   python -m producer status distill-v1 --json         # the same figures for machines
   python -m producer jobs
+  python -m producer report distill-v1                 # one HTML page: plots and figures
+
+`python -m producer COMMAND --help` shows a command's flags, defaults and an example.
 """
 
 

@@ -227,8 +227,9 @@ def throughput_plot(minutes: Mapping[str, Mapping[int, Mapping[str, float]]]) ->
     fig, axes = _figure(1, 2)
     (prompts_ax, tokens_ax) = axes[0]
     if not minutes:
-        _empty(prompts_ax, "no prompt finished yet")
-        _empty(tokens_ax, "no prompt finished yet")
+        # Also a job whose workers predate the per-worker minute counters.
+        _empty(prompts_ax, "no per-GPU counts recorded")
+        _empty(tokens_ax, "no per-GPU counts recorded")
     first = min((m for per in minutes.values() for m in per), default=0)
     for worker, per in sorted(minutes.items()):
         span = range(first, max(per) + 1)
