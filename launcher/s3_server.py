@@ -91,6 +91,10 @@ class S3Ports:
         """Every port, HTTP and gRPC."""
         return sorted({*range(self.s3, self.s3 + 9), *self.grpc.values()})
 
+    def text(self) -> str:
+        """The ports as a reader wants them: `8333-8341, 18341`."""
+        return f"{self.s3}-{self.s3 + 8}, {self.grpc['admin']}"
+
     def flags(self) -> list[str]:
         p, grpc = self.s3, self.grpc
         http = {"s3": p, "master": p + 2, "volume": p + 4, "filer": p + 6, "admin": p + 8}
