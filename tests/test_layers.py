@@ -26,15 +26,26 @@ def test_every_import_contract_in_pyproject_is_kept() -> None:
     assert "0 broken" in done.stdout
 
 
-def test_the_simulator_node_and_log_reader_load_no_celery_and_nothing_of_workers() -> None:
-    script = ("import sys, launcher.sim, launcher.node, launcher.logs, workers.commandline\n"
+def _loaded_by(module: str) -> set[str]:
+    """fleetgen's and Celery's modules that importing `module` loads, in a fresh interpreter."""
+    script = (f"import sys, {module}\n"
               "print(sorted(m for m in sys.modules\n"
               "             if m.partition('.')[0] in ('celery', 'kombu', 'workers', 'producer')))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    # Of workers only the command-line style every CLI shares (argparse, nothing else).
-    assert set(ast.literal_eval(done.stdout)) <= {"workers", "workers.commandline"}
+    return set(ast.literal_eval(done.stdout))
+
+
+def test_the_simulator_loads_no_celery_and_nothing_of_fleetgen() -> None:
+    assert _loaded_by("launcher.sim") == set()
+
+
+def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_helpers() -> None:
+    # Of workers, only what every command shares and reads no environment: the command-line
+    # style and the one function that masks secrets.
+    for module in ("launcher.node", "launcher.logs"):
+        assert _loaded_by(module) <= {"workers", "workers.commandline", "workers.redact"}, module
 
 
 def test_sim_help_works_with_a_malformed_redis_url() -> None:
