@@ -8,6 +8,7 @@
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
     _process.py     LaunchSpec, spawn and stop a child in its own process group
     _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv
+    _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
     _gpus.py        the GPUs nvidia-smi lists and a --gpus selection
     _rundir.py      the run directory: node.json, restart.json, supervisor liveness
     _clock.py       Clock: time as the supervisor sees it (tests pass a fake)
@@ -30,6 +31,7 @@ from launcher.node._args import (
     sglang_command,
     sglang_version,
     split_flags,
+    version_tuple,
 )
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._commands import (
@@ -43,6 +45,18 @@ from launcher.node._commands import (
     up_parser,
 )
 from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, PortBusyError, ProfileError
+from launcher.node._flags import TABLE_FILE as SGLANG_FLAGS_FILE
+from launcher.node._flags import (
+    Flag,
+    check_args,
+    load_table,
+    read_source,
+    read_wheel,
+    release_for,
+    supported_releases,
+    table_json,
+    wheel_release,
+)
 from launcher.node._gpus import Gpu, discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
@@ -102,10 +116,12 @@ __all__ = [
     "NEWEST_SGLANG",
     "REQUEST_FILE",
     "SECRET_FLAGS",
+    "SGLANG_FLAGS_FILE",
     "SIM_COMMAND",
     "STATE_FILE",
     "Child",
     "Clock",
+    "Flag",
     "Gpu",
     "GpuOverride",
     "GpuSpecError",
@@ -134,6 +150,7 @@ __all__ = [
     "adapt_flags",
     "annotate",
     "build_argv",
+    "check_args",
     "check_ports",
     "describe_exit",
     "describe_fatal",
@@ -141,6 +158,7 @@ __all__ = [
     "flag_value",
     "follow",
     "load_profile",
+    "load_table",
     "main",
     "merge_args",
     "parse_gpu_line",
@@ -149,8 +167,11 @@ __all__ = [
     "profile_from_mapping",
     "read_request",
     "read_server",
+    "read_source",
     "read_state",
+    "read_wheel",
     "redacted",
+    "release_for",
     "render_status",
     "select_gpus",
     "sglang_command",
@@ -158,7 +179,11 @@ __all__ = [
     "spawn",
     "split_flags",
     "stop_process",
+    "supported_releases",
+    "table_json",
     "up_parser",
+    "version_tuple",
     "wait_ready",
+    "wheel_release",
     "write_json",
 ]

@@ -4,6 +4,7 @@
     python -m launcher up --gpus 0,1 --sim --workers
     python -m launcher status
     python -m launcher restart --rolling -- --max-running-requests 64
+    python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.node._args import Profile, flag_value, load_profile
-from launcher.node._errors import NodeError
+from launcher.node._errors import NodeError, NoGpuError, PortBusyError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
     NodePlan,
     check_ports,
     read_request,
+    render_dry_run,
 )
 from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
@@ -100,6 +102,8 @@ def up_parser() -> argparse.ArgumentParser:
                    help="minutes")
     p.add_argument("--stop-timeout", type=float, default=policy.stop_timeout_s)
     p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each GPU's argv, environment and ports, start nothing")
     return p
 
 
@@ -118,17 +122,33 @@ def cmd_up(argv: Sequence[str]) -> int:
                         stop_timeout_s=args.stop_timeout, drain_timeout_s=args.drain_timeout)
     except ValueError as exc:
         raise NodeError(str(exc)) from None
-    _refuse_second_supervisor(run_dir)
+    if not args.dry_run:
+        _refuse_second_supervisor(run_dir)
     profile = load_profile(args.profile) if args.profile else Profile()
     if args.sim:
         gpus = parse_gpu_spec(args.gpus or "0")
     else:
         wanted = parse_gpu_spec(args.gpus) if args.gpus else None
-        gpus = [g.index for g in select_gpus(wanted, discover_gpus())]
+        try:
+            found = discover_gpus()
+        except NoGpuError:
+            if not (args.dry_run and wanted):  # a dry run may plan for another machine's GPUs
+                raise
+            gpus = wanted
+        else:
+            gpus = [g.index for g in select_gpus(wanted, found)]
     plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
-                    dict(os.environ))
+                    dict(os.environ), assume_command=args.dry_run)
     specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
+    if args.dry_run:
+        workers = {g: plan.worker_spec(g, specs[g]) for g in gpus} if args.workers else {}
+        print(render_dry_run(plan, specs, workers))
+        try:
+            check_ports(specs)
+        except PortBusyError as exc:
+            print(f"warning: {exc}")
+        return EXIT_OK
     check_ports(specs)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
                   else None) for g in gpus]
