@@ -1,6 +1,6 @@
 """`python -m launcher COMMAND ...`: one entry point, each command owned by its part.
 
-    up, status, restart   launcher.node      node supervision (one server per GPU)
+    up, status, restart, advise   launcher.node      node supervision (one server per GPU)
     explain               launcher.logs      SGLang log reading
     sim                   launcher.sim       the SGLang simulator
     redis, s3, demo       launcher.services, launcher.demo: the embedded dev services
@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "table of this node's servers: state, uptime, restarts, capacity"),
     "restart": ("launcher.node", "main",
                 "restart servers, --rolling one at a time with new arguments"),
+    "advise": ("launcher.node", "main",
+               "per GPU: what binds its server, pool use, flags to try with predictions"),
     "sim": ("launcher.sim.cli", "main",
             "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "main",

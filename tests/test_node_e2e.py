@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -296,3 +297,61 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
     record_property("worker_paused_s", paused)
     print(f"\nserver restarts {restarts}, worker paused for {paused} s")
     assert n.stop() == 0
+
+
+REFERENCE_SIM = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+                 "--speculative-algorithm", "NEXTN", "--speculative-accept-length", "2.9",
+                 "--decode-model", "step")
+
+
+def keep_busy(url: str, n: int, stop: threading.Event) -> list[threading.Thread]:
+    """`n` long chat requests in flight until `stop` (errors once the node stops are fine)."""
+    def one() -> None:
+        with httpx.Client(timeout=120, trust_env=False) as client:
+            while not stop.is_set():
+                try:
+                    client.post(f"{url}/v1/chat/completions", json={
+                        "model": "m", "max_tokens": 4000,
+                        "messages": [{"role": "user", "content": "write a long story"}]})
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_advise_names_the_mamba_slots_of_a_busy_reference_server_and_status_shows_it(
+        start_node: Callable[..., Node]) -> None:
+    # Requests still in flight at the end are not drained: the node stops at once.
+    n = start_node(1, "--drain-timeout", "1", "--stop-timeout", "2",
+                   server_args=(*REFERENCE_SIM, "--speed", "1", "--mean-output-tokens", "3000",
+                                "--output-sigma", "0", "--force-shutdown"))
+    state = n.wait(lambda s: s["gpus"] and s["gpus"][0]["state"] == "ready", 60, "ready")
+    cap = state["gpus"][0]["capacity"]
+    assert cap["binding"] == "mamba"
+    stop = threading.Event()
+    threads = keep_busy(state["gpus"][0]["url"], cap["effective"] + 10, stop)
+    try:
+        wait_until(lambda: b"#queue-req: 0" not in _last_decode(n), 30, interval=0.2,
+                   what="a queue")
+        done = run_cli("advise", "--run-dir", str(n.run_dir), "--window", "2", "--interval",
+                       "0.5", "--json")
+    finally:
+        stop.set()
+    assert done.returncode == 0, done.stdout + done.stderr
+    (advice,) = json.loads(done.stdout)
+    assert advice["binding"] == "mamba" and advice["samples"] >= 3
+    assert advice["flags"][:1] == ["--max-mamba-cache-size"]
+    assert advice["predicted_running"] > cap["effective"]
+    assert advice["queue"] > 0 and advice["tokens_per_s"] > 0
+    status = run_cli("status", "--run-dir", str(n.run_dir))
+    assert f"advice gpu0: bound by {cap['mamba_slots']} Mamba slots" in status.stdout
+    for t in threads:
+        t.join(0)
+
+
+def _last_decode(n: Node) -> bytes:
+    log = Path(n.gpu(0)["log"]).read_bytes()
+    at = log.rfind(b"Decode batch")
+    return log[at:log.find(b"\n", at)] if at >= 0 else b"#queue-req: 0"

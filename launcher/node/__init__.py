@@ -7,6 +7,7 @@
                     Slot, Child, Order
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
     _process.py     LaunchSpec, spawn and stop a child in its own process group
+    _advise.py      `advise`: what binds each GPU, flags to try, predicted running and tokens/s
     _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv
     _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
     _gpus.py        the GPUs nvidia-smi lists and a --gpus selection
@@ -15,6 +16,7 @@
     _errors.py      NodeError and its subclasses
 """
 
+from launcher.node._advise import Advice, Observed, advise, observe, relative_throughput
 from launcher.node._args import (
     HOST,
     NEWEST_SGLANG,
@@ -119,6 +121,7 @@ __all__ = [
     "SGLANG_FLAGS_FILE",
     "SIM_COMMAND",
     "STATE_FILE",
+    "Advice",
     "Child",
     "Clock",
     "Flag",
@@ -131,6 +134,7 @@ __all__ = [
     "NoGpuError",
     "NodeError",
     "NodePlan",
+    "Observed",
     "Order",
     "OrderError",
     "Policy",
@@ -148,6 +152,7 @@ __all__ = [
     "Supervisor",
     "SystemClock",
     "adapt_flags",
+    "advise",
     "annotate",
     "build_argv",
     "check_args",
@@ -161,6 +166,7 @@ __all__ = [
     "load_table",
     "main",
     "merge_args",
+    "observe",
     "parse_gpu_line",
     "parse_gpu_spec",
     "pid_alive",
@@ -171,6 +177,7 @@ __all__ = [
     "read_state",
     "read_wheel",
     "redacted",
+    "relative_throughput",
     "release_for",
     "render_status",
     "select_gpus",

@@ -5,6 +5,7 @@
     python -m launcher status
     python -m launcher restart --rolling -- --max-running-requests 64
     python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
+    python -m launcher advise [--json]   # what binds each GPU, flags to try, predictions
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.node._advise import Observed, advise, observe
 from launcher.node._args import Profile, flag_value, load_profile
 from launcher.node._errors import NodeError, NoGpuError, PortBusyError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
@@ -56,7 +58,8 @@ ACK_TIMEOUT_S = 10.0
 def main(argv: Sequence[str] | None = None) -> int:
     """`up`, `status` or `restart`, named by the first argument; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart}
+    commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart,
+                "advise": cmd_advise}
     if not args or args[0] not in commands:
         print(f"usage: python -m launcher {{{','.join(commands)}}} ...", file=sys.stderr)
         return EXIT_USAGE
@@ -208,6 +211,41 @@ def cmd_status(argv: Sequence[str]) -> int:
     return EXIT_OK if healthy else EXIT_FAILED
 
 
+def cmd_advise(argv: Sequence[str]) -> int:
+    """Sample each ready GPU's server over a window and say what binds it and what to try."""
+    p = argparse.ArgumentParser(
+        prog="python -m launcher advise",
+        description="Per GPU: the limit that binds its server, how full its pools are, and "
+                    "the flags to try with the predicted running requests and tokens/s.")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p.add_argument("--gpus", help="only these GPUs (default: all)")
+    p.add_argument("--window", type=float, default=30.0, help="seconds of /metrics samples")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    p.add_argument("--json", action="store_true", help="one JSON object per GPU, in a list")
+    args = p.parse_args(list(argv))
+    state = read_state(args.run_dir)
+    if state is None:
+        raise NodeError(f"no {STATE_FILE} in {args.run_dir}: `launcher up` has not run here "
+                        "(or pass --run-dir)")
+    wanted = set(parse_gpu_spec(args.gpus)) if args.gpus else None
+    entries = [g for g in state.get("gpus", [])
+               if g.get("state") == "ready" and (wanted is None or g["gpu"] in wanted)]
+    if not entries:
+        raise NodeError("no ready GPU to advise on (see `launcher status`)")
+    api_key = os.environ.get("SGLANG_API_KEY")  # node.json keeps the key redacted
+
+    async def sample_all() -> list[Observed]:
+        return list(await asyncio.gather(*(
+            observe(str(g["url"]), args.window, args.interval, api_key) for g in entries)))
+
+    advice = [advise(g, o) for g, o in zip(entries, asyncio.run(sample_all()), strict=True)]
+    if args.json:
+        print(json.dumps([a.to_json() for a in advice], indent=1))
+    else:
+        print("\n".join(a.line() for a in advice))
+    return EXIT_OK
+
+
 def cmd_restart(argv: Sequence[str]) -> int:
     """Ask the running supervisor to restart servers (drain first); follow until done."""
     flags, server_args = _split(argv)
@@ -298,6 +336,13 @@ def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
     rollout = state.get("rollout")
     if rollout:
         lines.append(_rollout_text(rollout))
+    # One line of advice per ready GPU with flags to try, from its capacity alone (no HTTP:
+    # `launcher advise` samples the live figures first).
+    for g in state.get("gpus", []):
+        if g.get("state") == "ready" and g.get("capacity"):
+            tip = advise(g)
+            if tip.flags:
+                lines.append(f"advice {tip.line()} (check: launcher advise)")
     return "\n".join(line.rstrip() for line in lines)
 
 
