@@ -1,6 +1,6 @@
 """`python -m launcher COMMAND ...`: one entry point, each command owned by its part.
 
-    up, status, restart, advise   launcher.node      node supervision (one server per GPU)
+    up, status, restart, advise, tune   launcher.node      node supervision (one server per GPU)
     explain               launcher.logs      SGLang log reading
     sim                   launcher.sim       the SGLang simulator
     redis, s3, demo       launcher.services, launcher.demo: the embedded dev services
@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "restart servers, --rolling one at a time with new arguments"),
     "advise": ("launcher.node", "main",
                "per GPU: what binds its server, pool use, flags to try with predictions"),
+    "tune": ("launcher.node", "main",
+             "try the advice on one GPU at a time while a job runs; keep what wins"),
     "sim": ("launcher.sim.cli", "main",
             "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "main",

@@ -8,6 +8,7 @@
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
     _process.py     LaunchSpec, spawn and stop a child in its own process group
     _advise.py      `advise`: what binds each GPU, flags to try, predicted running and tokens/s
+    _tune.py        `tune`: one GPU's experiment at a time via rolling restarts; tune.json
     _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv
     _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
     _gpus.py        the GPUs nvidia-smi lists and a --gpus selection
@@ -94,6 +95,7 @@ from launcher.node._supervisor import (
     State,
     Supervisor,
 )
+from launcher.node._tune import TUNE_FILE, TuneLog, run_tune
 from launcher.node._watch import (
     HttpProbe,
     LogFollower,
@@ -121,6 +123,7 @@ __all__ = [
     "SGLANG_FLAGS_FILE",
     "SIM_COMMAND",
     "STATE_FILE",
+    "TUNE_FILE",
     "Advice",
     "Child",
     "Clock",
@@ -151,6 +154,7 @@ __all__ = [
     "State",
     "Supervisor",
     "SystemClock",
+    "TuneLog",
     "adapt_flags",
     "advise",
     "annotate",
@@ -180,6 +184,7 @@ __all__ = [
     "relative_throughput",
     "release_for",
     "render_status",
+    "run_tune",
     "select_gpus",
     "sglang_command",
     "sglang_version",

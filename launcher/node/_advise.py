@@ -199,9 +199,11 @@ def _float(text: str | None) -> float | None:
 
 # The node loads nothing of workers (tests/test_layers.py), so it reads the few gauges it
 # needs itself rather than through workers.readings.
+# A hybrid server's `token_usage` is its fullest pool, Mamba included (SGLang's
+# get_max_pool_usage); the KV pool alone is `full_token_usage` where it is exported.
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
-          "sglang:token_usage": "kv_usage", "sglang:mamba_usage": "mamba_usage",
-          "sglang:gen_throughput": "tokens_per_s"}
+          "sglang:token_usage": "kv_usage", "sglang:full_token_usage": "kv_full_usage",
+          "sglang:mamba_usage": "mamba_usage", "sglang:gen_throughput": "tokens_per_s"}
 
 
 def parse_gauges(text: str) -> dict[str, float]:
@@ -213,6 +215,8 @@ def parse_gauges(text: str) -> dict[str, float]:
             continue
         values = [s.value for s in family.samples]
         out[short] = max(values) if short.endswith("usage") else sum(values)
+    if "kv_full_usage" in out:
+        out["kv_usage"] = out.pop("kv_full_usage")
     return out
 
 

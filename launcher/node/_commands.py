@@ -6,6 +6,7 @@
     python -m launcher restart --rolling -- --max-running-requests 64
     python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
     python -m launcher advise [--json]   # what binds each GPU, flags to try, predictions
+    python -m launcher tune [--dry-run]  # apply the advice one GPU at a time while a job runs
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
@@ -47,6 +48,7 @@ from launcher.node._rundir import (
     write_json,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
+from launcher.node._tune import TUNE_FILE, cmd_tune
 from launcher.node._watch import HttpProbe
 
 log = logging.getLogger("launcher.node")
@@ -59,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`up`, `status` or `restart`, named by the first argument; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart,
-                "advise": cmd_advise}
+                "advise": cmd_advise, "tune": cmd_tune}
     if not args or args[0] not in commands:
         print(f"usage: python -m launcher {{{','.join(commands)}}} ...", file=sys.stderr)
         return EXIT_USAGE
@@ -177,11 +179,20 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
     probe = HttpProbe(api_key=api_key)
     supervisor = Supervisor(
         slots, policy, probe=probe, load_order=load_order,
-        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {**header, **snapshot}))
+        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {
+            **header, **snapshot, "tune": _read_tune(run_dir)}))
     try:
         return await supervisor.run()
     finally:
         await probe.aclose()
+
+
+def _read_tune(run_dir: Path) -> Any:
+    """`launcher tune`'s log, copied into node.json (None when it never ran here)."""
+    try:
+        return json.loads((run_dir / TUNE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _refuse_second_supervisor(run_dir: Path) -> None:
