@@ -61,6 +61,10 @@ class TuneLog:
 
     def save(self) -> None:
         write_json(self.path, {"state": self.state, "chosen": self.chosen, "steps": self.steps})
+        # SIGHUP without a restart request makes the supervisor republish node.json with it.
+        pid = (read_state(self.path.parent) or {}).get("supervisor_pid")
+        if isinstance(pid, int) and pid_alive(pid) and not (self.path.parent / REQUEST_FILE).exists():
+            os.kill(pid, signal.SIGHUP)
 
 
 def describe_step(step: Mapping[str, Any]) -> str:
