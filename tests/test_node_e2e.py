@@ -450,3 +450,24 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
           f"took {took:.0f} s; measured at speed 10: {baseline:,.0f} -> {measured:,.0f}")
     assert tuned >= 0.9 * best
     assert n.stop() == 0
+
+
+def test_tune_dry_run_prints_the_plan_and_restarts_nothing(
+        start_node: Callable[..., Node]) -> None:
+    n = start_node(1, "--drain-timeout", "1", "--stop-timeout", "2",
+                   server_args=(*REFERENCE_SIM, "--speed", "1", "--mean-output-tokens", "3000",
+                                "--output-sigma", "0", "--force-shutdown"))
+    state = n.wait(lambda s: s["gpus"] and s["gpus"][0]["state"] == "ready", 60, "ready")
+    stop = threading.Event()
+    keep_busy(state["gpus"][0]["url"], state["gpus"][0]["capacity"]["effective"] + 10, stop)
+    try:
+        wait_until(lambda: b"#queue-req: 0" not in _last_decode(n), 30, interval=0.2,
+                   what="a queue")
+        done = run_cli("tune", "--run-dir", str(n.run_dir), "--window", "1.5", "--interval",
+                       "0.5", "--dry-run")
+    finally:
+        stop.set()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tune: gpu0 plan `--max-mamba-cache-size" in done.stdout
+    assert "restart GPU 0 alone with these flags" in done.stdout
+    assert n.gpu(0)["restarts"] == 0

@@ -95,7 +95,7 @@ from launcher.node._supervisor import (
     State,
     Supervisor,
 )
-from launcher.node._tune import TUNE_FILE, TuneLog, run_tune
+from launcher.node._tune import TUNE_FILE, TuneLog, previous_values, run_tune, smaller_step
 from launcher.node._watch import (
     HttpProbe,
     LogFollower,
@@ -174,6 +174,7 @@ __all__ = [
     "parse_gpu_line",
     "parse_gpu_spec",
     "pid_alive",
+    "previous_values",
     "profile_from_mapping",
     "read_request",
     "read_server",
@@ -188,6 +189,7 @@ __all__ = [
     "select_gpus",
     "sglang_command",
     "sglang_version",
+    "smaller_step",
     "spawn",
     "split_flags",
     "stop_process",

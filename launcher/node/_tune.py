@@ -111,7 +111,7 @@ def _current(entry: Mapping[str, Any], flag: str, resolved: Mapping[str, Any]) -
     return str(found) if isinstance(found, (int, float)) and not isinstance(found, bool) else None
 
 
-def _previous(entry: Mapping[str, Any], flags: Sequence[str],
+def previous_values(entry: Mapping[str, Any], flags: Sequence[str],
               resolved: Mapping[str, Any]) -> list[str]:
     """The flags of a candidate set back to the values the server runs with now."""
     out: list[str] = []
@@ -121,7 +121,7 @@ def _previous(entry: Mapping[str, Any], flags: Sequence[str],
     return out
 
 
-def _smaller(flags: Sequence[str], before: Sequence[str]) -> list[str] | None:
+def smaller_step(flags: Sequence[str], before: Sequence[str]) -> list[str] | None:
     """Halfway from `before` to a failed candidate, integer flags only; None when no step is
     left (the same values as before)."""
     old = {name: tokens[1] for name, tokens in split_flags(before) if name and len(tokens) > 1}
@@ -212,12 +212,12 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             log.add(kind="stop", gpu=exp, note=advice.line())
             break
         resolved = _resolved_args(str(entry["url"]))
-        before = _previous(entry, candidate, resolved)
+        before = previous_values(entry, candidate, resolved)
         state, reason = wait_rollout(run_dir, request_restart(run_dir, candidate, [exp]),
                                      timeout_s)
         if state != "done":
             log.add(kind="failed", gpu=exp, flags=candidate, note=reason[:300])
-            candidate = _smaller(candidate, before) or []
+            candidate = smaller_step(candidate, before) or []
             continue
         time.sleep(warmup_s)  # let the batch fill before measuring
         entries = _ready(run_dir)
@@ -232,7 +232,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             state, reason = wait_rollout(run_dir, request_restart(run_dir, before, [exp]),
                                          timeout_s)
             log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
-            candidate = _smaller(candidate, before) or []
+            candidate = smaller_step(candidate, before) or []
             entries = _ready(run_dir)
             entry = next((g for g in entries if int(g["gpu"]) == exp), entry)
             continue
