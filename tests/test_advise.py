@@ -83,3 +83,15 @@ def test_status_shows_one_line_of_advice_per_bound_gpu() -> None:
     assert ("advice gpu0: bound by 80 Mamba slots at 16 running: `--max-mamba-cache-size 200 "
             "--mem-fraction-static 0.93` → ~40 running (+49% tokens/s) (check: launcher advise)"
             ) in text
+
+
+def test_advice_offers_no_flag_the_servers_release_lacks() -> None:
+    old = entry("mamba", 16, 128, slots=80)
+    old["capacity"]["version"] = "0.5.1"  # before --max-mamba-cache-size existed
+    advice = advise(old, Observed(samples=2, running=16, queue=9, kv_usage=0.1))
+    assert advice.flags == ()
+    assert "--max-mamba-cache-size does not exist in sglang 0.5.1" in advice.why
+    new = entry("request", 64, 64, graph_bs=32)
+    new["capacity"]["version"] = "0.5.10"
+    assert advise(new, Observed(samples=2, running=64, queue=5)).flags == (
+        "--cuda-graph-max-bs", "64")

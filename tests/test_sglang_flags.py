@@ -65,6 +65,25 @@ def emitted_argument_lists() -> dict[str, list[str]]:
 EMITTED = emitted_argument_lists()
 
 
+# What `launcher advise` and `tune` offer (launcher/node/_advise.py), where the release has it.
+ADVICE_FLAGS = [["--max-mamba-cache-size", "200"], ["--mem-fraction-static", "0.93"],
+                ["--max-running-requests", "40"], ["--cuda-graph-max-bs-decode", "64"]]
+
+
+@pytest.mark.parametrize("release", supported_releases())
+def test_the_advised_flags_exist_in_each_release_from_the_one_that_added_them(
+    release: str,
+) -> None:
+    for args in ADVICE_FLAGS:
+        adapted, _ = adapt_flags(args, release)
+        problems = check_args(adapted, release)
+        first = "0.5.2" if args[0] == "--max-mamba-cache-size" else "0.5.1"
+        if version_tuple(release) >= version_tuple(first):
+            assert problems == [], (release, args)
+        else:
+            assert problems == [f"{args[0]} does not exist in sglang {release}"]
+
+
 def test_profiles_are_found_in_docs_and_tests() -> None:
     # The collector must see the guide's profile and the restart example, or it checks nothing.
     flags = {a for args in EMITTED.values() for a in args if a.startswith("--")}

@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher.node._args import flag_value
+from launcher.node._args import adapt_flags, flag_value
+from launcher.node._flags import check_args
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
 STEP_MS, STEP_MS_PER_REQUEST = 11.0, 0.56
@@ -136,6 +137,8 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
     if graph_bs is not None and n > graph_bs:
         binding, target = "cuda-graph", n
         flags = ["--cuda-graph-max-bs-decode", str(n)]
+        if isinstance(cap_info.get("version"), str):  # spelled as that release takes it
+            flags = adapt_flags(flags, str(cap_info["version"]))[0]
         why = f"batches above {graph_bs} run without CUDA graphs ({running_text} running{pools})"
     elif binding == "mamba" and slots:
         ratio = max(1, slots // n)
@@ -157,6 +160,10 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
         why = f"bound by {what} at {running_text} running{pools}"
     else:
         return verdict(binding, f"cap {n}: {cap_info.get('reason') or 'no advice'}")
+    version = cap_info.get("version")
+    rejected = check_args(flags, version) if isinstance(version, str) else []
+    if rejected:  # an older release lacks the flag: say so rather than advise a failing start
+        return verdict(binding, f"{why}; no flag to offer: {rejected[0]}")
     predicted = None
     if obs.tokens_per_s is not None:
         predicted = obs.tokens_per_s * relative_throughput(target, n)
