@@ -1,6 +1,6 @@
 """`python -m launcher COMMAND ...`: one entry point, each command owned by its part.
 
-    up, status, restart   launcher.node      node supervision (one server per GPU)
+    up, status, restart, advise, tune   launcher.node      node supervision (one server per GPU)
     explain               launcher.logs      SGLang log reading
     sim                   launcher.sim       the SGLang simulator
     redis, s3, demo       launcher.services, launcher.demo: the embedded dev services
@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "table of this node's servers: state, uptime, restarts, capacity"),
     "restart": ("launcher.node", "main",
                 "restart servers, --rolling one at a time with new arguments"),
+    "advise": ("launcher.node", "main",
+               "per GPU: what binds its server and which flags to try"),
+    "tune": ("launcher.node", "main",
+             "try the advice on one GPU at a time during a job"),
     "sim": ("launcher.sim.cli", "main",
             "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "main",

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -296,3 +297,177 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
     record_property("worker_paused_s", paused)
     print(f"\nserver restarts {restarts}, worker paused for {paused} s")
     assert n.stop() == 0
+
+
+REFERENCE_SIM = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+                 "--speculative-algorithm", "NEXTN", "--speculative-accept-length", "2.9",
+                 "--decode-model", "step")
+
+
+def keep_busy(url: str, n: int, stop: threading.Event) -> list[threading.Thread]:
+    """`n` long chat requests in flight until `stop` (errors once the node stops are fine)."""
+    def one() -> None:
+        with httpx.Client(timeout=120, trust_env=False) as client:
+            while not stop.is_set():
+                try:
+                    client.post(f"{url}/v1/chat/completions", json={
+                        "model": "m", "max_tokens": 4000,
+                        "messages": [{"role": "user", "content": "write a long story"}]})
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_advise_names_the_mamba_slots_of_a_busy_reference_server_and_status_shows_it(
+        start_node: Callable[..., Node]) -> None:
+    # Requests still in flight at the end are not drained: the node stops at once.
+    n = start_node(1, "--drain-timeout", "1", "--stop-timeout", "2",
+                   server_args=(*REFERENCE_SIM, "--speed", "1", "--mean-output-tokens", "3000",
+                                "--output-sigma", "0", "--force-shutdown"))
+    state = n.wait(lambda s: s["gpus"] and s["gpus"][0]["state"] == "ready", 60, "ready")
+    cap = state["gpus"][0]["capacity"]
+    assert cap["binding"] == "mamba"
+    stop = threading.Event()
+    threads = keep_busy(state["gpus"][0]["url"], cap["effective"] + 10, stop)
+    try:
+        wait_until(lambda: b"#queue-req: 0" not in _last_decode(n), 30, interval=0.2,
+                   what="a queue")
+        done = run_cli("advise", "--run-dir", str(n.run_dir), "--window", "2", "--interval",
+                       "0.5", "--json")
+    finally:
+        stop.set()
+    assert done.returncode == 0, done.stdout + done.stderr
+    (advice,) = json.loads(done.stdout)
+    assert advice["binding"] == "mamba" and advice["samples"] >= 3
+    assert advice["flags"][:1] == ["--max-mamba-cache-size"]
+    assert advice["predicted_running"] > cap["effective"]
+    assert advice["queue"] > 0 and advice["tokens_per_s"] > 0
+    status = run_cli("status", "--run-dir", str(n.run_dir))
+    assert f"advice gpu0: bound by {cap['mamba_slots']} Mamba slots" in status.stdout
+    for t in threads:
+        t.join(0)
+
+
+def _last_decode(n: Node) -> bytes:
+    log = Path(n.gpu(0)["log"]).read_bytes()
+    at = log.rfind(b"Decode batch")
+    return log[at:log.find(b"\n", at)] if at >= 0 else b"#queue-req: 0"
+
+
+def sweep_best(base: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
+    """Brute force over the flags tune moves, on the simulator's own capacity and step cost
+    models (a full batch in steady state): the best tokens/s per GPU and its flags."""
+    from launcher.sim.capacity import plan_capacity
+    from launcher.sim.config import SimConfig
+
+    best: tuple[float, tuple[str, ...]] = (0.0, ())
+    for mfs in ("0.84", "0.88", "0.90", "0.93", "0.95", "0.96", "0.97", "0.99"):
+        for slots in range(20, 401, 2):
+            flags = ("--mem-fraction-static", mfs, "--max-mamba-cache-size", str(slots))
+            cfg = SimConfig.from_argv([*base, *flags])
+            cap = plan_capacity(cfg)
+            if cap.fatal is None and cap.effective_running > 0:
+                tps = cfg.decode_rate(cap.effective_running) * cap.effective_running
+                best = max(best, (tps, flags))
+    return best
+
+
+def modelled_tokens_per_s(base: tuple[str, ...], flags: list[str]) -> float:
+    from launcher.sim.capacity import plan_capacity
+    from launcher.sim.config import SimConfig
+
+    cfg = SimConfig.from_argv([*base, *flags])
+    cap = plan_capacity(cfg)
+    assert cap.fatal is None, cap.fatal
+    return cfg.decode_rate(cap.effective_running) * cap.effective_running
+
+
+def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_once(
+        start_node: Callable[..., Node], redis_url: str, redis_client: Any, s3_server: Any,
+        tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
+    from tests.stack import FAST_WORKER_ENV, chat_rows, iter_ids, write_jsonl
+
+    env = {"REDIS_URL": redis_url, **s3_server.env(), **FAST_WORKER_ENV}
+    server = (*REFERENCE_SIM, "--speed", "10", "--mean-output-tokens", "3000",
+              "--output-sigma", "0.3")
+    n = start_node(2, "--workers", "--drain-timeout", "60", env=env, server_args=server)
+    n.wait(lambda s: len(s["gpus"]) == 2 and all((g["worker"] or {}).get("state") == "running"
+                                                 for g in s["gpus"]), 60, "workers running")
+    for g in n.state()["gpus"]:
+        log = Path(g["worker"]["log"])
+        wait_until(lambda log=log: log.exists() and " ready." in log.read_text(errors="replace"),
+                   60, what="celery ready")
+    rows = chat_rows(1500)
+    out_dir = tmp_path / "out"
+    enqueue = subprocess.run(
+        [sys.executable, "-m", "producer", "enqueue", str(write_jsonl(tmp_path / "p.jsonl", rows)),
+         "--job", "tuned", "--output", str(out_dir), "--batch-size", "50", "--no-canary"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
+    assert enqueue.returncode == 0, enqueue.stderr
+    start_effective = n.gpu(0)["capacity"]["effective"]
+
+    started = time.monotonic()
+    tune = subprocess.run(
+        [*LAUNCHER, "tune", "--run-dir", str(n.run_dir), "--window", "4", "--interval", "0.5",
+         "--warmup", "4", "--timeout", "120", "--json"],
+        capture_output=True, text=True, timeout=900, check=False)
+    took = time.monotonic() - started
+    assert tune.returncode == 0, tune.stdout + tune.stderr
+    log = json.loads(tune.stdout[tune.stdout.index("{\n"):])
+    steps = log["steps"]
+    assert any(s["kind"] == "failed" for s in steps), "no over-committed candidate rejected"
+    assert any(s["kind"] == "won" for s in steps) and log["chosen"]
+    assert steps[-1]["kind"] == "rolled-out"
+    n.wait(lambda s: (s.get("tune") or {}).get("state") == "done", 10, "tune log in node.json")
+
+    from producer.status import job_status
+    from workers.ledger import Ledger
+
+    wait_until(lambda: job_status(Ledger(redis_client), "tuned")["state"] == "done", 600,
+               what="job done")
+    export = subprocess.run(
+        [sys.executable, "-m", "producer", "export", "tuned", "--to", str(tmp_path / "x.jsonl")],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False)
+    assert export.returncode == 0, export.stderr
+    exported = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in exported) == sorted(iter_ids(rows))  # each exactly once
+
+    best, best_flags = sweep_best(server)
+    start = modelled_tokens_per_s(server, [])
+    tuned = modelled_tokens_per_s(server, log["chosen"])
+    baseline = next(s["tokens_per_s"] for s in steps if s["kind"] == "baseline")
+    measured = max(s["tokens_per_s"] or 0 for s in steps if s["kind"] == "won")
+    record_property("tune", {"start_running": start_effective, "start_tps": start,
+                             "tuned_tps": tuned, "sweep_best_tps": best,
+                             "sweep_best_flags": best_flags, "chosen": log["chosen"],
+                             "took_s": took, "measured_start": baseline,
+                             "measured_tuned": measured})
+    print(f"\ntune: start {start:,.0f} tok/s ({start_effective} running), tuned {tuned:,.0f} "
+          f"({' '.join(log['chosen'])}), sweep best {best:,.0f} ({' '.join(best_flags)}), "
+          f"took {took:.0f} s; measured at speed 10: {baseline:,.0f} -> {measured:,.0f}")
+    assert tuned >= 0.9 * best
+    assert n.stop() == 0
+
+
+def test_tune_dry_run_prints_the_plan_and_restarts_nothing(
+        start_node: Callable[..., Node]) -> None:
+    n = start_node(1, "--drain-timeout", "1", "--stop-timeout", "2",
+                   server_args=(*REFERENCE_SIM, "--speed", "1", "--mean-output-tokens", "3000",
+                                "--output-sigma", "0", "--force-shutdown"))
+    state = n.wait(lambda s: s["gpus"] and s["gpus"][0]["state"] == "ready", 60, "ready")
+    stop = threading.Event()
+    keep_busy(state["gpus"][0]["url"], state["gpus"][0]["capacity"]["effective"] + 10, stop)
+    try:
+        wait_until(lambda: b"#queue-req: 0" not in _last_decode(n), 30, interval=0.2,
+                   what="a queue")
+        done = run_cli("tune", "--run-dir", str(n.run_dir), "--window", "1.5", "--interval",
+                       "0.5", "--dry-run")
+    finally:
+        stop.set()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tune: gpu0 plan `--max-mamba-cache-size" in done.stdout
+    assert "restart GPU 0 alone with these flags" in done.stdout
+    assert n.gpu(0)["restarts"] == 0

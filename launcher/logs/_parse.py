@@ -95,7 +95,9 @@ class CudaGraph(Event):
     """A CUDA (or CPU/NPU) graph capture line: begin, the old `bs [...]` line, or end.
 
     `stage` is decode/verify/prefill/piecewise, or "" in the old format that names none;
-    `legacy` marks the format used before 2026-06-22.
+    `legacy` marks the format used before 2026-06-22. `summary` holds the summary fields when a
+    build appends them to the end line instead of printing `max_total_num_tokens=...` alone
+    (no release from 0.5.1 to 0.5.23 does; some builds do, docs/reference/sglang.md#startup-lines).
     """
 
     max_bs: int | None
@@ -107,6 +109,7 @@ class CudaGraph(Event):
     stage: str = ""
     done: bool = False
     legacy: bool = False
+    summary: Summary | None = None
 
 
 @dataclass(frozen=True)
@@ -273,13 +276,7 @@ def _by_start(msg: str, ts: datetime | None, ranks: tuple[str, ...]) -> Event | 
             _gb("intermediate_conv_window_cache", msg), ts=ts, ranks=ranks,
         )
     if msg.startswith("max_total_num_tokens="):
-        f = _pairs(msg, "=")
-        return Summary(
-            _int(f.get("max_total_num_tokens")), _int(f.get("chunked_prefill_size")),
-            _int(f.get("max_prefill_tokens")), _int(f.get("max_running_requests")),
-            _int(f.get("context_len")),
-            _float(f.get("available_gpu_mem", f.get("available_cpu_mem"))), f, ts=ts, ranks=ranks,
-        )
+        return _summary(msg, ts, ranks)
     if msg.startswith("server_args="):
         return ServerArgs(_server_args(msg[len("server_args="):]), ts=ts, ranks=ranks)
     if "The server is fired up and ready to roll" in msg:
@@ -335,6 +332,17 @@ def _batch(msg: str, ts: datetime | None, ranks: tuple[str, ...]) -> Event | Non
     )
 
 
+def _summary(text: str, ts: datetime | None, ranks: tuple[str, ...]) -> Summary:
+    """The `key=value` summary fields, from their own line or the tail of another one."""
+    f = _pairs(text.rstrip(" ."), "=")
+    return Summary(
+        _int(f.get("max_total_num_tokens")), _int(f.get("chunked_prefill_size")),
+        _int(f.get("max_prefill_tokens")), _int(f.get("max_running_requests")),
+        _int(f.get("context_len")),
+        _float(f.get("available_gpu_mem", f.get("available_cpu_mem"))), f, ts=ts, ranks=ranks,
+    )
+
+
 def _weights(msg: str, ts: datetime | None, ranks: tuple[str, ...]) -> Event | None:
     if msg.startswith("Load weight begin"):
         return WeightsLoading(_float(_grab(r"avail mem=([\d.]+)", msg)), ts=ts, ranks=ranks)
@@ -354,12 +362,15 @@ def _graph(msg: str, ts: datetime | None, ranks: tuple[str, ...]) -> Event | Non
     if m is None:
         return None  # e.g. "Capture cuda graph num tokens [...]"; failures are matched later
     role, stage, what, rest = m[1], m[2], m[3], m[4]
+    at = rest.find("max_total_num_tokens=")
+    summary = _summary(rest[at:], ts, ranks) if at >= 0 else None
+    rest = rest[:at] if at >= 0 else rest
     listed = _grab(r"\[([\d,\s]*)\]", rest)
     bs = tuple(int(x) for x in listed.replace(",", " ").split()) if listed else ()
     return CudaGraph(
         max(bs) if bs else None, bs, _float(_grab(r"(?:elapsed=|Time elapsed: )([\d.]+)", rest)),
         _float(_grab(r"mem usage=([\d.]+)", rest)), _float(_grab(r"avail mem=([\d.]+)", rest)),
-        role or "target", stage or "", what == "end", legacy=role is None,
+        role or "target", stage or "", what == "end", legacy=role is None, summary=summary,
         ts=ts, ranks=ranks,
     )
 

@@ -89,6 +89,8 @@ def _fold(run: ServerStart, event: Event) -> None:
     elif isinstance(event, CudaGraph):
         if event.role == "target" and event.stage in ("", "decode") and event.max_bs is not None:
             run.graph_bs = event.max_bs
+        if event.summary is not None:
+            run.summary = event.summary
     elif isinstance(event, Summary):
         run.summary = event
     elif isinstance(event, CapWarning):

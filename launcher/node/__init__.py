@@ -7,13 +7,17 @@
                     Slot, Child, Order
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
     _process.py     LaunchSpec, spawn and stop a child in its own process group
+    _advise.py      `advise`: what binds each GPU, flags to try, predicted running and tokens/s
+    _tune.py        `tune`: one GPU's experiment at a time via rolling restarts; tune.json
     _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv
+    _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
     _gpus.py        the GPUs nvidia-smi lists and a --gpus selection
     _rundir.py      the run directory: node.json, restart.json, supervisor liveness
     _clock.py       Clock: time as the supervisor sees it (tests pass a fake)
     _errors.py      NodeError and its subclasses
 """
 
+from launcher.node._advise import Advice, Observed, advise, observe, relative_throughput
 from launcher.node._args import (
     HOST,
     NEWEST_SGLANG,
@@ -28,6 +32,7 @@ from launcher.node._args import (
     sglang_command,
     sglang_version,
     split_flags,
+    version_tuple,
 )
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._commands import (
@@ -41,6 +46,18 @@ from launcher.node._commands import (
     up_parser,
 )
 from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, PortBusyError, ProfileError
+from launcher.node._flags import TABLE_FILE as SGLANG_FLAGS_FILE
+from launcher.node._flags import (
+    Flag,
+    check_args,
+    load_table,
+    read_source,
+    read_wheel,
+    release_for,
+    supported_releases,
+    table_json,
+    wheel_release,
+)
 from launcher.node._gpus import Gpu, discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
@@ -76,6 +93,7 @@ from launcher.node._supervisor import (
     State,
     Supervisor,
 )
+from launcher.node._tune import TUNE_FILE, TuneLog, previous_values, run_tune, smaller_step
 from launcher.node._watch import (
     HttpProbe,
     LogFollower,
@@ -99,10 +117,14 @@ __all__ = [
     "NCCL_OFFSET",
     "NEWEST_SGLANG",
     "REQUEST_FILE",
+    "SGLANG_FLAGS_FILE",
     "SIM_COMMAND",
     "STATE_FILE",
+    "TUNE_FILE",
+    "Advice",
     "Child",
     "Clock",
+    "Flag",
     "Gpu",
     "GpuOverride",
     "GpuSpecError",
@@ -112,6 +134,7 @@ __all__ = [
     "NoGpuError",
     "NodeError",
     "NodePlan",
+    "Observed",
     "Order",
     "OrderError",
     "Policy",
@@ -128,9 +151,12 @@ __all__ = [
     "State",
     "Supervisor",
     "SystemClock",
+    "TuneLog",
     "adapt_flags",
+    "advise",
     "annotate",
     "build_argv",
+    "check_args",
     "check_ports",
     "describe_exit",
     "describe_fatal",
@@ -138,23 +164,36 @@ __all__ = [
     "flag_value",
     "follow",
     "load_profile",
+    "load_table",
     "main",
     "merge_args",
+    "observe",
     "parse_gpu_line",
     "parse_gpu_spec",
     "pid_alive",
+    "previous_values",
     "profile_from_mapping",
     "read_request",
     "read_server",
+    "read_source",
     "read_state",
+    "read_wheel",
+    "relative_throughput",
+    "release_for",
     "render_status",
+    "run_tune",
     "select_gpus",
     "sglang_command",
     "sglang_version",
+    "smaller_step",
     "spawn",
     "split_flags",
     "stop_process",
+    "supported_releases",
+    "table_json",
     "up_parser",
+    "version_tuple",
     "wait_ready",
+    "wheel_release",
     "write_json",
 ]

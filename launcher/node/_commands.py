@@ -4,6 +4,9 @@
     python -m launcher up --gpus 0,1 --sim --workers
     python -m launcher status
     python -m launcher restart --rolling -- --max-running-requests 64
+    python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
+    python -m launcher advise [--json]   # what binds each GPU, flags to try, predictions
+    python -m launcher tune [--dry-run]  # apply the advice one GPU at a time while a job runs
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
@@ -24,14 +27,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.node._advise import Observed, advise, observe
 from launcher.node._args import Profile, flag_value, load_profile
-from launcher.node._errors import NodeError
+from launcher.node._errors import NodeError, NoGpuError, PortBusyError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
     NodePlan,
     check_ports,
     read_request,
+    render_dry_run,
 )
 from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
@@ -42,6 +47,7 @@ from launcher.node._rundir import (
     write_json,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
+from launcher.node._tune import TUNE_FILE, cmd_tune
 from launcher.node._watch import HttpProbe
 from workers.commandline import CommandParser
 
@@ -54,7 +60,8 @@ ACK_TIMEOUT_S = 10.0
 def main(argv: Sequence[str] | None = None) -> int:
     """`up`, `status` or `restart`, named by the first argument; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart}
+    commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart,
+                "advise": cmd_advise, "tune": cmd_tune}
     if not args or args[0] not in commands:
         print(f"usage: python -m launcher {{{','.join(commands)}}} ...", file=sys.stderr)
         return EXIT_USAGE
@@ -104,6 +111,8 @@ def up_parser() -> CommandParser:
                    help="seconds between SIGTERM and SIGKILL when a server stops")
     p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s,
                    help="seconds a restart waits for a server's running requests to finish")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each GPU's argv, environment and ports, start nothing")
     return p
 
 
@@ -122,17 +131,33 @@ def cmd_up(argv: Sequence[str]) -> int:
                         stop_timeout_s=args.stop_timeout, drain_timeout_s=args.drain_timeout)
     except ValueError as exc:
         raise NodeError(str(exc)) from None
-    _refuse_second_supervisor(run_dir)
+    if not args.dry_run:
+        _refuse_second_supervisor(run_dir)
     profile = load_profile(args.profile) if args.profile else Profile()
     if args.sim:
         gpus = parse_gpu_spec(args.gpus or "0")
     else:
         wanted = parse_gpu_spec(args.gpus) if args.gpus else None
-        gpus = [g.index for g in select_gpus(wanted, discover_gpus())]
+        try:
+            found = discover_gpus()
+        except NoGpuError:
+            if not (args.dry_run and wanted):  # a dry run may plan for another machine's GPUs
+                raise
+            gpus = wanted
+        else:
+            gpus = [g.index for g in select_gpus(wanted, found)]
     plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
-                    dict(os.environ))
+                    dict(os.environ), assume_command=args.dry_run)
     specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
+    if args.dry_run:
+        workers = {g: plan.worker_spec(g, specs[g]) for g in gpus} if args.workers else {}
+        print(render_dry_run(plan, specs, workers))
+        try:
+            check_ports(specs)
+        except PortBusyError as exc:
+            print(f"warning: {exc}")
+        return EXIT_OK
     check_ports(specs)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
                   else None) for g in gpus]
@@ -158,11 +183,20 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
     probe = HttpProbe(api_key=api_key)
     supervisor = Supervisor(
         slots, policy, probe=probe, load_order=load_order,
-        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {**header, **snapshot}))
+        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {
+            **header, **snapshot, "tune": _read_tune(run_dir)}))
     try:
         return await supervisor.run()
     finally:
         await probe.aclose()
+
+
+def _read_tune(run_dir: Path) -> Any:
+    """`launcher tune`'s log, copied into node.json (None when it never ran here)."""
+    try:
+        return json.loads((run_dir / TUNE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _refuse_second_supervisor(run_dir: Path) -> None:
@@ -193,6 +227,44 @@ def cmd_status(argv: Sequence[str]) -> int:
     healthy = state["supervisor_alive"] and all(
         g["state"] == "ready" and g["pid_alive"] for g in state.get("gpus", []))
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def cmd_advise(argv: Sequence[str]) -> int:
+    """Sample each ready GPU's server over a window and say what binds it and what to try."""
+    p = CommandParser(
+        prog="python -m launcher advise",
+        description="Per GPU: the limit that binds its server, how full its pools are, and "
+                    "the flags to try with the predicted running requests and tokens/s.",
+        epilog="examples:\n  python -m launcher advise\n  python -m launcher advise --gpus 0,1 "
+               "--window 60 --json")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help="the launcher's run directory (node.json)")
+    p.add_argument("--gpus", help="only these GPUs (default: all)")
+    p.add_argument("--window", type=float, default=30.0, help="seconds of /metrics samples")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    p.add_argument("--json", action="store_true", help="one JSON object per GPU, in a list")
+    args = p.parse_args(list(argv))
+    state = read_state(args.run_dir)
+    if state is None:
+        raise NodeError(f"no {STATE_FILE} in {args.run_dir}: `launcher up` has not run here "
+                        "(or pass --run-dir)")
+    wanted = set(parse_gpu_spec(args.gpus)) if args.gpus else None
+    entries = [g for g in state.get("gpus", [])
+               if g.get("state") == "ready" and (wanted is None or g["gpu"] in wanted)]
+    if not entries:
+        raise NodeError("no ready GPU to advise on (see `launcher status`)")
+    api_key = os.environ.get("SGLANG_API_KEY")  # node.json keeps the key redacted
+
+    async def sample_all() -> list[Observed]:
+        return list(await asyncio.gather(*(
+            observe(str(g["url"]), args.window, args.interval, api_key) for g in entries)))
+
+    advice = [advise(g, o) for g, o in zip(entries, asyncio.run(sample_all()), strict=True)]
+    if args.json:
+        print(json.dumps([a.to_json() for a in advice], indent=1))
+    else:
+        print("\n".join(a.line() for a in advice))
+    return EXIT_OK
 
 
 def cmd_restart(argv: Sequence[str]) -> int:
@@ -286,6 +358,13 @@ def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
     rollout = state.get("rollout")
     if rollout:
         lines.append(_rollout_text(rollout))
+    # One line of advice per ready GPU with flags to try, from its capacity alone (no HTTP:
+    # `launcher advise` samples the live figures first).
+    for g in state.get("gpus", []):
+        if g.get("state") == "ready" and g.get("capacity"):
+            tip = advise(g)
+            if tip.flags:
+                lines.append(f"advice {tip.line()} (check: launcher advise)")
     return "\n".join(line.rstrip() for line in lines)
 
 

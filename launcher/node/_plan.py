@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from launcher.node._args import (
 )
 from launcher.node._args import sglang_version as installed_sglang_version
 from launcher.node._errors import NodeError, PortBusyError, ProfileError
+from launcher.node._flags import check_args
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
+from workers.redact import redact_argv
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")
@@ -57,6 +60,8 @@ class NodePlan:
     base_port: int
     log_dir: Path
     env: Mapping[str, str]
+    # A dry run on a machine without SGLang shows `sglang serve` instead of refusing to plan.
+    assume_command: bool = False
 
     @property
     def version(self) -> str:
@@ -73,7 +78,7 @@ class NodePlan:
         args, notes = adapt_flags(args, self.version)
         for note in notes:
             log.info("gpu%d: flag %s", gpu, note)
-        command = SIM_COMMAND if self.sim else tuple(sglang_command(self.profile))
+        command = SIM_COMMAND if self.sim else tuple(self._command())
         # base + GPU index, not position: a worker for queue gpuN defaults to port 30000+N.
         port = self.base_port + gpu
         argv = build_argv(command, model, port, port + NCCL_OFFSET, args)
@@ -82,6 +87,14 @@ class NodePlan:
                "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         return LaunchSpec(f"gpu{gpu}", tuple(argv), env, self.log_dir / f"sglang_gpu{gpu}.log",
                           port, flag_value(args, "--host") or HOST)
+
+    def _command(self) -> list[str]:
+        try:
+            return sglang_command(self.profile)
+        except ProfileError:
+            if self.assume_command:
+                return ["sglang", "serve"]
+            raise
 
     def worker_spec(self, gpu: int, server: LaunchSpec) -> LaunchSpec:
         """GPU `gpu`'s Celery worker, pointed at its server."""
@@ -115,6 +128,34 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
     except NodeError as exc:
         raise OrderError(request_id, str(exc)) from None
     return Order(request_id, specs, bool(request.get("rolling", True))), new
+
+
+def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
+                   workers: Mapping[int, LaunchSpec]) -> str:
+    """What `up` would start, per GPU: environment it sets, ports, log, argv (secrets masked).
+
+    The environment shown is what the launcher adds to the inherited one: the profile's `env`
+    and the GPU pinning; the argv is exactly the one `up` executes, flags renamed for the
+    SGLang version in use.
+    """
+    lines = [f"sglang {plan.version}" + (" (simulator)" if plan.sim else "")
+             + f", {len(specs)} GPU(s), logs in {plan.log_dir}"]
+    for gpu, spec in specs.items():
+        added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
+        lines.append(f"gpu{gpu}: http {spec.url}, nccl port {(spec.port or 0) + NCCL_OFFSET}, "
+                     f"log {spec.log_path}")
+        lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(
+            added.items())))
+        lines.append("  argv " + shlex.join(redact_argv(spec.argv)))
+        server_args = list(spec.argv[next((i for i, a in enumerate(spec.argv)
+                                            if a.startswith("--")), len(spec.argv)):])
+        if not plan.sim:  # the simulator's flags are its own, not a release's
+            lines += [f"  warning: {p}" for p in check_args(server_args, plan.version)]
+        if gpu in workers:
+            worker = workers[gpu]
+            lines.append(f"  worker SGLANG_URL={worker.env['SGLANG_URL']} "
+                         + shlex.join(worker.argv))
+    return "\n".join(lines)
 
 
 def check_ports(specs: Mapping[int, LaunchSpec]) -> None:

@@ -220,6 +220,8 @@ class Supervisor:
             return
         if order is not None:
             self.submit(order)
+        else:  # no request: republish, so node.json picks up what `tune` wrote beside it
+            self.changed()
 
     def _reject(self, order_id: str, reason: str) -> None:
         self.rollout = {**(self.rollout or {}), "rejected": {"id": order_id, "reason": reason}}

@@ -26,6 +26,8 @@ AUTO_MEM_FRACTION = 0.841  # what SGLang's auto formula gives on an 80 GB GPU
 DENSE_KV_BYTES_PER_TOKEN = 32 * 1024
 HYBRID_KV_BYTES_PER_TOKEN = 16 * 1024  # only the full-attention layers keep KV
 AUTO_MAMBA_SLOTS = 80
+# Kept free beyond the graphs for activations; the pools leaving less fail graph capture.
+ACTIVATION_RESERVE_GB = 2.5
 DEFAULT_CUDA_GRAPH_MAX_BS = 256  # SGLang's default for a GPU with < 90 GB
 SPEC_DEFAULT_RUNNING = 48
 AUTO_SPEC = (3, 1, 4)  # (num_steps, eagle_topk, num_draft_tokens)
@@ -138,10 +140,21 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
     if cfg.cuda_graph_max_bs_decode is None and requested is not None:
         graph_bs = min(graph_bs, requested)
     kv_gb = tokens * per_token / GIB
+    graph_gb = round(0.35 + graph_bs * 0.004, 2)
+    free_gb = AVAIL_BEFORE_LOAD_GB - weights - kv_gb - mamba_gb
+    need_gb = graph_gb * (4 / 3 if draft else 1) + ACTIVATION_RESERVE_GB  # draft graphs: 1/3
+    if fatal is None and free_gb < need_gb:
+        fatal = ("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate "
+                 f"{graph_gb * 1024:.2f} MiB. GPU 0 has a total capacity of 79.19 GiB of which "
+                 f"{max(free_gb, 0.0) * 1024:.2f} MiB is free. Possible solutions: 1. set "
+                 "--mem-fraction-static to a smaller value (e.g., 0.8 or 0.7); 2. set "
+                 "--cuda-graph-max-bs-decode to a smaller value (e.g., 16); 3. disable torch "
+                 "compile by not using --enable-torch-compile; 4. disable CUDA graph by "
+                 "--disable-cuda-graph. (Not recommended. Huge performance loss)")
     return Capacity(tokens, requested, effective, mamba_k, ratio if cfg.hybrid else None,
                     strategy if cfg.hybrid else None, graph_bs, _capture_bs(graph_bs),
-                    steps, topk, draft, mfs, weights, kv_gb, mamba_gb,
-                    round(0.35 + graph_bs * 0.004, 2), tuple(warnings), fatal)
+                    steps, topk, draft, mfs, weights, kv_gb, mamba_gb, graph_gb,
+                    tuple(warnings), fatal)
 
 
 def _explicit_k(cfg: SimConfig) -> bool:

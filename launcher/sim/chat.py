@@ -148,7 +148,7 @@ async def _open_stream(sim: Simulator, job: ChatJob, request: Request) -> Respon
     try:
         assert sreq.admitted is not None
         await sim.wait_for(sreq.admitted, sreq, request)
-        delay = sreq.first_token_at(sim.scheduler.rate) - loop.time()
+        delay = sreq.first_token_at() - loop.time()
         if delay > 0 and not sreq.done.done():
             await asyncio.wait([sreq.done], timeout=delay)
     except BaseException:
@@ -158,14 +158,14 @@ async def _open_stream(sim: Simulator, job: ChatJob, request: Request) -> Respon
 
 
 async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:
-    sreq, plan, loop, rate = job.sreq, job.plan, sim.scheduler.loop, sim.scheduler.rate
+    sreq, plan, loop = job.sreq, job.plan, sim.scheduler.loop
     writer = ChunkWriter(job.view)
     sent = 0
     out = [writer.role()]
     try:
         while True:
             done = sreq.done.done()
-            upto = sreq.completion_tokens if done else sreq.tokens_at(loop.time(), rate)
+            upto = sreq.completion_tokens if done else sreq.tokens_at(loop.time())
             if upto > sent:
                 out.append(writer.tokens(plan, sent, upto))
                 sent = upto
@@ -175,7 +175,7 @@ async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:
                 return
             yield b"".join(out)
             out = []
-            delay = max(sreq.decode_start + (sent + 1) / rate - loop.time(), STREAM_TICK)
+            delay = max(sreq.decode_start + (sent + 1) / sreq.rate - loop.time(), STREAM_TICK)
             await asyncio.wait([sreq.done], timeout=delay)
     finally:
         _release(sim, job)

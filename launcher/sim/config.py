@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,16 @@ class SimConfig:
         None, "JSON, e.g. '{\"enable_thinking\": false}'", type=_json_dict)
     # Simulator flags.
     profile: str = _opt("dense", "capacity model (§7)", choices=("dense", "mamba-hybrid"))
-    decode_tps: float = _opt(86.0, "tokens/s of one running request", type=float)
+    decode_tps: float = _opt(86.0, "tokens/s of one running request (--decode-model fixed)",
+                             type=float)
+    decode_model: str = _opt(
+        "fixed", "fixed: every running request decodes at --decode-tps; step: a decode step "
+        "costs --step-ms + --step-ms-per-request x running and yields one token per request "
+        "(the accept length with speculative decoding)", choices=("fixed", "step"))
+    step_ms: float = _opt(11.0, "fixed cost of one decode step (--decode-model step)",
+                          type=float)
+    step_ms_per_request: float = _opt(0.56, "cost of one running request in a decode step",
+                                      type=float)
     prefill_tps: float = _opt(20000.0, "prompt tokens/s of one request's prefill", type=float)
     mean_output_tokens: float = _opt(1000.0, "mean natural answer length", type=float)
     output_sigma: float = _opt(0.8, "lognormal sigma of answer lengths", type=float)
@@ -140,13 +150,16 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         positive = {"speed": self.speed, "decode_tps": self.decode_tps,
-                    "prefill_tps": self.prefill_tps, "mean_output_tokens": self.mean_output_tokens}
+                    "prefill_tps": self.prefill_tps, "mean_output_tokens": self.mean_output_tokens,
+                    "step_ms": self.step_ms}
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         for name in ("fail_rate", "boilerplate_rate", "tool_call_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1]")
+        if self.step_ms_per_request < 0:
+            raise ConfigError("--step-ms-per-request must be >= 0")
         if self.decode_log_interval < 1:
             raise ConfigError("--decode-log-interval must be >= 1")
         if self.context_length is not None and self.context_length < 16:
@@ -166,6 +179,21 @@ class SimConfig:
     def speculative(self) -> bool:
         """Whether speculative decoding is configured."""
         return self.speculative_algorithm is not None
+
+    def decode_rate(self, running: int) -> float:
+        """Tokens/s of one running request when `running` share the batch (speed applied).
+
+        `step`: memory-bound decode, one step costs a + b x running and yields the accept
+        length per request; calibrated on the reference GPU (docs/development/simulator.md):
+        16 running give ~2,300 tokens/s in all, 40 running ~3,455.
+        """
+        if self.instant:
+            return math.inf
+        if self.decode_model == "fixed":
+            return self.decode_tps * self.speed
+        per_step = self.speculative_accept_length if self.speculative else 1.0
+        step_s = (self.step_ms + self.step_ms_per_request * max(1, running)) / 1000.0
+        return per_step / step_s * self.speed
 
     @property
     def hybrid(self) -> bool:

@@ -113,7 +113,7 @@ def meta_info(sim: Simulator, job: Job, n: int, final: bool) -> dict[str, Any]:
                     spec_num_proposed_drafts=verify * (draft - 1))
     if sim.cfg.enable_metrics and sreq.admitted_at is not None:
         to_unix = time.time() - loop_now
-        first = sreq.first_token_at(sim.scheduler.rate)
+        first = sreq.first_token_at()
         meta.update(request_received_ts=to_unix + sreq.arrival,
                     first_token_latency=first - sreq.arrival,
                     queue_time=sreq.admitted_at - sreq.arrival,
@@ -168,12 +168,12 @@ async def generate(sim: Simulator, request: Request) -> Response:
 
 
 async def _events(sim: Simulator, job: Job) -> AsyncIterator[bytes]:
-    sreq, loop, rate = job[0], sim.scheduler.loop, sim.scheduler.rate
+    sreq, loop = job[0], sim.scheduler.loop
     sent = 0
     try:
         while True:
             done = sreq.done.done()
-            upto = sreq.completion_tokens if done else sreq.tokens_at(loop.time(), rate)
+            upto = sreq.completion_tokens if done else sreq.tokens_at(loop.time())
             if upto > sent or done:
                 sent = upto
                 yield b"data: " + orjson.dumps(_result(sim, job, sent, done)) + b"\n\n"
@@ -183,7 +183,7 @@ async def _events(sim: Simulator, job: Job) -> AsyncIterator[bytes]:
             if sreq.admitted is not None and not sreq.admitted.done():
                 await asyncio.wait([sreq.admitted])
                 continue
-            next_at = sreq.decode_start + (sent + 1) / rate
+            next_at = sreq.decode_start + (sent + 1) / sreq.rate
             await asyncio.wait([sreq.done], timeout=max(next_at - loop.time(), STREAM_TICK))
     finally:
         if not sreq.done.done():

@@ -119,7 +119,6 @@ class SimMetrics:
                                e2e.labels(*base, s), queue.labels(*base, s))
                            for s in ("true", "false")}
         self._aborted = aborted.labels(*base)
-        self._rate = scheduler.rate
         reg.register(_SchedulerGauges(cfg, capacity, scheduler))
 
     def observe(self, req: SimRequest, now: float) -> None:
@@ -133,7 +132,7 @@ class SimMetrics:
         if req.admitted_at is not None:
             queue.observe(req.admitted_at - req.arrival)
             if req.completion_tokens:
-                ttft.observe(req.first_token_at(self._rate) - req.arrival)
+                ttft.observe(req.first_token_at() - req.arrival)
         if req.aborted:
             self._aborted.inc()
 

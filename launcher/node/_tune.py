@@ -1,0 +1,289 @@
+"""`launcher tune`: the advice applied while a job runs, one GPU's experiment at a time.
+
+    python -m launcher tune [--window 60] [--margin 0.05] [--dry-run]
+
+1. Measure every ready GPU's tokens/s over a window (the baseline).
+2. Ask `advise` for GPU E's flags (E: the first ready GPU, or --gpu) and restart E alone with
+   them through the supervisor's rolling restart, which drains E first: its batches finish
+   or go back to the queue, nothing is lost, and no other GPU is touched.
+3. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
+   supervisor itself; a smaller step toward it is tried next. One that starts is measured over
+   the window against the other GPUs (E's share of the node's tokens/s, so a load change hits
+   both sides) or, alone, against its own baseline. It wins by `--margin` or is rolled back
+   by restarting E with its previous values.
+4. After a win the advice is asked again on the new state, until nothing binds, no candidate
+   is left or `--rounds` is reached; then the winning flags are rolled out to the other GPUs,
+   one at a time.
+
+Every step is printed and kept in `{run_dir}/tune.json`, which the supervisor copies into
+node.json (`tune`). `--dry-run` prints the plan from one window of samples and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from launcher.node._advise import Observed, advise, observe
+from launcher.node._args import flag_value, split_flags
+from launcher.node._errors import NodeError
+from launcher.node._gpus import parse_gpu_spec
+from launcher.node._rundir import DEFAULT_RUN_DIR, REQUEST_FILE, pid_alive, read_state, write_json
+from workers.commandline import CommandParser
+
+TUNE_FILE = "tune.json"
+ACK_TIMEOUT_S = 10.0
+
+
+@dataclass
+class TuneLog:
+    """The steps taken so far, written to tune.json after each one."""
+
+    path: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    state: str = "running"
+    chosen: list[str] = field(default_factory=list)
+
+    def add(self, **step: Any) -> None:
+        self.steps.append({"at": time.time(), **step})
+        print(describe_step(self.steps[-1]), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.path, {"state": self.state, "chosen": self.chosen, "steps": self.steps})
+        # SIGHUP without a restart request makes the supervisor republish node.json with it.
+        pid = (read_state(self.path.parent) or {}).get("supervisor_pid")
+        if isinstance(pid, int) and pid_alive(pid) and not (self.path.parent / REQUEST_FILE).exists():
+            os.kill(pid, signal.SIGHUP)
+
+
+def describe_step(step: Mapping[str, Any]) -> str:
+    """One line per step: `gpu0 baseline 2,325 tokens/s` or `gpu0 --x 1: lost (...)`."""
+    flags = " ".join(step.get("flags") or [])
+    text = f"tune: gpu{step.get('gpu')} {step['kind']}"
+    if flags:
+        text += f" `{flags}`"
+    if step.get("tokens_per_s") is not None:
+        text += f": {step['tokens_per_s']:,.0f} tokens/s"
+    if step.get("share") is not None:
+        text += f", share {step['share']:.3f} (before {step.get('share_before', 0):.3f})"
+    if step.get("note"):
+        text += f" ({step['note']})"
+    return text
+
+
+async def _measure(entries: Sequence[Mapping[str, Any]], window_s: float,
+                   interval_s: float) -> dict[int, Observed]:
+    api_key = os.environ.get("SGLANG_API_KEY")
+    found = await asyncio.gather(*(observe(str(g["url"]), window_s, interval_s, api_key)
+                                   for g in entries))
+    return {int(g["gpu"]): o for g, o in zip(entries, found, strict=True)}
+
+
+def _share(tps: Mapping[int, Observed], gpu: int) -> float | None:
+    """GPU `gpu`'s tokens/s over the mean of the others' (None alone or without figures)."""
+    mine = tps[gpu].tokens_per_s
+    others = [o.tokens_per_s for g, o in tps.items() if g != gpu and o.tokens_per_s]
+    if mine is None or not others:
+        return None
+    return mine / (sum(others) / len(others))
+
+
+def _current(entry: Mapping[str, Any], flag: str, resolved: Mapping[str, Any]) -> str | None:
+    """The value `flag` has on this server now: its argv, else what the server resolved."""
+    value = flag_value([str(a) for a in entry.get("argv") or []], flag)
+    if value is not None:
+        return value
+    if flag == "--max-mamba-cache-size":
+        slots = (entry.get("capacity") or {}).get("mamba_slots")
+        return str(slots) if slots is not None else None
+    found = resolved.get(flag.lstrip("-").replace("-", "_"))
+    return str(found) if isinstance(found, (int, float)) and not isinstance(found, bool) else None
+
+
+def previous_values(entry: Mapping[str, Any], flags: Sequence[str],
+              resolved: Mapping[str, Any]) -> list[str]:
+    """The flags of a candidate set back to the values the server runs with now."""
+    out: list[str] = []
+    for name, _ in split_flags(flags):
+        if name is not None and (value := _current(entry, name, resolved)) is not None:
+            out += [name, value]
+    return out
+
+
+def smaller_step(flags: Sequence[str], before: Sequence[str]) -> list[str] | None:
+    """Halfway from `before` to a failed candidate, integer flags only; None when no step is
+    left (the same values as before)."""
+    old = {name: tokens[1] for name, tokens in split_flags(before) if name and len(tokens) > 1}
+    out, moved = [], False
+    for name, tokens in split_flags(flags):
+        value = tokens[1] if len(tokens) > 1 else None
+        if name and value and value.isdigit() and old.get(name, "").isdigit():
+            mid = (int(value) + int(old[name])) // 2
+            moved |= mid != int(old[name])
+            value = str(mid)
+        out += [name or "", value] if value is not None else [name or ""]
+    return out if moved else None
+
+
+def _resolved_args(url: str) -> dict[str, Any]:
+    """The server's resolved args from /server_info (mem_fraction_static and friends)."""
+    headers = {"Authorization": f"Bearer {k}"} if (k := os.environ.get("SGLANG_API_KEY")) else {}
+    try:
+        body = httpx.get(f"{url}/server_info", timeout=10, trust_env=False, headers=headers).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def request_restart(run_dir: Path, args: Sequence[str], gpus: Sequence[int]) -> str:
+    """Ask the supervisor for a rolling restart of `gpus` with `args`; returns the request id."""
+    state = read_state(run_dir)
+    pid = state.get("supervisor_pid") if state else None
+    if not isinstance(pid, int) or not pid_alive(pid):
+        raise NodeError(f"no running supervisor for run dir {run_dir}: start `launcher up`")
+    request_id = f"t{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
+    write_json(run_dir / REQUEST_FILE, {"id": request_id, "rolling": True, "args": list(args),
+                                        "replace": False, "gpus": list(gpus), "profile": None})
+    os.kill(pid, signal.SIGHUP)
+    return request_id
+
+
+def wait_rollout(run_dir: Path, request_id: str, timeout_s: float) -> tuple[str, str]:
+    """(state, reason) of a restart once done, failed or rejected."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        rollout = (read_state(run_dir) or {}).get("rollout") or {}
+        rejected = rollout.get("rejected") or {}
+        if rejected.get("id") == request_id:
+            return "rejected", str(rejected.get("reason"))
+        if rollout.get("id") == request_id and rollout.get("state") in ("done", "failed"):
+            return str(rollout["state"]), str(rollout.get("reason") or "")
+        if rollout.get("id") != request_id and time.monotonic() - start > ACK_TIMEOUT_S:
+            return "rejected", "the supervisor did not pick the request up"
+        time.sleep(0.2)
+    return "failed", f"still running after {timeout_s:.0f} s"
+
+
+def _ready(run_dir: Path) -> list[dict[str, Any]]:
+    return [g for g in (read_state(run_dir) or {}).get("gpus", []) if g.get("state") == "ready"]
+
+
+def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
+             margin: float, rounds: int, warmup_s: float, timeout_s: float,
+             dry_run: bool) -> TuneLog:
+    """Tune the node under `run_dir` (see the module docstring); returns the log."""
+    entries = _ready(run_dir)
+    if not entries:
+        raise NodeError("no ready GPU to tune (see `launcher status`)")
+    gpus = [int(g["gpu"]) for g in entries]
+    exp = gpu if gpu is not None else gpus[0]
+    if exp not in gpus:
+        raise NodeError(f"GPU {exp} is not ready (ready: {gpus})")
+    log = TuneLog(run_dir / TUNE_FILE)
+    seen = asyncio.run(_measure(entries, window_s, interval_s))
+    for g in gpus:
+        log.add(kind="baseline", gpu=g, tokens_per_s=seen[g].tokens_per_s,
+                note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
+    entry = next(g for g in entries if int(g["gpu"]) == exp)
+    advice = advise(entry, seen[exp])
+    if dry_run:
+        log.state = "dry-run"
+        log.add(kind="plan", gpu=exp, flags=list(advice.flags), note=advice.line())
+        if advice.flags:
+            log.add(kind="plan", gpu=exp, note=f"restart GPU {exp} alone with these flags, "
+                    f"measure {window_s:.0f} s against GPUs {[g for g in gpus if g != exp]}, "
+                    f"keep them if they win by {margin:.0%}, then roll them out one GPU at a time")
+        return log
+    best_tps, best_share = seen[exp].tokens_per_s, _share(seen, exp)
+    candidate = list(advice.flags)
+    for _ in range(rounds):
+        if not candidate:
+            log.add(kind="stop", gpu=exp, note=advice.line())
+            break
+        resolved = _resolved_args(str(entry["url"]))
+        before = previous_values(entry, candidate, resolved)
+        state, reason = wait_rollout(run_dir, request_restart(run_dir, candidate, [exp]),
+                                     timeout_s)
+        if state != "done":
+            log.add(kind="failed", gpu=exp, flags=candidate, note=reason[:300])
+            candidate = smaller_step(candidate, before) or []
+            continue
+        time.sleep(warmup_s)  # let the batch fill before measuring
+        entries = _ready(run_dir)
+        seen = asyncio.run(_measure(entries, window_s, interval_s))
+        tps, share = seen[exp].tokens_per_s, _share(seen, exp)
+        won = (share is not None and best_share is not None and share > best_share * (1 + margin)) \
+            or (share is None and tps is not None and best_tps is not None
+                and tps > best_tps * (1 + margin))
+        log.add(kind="won" if won else "lost", gpu=exp, flags=candidate, tokens_per_s=tps,
+                share=share, share_before=best_share)
+        if not won:
+            state, reason = wait_rollout(run_dir, request_restart(run_dir, before, [exp]),
+                                         timeout_s)
+            log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
+            candidate = smaller_step(candidate, before) or []
+            entries = _ready(run_dir)
+            entry = next((g for g in entries if int(g["gpu"]) == exp), entry)
+            continue
+        log.chosen = _merge(log.chosen, candidate)
+        best_tps, best_share = tps, share
+        entry = next(g for g in entries if int(g["gpu"]) == exp)
+        advice = advise(entry, seen[exp])
+        candidate = list(advice.flags)
+    others = [g for g in gpus if g != exp]
+    if log.chosen and others:
+        state, reason = wait_rollout(run_dir, request_restart(run_dir, log.chosen, others),
+                                     timeout_s * len(others))
+        log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
+                flags=log.chosen, note=reason[:300])
+    log.state = "done"
+    log.save()
+    return log
+
+
+def _merge(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    names = {n for n, _ in split_flags(new)}
+    kept = [t for n, tokens in split_flags(old) if n not in names for t in tokens]
+    return kept + list(new)
+
+
+def cmd_tune(argv: Sequence[str]) -> int:
+    """`launcher tune`: see the module docstring."""
+    p = CommandParser(
+        prog="python -m launcher tune",
+        description="Try the advised flags on one GPU at a time while the job runs; keep "
+                    "them where they win, roll them back where they fail or lose.",
+        epilog="examples:\n  python -m launcher tune --dry-run\n  python -m launcher tune "
+               "--gpu 3 --window 120 --margin 0.05")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help="the launcher's run directory (node.json)")
+    p.add_argument("--gpu", help="the GPU to experiment on (default: the first ready one)")
+    p.add_argument("--window", type=float, default=60.0, help="seconds of samples per measure")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    p.add_argument("--warmup", type=float, default=10.0,
+                   help="seconds after a restart before measuring (the batch refills)")
+    p.add_argument("--margin", type=float, default=0.05, help="a win must beat the baseline by "
+                   "this share of tokens/s")
+    p.add_argument("--rounds", type=int, default=10, help="candidates tried at most")
+    p.add_argument("--timeout", type=float, default=1800.0, help="per restart, seconds")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="print tune.json at the end")
+    args = p.parse_args(list(argv))
+    gpu = parse_gpu_spec(args.gpu)[0] if args.gpu else None
+    log = run_tune(args.run_dir, gpu, args.window, args.interval, args.margin, args.rounds,
+                   args.warmup, args.timeout, args.dry_run)
+    if args.json:
+        print(json.dumps({"state": log.state, "chosen": log.chosen, "steps": log.steps},
+                         indent=1))
+    return 0
