@@ -28,6 +28,7 @@ STATE_DONE = "done"
 # Work waiting, nothing running and nothing written for this long: the job is stalled
 # (a live worker takes a queued batch within a second).
 STALLED_AFTER_S = 30.0
+STALLED_EXPLAINED_AFTER_S = 10.0
 # A worker's last error is shown for this long after it happened.
 ERROR_SHOWN_FOR_S = 3600.0
 
@@ -252,9 +253,12 @@ def _stalled(
         return {"reason": "no_consumer", "queue": manifest.queue, "live_queues": consumers,
                 "idle_s": None, "last_error": None}
     idle = now - max(times["started"], times["last_write"])
-    if idle < STALLED_AFTER_S:
+    mine = [e for e in errors if e["job"] == manifest.name]
+    # An error met on this job since its last write explains the wait: say so sooner.
+    explained = any(now - e["age_s"] > max(times["started"], times["last_write"]) for e in mine)
+    if idle < (STALLED_EXPLAINED_AFTER_S if explained else STALLED_AFTER_S):
         return None
-    mine = [e for e in errors if e["job"] == manifest.name] or errors
+    mine = mine or errors
     return {"reason": "no_progress", "queue": manifest.queue, "live_queues": None,
             "idle_s": round(idle, 1), "last_error": mine[0] if mine else None}
 

@@ -137,7 +137,7 @@ def test_a_worker_that_cannot_write_the_jobs_output_hands_its_batches_back_to_a_
     print(f"\nbad credentials: `status` names the error {seen_after:.1f}s after enqueue")
     assert re.search(r"stalled: no batch finished for \d+ s; last error on gpu0@test "
                      r"\(\d+ s ago\): cannot use the output of job creds", text), text
-    assert "SignatureDoesNotMatch" in text or "AccessDenied" in text or "403" in text, text
+    assert "access denied" in text, text
     assert "not-the-secret" not in text
     assert said["worker_errors"][0]["worker"] == "gpu0@test"
     assert said["done"] == 0
@@ -155,7 +155,8 @@ def test_a_worker_that_cannot_write_the_jobs_output_hands_its_batches_back_to_a_
     assert bad.alive()
     exported = tmp_path / "creds-export.jsonl"
     stack.producer("export", "creds", "--to", str(exported))
-    ids = [orjson.loads(line)["custom_id"] for line in exported.read_bytes().splitlines()]
+    rows = [orjson.loads(line) for line in exported.read_bytes().splitlines()]
+    ids = [r.get("custom_id") or r["id"] for r in rows]
     assert sorted(ids) == sorted(f"creds{i:05d}" for i in range(60))
 
 
