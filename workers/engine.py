@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
+from workers.redact import redact
 from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
 from workers.sglang import ServerCapacity, SGLangClient
@@ -252,7 +253,8 @@ class Engine:
     def note_error(self, job: str, error: str) -> None:
         """Remember why a batch of `job` could not run here and publish it now (the registry
         beat keeps it there)."""
-        self.last_error = {"error": error, "job": job, "at": time.time()}
+        # Registry entries are readable by every Redis user: no URL credential in them.
+        self.last_error = {"error": redact(error), "job": job, "at": time.time()}
         if self._started:
             self.submit(self._register())
 
