@@ -251,7 +251,7 @@ def _stalled(
     if all("queues" in e for e in live) and not any(manifest.queue in e["queues"] for e in live):
         consumers = sorted({q for e in live for q in e["queues"]})
         return {"reason": "no_consumer", "queue": manifest.queue, "live_queues": consumers,
-                "idle_s": None, "last_error": None}
+                "idle_s": None, "last_error": None, "not_ready": []}
     idle = now - max(times["started"], times["last_write"])
     mine = [e for e in errors if e["job"] == manifest.name]
     # An error met on this job since its last write explains the wait: say so sooner.
@@ -260,7 +260,10 @@ def _stalled(
         return None
     mine = mine or errors
     return {"reason": "no_progress", "queue": manifest.queue, "live_queues": None,
-            "idle_s": round(idle, 1), "last_error": mine[0] if mine else None}
+            "idle_s": round(idle, 1), "last_error": mine[0] if mine else None,
+            # Live workers whose gate is closed (server down): they take no batch meanwhile.
+            "not_ready": sorted(n for n, e in entries.items()
+                                if e.get("state") not in ("ready", "lost"))}
 
 
 def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> dict[str, Any]:
@@ -320,6 +323,8 @@ def _render_stalled(stalled: dict[str, Any] | None) -> list[str]:
                 f"consume {live})"]
     line = f"  stalled: no batch finished for {_ago(stalled['idle_s'])}"
     error = stalled["last_error"]
+    if error is None and stalled["not_ready"]:
+        return [line + f"; servers not ready for {', '.join(stalled['not_ready'])}"]
     if error is None:
         return [line + "; no worker reported an error (are any running?)"]
     return [f"{line}; last error on {error['worker']} ({_ago(error['age_s'])} ago): "

@@ -26,6 +26,8 @@ from producer.status import job_status, render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers import keys
 from workers.ledger import Ledger
+from workers.preflight import SinkChecks, SinkUnusableError
+from workers.sink import LocalSink
 
 pytestmark = pytest.mark.e2e
 
@@ -189,3 +191,38 @@ def _wait_done(stack: Stack, ledger: Ledger, job: str) -> dict[str, Any]:
     from tests.stack import wait_job_done
 
     return wait_job_done(stack, job, timeout=180)
+
+
+def test_a_jobs_output_that_fails_the_check_is_left_alone_until_the_recheck_then_used_again(
+    tmp_path: Path,
+) -> None:
+    # A file where the output folder should be: nothing can be written under it.
+    blocker = tmp_path / "out"
+    blocker.write_text("not a folder")
+    sink = LocalSink(str(blocker), blocker)
+    opened: list[int] = []
+
+    def open_sink() -> LocalSink:
+        opened.append(1)
+        return sink
+
+    patient = SinkChecks("gpu0@t", recheck_s=600)
+    with pytest.raises(SinkUnusableError, match="cannot use the output of job j with this "
+                                                 "worker's credentials: .*out/j/.fleetgen"):
+        patient.require("j", open_sink)
+    blocker.unlink()
+    # Fixed, but not checked again before the recheck time: the job stays blocked here.
+    with pytest.raises(SinkUnusableError):
+        patient.require("j", open_sink)
+    assert len(opened) == 1
+    # Once the recheck is due, the fixed output is used, and checked no more.
+    eager = SinkChecks("gpu0@t", recheck_s=0)
+    blocker.write_text("not a folder")
+    with pytest.raises(SinkUnusableError):
+        eager.require("j", open_sink)
+    blocker.unlink()
+    assert eager.require("j", open_sink) is sink
+    assert (blocker / "j/.fleetgen/write-check/gpu0@t").is_file()
+    assert eager.require("j", open_sink) is sink
+    assert eager.require("other", open_sink) is sink
+    assert (blocker / "other/.fleetgen/write-check/gpu0@t").is_file()

@@ -294,6 +294,17 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
     assert job_status(ledger, "half", NOW)["stalled"] is None
 
 
+def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "waits", "/tmp/out", created_at=NOW - 120)
+    ledger.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, state="server-down",
+             queues=["gpu0", keys.SHARED_QUEUE])
+    assert ("  stalled: no batch finished for 2 min; servers not ready for gpu0@a"
+            in render(job_status(ledger, "waits", NOW)))
+
+
 def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
     ledger: Ledger,
 ) -> None:
@@ -308,7 +319,7 @@ def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
     status = job_status(ledger, "pinned", NOW)
     assert status["stalled"] == {"reason": "no_consumer", "queue": "gpu99",
                                  "live_queues": ["fleetgen", "gpu0"], "idle_s": None,
-                                 "last_error": None}
+                                 "last_error": None, "not_ready": []}
     assert ("  stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)"
             in render(status))
 
