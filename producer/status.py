@@ -242,8 +242,8 @@ def _stalled(
     queued: int, running: int, times: dict[str, float], now: float,
 ) -> dict[str, Any] | None:
     """Why work waits and nothing moves, or None: no live worker consumes the job's queue
-    (known at once), or nothing ran or was written for STALLED_AFTER_S, with the last error a
-    worker met (on this job first)."""
+    (known at once), or no worker of its queue is busy and nothing ran or was written for
+    STALLED_AFTER_S, with the last error a worker met (on this job first)."""
     if not queued or running:
         return None
     live = [e for e in entries.values() if e.get("state") != "lost"]
@@ -252,6 +252,10 @@ def _stalled(
         consumers = sorted({q for e in live for q in e["queues"]})
         return {"reason": "no_consumer", "queue": manifest.queue, "live_queues": consumers,
                 "idle_s": None, "last_error": None, "not_ready": []}
+    # Workers of the job's queue busy with other work: the job waits its turn, it is not stuck.
+    if any(e.get("in_flight") and manifest.queue in e.get("queues", [manifest.queue])
+           for e in live):
+        return None
     idle = now - max(times["started"], times["last_write"])
     mine = [e for e in errors if e["job"] == manifest.name]
     # An error met on this job since its last write explains the wait: say so sooner.

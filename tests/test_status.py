@@ -292,6 +292,10 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
     # A job with a batch running is moving, whatever errors a worker met.
     half_done_job(ledger)
     assert job_status(ledger, "half", NOW)["stalled"] is None
+    # One waiting its turn behind another job's work is not stuck either.
+    register(ledger, "gpu6@host", "http://127.0.0.1:30006", updated=NOW - 2, in_flight=12,
+             queues=["gpu6", keys.SHARED_QUEUE])
+    assert job_status(ledger, "stuck", NOW)["stalled"] is None
 
 
 def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
