@@ -5,14 +5,17 @@
     sim                   launcher.sim       the SGLang simulator
     redis, s3, demo       launcher.services, launcher.demo: the embedded dev services
 
-Each command is a function `(argv: list[str]) -> int`; this file only dispatches, so commands
-stay independent and are tested through their own functions.
+Each command is a function `(argv: list[str]) -> int` with its own parser (workers/commandline.py:
+one style for every command); this file only picks the command, so commands stay independent and
+are tested through their own functions.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from workers.commandline import CommandParser
 
 # command -> (module, function, one-line help). Modules are imported lazily: `launcher sim`
 # must not pay for the supervisor, and `launcher redis` must not pay for FastAPI.
@@ -36,21 +39,32 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 # These modules serve several commands: they are given the command name as argv[0].
 NAMED = ("launcher.services", "launcher.node")
+PROG = "python -m launcher"
+EPILOG = """examples:
+  python -m launcher demo --port-base 21000
+  python -m launcher up --gpus 0-6 --model /dev/shm/Qwen3.6-27B --workers
+  python -m launcher status
+  python -m launcher explain logs/gpu0.log
 
-USAGE = "usage: python -m launcher COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(
-    f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()
-)
+`python -m launcher COMMAND --help` shows a command's flags, defaults and an example."""
+
+
+def build_parser() -> CommandParser:
+    """The command picker: a typo gets the list of commands, --help lists them. Each command
+    parses its own arguments with its own parser (so `launcher sim` does not import the
+    supervisor, nor `launcher redis` FastAPI)."""
+    parser = CommandParser(prog=PROG, epilog=EPILOG,
+                           description="Run GPU servers, the simulator and the embedded services.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for name, (_, _, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if args else 2
-    name, rest = args[0], args[1:]
-    if name not in COMMANDS:
-        print(f"launcher: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)
-        return 2
+    # Only the command's name is parsed here; the rest, `--` included, is the command's own.
+    name = build_parser().parse_args(args[:1]).command
     module_name, function, _ = COMMANDS[name]
     command = getattr(importlib.import_module(module_name), function)
-    return int(command([name, *rest] if module_name in NAMED else rest))
+    return int(command([name, *args[1:]] if module_name in NAMED else args[1:]))

@@ -2,7 +2,10 @@
 
 Starts the Procfile stack under honcho (embedded Valkey, SeaweedFS, two simulated GPU servers,
 two GPU workers, Flower), enqueues the bundled sample of ~200 mixed prompts, waits for the job,
-prints its summary and where the output is, then stops everything.
+prints its summary, exports it to a local file (./demo-output/JOB.jsonl), then stops everything
+and says what to do next with that file: nothing it suggests needs the stopped stack.
+
+Ports: the Procfile's defaults, or a block from --port-base (DemoPorts).
 
 The embedded servers are locked (docs/security.md): their password and keys are generated in
 their data dirs before the stack starts, and every process reads them from the files `.env`
@@ -17,17 +20,71 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.embedded import port_is_free, wait_until
-from launcher.services import redis_password, s3_credentials
+from launcher.embedded import HOST, port_is_free, wait_until
+from launcher.services import S3Ports, redis_password, s3_credentials
+from workers.commandline import CommandParser
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
-PORTS = {"redis": 6389, "s3": 8333, "sim0": 30000, "sim1": 30001, "flower": 5555}
-FLOWER_URL = f"http://127.0.0.1:{PORTS['flower']}"
+# Where .env's relative paths point (the Procfile's data dir); --state-dir moves it.
+DEFAULT_STATE = Path(".fleetgen")
+EXPORT_DIR = Path("demo-output")
 # The files .env names for the embedded servers' secrets (relative to the clone).
 SECRET_FILES = ("FLEETGEN_REDIS_PASSWORD_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+# S3 sits at base+10: SeaweedFS takes 9 ports from there (and one 10008 above), the rest below.
+S3_OFFSET = 10
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class DemoPorts:
+    """Every port the demo's stack listens on (all on 127.0.0.1)."""
+
+    redis: int = 6389
+    s3: int = 8333
+    sim0: int = 30000
+    sim1: int = 30001
+    flower: int = 5555
+    gpu0_metrics: int = 9400
+    gpu1_metrics: int = 9401
+
+    @classmethod
+    def from_base(cls, base: int) -> DemoPorts:
+        """B Redis, B+1 and B+2 the simulators, B+3 Flower, B+4 and B+5 the workers' metrics,
+        B+10..B+18 and B+10018 S3 (SeaweedFS)."""
+        ports = cls(redis=base, sim0=base + 1, sim1=base + 2, flower=base + 3,
+                    gpu0_metrics=base + 4, gpu1_metrics=base + 5, s3=base + S3_OFFSET)
+        if base < 1024 or S3Ports(ports.s3).grpc["admin"] > MAX_PORT:
+            raise ValueError(f"--port-base {base}: use 1024..{MAX_PORT - S3Ports(S3_OFFSET).grpc['admin']}"
+                             " (the stack takes B..B+18 and B+10018)")
+        return ports
+
+    def taken(self) -> dict[str, list[int]]:
+        """Each process's ports."""
+        return {"redis": [self.redis], "s3": S3Ports(self.s3).all(), "sim0": [self.sim0],
+                "sim1": [self.sim1], "flower": [self.flower],
+                "gpu0 metrics": [self.gpu0_metrics], "gpu1 metrics": [self.gpu1_metrics]}
+
+    def env(self) -> dict[str, str]:
+        """The Procfile's STACK_* variables and the clients' URLs for these ports."""
+        return {
+            "STACK_REDIS_PORT": str(self.redis), "STACK_S3_PORT": str(self.s3),
+            "STACK_SIM0_PORT": str(self.sim0), "STACK_SIM1_PORT": str(self.sim1),
+            "STACK_FLOWER_PORT": str(self.flower),
+            "STACK_GPU0_METRICS_PORT": str(self.gpu0_metrics),
+            "STACK_GPU1_METRICS_PORT": str(self.gpu1_metrics),
+            "REDIS_URL": f"redis://{HOST}:{self.redis}/0",
+            "AWS_ENDPOINT_URL": f"http://{HOST}:{self.s3}",
+        }
+
+
+PORTS_HELP = ("take the ports from B: B Redis, B+1 and B+2 the simulated servers, B+3 Flower, "
+              "B+4 and B+5 the workers' metrics, B+10..B+18 and B+10018 S3 (SeaweedFS). "
+              "Default: Redis 6389, S3 8333-8341 and 18341, servers 30000-30001, Flower 5555, "
+              "metrics 9400-9401")
 # The developer's own AWS identity must neither configure nor reach the embedded S3.
 FOREIGN_AWS = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -39,14 +96,16 @@ def read_env_file(path: Path) -> dict[str, str]:
     return dict(parse(path.read_text()))
 
 
-def stack_env() -> dict[str, str]:
-    """The environment of the Procfile's processes: .env values (secret files made absolute),
-    this venv's tools first on PATH."""
+def stack_env(ports: DemoPorts | None = None, state: Path | None = None) -> dict[str, str]:
+    """The environment of the Procfile's processes: .env values with `ports` and the data dir
+    `state` (secret files made absolute), this venv's tools first on PATH."""
+    state = (state or ROOT / DEFAULT_STATE).resolve()
     inherited = {k: v for k, v in os.environ.items() if k not in FOREIGN_AWS}
-    env = {**inherited, **read_env_file(ROOT / ".env")}
+    env = {**inherited, **read_env_file(ROOT / ".env"), **(ports or DemoPorts()).env(),
+           "STACK_DIR": str(state)}
     for name in SECRET_FILES:
         if env.get(name):
-            env[name] = str(ROOT / env[name])
+            env[name] = str(state / Path(env[name]).relative_to(DEFAULT_STATE))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -58,39 +117,56 @@ def make_secrets(env: dict[str, str]) -> None:
     s3_credentials(Path(env["AWS_SHARED_CREDENTIALS_FILE"]).parent)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher demo", description=__doc__)
+def build_parser() -> CommandParser:
+    p = CommandParser(prog="python -m launcher demo", description=__doc__,
+                      epilog="examples:\n  python -m launcher demo\n"
+                      "  python -m launcher demo --input my-prompts.jsonl --port-base 21000")
     p.add_argument("--input", type=Path, default=SAMPLE, help="prompts to run (default: the sample)")
     p.add_argument("--job", default=None, help="job name (default: demo-<timestamp>)")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end")
+    p.add_argument("--port-base", type=int, default=None, metavar="B", help=PORTS_HELP)
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="the embedded Redis' and S3's data, secrets and the stack's log "
+                   f"(default: {DEFAULT_STATE} in the clone)")
+    p.add_argument("--export-dir", type=Path, default=EXPORT_DIR,
+                   help="where the finished job is exported to, as JOB.jsonl")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not (ROOT / "Procfile").exists():
         print(f"demo: no Procfile in {ROOT}; run the demo from a clone of fleetgen", file=sys.stderr)
         return 2
-    busy = [f"{name} ({port})" for name, port in PORTS.items() if not port_is_free(port)]
+    try:
+        ports = DemoPorts() if args.port_base is None else DemoPorts.from_base(args.port_base)
+    except ValueError as exc:
+        parser.error(str(exc))
+    busy = [f"{name} ({', '.join(map(str, numbers))})" for name, numbers in ports.taken().items()
+            if not all(port_is_free(port) for port in numbers)]
     if busy:
-        print(f"demo: ports in use: {', '.join(busy)}; is another stack running?", file=sys.stderr)
+        print(f"demo: ports in use: {'; '.join(busy)}; is another stack running? "
+              "(--port-base B moves them all)", file=sys.stderr)
         return 2
-    env = stack_env()
+    state = (args.state_dir or ROOT / DEFAULT_STATE).resolve()
+    env = stack_env(ports, state)
     make_secrets(env)
     for name in FOREIGN_AWS:
         os.environ.pop(name, None)
     os.environ.update({k: v for k, v in env.items() if k != "PATH"})
     started = time.monotonic()
-    log_path = ROOT / ".fleetgen" / "demo.log"
+    log_path = state / "demo.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    honcho = _start_stack(env, log_path)
+    honcho = _start_stack(env, log_path, state)
     # SIGTERM (e.g. from `timeout`) must still stop the stack: turn it into an exception.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         _wait_ready(honcho, log_path)
-        print(f"stack up in {time.monotonic() - started:.1f}s  (Flower: {FLOWER_URL}, log: {log_path})")
-        code = _run_job(args, started)
+        print(f"stack up in {time.monotonic() - started:.1f}s  "
+              f"(Flower: http://{HOST}:{ports.flower}, log: {log_path})")
+        code = _run_job(args)
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo: {exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}", file=sys.stderr)
         code = 1
@@ -108,11 +184,17 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_stack(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def _start_stack(env: dict[str, str], log_path: Path, state: Path) -> subprocess.Popen[bytes]:
+    """honcho on the Procfile with `env` as its env file: honcho lets an env file override the
+    environment it was given, and the repository's .env names the default ports."""
     honcho = str(Path(sys.executable).with_name("honcho"))
+    env_file = state / "demo.env"
+    env_file.write_text("".join(f"{k}={_quoted(v)}\n" for k, v in env.items()
+                                if k.startswith("STACK_") or k in read_env_file(ROOT / ".env")
+                                or k in DemoPorts().env()))
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(ROOT / ".env")],
+            [honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(env_file)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -130,7 +212,11 @@ def _wait_ready(honcho: subprocess.Popen[bytes], log_path: Path) -> None:
     wait_until(ready, 180, what="servers and workers ready")
 
 
-def _run_job(args: argparse.Namespace, started: float) -> int:
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _run_job(args: argparse.Namespace) -> int:
     from producer.cli import main as producer_main
     from producer.status import job_status, render
     from workers.ledger import Ledger
@@ -160,8 +246,16 @@ def _run_job(args: argparse.Namespace, started: float) -> int:
                   f"{status['in_flight']} in flight, {status['rate']['prompts_per_s_all']:.1f}/s")
         time.sleep(0.25)
     print(render(status))
-    print(f"\noutput: {output}/{job}/results/*.jsonl (errors/ holds failed prompts)")
-    print(f"status: python -m producer status {job}    export: see README 'Output format'")
+    exported = (args.export_dir / f"{job}.jsonl").resolve()
+    exported.parent.mkdir(parents=True, exist_ok=True)
+    code = producer_main(["export", job, "--to", str(exported)])
+    if code != 0:
+        return code
+    print(f"\nexported: {exported}")
+    print("what next (the stack stops now; these need only that file):")
+    print(f"  head -n 2 {exported}   # an answer per line, each input id once")
+    print("  python -m launcher demo --input my-prompts.jsonl   # the same with your own prompts")
+    print("  docs/getting-started/own-data.md: run the stack yourself and keep it running")
     return 0 if status["failed"] == 0 else 1
 
 

@@ -91,6 +91,10 @@ class S3Ports:
         """Every port, HTTP and gRPC."""
         return sorted({*range(self.s3, self.s3 + 9), *self.grpc.values()})
 
+    def text(self) -> str:
+        """The ports as a reader wants them: `8333-8341, 18341`."""
+        return f"{self.s3}-{self.s3 + 8}, {self.grpc['admin']}"
+
     def flags(self) -> list[str]:
         p, grpc = self.s3, self.grpc
         http = {"s3": p, "master": p + 2, "volume": p + 4, "filer": p + 6, "admin": p + 8}
@@ -275,7 +279,15 @@ class S3Server(EmbeddedServer):
         except (BotoCoreError, ClientError) as exc:
             self._probe_error = f"{type(exc).__name__}: {exc}"
             return False
-        return bool(body == token)
+        if body != token:
+            return False
+        # weed rewrites mini.options with the options it runs with, the admin password dropped,
+        # a moment after it is up: ready means that happened, so the secret does not stay on disk.
+        admin_password = self.admin_password_file.read_text().strip()
+        if admin_password in (self.data_dir / "mini.options").read_text():
+            self._probe_error = "weed has not rewritten mini.options (the admin password) yet"
+            return False
+        return True
 
     def _create_bucket(self, s3: Any) -> None:
         from botocore.exceptions import ClientError

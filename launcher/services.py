@@ -43,6 +43,7 @@ from launcher.embedded import (
 # benchmarks import them from launcher.services.
 from launcher.redis_server import RedisServer, redis_password, valkey_binary
 from launcher.s3_server import S3Ports, S3Server, free_s3_base, s3_credentials, weed_binary
+from workers.commandline import CommandParser
 
 __all__ = [
     "BinaryNotFoundError", "PortUnavailableError", "RedisServer", "S3Ports", "S3Server",
@@ -103,16 +104,25 @@ class Settings:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m launcher",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+# What each service's --port takes: Valkey one port, SeaweedFS a block derived from it.
+PORT_HELP = {
+    "redis": "listen port on 127.0.0.1, the only port Redis takes (default {port})",
+    "s3": "S3 port P on 127.0.0.1; SeaweedFS also takes P+1..P+8 and P+10008 for its inner "
+          "parts (default {port}: ports {ports})",
+}
+
+
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="python -m launcher", description=__doc__)
     commands = parser.add_subparsers(dest="service", required=True)
     for service, (port, data_dir) in DEFAULTS.items():
-        sub = commands.add_parser(service, help=f"run the embedded {service} in the foreground")
-        sub.add_argument("--port", type=int, help=f"listen port on 127.0.0.1 (default {port})")
+        sub = commands.add_parser(
+            service, help=f"run the embedded {service} in the foreground",
+            description=f"Run the embedded {service} in the foreground until SIGTERM/SIGINT.",
+            epilog=f"example:\n  python -m launcher {service} --port {port + 1000} "
+                   f"--data-dir /tmp/{service}")
+        sub.add_argument("--port", type=int,
+                         help=PORT_HELP[service].format(port=port, ports=S3Ports(port).text()))
         sub.add_argument("--data-dir", help=f"data and log directory (default {data_dir})")
         if service == "s3":
             sub.add_argument("--bucket", help=f"bucket to create (default {DEFAULT_BUCKET})")
@@ -133,8 +143,9 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
     """Run `server` until `stop` is set or the server dies; always leave it stopped."""
     try:
         server.start()
-        log.info("%s: serving %s until SIGTERM/SIGINT; credentials in %s", server.name,
-                 server.address, server.credentials_file)
+        taken = server.ports.text() if isinstance(server, S3Server) else str(server.port)
+        log.info("%s: serving %s (ports %s) until SIGTERM/SIGINT; credentials in %s",
+                 server.name, server.address, taken, server.credentials_file)
         while not stop.wait(POLL_SECONDS):
             if not server.alive():
                 log.error("%s: server exited with code %s; its output:\n%s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import shutil
@@ -19,13 +20,22 @@ from typing import Any
 import orjson
 import redis
 
-from producer import control, export
-from producer.enqueue import EnqueueInterrupted, EnqueueReport, EnqueueRequest, enqueue
+from producer import control, export, report
+from producer.enqueue import (
+    MAX_DEFAULT_BATCH,
+    MIN_BATCHES,
+    MIN_DEFAULT_BATCH,
+    EnqueueInterrupted,
+    EnqueueReport,
+    EnqueueRequest,
+    enqueue,
+)
 from producer.export import FORMATS
 from producer.inputs import InputErrors, NoPrompts
 from producer.status import format_duration, job_status, render
 from workers import keys
 from workers.canary import Thresholds
+from workers.commandline import CommandParser
 from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
@@ -49,6 +59,9 @@ EPILOG = """examples:
   python -m producer status distill-v1 --watch        # live, Ctrl-C to stop
   python -m producer status distill-v1 --json         # the same figures for machines
   python -m producer jobs
+  python -m producer report distill-v1                 # one HTML page: plots and figures
+
+`python -m producer COMMAND --help` shows a command's flags, defaults and an example.
 """
 
 
@@ -60,59 +73,87 @@ class CommandError(Exception):
         self.code = code
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m producer", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("enqueue", help="validate a JSONL file and queue its prompts as batches")
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="python -m producer", epilog=EPILOG,
+                           description="Enqueue a job's prompts, watch it, steer it, export it.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
+
+    def command(name: str, text: str, *examples: str) -> argparse.ArgumentParser:
+        lines = "\n".join(f"  python -m producer {name} {example}".rstrip() for example in examples)
+        return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                              epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}")
+
+    p = command("enqueue", "validate a JSONL file and queue its prompts as batches",
+                "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
+                "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3")
     p.add_argument("input", type=Path,
                    help="JSONL: messages / prompt / OpenAI Batch lines; - reads stdin (needs --job)")
     p.add_argument("--job", help="job name (default: the file's name without extension)")
     p.add_argument("--output", default=None,
                    help="s3://bucket/prefix or a folder (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE)
-    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="most tokens generated per prompt (a line's own max_tokens wins)")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help="sampling temperature (a line's own temperature wins)")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                   help="nucleus sampling top_p (a line's own top_p wins)")
     p.add_argument("--no-thinking", action="store_true", help="send enable_thinking=false")
     p.add_argument("--model", default=None, help="model name sent to the servers")
     p.add_argument("--queue", default=keys.SHARED_QUEUE,
-                   help=f"queue to use (default {keys.SHARED_QUEUE}: every GPU; gpu3 pins the job)")
-    p.add_argument("--batch-size", type=int, default=None, help="prompts per batch")
+                   help=f"{keys.SHARED_QUEUE}: every GPU takes the job; gpu3 pins it to GPU 3"
+                   " (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"prompts per batch (default: prompts/{MIN_BATCHES} within "
+                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH})")
     p.add_argument("--canary", default=None, metavar="SPEC",
                    help="quality thresholds, e.g. 'empty_content=0.5,length=off,min_completions=100'")
     p.add_argument("--no-canary", action="store_true", help="do not pause on bad answers")
     p.add_argument("--skip-invalid", action="store_true",
                    help="enqueue the valid lines; write rejects next to the output")
-    p = sub.add_parser("status", help="progress, rate, ETA, tokens and workers of a job")
-    p.add_argument("job")
+    p = command("status", "progress, rate, ETA, tokens and workers of a job",
+                "distill-v1", "distill-v1 --watch", "distill-v1 --json")
+    p.add_argument("job", help="the job's name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--watch", action="store_true", help="redraw every --interval seconds (Ctrl-C stops)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
     p.add_argument("--no-servers", action="store_true",
                    help="skip the live per-GPU table (no /metrics or /server_info requests)")
-    sub.add_parser("jobs", help="list jobs with their state and progress")
-    p = sub.add_parser("requeue", help="send failed prompts again (e.g. after raising the context)")
-    p.add_argument("job")
+    command("jobs", "list jobs with their state and progress", "")
+    p = command("requeue", "send failed prompts again (e.g. after raising the context)",
+                "distill-v1 --failed")
+    p.add_argument("job", help="the job's name")
     p.add_argument("--failed", action="store_true", required=True, help="requeue failed prompts")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per batch (default: the job's batch size)")
     for name, text in (("pause", "start no new batches (running ones finish)"),
                        ("cancel", "stop the job: no new batches, running ones stop"),
                        ("resume", "run a paused or stopped job again")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("job")
+        p = command(name, text, "distill-v1")
+        p.add_argument("job", help="the job's name")
         if name == "resume":
             p.add_argument("--accept-quality", action="store_true",
                            help="go on although the quality canary paused the job")
-    p = sub.add_parser("export", help="write one dataset with every input id exactly once")
-    p.add_argument("job")
+    p = command("export", "write one dataset with every input id exactly once",
+                "distill-v1 --to distill-v1.out.jsonl",
+                "distill-v1 --to distill-v1.parquet --format parquet --partial")
+    p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, required=True, help="file to write (never the job's input)")
-    p.add_argument("--format", choices=FORMATS, default="jsonl")
+    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format")
     p.add_argument("--partial", action="store_true",
                    help="export what exists of a job that is not finished (or not fully enqueued)")
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
     p.add_argument("--json", action="store_true",
                    help="print the reconcile as one JSON object (other messages go to stderr)")
+    p = command("report", "write one HTML page of a job: throughput per GPU, capacity, latency, "
+                "lengths, finish reasons, failures, canary",
+                "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
+    p.add_argument("job", help="the job's name")
+    p.add_argument("--to", type=Path, default=None,
+                   help="HTML file to write (default: ./JOB-report.html)")
+    p.add_argument("--max-batches", type=int, default=report.DEFAULT_MAX_BATCHES,
+                   help="read latency and lengths from at most this many written batches")
+    p.add_argument("--force", action="store_true", help="replace --to if it exists")
     return parser
 
 
@@ -365,6 +406,28 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     return RET_OK
 
 
+def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
+    ledger = Ledger.from_url(settings.redis_url)
+    manifest = ledger.load_job(args.job)
+    to: Path = args.to or Path(f"{args.job}-report.html")
+    problem = export.target_problem(to, manifest.input, force=args.force)
+    if problem:
+        raise CommandError(problem)
+    if args.max_batches < 1:
+        raise CommandError("--max-batches must be >= 1", RET_BAD_INPUT)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("report draws with matplotlib: pip install 'fleetgen[perf]'")
+    page = report.build_report(ledger, args.job, args.max_batches)
+    with export.Staged(to, force=args.force) as staged:
+        staged.tmp.write_text(page.html, encoding="utf-8")
+        if not staged.publish():
+            raise CommandError(f"--to {to} appeared meanwhile; nothing written (pass --force)")
+    s = page.status
+    print(f"wrote {to}: job {args.job} [{s['state']}], {s['done']:,} done, {s['failed']:,} failed "
+          f"of {s['total']:,}")
+    return RET_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "enqueue": cmd_enqueue,
     "status": cmd_status,
@@ -374,6 +437,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "cancel": cmd_cancel,
     "resume": cmd_resume,
     "export": cmd_export,
+    "report": cmd_report,
 }
 
 

@@ -9,6 +9,7 @@
 - `s3_env`: the AWS_* variables for `s3_server`, set in os.environ for the test.
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
 - `valkey_bin` / `weed_bin`: the server binaries, for tests that start their own servers.
+- `chromium`: headless Chromium (tests/browser.py) with a throwaway profile in the test's tmp.
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
 where they fail: CI must never pass by skipping. Tests marked `slow` run only with `--run-slow`
@@ -26,6 +27,7 @@ from typing import Any, NoReturn
 import pytest
 
 from launcher.services import BinaryNotFoundError, RedisServer, S3Server, valkey_binary, weed_binary
+from tests.browser import CHROMIUM, Browser
 
 
 def in_ci() -> bool:
@@ -139,3 +141,13 @@ def stack(tmp_path: Path, redis_url: str, redis_client: Any, s3_server: S3Server
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Browser]:
+    if not Path(CHROMIUM).is_file():
+        unavailable(f"{CHROMIUM} not found: the browser tests need Chromium; install it "
+                    "with `apt-get install -y chromium` (as root; .ci/run does this)")
+    home = tmp_path / "chromium-home"
+    home.mkdir()
+    yield Browser(home)

@@ -48,11 +48,12 @@ class Proc:
     env: dict[str, str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    cwd: Path = ROOT
 
     def start(self) -> Proc:
         log = self.log_path.open("ab")
         self.popen = subprocess.Popen(
-            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()

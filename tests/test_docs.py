@@ -153,15 +153,24 @@ class _Parsed(BaseException):
 def launcher_parser(command: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
     """The parser `python -m launcher COMMAND` builds, caught at its first parse."""
 
-    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+    picker = launcher_cli.build_parser()  # parses only the command's name, for real
+    passed = [picker, *subcommands(picker).values()]
+    parse = argparse.ArgumentParser.parse_known_args
+
+    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        if any(self is parser for parser in passed):
+            return parse(self, *args, **kwargs)
         raise _Parsed(self)
 
+    monkeypatch.setattr(launcher_cli, "build_parser", lambda: picker)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
     try:
         launcher_cli.main([command, "--help"])
     except _Parsed as parsed:
         # `redis` and `s3` share one parser with a subcommand each.
-        return subcommands(parsed.parser).get(command, parsed.parser)
+        found = subcommands(parsed.parser).get(command, parsed.parser)
+        assert flags(found), f"launcher {command}: no flags caught"
+        return found
     pytest.fail(f"launcher {command} parsed no arguments")
 
 

@@ -9,11 +9,8 @@ human to look at. The other tests pin down what README "flower" says about authe
 from __future__ import annotations
 
 import html
-import os
 import re
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,32 +20,19 @@ import pytest
 
 from launcher.embedded import free_port, wait_until
 from producer import control
-from tests.conftest import unavailable
+from tests.browser import Browser
 from tests.stack import CELERY, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers import keys
 from workers.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
 USER, PASSWORD = "fleet", "s3cret-for-tests"
 # Slow enough that every queue still holds batches while the browser looks: a request takes
 # ~5 s and each server runs 4 at once.
 SLOW_SIM = ("--max-running-requests", "4", "--decode-tps", "40", "--mean-output-tokens", "400",
             "--speed", "2")
 WORKERS = ("gpu0@test", "gpu1@test")
-
-
-@pytest.fixture
-def chromium(tmp_path: Path) -> Iterator[Browser]:
-    if not Path(CHROMIUM).is_file():
-        unavailable(f"{CHROMIUM} not found: the Flower browser test needs Chromium; install it "
-                    "with `apt-get install -y chromium` (as root; .ci/run does this)")
-    home = tmp_path / "chromium-home"
-    home.mkdir()
-    yield Browser(home)
 
 
 @pytest.fixture
@@ -63,38 +47,6 @@ def stack(tmp_path: Path, redis_url: str, redis_client: Any) -> Iterator[Stack]:
             if proc.name.startswith("gpu"):
                 proc.kill()
         s.close()
-
-
-class Browser:
-    """Headless Chromium, one throwaway profile per run, HOME kept inside the test's tmp dir."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        # Chromium writes ~/.config/chromium and ~/.cache/dconf even with --user-data-dir.
-        self.env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-                    "XDG_CACHE_HOME": str(home / ".cache")}
-
-    def run(self, *args: str) -> str:
-        profile = tempfile.mkdtemp(dir=self.home)
-        result = subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-            env=self.env, capture_output=True, text=True, timeout=60, check=False,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
-
-    def dom(self, url: str) -> str:
-        """The page's DOM after its scripts ran (5 s of virtual time: ajax tables filled)."""
-        dom = self.run("--virtual-time-budget=5000", "--dump-dom", url)
-        # Kept for the failure message's reader: tmp/chromium-home/<page>.html.
-        page = re.sub(r"\W+", "_", url.split("@")[-1].split("/", 1)[-1]) or "root"
-        (self.home / f"{page}.html").write_text(dom)
-        return dom
-
-    def screenshot(self, url: str, path: Path) -> Path:
-        self.run("--virtual-time-budget=5000", "--window-size=1400,900", f"--screenshot={path}", url)
-        assert path.stat().st_size > 10_000, f"{path} looks empty"
-        return path
 
 
 def start_flower(stack: Stack, *flags: str, env: dict[str, str] | None = None,

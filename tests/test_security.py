@@ -38,7 +38,7 @@ from tests.stack import CELERY, PYTHON, ROOT, Proc, Stack, chat_rows, wait_job_d
 from tests.test_services import listening
 from workers import keys
 from workers.ledger import Ledger
-from workers.redact import redact
+from workers.redact import redact, redact_argv
 from workers.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +71,19 @@ def test_redact_masks_url_passwords_secret_query_values_and_secret_settings_only
     assert redact("s3cr3t", name="SGLANG_API_KEY") == "***"
     assert redact("fleetgen", name="AWS_ACCESS_KEY_ID") == "fleetgen"
     assert redact("redis://127.0.0.1:6389/0") == "redis://127.0.0.1:6389/0"
+
+
+def test_a_command_line_is_shown_with_every_secret_flag_and_url_credential_masked() -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "k-123", "--admin-api-key=adm-456",
+            "--ssl-keyfile-password", "pem-789", "--model-path", "s3://u:sk-000@store/models/m",
+            "--enable-auth", "--port", "30000", "--ssl-keyfile", "/etc/key.pem"]
+    shown = redact_argv(argv)
+    for secret in ("k-123", "adm-456", "pem-789", "sk-000"):
+        assert not any(secret in word for word in shown), shown
+    # Everything else stays as given: a bare switch does not swallow the next flag.
+    assert shown[shown.index("--enable-auth") + 1:] == ["--port", "30000", "--ssl-keyfile",
+                                                         "/etc/key.pem"]
+    assert argv[4] == "k-123"  # the caller's list is left alone
 
 
 def test_settings_never_show_the_redis_password_or_the_api_key(tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ below only keep the broker from fighting them.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import orjson
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
@@ -24,6 +27,11 @@ register(
 )
 
 settings = Settings.from_env()
+
+# Flower reads its FLOWER_* variables when its command starts, after `-A workers` (or
+# CELERY_APP=workers) has imported this module: point it at the installed package's defaults so
+# `celery -A workers flower` loads them from any directory. --conf or FLOWER_CONF still win.
+os.environ.setdefault("FLOWER_CONF", str(Path(__file__).with_name("flowerconfig.py")))
 
 app = Celery("fleetgen", include=["workers.tasks"])
 app.conf.update(

@@ -27,7 +27,7 @@ from workers.retry import REDIS_ERRORS, on_redis_async
 
 log = logging.getLogger(__name__)
 
-# KEYS: stats, workers, minutes, recent, job, checkpoint keys...
+# KEYS: stats, workers, minutes, recent, job, worker_minutes, checkpoint keys...
 # ARGV: worker, minute, window, then per record: checkpoint key index, id, record, fact,
 #       number of counters, counter name/value pairs.
 # Returns: canary_seen after the group (or -1), then 1/0 per record (first copy or not).
@@ -48,9 +48,11 @@ while i <= #ARGV do
       end
       if name == 'prompts_done' or name == 'prompts_failed' then
         redis.call('hincrbyfloat', KEYS[3], minute, value)
+        redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|prompts', value)
       end
       if name == 'output_tokens' then
         redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
+        redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|tokens', value)
       end
     end
     if window > 0 then
@@ -156,7 +158,8 @@ def group_arguments(job: str, entries: list[Entry], worker: str, minute: int,
                     window: int) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of RECORD_GROUP for one job's entries (window 0: no canary)."""
     script_keys = [keys.job_part(job, "stats"), keys.job_part(job, "workers"),
-                   keys.job_part(job, "minutes"), keys.job_part(job, "recent"), keys.job(job)]
+                   keys.job_part(job, "minutes"), keys.job_part(job, "recent"), keys.job(job),
+                   keys.job_part(job, "worker_minutes")]
     index: dict[str, int] = {}
     args: list[Any] = [worker, str(minute), window]
     for e in entries:

@@ -17,6 +17,8 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:enqueue         string lock held by the enqueue creating or resuming the job
     fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
     fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
+    fg:job:{job}:worker_minutes  hash   "{worker}|{minute}|prompts|tokens" -> done in it, per
+                                        GPU (`producer report`'s throughput over time)
     fg:job:{job}:failures        list   latest failure reasons (capped), newest first
     fg:job:{job}:recent          list   the canary's window of recent answers
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written

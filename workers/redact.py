@@ -9,12 +9,18 @@ whole value of a setting whose name says it is a secret (`SGLANG_API_KEY`, `*_PA
         -> "cannot reach redis://:***@10.0.0.5:6379/0"
     redact("abc123", name="AWS_SECRET_ACCESS_KEY")  -> "***"
 
+A command line (a server's argv in the launcher's log and state file) goes through
+`redact_argv`, which applies the same rules to each flag and value:
+
+    redact_argv(["--api-key", "k", "--port", "30000"]) -> ["--api-key", "***", "--port", "30000"]
+
 Hosts, ports, paths and user names stay: they are what a person needs to find the fault.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode
 
 MASK = "***"
@@ -48,6 +54,24 @@ def is_secret_name(name: str) -> bool:
     if "_".join(words).endswith(tuple(_NOT_SECRET)):
         return False
     return any(word in _SECRET_WORDS for word in words)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` for people: the value of a secret-named flag (`--api-key K`, `--api-key=K`,
+    `--ssl-keyfile-password K`) masked, and credentials in any URL among the words masked."""
+    out = [redact(word) for word in argv]
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        name, eq, value = word.partition("=")
+        if not is_secret_name(name):
+            continue
+        if eq:
+            out[i] = f"{name}={MASK}" if value else word
+        # A secret flag's value is the next word, unless that is the next flag (a bare switch).
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[i + 1] = MASK
+    return out
 
 
 def _redact_url(match: re.Match[str]) -> str:

@@ -20,6 +20,10 @@ from workers.runtime import runtime, server_url
 log = logging.getLogger(__name__)
 # How long a worker holds a batch of a job blocked here before acking it and taking the next.
 HANDBACK_PAUSE_S = 2.0
+# Celery's own "ready." is INFO and a worker's default level is WARNING: this logger says
+# once, at any level, that the worker consumes, from where and for which server.
+ready_log = logging.getLogger("workers.ready")
+ready_log.setLevel(logging.INFO)
 _reconciler: Reconciler | None = None
 app.steps["consumer"].add(ServerGate)
 
@@ -41,7 +45,7 @@ def _setup_worker(sender: str, instance: Any, **_: Any) -> None:
 
 
 @worker_ready.connect
-def _start(**_: Any) -> None:
+def _start(sender: Any = None, **_: Any) -> None:
     global _reconciler
     # One line per request at INFO would drown the lifecycle lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -56,6 +60,10 @@ def _start(**_: Any) -> None:
             log.error("worker %s: no metrics (%s)", runtime.worker, exc)
     _reconciler = Reconciler(app, settings, runtime.worker)
     _reconciler.start()
+    controller = getattr(sender, "controller", None)
+    ready_log.info("worker %s ready: queues %s, server %s, concurrency %s", runtime.worker,
+                   ",".join(runtime.queues), runtime.server_url,
+                   getattr(controller, "concurrency", app.conf.worker_concurrency))
 
 
 @worker_shutting_down.connect

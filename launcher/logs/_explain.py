@@ -9,24 +9,23 @@ on bad usage or an unreadable file.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping
 
 from launcher.logs._report import read_log
+from workers.commandline import CommandParser
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
 
 def explain(argv: list[str] | None = None) -> int:
     """Entry point of `python -m launcher explain LOGFILE [--json]`; returns the exit code."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m launcher explain",
         description="Explain what an SGLang server log says about its server.",
         epilog="examples:\n  python -m launcher explain logs/gpu0.log\n"
         "  python -m launcher explain logs/gpu0.log --json | jq .max_running_requests",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("logfile", help="an SGLang server log (stdout and stderr merged)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

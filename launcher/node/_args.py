@@ -10,8 +10,8 @@ A profile is TOML (YAML too when PyYAML is installed):
 Layers are merged flag by flag, later ones winning: profile `args` < `[gpu.N] args` < the
 arguments after `--` on the command line. SGLang renamed flags between releases (docs/reference/sglang.md#flags),
 so `adapt_flags` rewrites either spelling to the one the installed version accepts. Then
-`build_argv` adds the entry point, model, ports and the launcher's defaults; `redacted` masks
-secrets wherever an argv is logged or published.
+`build_argv` adds the entry point, model, ports and the launcher's defaults. Wherever an argv is
+logged or published it goes through `workers.redact.redact_argv`, the one place secrets are masked.
 
     profile = load_profile(Path("node.toml"))
     model, args = profile.for_gpu(3, cli_args=["--log-level", "info"])
@@ -35,7 +35,6 @@ from launcher.node._errors import ProfileError
 
 # Servers listen on loopback unless the arguments say otherwise.
 HOST = "127.0.0.1"
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
 # The newest release the contract was read from; assumed when SGLang is not installed here.
 NEWEST_SGLANG = "0.5.23"
 # (old flag, new flag, first release taking the new one). Upstream renamed both in June 2026
@@ -269,19 +268,6 @@ def flag_value(args: Sequence[str], *names: str) -> str | None:
             _, eq, inline = tokens[0].partition("=")
             value = inline if eq else (tokens[1] if len(tokens) > 1 else "")
     return value
-
-
-def redacted(argv: Sequence[str]) -> list[str]:
-    """`argv` with secret values masked, for logs and the state file."""
-    out = list(argv)
-    for i, word in enumerate(out):
-        name, eq, _ = word.partition("=")
-        if name in SECRET_FLAGS:
-            if eq:
-                out[i] = f"{name}=***"
-            elif i + 1 < len(out):
-                out[i + 1] = "***"
-    return out
 
 
 def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int,

@@ -12,7 +12,6 @@ and sends the supervisor SIGHUP, then follows the rollout in node.json. See READ
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -44,6 +43,7 @@ from launcher.node._rundir import (
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
 from launcher.node._watch import HttpProbe
+from workers.commandline import CommandParser
 
 log = logging.getLogger("launcher.node")
 
@@ -73,9 +73,9 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return list(argv), None
 
 
-def up_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m launcher up", formatter_class=argparse.RawDescriptionHelpFormatter,
+def up_parser() -> CommandParser:
+    p = CommandParser(
+        prog="python -m launcher up",
         description="Start one SGLang server per GPU and keep them running until SIGTERM.",
         epilog="examples:\n  python -m launcher up --gpus 0-6 --model /dev/shm/Qwen3.6-27B -- "
         "--speculative-algorithm NEXTN --mem-fraction-static 0.93\n"
@@ -87,19 +87,23 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim", action="store_true", help="run the SGLang simulator (no GPU needed)")
     p.add_argument("--workers", action="store_true", help="also run one Celery worker per GPU")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                   help="HTTP port of the first GPU; NCCL ports are 1000 above (default 30000)")
+                   help="GPU N's server takes BASE+N (HTTP) and BASE+1000+N (NCCL)"
+                   " (default: %(default)s)")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="node.json lives here")
     p.add_argument("--log-dir", type=Path, help="server logs (default: RUN_DIR/logs)")
     policy = Policy()
-    p.add_argument("--ready-timeout", type=float, default=policy.ready_timeout_s)
+    p.add_argument("--ready-timeout", type=float, default=policy.ready_timeout_s,
+                   help="seconds a server may take to answer /health after its start")
     p.add_argument("--backoff", type=float, default=policy.backoff_initial_s,
                    help="first restart delay in s, doubled per recent crash")
     p.add_argument("--max-crashes", type=int, default=policy.crash_loop_count,
                    help="crashes within --crash-window that stop a GPU")
     p.add_argument("--crash-window", type=float, default=policy.crash_loop_window_s / 60,
                    help="minutes")
-    p.add_argument("--stop-timeout", type=float, default=policy.stop_timeout_s)
-    p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s)
+    p.add_argument("--stop-timeout", type=float, default=policy.stop_timeout_s,
+                   help="seconds between SIGTERM and SIGKILL when a server stops")
+    p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s,
+                   help="seconds a restart waits for a server's running requests to finish")
     return p
 
 
@@ -171,9 +175,12 @@ def _refuse_second_supervisor(run_dir: Path) -> None:
 
 def cmd_status(argv: Sequence[str]) -> int:
     """Print the node table; 0 when the supervisor runs and every GPU is ready, else 1."""
-    p = argparse.ArgumentParser(prog="python -m launcher status",
-                                description="Show each GPU's server as the supervisor sees it.")
-    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p = CommandParser(prog="python -m launcher status",
+                      description="Show each GPU's server as the supervisor sees it.",
+                      epilog="examples:\n  python -m launcher status\n"
+                      "  python -m launcher status --json --run-dir /var/run/fleetgen")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help="the run dir `launcher up` was given")
     p.add_argument("--json", action="store_true", help="print node.json with liveness added")
     args = p.parse_args(list(argv))
     state = read_state(args.run_dir)
@@ -191,21 +198,22 @@ def cmd_status(argv: Sequence[str]) -> int:
 def cmd_restart(argv: Sequence[str]) -> int:
     """Ask the running supervisor to restart servers (drain first); follow until done."""
     flags, server_args = _split(argv)
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m launcher restart",
         description="Drain and restart servers, one GPU at a time with --rolling.",
         epilog="Server arguments after `--` override, flag by flag, those given to `up` after "
         "`--` (--replace-args: replace them all).\nexample:\n"
-        "  python -m launcher restart --rolling -- --max-running-requests 64",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  python -m launcher restart --rolling -- --max-running-requests 64")
     p.add_argument("--rolling", action="store_true",
                    help="one GPU at a time, each ready before the next (else all at once)")
     p.add_argument("--gpus", help="only these GPUs (default: all)")
     p.add_argument("--profile", type=Path, help="reload this profile file")
     p.add_argument("--replace-args", action="store_true",
                    help="the arguments after `--` replace the old ones instead of overriding")
-    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
-    p.add_argument("--timeout", type=float, default=3 * 3600.0, help="give up waiting after S")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help="the run dir `launcher up` was given")
+    p.add_argument("--timeout", type=float, default=3 * 3600.0,
+                   help="seconds to follow the restart before giving up waiting")
     p.add_argument("--no-wait", action="store_true", help="return once the supervisor accepts")
     args = p.parse_args(flags)
     state = read_state(args.run_dir)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Protocol
 
 from launcher.embedded import die_with_parent, port_is_free
-from launcher.node._args import HOST, redacted
+from launcher.node._args import HOST
 from launcher.node._clock import Clock
 from launcher.node._errors import PortBusyError
+from workers.redact import redact_argv
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 
@@ -98,7 +99,7 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
     spec.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(spec.log_path, "ab") as out:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        argv = " ".join(redacted(spec.argv))
+        argv = " ".join(redact_argv(spec.argv))
         out.write(f"{MARKER} {stamp} starting {spec.name}: {argv}\n".encode())
         out.flush()
         popen = subprocess.Popen(

@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from launcher.node._args import redacted
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._errors import NodeError
 from launcher.node._process import LaunchSpec, ServerProcess, spawn, stop_process
 from launcher.node._watch import LogFollower, Probe, Reading, describe_exit, read_server, wait_ready
+from workers.redact import redact_argv
 
 # Named for the supervisor, not this module: log filters and readers rely on that name.
 log = logging.getLogger("launcher.supervisor")
@@ -98,7 +98,7 @@ class Child:
         return {"name": self.spec.name, "pid": self.pid, "state": self.state,
                 "since": self.since, "restarts": max(self.starts - 1, 0),
                 "last_reason": self.last_reason, "log": str(self.spec.log_path),
-                "argv": redacted(self.spec.argv)}
+                "argv": redact_argv(self.spec.argv)}
 
 
 @dataclass
@@ -411,7 +411,7 @@ class Supervisor:
         child.pid = child.proc.pid
         self._set(child, "starting", child.last_reason)
         log.info("%s: starting (pid %d, start %d): %s", child.spec.name, child.pid,
-                 child.starts, " ".join(redacted(child.spec.argv)))
+                 child.starts, " ".join(redact_argv(child.spec.argv)))
         return child.proc
 
     def _crashed(self, child: Child, reason: str) -> bool:
