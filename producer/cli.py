@@ -363,7 +363,16 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    manifest = Ledger.from_url(settings.redis_url).load_job(args.job)
+    ledger = Ledger.from_url(settings.redis_url)
+    manifest = ledger.load_job(args.job)
+    quality = job_status(ledger, args.job)["quality"]
+    if quality and not quality["accepted"] and not args.partial:
+        # All its batches may be written (a small job is judged at its end): still not a
+        # dataset to hand on without a look.
+        raise CommandError(
+            f"job {args.job} failed its quality check ({ledger.job_state(args.job)[1]}); look at "
+            f"the examples (`python -m producer status {args.job}`), then `python -m producer "
+            f"resume {args.job} --accept-quality` to export it, or pass --partial")
     problem = export.target_problem(args.to, manifest.input, force=args.force)
     if problem:
         raise CommandError(problem)

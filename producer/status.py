@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from producer.enqueue import creation_holder
-from producer.fleet import read_fleet, render_fleet
+from producer.fleet import read_fleet, registry, render_fleet
 from workers import keys
 from workers.canary import Thresholds
 from workers.job import JobManifest, batch_sizes
@@ -25,6 +25,12 @@ from workers.ledger import STATE_CREATING, STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
 STATE_DONE = "done"
+# Work waiting, nothing running and nothing written for this long: the job is stalled
+# (a live worker takes a queued batch within a second).
+STALLED_AFTER_S = 30.0
+STALLED_EXPLAINED_AFTER_S = 10.0
+# A worker's last error is shown for this long after it happened.
+ERROR_SHOWN_FOR_S = 3600.0
 
 
 def job_status(
@@ -53,6 +59,9 @@ def job_status(
     clock = _clock(_minutes(ledger, job), times, now, finished)
     rate = _rates(clock, answered, stats.get("output_tokens", 0.0))
     workers = _workers(ledger, job)
+    entries = registry(ledger.r, now)
+    worker_errors = _worker_errors(entries, now)
+    queued = waiting if state == STATE_RUNNING else 0
     return {
         "job": job,
         "state": state,
@@ -64,7 +73,7 @@ def job_status(
         "checkpointed": checkpointed,
         "in_flight": in_flight,
         "in_hand": in_hand,
-        "queued": waiting if state == STATE_RUNNING else 0,
+        "queued": queued,
         # Not started because the job is paused, cancelled or still being created.
         "held": waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
         "batches": {"total": total_batches, "done": finished_batches,
@@ -80,6 +89,8 @@ def job_status(
         "workers": workers,
         "canary": _canary(ledger, job, manifest),
         "quality": _quality(ledger, job),
+        "worker_errors": worker_errors,
+        "stalled": _stalled(manifest, entries, worker_errors, queued, len(running), times, now),
         "fleet": read_fleet(ledger.r, workers, clock["elapsed"], now=now)
         if live else None,
         "updated_at": now,
@@ -212,11 +223,61 @@ def _workers(ledger: Ledger, job: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def _worker_errors(entries: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Each registered worker's last error (what kept a batch from running there), newest
+    first, with how long ago it happened."""
+    out = []
+    for name, entry in entries.items():
+        error = entry.get("last_error")
+        if not isinstance(error, dict) or now - float(error.get("at") or 0) > ERROR_SHOWN_FOR_S:
+            continue
+        out.append({"worker": name, "host": entry.get("host"), "job": error.get("job"),
+                    "error": str(error.get("error")),
+                    "age_s": round(now - float(error["at"]), 1)})
+    return sorted(out, key=lambda e: e["age_s"])
+
+
+def _stalled(
+    manifest: JobManifest, entries: dict[str, dict[str, Any]], errors: list[dict[str, Any]],
+    queued: int, running: int, times: dict[str, float], now: float,
+) -> dict[str, Any] | None:
+    """Why work waits and nothing moves, or None: no live worker consumes the job's queue
+    (known at once), or no worker of its queue is busy and nothing ran or was written for
+    STALLED_AFTER_S, with the last error a worker met (on this job first)."""
+    if not queued or running:
+        return None
+    live = [e for e in entries.values() if e.get("state") != "lost"]
+    # Workers older than the `queues` field do not say what they consume: then nobody knows.
+    if all("queues" in e for e in live) and not any(manifest.queue in e["queues"] for e in live):
+        consumers = sorted({q for e in live for q in e["queues"]})
+        return {"reason": "no_consumer", "queue": manifest.queue, "live_queues": consumers,
+                "idle_s": None, "last_error": None, "not_ready": []}
+    # Workers of the job's queue busy with other work: the job waits its turn, it is not stuck.
+    if any(e.get("in_flight") and manifest.queue in e.get("queues", [manifest.queue])
+           for e in live):
+        return None
+    idle = now - max(times["started"], times["last_write"])
+    mine = [e for e in errors if e["job"] == manifest.name]
+    # An error met on this job since its last write explains the wait: say so sooner.
+    explained = any(now - e["age_s"] > max(times["started"], times["last_write"]) for e in mine)
+    if idle < (STALLED_EXPLAINED_AFTER_S if explained else STALLED_AFTER_S):
+        return None
+    mine = mine or errors
+    return {"reason": "no_progress", "queue": manifest.queue, "live_queues": None,
+            "idle_s": round(idle, 1), "last_error": mine[0] if mine else None,
+            # Live workers whose gate is closed (server down): they take no batch meanwhile.
+            "not_ready": sorted(n for n, e in entries.items()
+                                if e.get("state") not in ("ready", "lost"))}
+
+
 def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> dict[str, Any]:
     thresholds = Thresholds(**manifest.canary) if manifest.canary else Thresholds()
-    seen = ledger.r.hget(keys.job(job), "canary_seen")
+    seen, end = ledger.r.hmget(keys.job(job), "canary_seen", "canary_end")
     return {"enabled": thresholds.enabled, "answers_seen": int(seen or 0),
-            "min_completions": thresholds.min_completions}
+            "min_completions": thresholds.min_completions,
+            # A job smaller than min_completions is judged once, at its end (workers/quality.py).
+            "judged_at_end": manifest.prompts < thresholds.min_completions,
+            "end_verdict": orjson.loads(end) if end else None}
 
 
 def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
@@ -234,6 +295,7 @@ def render(status: dict[str, Any]) -> str:
     s = status
     lines = [
         f"job {s['job']}  [{s['state']}]{'  ' + s['reason'] if s['reason'] else ''}  -> {s['output']}",
+        *_render_stalled(s.get("stalled")),
         *_render_progress(s),
         *_render_quality(s),
     ]
@@ -248,7 +310,38 @@ def render(status: dict[str, Any]) -> str:
             lines.append(
                 f"  {name:<28} {int(w.get('prompts_done', 0)):>8,} {int(w.get('prompts_failed', 0)):>7,}"
                 f" {int(w.get('output_tokens', 0)):>12,} {int(w.get('batches_done', 0)):>8,}")
+    if s.get("worker_errors"):
+        lines += ["", "  last errors of workers:"]
+        for e in s["worker_errors"]:
+            lines.append(f"  {e['worker']:<22} {_ago(e['age_s']):>8} ago  job {e['job']}: "
+                         f"{e['error']}")
     return "\n".join(lines)
+
+
+def _render_stalled(stalled: dict[str, Any] | None) -> list[str]:
+    if stalled is None:
+        return []
+    if stalled["reason"] == "no_consumer":
+        live = ", ".join(stalled["live_queues"]) or "none: no live worker"
+        return [f"  stalled: no worker consumes queue {stalled['queue']} (live workers "
+                f"consume {live})"]
+    line = f"  stalled: no batch finished for {_ago(stalled['idle_s'])}"
+    error = stalled["last_error"]
+    if error is None and stalled["not_ready"]:
+        return [line + f"; servers not ready for {', '.join(stalled['not_ready'])}"]
+    if error is None:
+        return [line + "; no worker reported an error (are any running?)"]
+    return [f"{line}; last error on {error['worker']} ({_ago(error['age_s'])} ago): "
+            f"{error['error']}"]
+
+
+def _ago(seconds: float) -> str:
+    """`45 s`, `3 min`, `2 h`: how long, as a person says it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _render_progress(s: dict[str, Any]) -> list[str]:
@@ -279,6 +372,15 @@ def _render_progress(s: dict[str, Any]) -> list[str]:
 def _render_quality(s: dict[str, Any]) -> list[str]:
     q, c = s.get("quality"), s.get("canary")
     if not q:
+        end = c.get("end_verdict") if c else None
+        if c and c["enabled"] and end:
+            if not end.get("judged"):
+                return [f"  canary    not judged: the job ended with {end['answers']:,} answers,"
+                        " too few to tell"]
+            return [f"  canary    judged all {end['answers']:,} answers at the job's end: healthy"]
+        if c and c["enabled"] and c.get("judged_at_end"):
+            return [(f"  canary    watching: {c['answers_seen']:,} answers seen (the job is"
+                     f" smaller than {c['min_completions']:,}: judged at its end)")]
         if c and c["enabled"]:
             return [(f"  canary    watching: {c['answers_seen']:,} answers seen"
                      f" (judges from {c['min_completions']:,})")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 
 from launcher.embedded import wait_until
 from producer.status import job_status
-from tests.stack import Stack, wait_job_done, write_jsonl
+from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.canary import Thresholds, content_digest, evaluate, sample
 from workers.errors import JobError
 from workers.ledger import Ledger
@@ -259,3 +260,60 @@ def test_long_answers_digest_as_if_normalized_whole() -> None:
     for text in (words, "x" * 5000, "  " + " " * 3000 + words, words[:299] + "!!!", "Hi.  "):
         assert content_digest(text) == whole(text)
     assert content_digest(words + "tail A") == content_digest(words + "tail B")
+
+
+def test_a_job_smaller_than_the_window_with_two_thirds_empty_answers_is_judged_at_its_end(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    _, url = stack.sim("sim0", *FAST_SIM)
+    stack.worker(0, url)
+    # Two lines in three take the job's 64 tokens, all spent thinking (empty content); every
+    # third asks 3,000 tokens itself and gets a real answer.
+    src = write_jsonl(tmp_path / "small.jsonl", chat_rows(60))
+    stack.producer("enqueue", str(src), "--job", "small", "--output", str(tmp_path / "out"),
+                   "--batch-size", "10", "--max-tokens", "64")
+    ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
+
+    seen: dict[str, float] = {}
+
+    def judged_and_written() -> bool:
+        s = job_status(ledger, "small")
+        assert s["state"] != "done", "a small job with 2/3 empty answers ended [done]"
+        if s["done"] + s["failed"] + s["checkpointed"] == 60:
+            seen.setdefault("answered", time.monotonic())
+        if s["state"] == "paused":
+            seen.setdefault("paused", time.monotonic())
+        return bool(s["state"] == "paused" and s["done"] + s["failed"] == 60)
+
+    wait_until(judged_and_written, 120, what="small job paused at its end")
+    print(f"\ncanary: small job paused {seen['paused'] - seen.get('answered', seen['paused']):.1f}s"
+          " after its last answer was seen")
+    status = job_status(ledger, "small")
+    assert status["quality"]["detected_after"] == 60
+    # The simulator's rare short answers end before 64 tokens: a little under two thirds.
+    share = re.match(r"quality: (\d+)% of the last 60 answers have an empty content",
+                     status["reason"])
+    assert share and 50 <= int(share[1]) <= 67, status["reason"]
+    assert "judged at the job's end (it has fewer than 200 prompts)" in status["reason"]
+    out = stack.producer("status", "small").stdout
+    assert "[paused]  quality:" in out and "resume small --accept-quality" in out
+    refused = stack.producer("export", "small", "--to", str(tmp_path / "small-out.jsonl"),
+                             check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: job small failed its quality check (quality: ")
+    assert not (tmp_path / "small-out.jsonl").exists()
+    stack.producer("resume", "small", "--accept-quality")
+    wait_job_done(stack, "small", timeout=60)
+    stack.producer("export", "small", "--to", str(tmp_path / "small-out.jsonl"))
+
+
+def test_a_healthy_job_smaller_than_the_window_is_judged_at_its_end_and_says_so(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    _, url = stack.sim("sim0", *FAST_SIM)
+    stack.worker(0, url)
+    stack.producer("enqueue", str(prompts(tmp_path, 40)), "--job", "small-ok", "--output",
+                   str(tmp_path / "out"), "--batch-size", "10")
+    wait_job_done(stack, "small-ok", timeout=120, on_tick=_never_paused)
+    wait_until(lambda: "judged all 40 answers at the job's end: healthy"
+               in stack.producer("status", "small-ok").stdout, 30, what="end verdict shown")

@@ -87,7 +87,7 @@ def enqueue(stack: Stack, tmp: Path, job: str, queue: str, prompts: int, batch_s
                    "--output", str(tmp / "out"), "--batch-size", str(batch_size), "--no-canary")
 
 
-def test_flower_shows_workers_queue_depths_and_failed_batches_with_reasons(
+def test_flower_shows_workers_queue_depths_and_batches_of_a_paused_job_as_paused_not_failed(
     stack: Stack, chromium: Browser, tmp_path: Path, redis_client: Any
 ) -> None:
     _, url0 = stack.sim("sim0", *SLOW_SIM)
@@ -139,15 +139,21 @@ def test_flower_shows_workers_queue_depths_and_failed_batches_with_reasons(
     def tasks_page_lists_the_dropped_batches() -> bool:
         page = chromium.dom(f"{flower}/tasks")
         rows.update(re.findall(r'<tr id="(held:b00000[12]):[^"]*"[^>]*>(.*?)</tr>', page))
-        return len(rows) == 2 and all("FAILURE" in row for row in rows.values())
+        return len(rows) == 2 and all("SUCCESS" in row for row in rows.values())
 
-    wait_until(tasks_page_lists_the_dropped_batches, 30, interval=0.5, what="2 failed batches")
+    wait_until(tasks_page_lists_the_dropped_batches, 30, interval=0.5, what="2 dropped batches")
     for task, row in rows.items():
         batch = task.split(":")[1]
         cells = html.unescape(row)
+        # Dropped because the job is paused: that is what the result says, and no failure.
         assert f">held {batch}<" in cells
-        assert (f">JobNotRunningError('job held is paused: paused by test operator; batch {batch} "
-                "left for `python -m producer resume held`')<") in cells
+        assert (f"'status': 'paused', 'job': 'held', 'batch': '{batch}', 'reason': 'job held is "
+                f"paused: paused by test operator; batch {batch} left for `python -m producer "
+                "resume held`'") in cells
+        assert "FAILURE" not in cells and "JobNotRunningError" not in cells
+    failed = httpx.get(f"{base}/api/tasks", params={"state": "FAILURE"}, auth=(USER, PASSWORD),
+                       timeout=10)
+    assert failed.status_code == 200 and failed.json() == {}
 
     shots = {page: chromium.screenshot(f"{flower}{path}", tmp_path / f"flower-{page}.png")
              for page, path in (("dashboard", "/"), ("broker", "/broker"), ("tasks", "/tasks"))}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -51,6 +52,7 @@ STABLE_FIELDS = {
     "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
+    "worker_errors", "stalled",
 }
 FLEET_FIELDS = {
     "worker", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
@@ -252,7 +254,78 @@ def test_status_of_a_job_paused_by_the_canary_shows_reason_examples_and_how_to_g
 def test_the_canary_line_says_how_many_answers_it_has_seen(ledger: Ledger) -> None:
     half_done_job(ledger)
     ledger.r.hset(keys.job("half"), "canary_seen", 64)
-    assert "canary    watching: 64 answers seen (judges from 200)" in render(job_status(ledger, "half", NOW))
+    # 100 prompts, fewer than the 200 the canary judges from: it judges them at the job's end.
+    assert ("canary    watching: 64 answers seen (the job is smaller than 200: judged at its end)"
+            in render(job_status(ledger, "half", NOW)))
+    make_job(ledger, "big", "/tmp/out", prompts=1000)
+    ledger.r.hset(keys.job("big"), "canary_seen", 64)
+    assert "canary    watching: 64 answers seen (judges from 200)" in render(job_status(ledger, "big", NOW))
+
+
+def test_a_small_job_judged_healthy_at_its_end_says_so(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.r.hset(keys.job("half"), "canary_end",
+                  orjson.dumps({"answers": 98, "judged": True, "verdict": None}))
+    assert "canary    judged all 98 answers at the job's end: healthy" in render(
+        job_status(ledger, "half", NOW))
+
+
+def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker_met(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "stuck", "/tmp/out", created_at=NOW - 600)
+    ledger.mark_queued("stuck", [keys.batch_id(i) for i in range(1, 11)])
+    error = ("cannot use the output of job stuck with this worker's credentials: s3://b at "
+             "http://s3:8333: access denied")
+    register(ledger, "gpu5@host", "http://127.0.0.1:30005", updated=NOW - 2, host="host",
+             queues=["gpu5", keys.SHARED_QUEUE],
+             last_error={"error": error, "job": "stuck", "at": NOW - 40})
+    status = job_status(ledger, "stuck", NOW)
+    assert status["stalled"]["reason"] == "no_progress"
+    assert status["stalled"]["last_error"]["worker"] == "gpu5@host"
+    assert status["worker_errors"] == [{"worker": "gpu5@host", "host": "host", "job": "stuck",
+                                        "error": error, "age_s": 40.0}]
+    text = render(status)
+    assert (f"  stalled: no batch finished for 10 min; last error on gpu5@host (40 s ago): {error}"
+            in text)
+    assert f"  gpu5@host                  40 s ago  job stuck: {error}" in text
+    # A job with a batch running is moving, whatever errors a worker met.
+    half_done_job(ledger)
+    assert job_status(ledger, "half", NOW)["stalled"] is None
+    # One waiting its turn behind another job's work is not stuck either.
+    register(ledger, "gpu6@host", "http://127.0.0.1:30006", updated=NOW - 2, in_flight=12,
+             queues=["gpu6", keys.SHARED_QUEUE])
+    assert job_status(ledger, "stuck", NOW)["stalled"] is None
+
+
+def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "waits", "/tmp/out", created_at=NOW - 120)
+    ledger.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, state="server-down",
+             queues=["gpu0", keys.SHARED_QUEUE])
+    assert ("  stalled: no batch finished for 2 min; servers not ready for gpu0@a"
+            in render(job_status(ledger, "waits", NOW)))
+
+
+def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
+    ledger: Ledger,
+) -> None:
+    manifest = make_job(ledger, "pinned", "/tmp/out", created_at=NOW)
+    ledger.save_job(dataclasses.replace(manifest, queue="gpu99"))
+    ledger.mark_queued("pinned", [keys.batch_id(i) for i in range(1, 11)])
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1,
+             queues=["gpu0", keys.SHARED_QUEUE])
+    # A lost worker that consumed gpu99 consumes nothing now.
+    register(ledger, "gpu99@gone", "http://127.0.0.1:30099", updated=NOW - 300,
+             queues=["gpu99", keys.SHARED_QUEUE])
+    status = job_status(ledger, "pinned", NOW)
+    assert status["stalled"] == {"reason": "no_consumer", "queue": "gpu99",
+                                 "live_queues": ["fleetgen", "gpu0"], "idle_s": None,
+                                 "last_error": None, "not_ready": []}
+    assert ("  stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)"
+            in render(status))
 
 
 METRICS_TWO_RANKS = """\

@@ -35,6 +35,7 @@ from workers.errors import (
 from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
 from workers.job import JobManifest
 from workers.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
+from workers.preflight import SinkChecks
 from workers.quality import QualityWatch
 from workers.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
@@ -84,6 +85,7 @@ class BatchRunner:
         self.ledger = ledger
         self.settings = engine.settings
         self._sinks: dict[str, Sink] = {}
+        self.sink_checks = SinkChecks(engine.worker, self.settings.sink_recheck_s)
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
         self._renew, self._quality, self._checkpoints = engine.run(self._register())
@@ -94,9 +96,9 @@ class BatchRunner:
                                   quality.window)
         return self.engine.redis.register_script(RENEW_LEASE), quality, writer
 
-    async def _watch(self, job: str, canary_spec: dict[str, Any] | None) -> None:
+    async def _watch(self, job: str, manifest: JobManifest) -> None:
         # Runs on the loop, where the canary reads its thresholds and held jobs.
-        self._quality.watch(job, canary_spec)
+        self._quality.watch(job, manifest.canary, manifest.prompts)
         self._quality.hold(job, False)  # the job is running again (checked in _run)
 
     def sink(self, uri: str) -> Sink:
@@ -122,8 +124,9 @@ class BatchRunner:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
             self.ledger.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
-        self.engine.run(self._watch(job, manifest.canary))
-        sink = self.sink(manifest.output)
+        self.engine.run(self._watch(job, manifest))
+        # Before the lease: a job whose output this worker cannot use goes back unstarted.
+        sink = self.sink_checks.require(job, lambda: self.sink(manifest.output))
         if self.ledger.is_done(job, batch):
             self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
             return Outcome(status="already-done", batch=batch)

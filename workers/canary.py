@@ -93,10 +93,15 @@ class Verdict:
     examples: list[dict[str, Any]]
 
 
-def evaluate(samples: list[list[Any]], t: Thresholds) -> Verdict | None:
-    """The first crossed threshold over the window, or None if the answers look healthy."""
+def evaluate(samples: list[list[Any]], t: Thresholds,
+             min_answers: int | None = None) -> Verdict | None:
+    """The first crossed threshold over the window, or None if the answers look healthy.
+
+    Nothing is judged on fewer than `min_answers` answers (default: the thresholds' own
+    minimum; a job smaller than that is judged at its end on a smaller one, quality.py)."""
     answers = [s for s in samples if s[6] != "(failed)"]
-    if not t.enabled or len(answers) < min(t.min_completions, t.window):
+    need = min(t.min_completions, t.window) if min_answers is None else min_answers
+    if not t.enabled or not answers or len(answers) < need:
         return None
     n = len(answers)
 

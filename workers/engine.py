@@ -12,10 +12,11 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -24,6 +25,7 @@ import redis.asyncio as aioredis
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
+from workers.redact import redact
 from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
 from workers.sglang import ServerCapacity, SGLangClient
@@ -87,10 +89,16 @@ class Backlog:
 class Engine:
     """The worker process's asyncio side. `run(coro)` is called from Celery pool threads."""
 
-    def __init__(self, settings: Settings, server_url: str, worker: str) -> None:
+    def __init__(self, settings: Settings, server_url: str, worker: str,
+                 queues: Sequence[str] = ()) -> None:
         self.settings = settings
         self.server_url = server_url
         self.worker = worker
+        # Published in the registry: `producer status` tells a job whose queue nobody consumes.
+        self.queues = list(queues)
+        # The last thing that kept a batch from running here, for `producer status`:
+        # {"error", "job", "at"} (unix time), or None.
+        self.last_error: dict[str, Any] | None = None
         self.capacity: ServerCapacity | None = None
         self.backlog = Backlog()
         self._loop = loops.new_event_loop()
@@ -221,6 +229,9 @@ class Engine:
         entry = {
             "worker": self.worker,
             "host": HOST,
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "last_error": self.last_error,
             # Its Redis connections carry keys.worker_client(worker): the reconciler may take
             # their absence as the worker's death (workers before this field did not name them).
             "named_connections": True,
@@ -238,6 +249,19 @@ class Engine:
             await self.redis.hset(WORKERS_KEY, self.worker, orjson.dumps(entry))
         except REDIS_ERRORS as exc:
             log.info("worker %s: registry update skipped (%s)", self.worker, exc)
+
+    def note_error(self, job: str, error: str) -> None:
+        """Remember why a batch of `job` could not run here and publish it now (the registry
+        beat keeps it there)."""
+        # Registry entries are readable by every Redis user: no URL credential in them.
+        self.last_error = {"error": redact(error), "job": job, "at": time.time()}
+        if self._started:
+            self.submit(self._register())
+
+    def publish(self) -> None:
+        """Register now rather than at the next beat (the worker has just started)."""
+        if self._started:
+            self.submit(self._register())
 
     async def _refresh_quietly(self) -> None:
         try:

@@ -20,10 +20,11 @@ port = 5555
 # and `python -m producer status` hold the full failure list.
 max_tasks = 10000
 
-# A failed batch shows its reason on the tasks page: the exception column (hidden by default)
-# carries the message fleetgen raises, e.g. "JobNotRunningError('job x is paused: ...')", and
-# args name the job and the batch. Short columns first, so the reason fits on screen.
-tasks_columns = "state,args,exception,worker,received,runtime,uuid"
+# The tasks page shows why each batch delivery ended: args name the job and the batch, the
+# result says how it ended ({'status': 'done', ...}; 'paused' or 'cancelled' with the job's
+# reason for a delivery dropped because its job is held: not a failure), the exception
+# column (hidden by default) why one failed. Short columns first, so the reason fits.
+tasks_columns = "state,args,result,exception,worker,received,runtime,uuid"
 
 
 def _loopback(host: str) -> bool:

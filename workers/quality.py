@@ -7,6 +7,7 @@ batches read `held` before sending each request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -20,19 +21,25 @@ from workers.ledger import STATE_PAUSED, STATE_RUNNING
 log = logging.getLogger(__name__)
 # After the first stretch, the window is judged once per this many answers (per job).
 CANARY_EVERY = 10
+# A job with fewer prompts than the canary's min_completions is judged once, at its last
+# answer, on all its answers, if it has at least this many (fewer say nothing either way).
+END_MIN_ANSWERS = 10
 
 
 class QualityWatch:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        # Canary thresholds of the jobs this worker has run.
+        # Canary thresholds of the jobs this worker has run, and their sizes in prompts.
         self._thresholds: dict[str, canary.Thresholds] = {}
+        self._prompts: dict[str, int] = {}
         # Jobs seen paused: their batches send no new request.
         self.held: set[str] = set()
 
-    def watch(self, job: str, spec: dict[str, Any] | None) -> None:
-        """A batch of `job` starts here (the job is running): use its thresholds."""
+    def watch(self, job: str, spec: dict[str, Any] | None, prompts: int) -> None:
+        """A batch of `job` (of `prompts` prompts) starts here, the job is running: use its
+        thresholds."""
         self._thresholds[job] = canary.Thresholds(**spec) if spec else canary.Thresholds()
+        self._prompts[job] = prompts
 
     def hold(self, job: str, paused: bool) -> None:
         if paused:
@@ -52,11 +59,13 @@ class QualityWatch:
     async def judge(self, job: str, seen_before: int, seen: int) -> None:
         """Judge the window if this group of answers reached a judging point: every answer
         for the first stretch after K (the pause lands at K when the window is bad), then
-        every CANARY_EVERY answers."""
+        every CANARY_EVERY answers; a job smaller than K once, at its last answer."""
         thresholds = self._thresholds[job]
         k = thresholds.min_completions
-        due = seen >= k and (seen_before < k + CANARY_EVERY
-                             or seen // CANARY_EVERY > seen_before // CANARY_EVERY)
+        total = self._prompts.get(job, 0)
+        at_end = total < k and seen_before < total <= seen
+        due = at_end or (seen >= k and (seen_before < k + CANARY_EVERY
+                                        or seen // CANARY_EVERY > seen_before // CANARY_EVERY))
         if not due:
             return
         r = self._redis
@@ -64,7 +73,17 @@ class QualityWatch:
         if accepted or state != STATE_RUNNING.encode():
             return
         samples = [orjson.loads(x) for x in await r.lrange(keys.job_part(job, "recent"), 0, -1)]
-        verdict = canary.evaluate(samples, thresholds)
+        verdict = canary.evaluate(samples, thresholds,
+                                  min_answers=END_MIN_ANSWERS if at_end else None)
+        if at_end and verdict is not None:
+            verdict = dataclasses.replace(verdict, reason=(
+                f"{verdict.reason}, judged at the job's end (it has fewer than {k} prompts)"))
+        if at_end:
+            # Status tells a small job was judged (or why not), not only when it failed.
+            answers = sum(1 for x in samples if x[6] != "(failed)")
+            await r.hset(keys.job(job), "canary_end", orjson.dumps({
+                "answers": answers, "judged": answers >= END_MIN_ANSWERS,
+                "verdict": verdict.reason if verdict else None}))
         if verdict is None:
             return
         log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)

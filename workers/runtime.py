@@ -50,10 +50,12 @@ class WorkerRuntime:
         # Queues this worker consumes, its own gpuN first: the gate re-adds them in this order.
         self.queues: list[str] = []
 
-    def configure(self, settings: Settings, hostname: str, queues: list[str]) -> None:
+    def configure(self, settings: Settings, hostname: str, queues: list[str],
+                  server: str) -> None:
+        """Set up from the worker's start, after its checks passed (preflight.check_start)."""
         self.settings = settings
         self.worker = hostname
-        self.server_url = server_url(settings, queues)
+        self.server_url = server
         self.queues = [q for q in queues if q != keys.SHARED_QUEUE] + [keys.SHARED_QUEUE]
         self.ledger = Ledger.from_url(settings.redis_url, client_name=keys.worker_client(hostname))
 
@@ -62,7 +64,7 @@ class WorkerRuntime:
             if self._runner is None:
                 if self.settings is None or self.server_url is None or self.ledger is None:
                     raise WorkerConfigError("worker runtime used before the worker was set up")
-                engine = Engine(self.settings, self.server_url, self.worker)
+                engine = Engine(self.settings, self.server_url, self.worker, self.queues)
                 engine.start()
                 self._runner = BatchRunner(engine, self.ledger)
             return self._runner

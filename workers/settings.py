@@ -69,6 +69,9 @@ class Settings:
     batch_max_attempts: int = 5
     # Sink writes retried through an S3 outage for this long before the batch is given up.
     sink_retry_deadline_s: float = 600.0
+    # A job whose output this worker cannot write is left to other workers this long, then
+    # checked again (a fixed credential or bucket policy brings the worker back).
+    sink_recheck_s: float = 60.0
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200

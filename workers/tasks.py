@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
-from workers import keys, metrics
+from workers import keys, metrics, preflight
 from workers.app import app, settings
 from workers.dispatch import dispatch
-from workers.errors import JobNotRunningError, ServerDownError, SinkError, WorkerStoppingError
+from workers.errors import ServerDownError, SinkError, WorkerStoppingError
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
-from workers.runtime import runtime
+from workers.runtime import runtime, server_url
 
 log = logging.getLogger(__name__)
+# How long a worker holds a batch of a job blocked here before acking it and taking the next.
+HANDBACK_PAUSE_S = 2.0
 # Celery's own "ready." is INFO and a worker's default level is WARNING: this logger says
 # once, at any level, that the worker consumes, from where and for which server.
 ready_log = logging.getLogger("workers.ready")
@@ -31,7 +34,13 @@ def _setup_worker(sender: str, instance: Any, **_: Any) -> None:
     own = [name for name in queues.consume_from] if queues.consume_from else [keys.SHARED_QUEUE]
     if keys.SHARED_QUEUE not in own:
         queues.select_add(keys.SHARED_QUEUE)
-    runtime.configure(settings, sender, own)
+    try:
+        server = preflight.check_start(settings, sender, lambda: server_url(settings, own))
+    except preflight.PreflightError as exc:
+        # Raised here, Celery would log it and run on without a server (a signal handler's
+        # errors are only logged); SystemExit ends the worker before it consumes anything.
+        preflight.refuse(str(exc))
+    runtime.configure(settings, sender, own, server)
     log.info("worker %s: queues %s + %s, server %s", sender, own, keys.SHARED_QUEUE, runtime.server_url)
 
 
@@ -40,7 +49,7 @@ def _start(sender: Any = None, **_: Any) -> None:
     global _reconciler
     # One line per request at INFO would drown the lifecycle lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    runtime.runner()
+    runtime.runner().engine.publish()
     port = metrics.exporter_port(settings.metrics_port, runtime.queues)
     if port is not None:
         try:
@@ -74,21 +83,35 @@ def _shutdown(**_: Any) -> None:
 @app.task(name=keys.TASK_RUN_BATCH, bind=True, acks_late=True)
 def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
+    runner = runtime.runner()
     try:
-        outcome = runtime.runner().run(job, batch)
+        outcome = runner.run(job, batch)
     except (ServerDownError, WorkerStoppingError, SinkError) as exc:
         # The server or the sink stayed down, or this worker is stopping: hand the batch back
         # without spending its attempt; finished prompts stay checkpointed, so whoever takes it
         # next resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
-        log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
+        if not isinstance(exc, WorkerStoppingError):
+            runner.engine.note_error(job, str(exc))
+        if isinstance(exc, preflight.SinkUnusableError):
+            # The job is blocked here, not the batch: other workers take it. The pause keeps
+            # this worker (its gate sees a batch loading) from taking it straight back.
+            log.info("batch %s/%s: handed back to %s (job blocked here)", job, batch, queue)
+            time.sleep(HANDBACK_PAUSE_S)
+        else:
+            log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         return {"status": "requeued", "batch": batch, "reason": str(exc)}
+    except Exception as exc:
+        runner.engine.note_error(job, f"{type(exc).__name__}: {exc}")
+        raise
     if outcome.status.startswith("skipped-"):
-        # Raised so Flower lists the dropped delivery with the job's reason (e.g. the canary's).
+        # A paused or cancelled job's delivery is dropped on purpose: the task ends normally
+        # (Flower lists it as succeeded, with this result), not as a failure.
         assert runtime.ledger is not None
         state, reason = runtime.ledger.job_state(job)
-        raise JobNotRunningError(f"job {job} is {state}: {reason or 'no reason given'}; "
-                                 f"batch {batch} left for `python -m producer resume {job}`")
+        return {"status": state, "job": job, "batch": batch,
+                "reason": f"job {job} is {state}: {reason or 'no reason given'}; batch {batch} "
+                          f"left for `python -m producer resume {job}`"}
     return outcome.as_dict()
