@@ -132,7 +132,8 @@ def _wait_ready(honcho: subprocess.Popen[bytes], log_path: Path) -> None:
 
 def _run_job(args: argparse.Namespace, started: float) -> int:
     from producer.cli import main as producer_main
-    from producer.status import job_status, render
+    from producer.status import render
+    from workers.jobview import job_status
     from workers.ledger import Ledger
     from workers.settings import Settings
 

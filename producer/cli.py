@@ -23,11 +23,12 @@ from producer import control, export
 from producer.enqueue import EnqueueInterrupted, EnqueueReport, EnqueueRequest, enqueue
 from producer.export import FORMATS
 from producer.inputs import InputErrors, NoPrompts
-from producer.status import format_duration, job_status, render
+from producer.status import format_duration, render
 from workers import keys
 from workers.canary import Thresholds
 from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.redact import redact
 from workers.settings import Settings

@@ -180,7 +180,7 @@ def read_results(folder: Path, job: str) -> tuple[list[dict[str, Any]], list[dic
 
 
 def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    from producer.status import job_status
+    from workers.jobview import job_status
     from workers.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])

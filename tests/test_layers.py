@@ -61,3 +61,12 @@ def test_celery_finds_the_app_under_the_package_name() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fleetgen", "fleetgen"]
+
+
+def test_the_reconciler_writes_progress_json_without_loading_the_producer() -> None:
+    script = ("import sys, workers.reconciler, workers.progress\n"
+              "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'producer'))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

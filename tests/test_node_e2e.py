@@ -280,7 +280,7 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
          str(out_dir), "--batch-size", "25", "--no-canary"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
     assert enqueue.returncode == 0, enqueue.stderr
-    from producer.status import job_status
+    from workers.jobview import job_status
     from workers.ledger import Ledger
 
     ledger = Ledger(redis_client)

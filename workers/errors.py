@@ -10,6 +10,7 @@
       WorkerStoppingError    this worker is shutting down: hand the batch back, spend no attempt
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
+        JobBusyError         another enqueue of the same job is running
 """
 
 from __future__ import annotations
@@ -57,3 +58,7 @@ class JobError(FleetgenError):
 
 class JobNotRunningError(JobError):
     """The job is paused or cancelled; its batch waits for `resume`."""
+
+
+class JobBusyError(JobError):
+    """Another enqueue of the same job is running."""

@@ -1,7 +1,7 @@
 """What one SGLang server says about itself right now: `/metrics` gauges and `/server_info`.
 
 Read by each worker for its own server (published in its registry entry, engine.py), and by
-`producer status` for servers on its own node (producer/fleet.py).
+`producer status` for servers on its own node (workers/fleet.py).
 """
 
 from __future__ import annotations
