@@ -25,14 +25,15 @@ def test_every_import_contract_in_pyproject_is_kept() -> None:
     assert "0 broken" in done.stdout
 
 
-def test_the_simulator_node_and_log_reader_load_no_celery_and_nothing_of_workers() -> None:
+def test_the_simulator_node_and_log_reader_load_no_celery_and_only_the_server_info_reader() -> None:
+    # The launcher reads servers with the workers' one server-info reader, and nothing else.
     script = ("import sys, launcher.sim, launcher.node, launcher.logs\n"
               "print(sorted(m for m in sys.modules\n"
               "             if m.partition('.')[0] in ('celery', 'kombu', 'workers', 'producer')))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.strip() == "['workers', 'workers.server_info']"
 
 
 def test_sim_help_works_with_a_malformed_redis_url() -> None:

@@ -25,8 +25,9 @@ from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
 from workers.retry import REDIS_ERRORS
+from workers.server_info import ServerCapacity, server_capacity
 from workers.settings import Settings
-from workers.sglang import ServerCapacity, SGLangClient
+from workers.sglang import SGLangClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,17 +165,26 @@ class Engine:
         await self.redis.aclose()
 
     def limit_for(self, capacity: ServerCapacity) -> int:
+        if capacity.configured:
+            return capacity.effective  # the operator's number (or 1): no margin on a guess
         margin = max(self.settings.queue_margin, int(capacity.effective * self.settings.queue_margin_ratio))
         return capacity.effective + margin
 
     async def refresh_capacity(self) -> ServerCapacity:
-        capacity = await self.client.capacity()
-        if self.capacity is None or capacity.effective != self.capacity.effective:
-            log.info(
-                "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
-                self.worker, self.server_url, capacity.effective, capacity.requested,
-                capacity.source, self.limit_for(capacity),
-            )
+        capacity = server_capacity(await self.client.server_info(), self.settings.max_in_flight)
+        if self.capacity is None or capacity != self.capacity:
+            if capacity.configured:
+                # Not SGLang (or an SGLang that does not say): once, loud enough to be seen.
+                log.log(logging.INFO if self.settings.max_in_flight else logging.WARNING,
+                        "worker %s: %s does not say how many requests it runs at once; keeping "
+                        "%d in flight, from %s", self.worker, self.server_url,
+                        capacity.effective, capacity.source)
+            else:
+                log.info(
+                    "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
+                    self.worker, self.server_url, capacity.effective, capacity.requested,
+                    capacity.source, self.limit_for(capacity),
+                )
         if self.limit_for(capacity) > self.settings.batch_concurrency and (
                 self.capacity is None or self.capacity.effective != capacity.effective):
             log.warning(
