@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from launcher.child import ChildProcess
 from launcher.embedded import port_is_free, wait_until
 from launcher.services import redis_password, s3_credentials
 
@@ -108,17 +108,14 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_stack(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def _start_stack(env: dict[str, str], log_path: Path) -> ChildProcess:
     honcho = str(Path(sys.executable).with_name("honcho"))
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(ROOT / ".env")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    log_path.unlink(missing_ok=True)  # this run's output only
+    return ChildProcess([honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(ROOT / ".env")],
+                        log_path, env=env, cwd=ROOT)
 
 
-def _wait_ready(honcho: subprocess.Popen[bytes], log_path: Path) -> None:
+def _wait_ready(honcho: ChildProcess, log_path: Path) -> None:
     """Both servers warmed up and both workers consuming, or the reason they are not."""
 
     def ready() -> bool:
@@ -166,14 +163,9 @@ def _run_job(args: argparse.Namespace, started: float) -> int:
     return 0 if status["failed"] == 0 else 1
 
 
-def _stop(honcho: subprocess.Popen[bytes]) -> None:
-    if honcho.poll() is None:
-        os.killpg(honcho.pid, signal.SIGTERM)
-        try:
-            honcho.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(honcho.pid, signal.SIGKILL)
-            honcho.wait(5)
+def _stop(honcho: ChildProcess) -> None:
+    # honcho passes SIGTERM on to every process of the Procfile and waits for them.
+    honcho.stop(grace=20)
 
 
 def _tail(path: Path, lines: int = 40) -> str:

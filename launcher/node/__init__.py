@@ -55,7 +55,6 @@ from launcher.node._plan import (
 from launcher.node._process import (
     MARKER,
     LaunchSpec,
-    PopenProcess,
     ServerProcess,
     spawn,
     stop_process,
@@ -118,7 +117,6 @@ __all__ = [
     "Order",
     "OrderError",
     "Policy",
-    "PopenProcess",
     "PortBusyError",
     "Probe",
     "Profile",
