@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
-from workers.retry import REDIS_ERRORS
+from workers.retry import REDIS_ERRORS, backoff
 from workers.server_info import ServerCapacity, server_capacity
 from workers.settings import Settings
 from workers.sglang import SGLangClient
@@ -32,6 +33,8 @@ from workers.sglang import SGLangClient
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
+# Waiting for a server to come back: /health probes under the one backoff policy.
+READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 # Registry entries older than a few beats mean the worker is gone (status shows it as lost).
 REGISTRY_BEAT_S = 5.0
 WORKERS_KEY = keys.WORKERS
@@ -262,12 +265,11 @@ class Engine:
 
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until the server answers /health again; raise ServerDownError past the deadline."""
-        stop = time.monotonic() + deadline_s
-        delay = 0.5
-        while time.monotonic() < stop:
-            if await self.client.ready():
-                await self._refresh_quietly()
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 5.0)
-        raise ServerDownError(f"{self.server_url} not ready after {deadline_s:.0f}s")
+        probes = AsyncRetrying(retry=retry_if_result(lambda ready: not ready),
+                               stop=stop_before_delay(deadline_s),
+                               wait=backoff(READY_BACKOFF_S, READY_BACKOFF_MAX_S))
+        try:
+            await probes(self.client.ready)
+        except RetryError:
+            raise ServerDownError(f"{self.server_url} not ready after {deadline_s:.0f}s") from None
+        await self._refresh_quietly()
