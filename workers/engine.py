@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_del
 
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
+from workers.fleet import REGISTRY_BEAT_S
 from workers.readings import read_server_within
 from workers.retry import REDIS_ERRORS, backoff
 from workers.server_info import ServerCapacity, server_capacity
@@ -35,8 +36,6 @@ T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
 # Waiting for a server to come back: /health probes under the one backoff policy.
 READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
-# Registry entries older than a few beats mean the worker is gone (status shows it as lost).
-REGISTRY_BEAT_S = 5.0
 WORKERS_KEY = keys.WORKERS
 HOST = socket.gethostname()
 

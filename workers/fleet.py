@@ -35,8 +35,11 @@ from workers.readings import ServerReading, read_server_within
 # A dead server must not slow `status --watch` by more than about this much.
 FETCH_DEADLINE_S = 2.0
 CONNECT_TIMEOUT_S = 0.5
-# Workers re-register every 5 s (engine.REGISTRY_BEAT_S); six missed beats means gone.
-LOST_AFTER_S = 30.0
+# The one liveness rule of the registry: a worker re-registers every beat (engine.py
+# `_register`); an entry six beats old is a worker that is gone (`lost`), for the table, the
+# in-flight count and everyone else who reads the registry.
+REGISTRY_BEAT_S = 5.0
+LOST_AFTER_S = 6 * REGISTRY_BEAT_S
 THIS_HOST = socket.gethostname()
 # What a reading takes from `/server_info` (or from it when /metrics lacks it).
 SERVER_INFO_FIELDS = ("effective_max", "requested_max", "version", "accept_length")

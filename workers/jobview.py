@@ -19,7 +19,7 @@ import orjson
 from workers import keys
 from workers.canary import Thresholds
 from workers.creation import creation_holder
-from workers.fleet import read_fleet
+from workers.fleet import read_fleet, registry
 from workers.job import JobManifest, batch_sizes
 from workers.ledger import STATE_CREATING, STATE_RUNNING, Ledger
 
@@ -88,12 +88,8 @@ def job_status(
 
 def _sent(ledger: Ledger, now: float) -> int:
     """Requests the live workers have at their servers right now (their registry entries)."""
-    total = 0
-    for raw in ledger.r.hvals(keys.WORKERS):
-        entry = orjson.loads(raw)
-        if now - float(entry.get("updated") or 0) < REGISTRY_FRESH_S:
-            total += int(entry.get("in_flight") or 0)
-    return total
+    return sum(int(entry.get("in_flight") or 0) for entry in registry(ledger.r, now).values()
+               if entry.get("state") != "lost")
 
 
 def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
@@ -105,10 +101,6 @@ def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -
     plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
     sizes = sum(_batch_len(plan, manifest.batch_size, b) for b in running)
     return max(0, sizes - sum(int(n) for n in checkpointed))
-
-
-# A worker re-registers every 5 s; an entry older than this is a worker that is gone.
-REGISTRY_FRESH_S = 30.0
 
 
 def _batch_len(plan: list[int], size: int, batch: str) -> int:
