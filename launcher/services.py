@@ -33,7 +33,6 @@ from types import FrameType
 
 from launcher.embedded import (
     BinaryNotFoundError,
-    PortUnavailableError,
     ServiceError,
     ServiceStartError,
     free_port,
@@ -42,13 +41,14 @@ from launcher.embedded import (
 
 # The servers live in their own modules; they are re-exported here because tests, the demo and
 # benchmarks import them from launcher.services.
+from launcher.errors import LauncherError, PortBusyError
 from launcher.redis_server import RedisServer, redis_password, valkey_binary
 from launcher.s3_server import S3Ports, S3Server, free_s3_base, s3_credentials, weed_binary
 from workers.redact import redact
 from workers.settings import SettingsError
 
 __all__ = [
-    "BinaryNotFoundError", "PortUnavailableError", "RedisServer", "S3Ports", "S3Server",
+    "BinaryNotFoundError", "PortBusyError", "RedisServer", "S3Ports", "S3Server",
     "ServiceError", "ServiceStartError", "free_port", "free_s3_base", "main", "redis_password",
     "s3_credentials", "valkey_binary", "wait_until", "weed_binary",
 ]  # fmt: skip
@@ -150,7 +150,7 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
                 return EXIT_SERVER_DIED
         log.info("%s: signal received, stopping", server.name)
         return EXIT_OK
-    except ServiceError as exc:
+    except LauncherError as exc:  # a ServiceError, or a busy port
         log.error("%s: could not start: %s", server.name, exc)
         return EXIT_START_FAILED
     finally:

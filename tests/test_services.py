@@ -23,7 +23,7 @@ from launcher import services
 from launcher.embedded import wait_until
 from launcher.services import (
     BinaryNotFoundError,
-    PortUnavailableError,
+    PortBusyError,
     RedisServer,
     S3Ports,
     S3Server,
@@ -174,7 +174,7 @@ def test_redis_start_reports_a_missing_binary(tmp_path: Path) -> None:
 def test_redis_start_refuses_a_port_already_in_use(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    with pytest.raises(PortUnavailableError, match=str(redis_server.port)):
+    with pytest.raises(PortBusyError, match=str(redis_server.port)):
         RedisServer(data_dir=tmp_path, port=redis_server.port).start()
 
 

@@ -42,7 +42,7 @@ from launcher.node._commands import (
     render_status,
     up_parser,
 )
-from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, PortBusyError, ProfileError
+from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, ProfileError
 from launcher.node._gpus import Gpu, discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
@@ -117,7 +117,6 @@ __all__ = [
     "Order",
     "OrderError",
     "Policy",
-    "PortBusyError",
     "Probe",
     "Profile",
     "ProfileError",

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import LauncherError
 from launcher.node._args import Profile, flag_value, load_profile
 from launcher.node._errors import NodeError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return commands[args[0]](args[1:])
-    except NodeError as exc:
+    except LauncherError as exc:  # a NodeError, or a busy port
         print(f"launcher {args[0]}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

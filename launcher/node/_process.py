@@ -14,9 +14,9 @@ from typing import Protocol
 
 from launcher.child import ChildProcess
 from launcher.embedded import port_is_free
+from launcher.errors import PortBusyError
 from launcher.node._args import HOST, redacted
 from launcher.node._clock import Clock
-from launcher.node._errors import PortBusyError
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 
