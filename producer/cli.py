@@ -53,7 +53,7 @@ EPILOG = """examples:
 """
 
 
-class CommandError(Exception):
+class CommandError(FleetgenError):
     """A command could not do what was asked; printed without a traceback."""
 
     def __init__(self, message: str, code: int = RET_ERROR) -> None:

@@ -11,6 +11,12 @@
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
         JobBusyError         another enqueue of the same job is running
+      SettingsError          an environment variable fleetgen cannot use (settings.py)
+      WorkerConfigError      the worker cannot tell which server to use (runtime.py)
+      ExporterError          the worker's /metrics port could not be bound (metrics.py)
+
+The producer's errors hang from the same root (producer/__init__.py); the launcher has its own
+(launcher/__init__.py).
 """
 
 from __future__ import annotations
