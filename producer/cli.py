@@ -32,12 +32,13 @@ from producer.enqueue import (
 )
 from producer.export import FORMATS
 from producer.inputs import InputErrors, NoPrompts
-from producer.status import format_duration, job_status, render
+from producer.status import format_duration, render
 from workers import keys
 from workers.canary import Thresholds
 from workers.commandline import CommandParser
 from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.redact import redact
 from workers.settings import Settings
@@ -65,7 +66,7 @@ EPILOG = """examples:
 """
 
 
-class CommandError(Exception):
+class CommandError(FleetgenError):
     """A command could not do what was asked; printed without a traceback."""
 
     def __init__(self, message: str, code: int = RET_ERROR) -> None:

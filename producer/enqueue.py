@@ -18,20 +18,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
-import threading
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 from celery import Celery
-from redis.exceptions import LockError
 
 from producer.inputs import (
     NoPrompts,
@@ -41,6 +35,7 @@ from producer.inputs import (
     validate_file,
 )
 from workers import keys
+from workers.creation import creation_lock
 from workers.dispatch import dispatch
 from workers.errors import JobError
 from workers.job import (
@@ -53,7 +48,6 @@ from workers.job import (
 )
 from workers.ledger import Ledger
 from workers.records import written_counts
-from workers.retry import REDIS_ERRORS
 from workers.sink import Sink, batch_records, open_sink
 
 log = logging.getLogger(__name__)
@@ -66,15 +60,6 @@ MIN_BATCHES = 64
 MIN_DEFAULT_BATCH = 48
 MAX_DEFAULT_BATCH = 256
 UPLOAD_THREADS = 16
-# The creation lock outlives a killed enqueue by at most this long; a live one renews it
-# every third of it, so a slow sink cannot make it lapse.
-LOCK_TTL_S = 30.0
-
-
-class JobBusyError(JobError):
-    """Another enqueue of the same job is running."""
-
-
 class EnqueueInterrupted(Exception):
     """Ctrl-C or SIGTERM during enqueue; `report` says how far it got."""
 
@@ -186,75 +171,6 @@ def _enqueue(
             ledger.r.hdel(keys.job(manifest.name), "inputs_stored")
         report.complete = True
         report.enqueued += dispatch(app, ledger, manifest.name, pending, manifest.queue)
-
-
-@contextmanager
-def creation_lock(ledger: Ledger, job: str) -> Iterator[None]:
-    """Hold the job's enqueue lock for the block; JobBusyError if another enqueue holds it."""
-    name = keys.job_part(job, "enqueue")
-    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    lock = ledger.r.lock(name, timeout=LOCK_TTL_S, blocking=False, thread_local=False)
-    if not lock.acquire(token=token):
-        who = creation_holder(ledger, job, clear_stale=True)
-        if who is not None or not lock.acquire(token=token):
-            raise JobBusyError(
-                f"job {job} is being created by another enqueue (host:pid {who or '?'}); wait "
-                f"for it, or if it was killed on another host, run this again in "
-                f"{LOCK_TTL_S:.0f}s")
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(LOCK_TTL_S / 3):
-            try:
-                lock.reacquire()
-            except LockError:
-                log.error("job %s: the enqueue lock was lost", job)
-                return
-            except REDIS_ERRORS as exc:  # a Redis blip: the next round tries again
-                log.info("job %s: enqueue lock not renewed (%s)", job, exc)
-
-    renewer = threading.Thread(target=renew, name="fleetgen-enqueue-lock", daemon=True)
-    renewer.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        renewer.join()
-        try:
-            lock.release()
-        except LockError:
-            pass  # expired meanwhile; nobody else can have created the job without it
-
-
-def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> str | None:
-    """`host:pid` of the enqueue holding the job's lock, or None. A holder on this host whose
-    process is gone (kill -9) counts as none; `clear_stale` also removes its lock then."""
-    name = keys.job_part(job, "enqueue")
-    raw = ledger.r.get(name)
-    if not isinstance(raw, bytes):
-        return None
-    holder = raw.decode()
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
-        return f"{host}:{pid}"
-    if clear_stale:
-        try:
-            # redis-py's compare-and-delete: only if the dead holder still has it.
-            ledger.r.lock(name, timeout=LOCK_TTL_S).do_release(raw)
-        except LockError:
-            pass  # it changed hands meanwhile: the caller's next acquire decides
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _manifest_from(sink: Sink, job: str) -> JobManifest | None:
@@ -378,9 +294,6 @@ __all__ = [
     "EnqueueInterrupted",
     "EnqueueReport",
     "EnqueueRequest",
-    "JobBusyError",
-    "creation_holder",
-    "creation_lock",
     "default_batch_size",
     "enqueue",
 ]

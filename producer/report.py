@@ -28,9 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.fleet import registry
-from producer.status import format_duration, job_status
+from producer.status import format_duration
 from workers import keys
+from workers.fleet import registry
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.records import is_failure
 from workers.sink import Sink, batch_records, open_sink

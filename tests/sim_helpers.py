@@ -8,9 +8,6 @@ import contextlib
 import os
 import re
 import selectors
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +16,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from launcher.child import ChildProcess
+from launcher.embedded import free_port
 from launcher.sim import SimConfig, serve_in_thread
 
 T = TypeVar("T")
@@ -72,13 +71,6 @@ def gauge(url: str, name: str) -> float:
     return metric(httpx.get(url + "/metrics").text, name)
 
 
-def free_port() -> int:
-    """A port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class SimProcess:
     """`python -m launcher sim ...` as a child process, its output in a file."""
 
@@ -86,11 +78,10 @@ class SimProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"sim-{self.port}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
+        self.child = ChildProcess(
             [sys.executable, "-m", "launcher", "sim", "--port", str(self.port), *flags],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+        self.proc = self.child.popen
 
     def log(self) -> str:
         """Everything the process printed so far."""
@@ -117,11 +108,8 @@ class SimProcess:
         return self.proc.wait(timeout=timeout)
 
     def close(self) -> None:
-        """Kill the process if it still runs."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self._log.close()
+        """Kill the process (and anything it started) if it still runs."""
+        self.child.kill_group()
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):

@@ -7,7 +7,6 @@ Each is started the way a user starts it (`python -m launcher sim`, `celery -A w
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
+from launcher.child import ChildProcess
 from launcher.embedded import free_port, wait_until
 from workers.retry import REDIS_ERRORS
 
@@ -47,42 +47,35 @@ class Proc:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
+    child: ChildProcess | None = None
     cwd: Path = ROOT
 
     def start(self) -> Proc:
-        log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        log.close()
+        # Not tied to the starting thread: chaos tests start workers from helper threads.
+        self.child = ChildProcess(self.argv, self.log_path, env=self.env, cwd=self.cwd,
+                                  with_parent=False)
         return self
 
     @property
+    def popen(self) -> subprocess.Popen[bytes] | None:
+        return self.child.popen if self.child else None
+
+    @property
     def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
+        assert self.child is not None
+        return self.child.pid
 
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self.child is not None and self.child.alive()
 
     def kill(self) -> None:
         """SIGKILL the whole process group: no goodbye, as in a node failure."""
-        if self.alive():
-            os.killpg(self.pid, signal.SIGKILL)
-            assert self.popen is not None
-            self.popen.wait(10)
+        if self.child is not None and self.child.alive():
+            self.child.kill_group()
 
     def stop(self, grace: float = 15.0) -> None:
-        if not self.alive():
-            return
-        assert self.popen is not None
-        os.kill(self.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.child is not None and self.child.alive():
+            self.child.stop(grace)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
@@ -181,7 +174,7 @@ def read_results(folder: Path, job: str) -> tuple[list[dict[str, Any]], list[dic
 
 
 def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    from producer.status import job_status
+    from workers.jobview import job_status
     from workers.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from launcher.embedded import wait_until
-from producer.status import job_status
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.canary import Thresholds, content_digest, evaluate, sample
 from workers.errors import JobError
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.quality import CANARY_EVERY
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.logs import CapacityFacts, from_server_info, read_capacity
+from launcher.logs import CapacityFacts, capacity_from_server_info, read_capacity
 from launcher.logs import explain as main
+from workers.server_info import parse_server_info
 
 ROOT = Path(__file__).resolve().parents[1]
 MAMBA_REASON = ("asked 128, got 16: 80 Mamba slots / 5 per request (extra_buffer); "
@@ -472,8 +473,8 @@ def server_info(**overrides: object) -> dict[str, object]:
 
 
 def test_server_info_gives_the_real_concurrency_and_why() -> None:
-    reading = from_server_info(server_info())
-    assert (reading.concurrency, reading.capacity.reason) == (16, MAMBA_REASON)
+    reading = parse_server_info(server_info())
+    assert (reading.concurrency, capacity_from_server_info(reading).reason) == (16, MAMBA_REASON)
     assert (reading.version, reading.weight_gb, reading.last_gen_throughput) == (
         "0.5.23", 66.4, 1234.5)
 
@@ -481,12 +482,12 @@ def test_server_info_gives_the_real_concurrency_and_why() -> None:
 def test_server_info_sums_the_cap_over_data_parallel_ranks() -> None:
     states = [{"effective_max_running_requests_per_dp": 64}, {
         "effective_max_running_requests_per_dp": 64}]
-    reading = from_server_info(server_info(internal_states=states, launch_command="sglang serve "
-                                           "--dp-size 2 --max-running-requests=64"))
-    assert (reading.concurrency, reading.capacity.requested) == (128, 64)
+    reading = parse_server_info(server_info(internal_states=states, launch_command="sglang serve "
+                                            "--dp-size 2 --max-running-requests=64"))
+    assert (reading.concurrency, capacity_from_server_info(reading).requested) == (128, 64)
 
 
 def test_server_info_before_2026_has_no_effective_cap_so_concurrency_is_unknown() -> None:
-    reading = from_server_info(server_info(internal_states=[{"last_gen_throughput": 0.0}]))
+    reading = parse_server_info(server_info(internal_states=[{"last_gen_throughput": 0.0}]))
     assert reading.concurrency is None
-    assert reading.capacity.effective is None
+    assert capacity_from_server_info(reading).effective is None

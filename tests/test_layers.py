@@ -43,9 +43,10 @@ def test_the_simulator_loads_no_celery_and_nothing_of_fleetgen() -> None:
 
 def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_helpers() -> None:
     # Of workers, only what every command shares and reads no environment: the command-line
-    # style and the one function that masks secrets.
+    # style, the one function that masks secrets and the one server-info reader.
+    shared = {"workers", "workers.commandline", "workers.redact", "workers.server_info"}
     for module in ("launcher.node", "launcher.logs"):
-        assert _loaded_by(module) <= {"workers", "workers.commandline", "workers.redact"}, module
+        assert _loaded_by(module) <= shared, module
 
 
 def test_sim_help_works_with_a_malformed_redis_url() -> None:
@@ -74,3 +75,12 @@ def test_celery_finds_the_app_under_the_package_name() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fleetgen", "fleetgen"]
+
+
+def test_the_reconciler_writes_progress_json_without_loading_the_producer() -> None:
+    script = ("import sys, workers.reconciler, workers.progress\n"
+              "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'producer'))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -60,9 +60,9 @@ from hypothesis.stateful import (
 
 from launcher.embedded import wait_until
 from launcher.services import RedisServer, S3Server
-from producer.status import job_status
 from tests.stack import PYTHON, ROOT, Proc, Stack, chat_rows, write_jsonl
 from workers import keys
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.retry import REDIS_ERRORS
 

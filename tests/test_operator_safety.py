@@ -19,11 +19,12 @@ import pytest
 from launcher.embedded import wait_until
 from launcher.services import S3Server
 from producer import cli
-from producer.enqueue import EnqueueInterrupted, EnqueueRequest, creation_lock, enqueue
-from producer.status import job_status
+from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
 from tests.stack import Stack, chat_rows, iter_ids, queue_depth, wait_job_done, write_jsonl
 from workers import keys
+from workers.creation import creation_lock
 from workers.job import GenerationParams, JobManifest
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.reconciler import Reconciler
 from workers.records import UNSENT_ATTEMPTS_EXHAUSTED

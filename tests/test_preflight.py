@@ -22,11 +22,13 @@ import orjson
 import pytest
 
 from launcher.embedded import free_port, wait_until
-from producer.status import job_status, render
+from producer.status import render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers import keys
+from workers.errors import SinkUnusableError
+from workers.jobview import job_status
 from workers.ledger import Ledger
-from workers.preflight import SinkChecks, SinkUnusableError
+from workers.preflight import SinkChecks
 from workers.sink import LocalSink
 
 pytestmark = pytest.mark.e2e

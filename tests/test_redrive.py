@@ -95,7 +95,7 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     assert early.returncode == 1 and "is not finished" in early.stderr
     assert "cancelled" in stack.producer("cancel", "stop").stdout
     from launcher.embedded import wait_until
-    from producer.status import job_status
+    from workers.jobview import job_status
     from workers.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])

@@ -19,10 +19,11 @@ import pytest
 import redis
 from botocore.exceptions import ClientError
 
+from launcher import services
 from launcher.embedded import wait_until
 from launcher.services import (
     BinaryNotFoundError,
-    PortUnavailableError,
+    PortBusyError,
     RedisServer,
     S3Ports,
     S3Server,
@@ -173,7 +174,7 @@ def test_redis_start_reports_a_missing_binary(tmp_path: Path) -> None:
 def test_redis_start_refuses_a_port_already_in_use(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    with pytest.raises(PortUnavailableError, match=str(redis_server.port)):
+    with pytest.raises(PortBusyError, match=str(redis_server.port)):
         RedisServer(data_dir=tmp_path, port=redis_server.port).start()
 
 
@@ -316,3 +317,19 @@ def test_launcher_s3_serves_until_sigterm_and_leaves_no_process(
         proc.wait()
     assert not running(server_pid)
     assert not grpc_sockets_in_tmp(S3Ports(base))
+
+
+@pytest.mark.parametrize(("argv", "env", "said"), [
+    (["s3", "--port", "0"], {}, "error: --port must be in 1..65535, not 0"),
+    (["s3"], {"AWS_ACCESS_KEY_ID": "only-the-id"},
+     "error: set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither"),
+])
+def test_a_bad_service_flag_or_variable_is_one_error_line_and_exit_2(
+        argv: list[str], env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert services.main(argv) == services.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1

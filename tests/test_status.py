@@ -23,24 +23,16 @@ import pytest
 from sim_helpers import VirtualClockLoop, gauge
 
 from launcher.embedded import free_port, wait_until
-from producer import progress
 from producer.cli import main
-from producer.fleet import (
-    FETCH_DEADLINE_S,
-    LOST_AFTER_S,
-    ServerReading,
-    parse_metrics,
-    read_fleet,
-    read_server,
-    read_servers,
-    render_fleet,
-)
-from producer.status import job_status, render
+from producer.status import render, render_fleet
 from tests.stack import PYTHON, ROOT, Stack, chat_rows, write_jsonl
-from workers import keys
+from workers import keys, progress
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
+from workers.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
 from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.jobview import job_status
 from workers.ledger import STATE_PAUSED, Ledger
+from workers.readings import ServerReading, parse_metrics, read_server
 from workers.records import Origin, counters, error_record, result_record, written_counts
 
 NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact

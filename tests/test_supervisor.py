@@ -50,6 +50,7 @@ from launcher.node import (
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
 from launcher.sim.simulator import Simulator
+from workers.server_info import ServerInfo, parse_server_info
 
 OOM_LINES = [
     "[2026-10-10 11:58:19] Scheduler hit an exception: Traceback (most recent call last):",
@@ -199,9 +200,10 @@ class World:
         proc = self._live(url)
         return proc is not None and proc.healthy()
 
-    async def server_info(self, url: str) -> Mapping[str, object] | None:
+    async def server_info(self, url: str) -> ServerInfo | None:
         proc = self._live(url)
-        return proc.script.info if proc else None
+        info = proc.script.info if proc else None
+        return parse_server_info(info) if info is not None else None
 
 
 class History:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 import uuid
@@ -46,8 +45,8 @@ from workers.records import (
     result_record,
     written_counts,
 )
-from workers.retry import on_redis
-from workers.sink import Sink, batch_records, on_sink, open_sink
+from workers.retry import attempts, on_redis, on_sink
+from workers.sink import Sink, batch_records, open_sink
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -336,10 +335,30 @@ class BatchRunner:
     async def _generate_one(
         self, job: str, prompt: Prompt, origin: Origin, sent: list[bool]
     ) -> tuple[dict[str, Any], float]:
-        """The prompt's final record (an answer or a failure) and its time waiting for a slot."""
+        """The prompt's final record (an answer or a failure) and its time waiting for a slot.
+
+        Transient failures are tried again under the one backoff policy (workers/retry.py);
+        a 4xx fails the prompt at once; a server that is down spends no attempt.
+        """
         settings = self.settings
+        waits: list[float] = []
         tries = 0
-        queue_wait = 0.0
+        try:
+            async for attempt in attempts(f"prompt {prompt.id}", settings.prompt_max_attempts,
+                                          settings.retry_backoff_s, settings.retry_backoff_max_s):
+                with attempt:
+                    tries = attempt.retry_state.attempt_number
+                    response, latency = await self._send(job, prompt, origin, sent, waits)
+        except (BadRequestError, RetryableError) as exc:
+            failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+            return failed, sum(waits)
+        return result_record(prompt.id, prompt.line, response, latency, origin), sum(waits)
+
+    async def _send(
+        self, job: str, prompt: Prompt, origin: Origin, sent: list[bool], waits: list[float]
+    ) -> tuple[dict[str, Any], float]:
+        """One try: a slot, the request, its answer and latency; a server found down is waited
+        for (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S) and the request sent again."""
         while True:
             try:
                 waited = time.monotonic()
@@ -350,17 +369,13 @@ class BatchRunner:
                         sent[0] = True
                         self.engine.backlog.add(unsent=-1, sent=1)
                     start = time.monotonic()
-                    queue_wait += start - waited
+                    waits.append(start - waited)
                     metrics.request_started(job, origin.worker, origin.server)
                     try:
                         response = await self.engine.client.chat(prompt.body)
                     finally:
                         metrics.request_ended(job, origin.worker, origin.server)
-                latency = time.monotonic() - start
-                return result_record(prompt.id, prompt.line, response, latency, origin), queue_wait
-            except BadRequestError as exc:
-                failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries + 1)
-                return failed, queue_wait
+                return response, time.monotonic() - start
             except ServerDownError:
                 # Not the prompt's fault: wait for the server, spend no attempt. Until it is
                 # back the prompt counts as unsent and the worker takes no new batch (gate.py).
@@ -368,15 +383,7 @@ class BatchRunner:
                 if sent[0]:
                     sent[0] = False
                     self.engine.backlog.add(unsent=1)
-                await self.engine.wait_ready(settings.server_down_wait_s)
-            except RetryableError as exc:
-                tries += 1
-                if tries >= settings.prompt_max_attempts:
-                    failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
-                    return failed, queue_wait
-                delay = min(settings.retry_backoff_s * 2 ** (tries - 1), settings.retry_backoff_max_s)
-                log.info("prompt %s: retry %d in %.1fs (%s)", prompt.id, tries, delay, exc.message)
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                await self.engine.wait_ready(self.settings.server_down_wait_s)
 
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]

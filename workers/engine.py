@@ -21,20 +21,23 @@ from typing import Any, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
 from workers import keys, loops, metrics
 from workers.errors import FleetgenError, ServerDownError
+from workers.fleet import REGISTRY_BEAT_S
 from workers.readings import read_server_within
 from workers.redact import redact
-from workers.retry import REDIS_ERRORS
+from workers.retry import REDIS_ERRORS, backoff
+from workers.server_info import ServerCapacity, server_capacity
 from workers.settings import Settings
-from workers.sglang import ServerCapacity, SGLangClient
+from workers.sglang import SGLangClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
-# Registry entries older than a few beats mean the worker is gone (status shows it as lost).
-REGISTRY_BEAT_S = 5.0
+# Waiting for a server to come back: /health probes under the one backoff policy.
+READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 WORKERS_KEY = keys.WORKERS
 HOST = socket.gethostname()
 
@@ -172,17 +175,26 @@ class Engine:
         await self.redis.aclose()
 
     def limit_for(self, capacity: ServerCapacity) -> int:
+        if capacity.configured:
+            return capacity.effective  # the operator's number (or 1): no margin on a guess
         margin = max(self.settings.queue_margin, int(capacity.effective * self.settings.queue_margin_ratio))
         return capacity.effective + margin
 
     async def refresh_capacity(self) -> ServerCapacity:
-        capacity = await self.client.capacity()
-        if self.capacity is None or capacity.effective != self.capacity.effective:
-            log.info(
-                "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
-                self.worker, self.server_url, capacity.effective, capacity.requested,
-                capacity.source, self.limit_for(capacity),
-            )
+        capacity = server_capacity(await self.client.server_info(), self.settings.max_in_flight)
+        if self.capacity is None or capacity != self.capacity:
+            if capacity.configured:
+                # Not SGLang (or an SGLang that does not say): once, loud enough to be seen.
+                log.log(logging.INFO if self.settings.max_in_flight else logging.WARNING,
+                        "worker %s: %s does not say how many requests it runs at once; keeping "
+                        "%d in flight, from %s", self.worker, self.server_url,
+                        capacity.effective, capacity.source)
+            else:
+                log.info(
+                    "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
+                    self.worker, self.server_url, capacity.effective, capacity.requested,
+                    capacity.source, self.limit_for(capacity),
+                )
         if self.limit_for(capacity) > self.settings.batch_concurrency and (
                 self.capacity is None or self.capacity.effective != capacity.effective):
             log.warning(
@@ -276,12 +288,11 @@ class Engine:
 
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until the server answers /health again; raise ServerDownError past the deadline."""
-        stop = time.monotonic() + deadline_s
-        delay = 0.5
-        while time.monotonic() < stop:
-            if await self.client.ready():
-                await self._refresh_quietly()
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 5.0)
-        raise ServerDownError(f"{self.server_url} not ready after {deadline_s:.0f}s")
+        probes = AsyncRetrying(retry=retry_if_result(lambda ready: not ready),
+                               stop=stop_before_delay(deadline_s),
+                               wait=backoff(READY_BACKOFF_S, READY_BACKOFF_MAX_S))
+        try:
+            await probes(self.client.ready)
+        except RetryError:
+            raise ServerDownError(f"{self.server_url} not ready after {deadline_s:.0f}s") from None
+        await self._refresh_quietly()

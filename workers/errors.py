@@ -6,10 +6,19 @@
         BadRequestError      SGLang 4xx, e.g. prompt longer than the context: fail, never retry
         ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
       SinkError              the output location could not be read or written
+        SinkUnusableError    this worker cannot write, read or list under a job's output prefix
       LeaseLostError         another worker owns the batch now: stop without writing
       WorkerStoppingError    this worker is shutting down: hand the batch back, spend no attempt
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
+        JobBusyError         another enqueue of the same job is running
+      SettingsError          an environment variable fleetgen cannot use (settings.py)
+      WorkerConfigError      the worker cannot tell which server to use (runtime.py)
+      PreflightError         the worker cannot work as configured: it refuses to start (preflight.py)
+      ExporterError          the worker's /metrics port could not be bound (metrics.py)
+
+The producer's errors hang from the same root (producer/__init__.py); the launcher has its own
+(launcher/__init__.py).
 """
 
 from __future__ import annotations
@@ -57,3 +66,15 @@ class JobError(FleetgenError):
 
 class JobNotRunningError(JobError):
     """The job is paused or cancelled; its batch waits for `resume`."""
+
+
+class JobBusyError(JobError):
+    """Another enqueue of the same job is running."""
+
+
+class SinkUnusableError(SinkError):
+    """This worker cannot write, read or list under a job's output prefix."""
+
+
+class PreflightError(FleetgenError):
+    """The worker cannot do its work as configured."""

@@ -27,7 +27,7 @@ import orjson
 import redis
 
 from workers import keys
-from workers.errors import FleetgenError, SinkError
+from workers.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
 from workers.redact import redact
 from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
@@ -40,14 +40,6 @@ REDIS_START_WAIT_S = 15.0
 # A registry entry newer than this belongs to a live worker (it re-registers every 5 s).
 REGISTRY_LOST_AFTER_S = 30.0
 EXIT_CONFIG = 78  # EX_CONFIG: the worker's configuration is wrong; restarting will not help
-
-
-class PreflightError(FleetgenError):
-    """The worker cannot do its work as configured."""
-
-
-class SinkUnusableError(SinkError):
-    """This worker cannot write, read or list under a job's output prefix."""
 
 
 def refuse(message: str) -> NoReturn:

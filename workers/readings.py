@@ -1,21 +1,18 @@
-"""What one SGLang server says about itself right now: `/metrics` gauges and `/server_info`.
+"""What one SGLang server says about itself right now: `/metrics` gauges and its server info.
 
 Read by each worker for its own server (published in its registry entry, engine.py), and by
-`producer status` for servers on its own node (producer/fleet.py).
+`producer status` for servers on its own node (workers/fleet.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.errors import RetryableError
-from workers.sglang import ServerCapacity
+from workers.server_info import ServerInfo, fetch_server_info, stated_capacity
 
 # Gauge -> how readings of several schedulers (DP ranks) combine into one per server.
 GAUGES: dict[str, tuple[str, str]] = {
@@ -62,21 +59,21 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None = None) -> ServerReading:
-    """`/metrics` and `/server_info` of one server; never raises for a server that is down."""
+    """`/metrics` and the server's info (workers/server_info.py) of one server; never raises
+    for a server that is down."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     metrics, info = await asyncio.gather(
-        client.get(f"{url}/metrics"), client.get(f"{url}/server_info", headers=headers),
+        client.get(f"{url}/metrics"), fetch_server_info(client, url, headers),
         return_exceptions=True,
     )
     if isinstance(metrics, BaseException) and isinstance(info, BaseException):
         return ServerReading("down", error=describe_error(metrics))
     gauges = _gauges(metrics)
-    body = _json(info)
-    capacity = _capacity(body)
-    state0 = (body.get("internal_states") or [{}])[0] if body else {}
+    known = info if isinstance(info, ServerInfo) else None
+    capacity = stated_capacity(known) if known else None
     accept = gauges.get("accept_length")
-    if accept is None and isinstance(state0, dict) and state0.get("avg_spec_accept_length"):
-        accept = round(float(state0["avg_spec_accept_length"]), 3)
+    if accept is None and known and known.avg_spec_accept_length:
+        accept = round(known.avg_spec_accept_length, 3)
     return ServerReading(
         "up",
         running=gauges.get("running"), queue=gauges.get("queue"),
@@ -84,7 +81,7 @@ async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None =
         gen_throughput=gauges.get("gen_throughput"), accept_length=accept,
         effective_max=capacity.effective if capacity else None,
         requested_max=capacity.requested if capacity else None,
-        version=body.get("version") if body else None,
+        version=known.version if known else None,
     )
 
 
@@ -96,25 +93,6 @@ def _gauges(metrics: httpx.Response | BaseException) -> dict[str, float]:
         return parse_metrics(metrics.text)
     except ValueError:
         return {}
-
-
-def _json(info: httpx.Response | BaseException) -> dict[str, Any] | None:
-    if not isinstance(info, httpx.Response) or info.status_code != 200:
-        return None
-    try:
-        body = orjson.loads(info.content)
-    except orjson.JSONDecodeError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _capacity(body: dict[str, Any] | None) -> ServerCapacity | None:
-    if body is None:
-        return None
-    try:
-        return ServerCapacity.from_server_info(body)
-    except (RetryableError, AttributeError, TypeError, ValueError):
-        return None
 
 
 def describe_error(exc: BaseException) -> str:

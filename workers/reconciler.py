@@ -26,10 +26,10 @@ import orjson
 import redis
 from celery import Celery
 
-from producer.progress import write_progress
 from workers import keys
 from workers.dispatch import dispatch, parse_task_id
 from workers.ledger import STATE_RUNNING, Ledger
+from workers.progress import write_progress
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -1,19 +1,39 @@
-"""Riding through a Redis outage: the one retry policy for ledger writes, named and bounded.
+"""The one backoff policy, and the retries built on it (tenacity).
 
-Redis restarts (kill -9 with AOF on, failover) take seconds; a finished prompt's checkpoint
-or a batch's completion record must not be dropped for that. Past the deadline the error is
-raised and the reconciler's rules take over.
+Every retry fleetgen makes waits the same way: exponential backoff with full jitter, capped —
+try n waits a random time up to `initial × 2^(n-1)`, never more than the cap — so workers that
+lost the same Redis or S3 at the same moment do not come back in lockstep. Each retry is
+bounded by a deadline (an outage) or a number of attempts (a prompt):
+
+- `on_redis`, `on_redis_async`: ledger reads and writes ride through a Redis restart (kill -9
+  with AOF on, failover: seconds). A finished prompt's checkpoint or a batch's completion
+  record must not be dropped for that; past the deadline the error is raised and the
+  reconciler's rules take over.
+- `on_sink`: a sink read or write rides through an S3 outage (FLEETGEN_SINK_RETRY_DEADLINE_S).
+- `attempts`: one prompt's transient failures (workers/batch.py).
+
+    value = on_redis("finish b000001", lambda: ledger.finish_batch(...))
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_random_exponential,
+)
+from tenacity.wait import wait_base
+
+from workers.errors import RetryableError, SinkError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -21,33 +41,62 @@ T = TypeVar("T")
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 # A Redis restart with an AOF to reload takes seconds; two minutes covers a slow one.
 REDIS_OUTAGE_S = 120.0
+REDIS_BACKOFF_S, REDIS_BACKOFF_MAX_S = 0.2, 5.0
+SINK_BACKOFF_S, SINK_BACKOFF_MAX_S = 1.0, 15.0
+
+
+def backoff(initial_s: float, max_s: float) -> wait_base:
+    """The policy: a random wait up to `initial_s × 2^(n-1)` before try n+1, capped at `max_s`."""
+    return wait_random_exponential(multiplier=initial_s, max=max_s)
+
+
+def _said(what: str, outage: str) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.info("%s: %s (%s); retrying in %.1fs", what, outage, exc, wait)
+    return before_sleep
 
 
 def on_redis(what: str, call: Callable[[], T], deadline_s: float = REDIS_OUTAGE_S) -> T:
-    stop = time.monotonic() + deadline_s
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except REDIS_ERRORS as exc:
-            if time.monotonic() + delay > stop:
-                raise
-            log.info("%s: Redis unavailable (%s); retrying in %.1fs", what, exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """`call()`, tried again through a Redis outage until `deadline_s` would pass."""
+    retrying = Retrying(
+        retry=retry_if_exception_type(REDIS_ERRORS), stop=stop_before_delay(deadline_s),
+        wait=backoff(REDIS_BACKOFF_S, REDIS_BACKOFF_MAX_S), reraise=True,
+        before_sleep=_said(what, "Redis unavailable"))
+    return retrying(call)
 
 
 async def on_redis_async(
     what: str, call: Callable[[], Awaitable[T]], deadline_s: float = REDIS_OUTAGE_S
 ) -> T:
-    stop = time.monotonic() + deadline_s
-    delay = 0.2
-    while True:
-        try:
-            return await call()
-        except REDIS_ERRORS as exc:
-            if time.monotonic() + delay > stop:
-                raise
-            log.info("%s: Redis unavailable (%s); retrying in %.1fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """`await call()`, tried again through a Redis outage until `deadline_s` would pass."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(REDIS_ERRORS), stop=stop_before_delay(deadline_s),
+        wait=backoff(REDIS_BACKOFF_S, REDIS_BACKOFF_MAX_S), reraise=True,
+        before_sleep=_said(what, "Redis unavailable"))
+
+    async def once() -> T:
+        # tenacity awaits only coroutine functions; `call` may be a lambda returning one.
+        return await call()
+
+    return await retrying(once)
+
+
+def on_sink(call: Callable[[], T], *, deadline_s: float, what: str = "sink") -> T:
+    """`call()` (a read or a write) until it succeeds or `deadline_s` would pass, riding
+    through a sink outage; the sink's counterpart of `on_redis`."""
+    retrying = Retrying(
+        retry=retry_if_exception_type(SinkError), stop=stop_before_delay(deadline_s),
+        wait=backoff(SINK_BACKOFF_S, SINK_BACKOFF_MAX_S), reraise=True,
+        before_sleep=_said(what, "sink unavailable"))
+    return retrying(call)
+
+
+def attempts(what: str, max_attempts: int, initial_s: float, max_s: float) -> AsyncRetrying:
+    """At most `max_attempts` tries of a RetryableError (5xx, timeout, reset), the policy's
+    waits between them; any other error ends the tries at once. Use as
+    `async for attempt in attempts(...): with attempt: ...`."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(RetryableError), stop=stop_after_attempt(max_attempts),
+        wait=backoff(initial_s, max_s), reraise=True, before_sleep=_said(what, "retryable"))

@@ -52,6 +52,9 @@ class Settings:
     queue_margin_ratio: float = 0.1
     # How often the worker re-reads /server_info: a restarted server may have another capacity.
     capacity_refresh_s: float = 30.0
+    # Requests kept in flight to a server that does not say what it runs (no /server_info nor
+    # /get_server_info: vLLM, llama.cpp, a gateway); unset, the worker keeps 1 and warns.
+    max_in_flight: int | None = None
     # One prompt's transient failures (5xx, timeouts, resets) are retried this many times.
     prompt_max_attempts: int = 4
     retry_backoff_s: float = 2.0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,49 +15,9 @@ import orjson
 
 from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
 from workers.http1 import Http1Transport
+from workers.server_info import ServerInfo, fetch_server_info
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerCapacity:
-    """What the server can really run at once, read from `/server_info` (never assumed)."""
-
-    effective: int
-    requested: int | None
-    max_total_num_tokens: int | None
-    context_length: int | None
-    model: str | None
-    source: str
-
-    @classmethod
-    def from_server_info(cls, info: dict[str, Any]) -> ServerCapacity:
-        states = info.get("internal_states") or [{}]
-        state = states[0] if isinstance(states, list) and states else {}
-        dp = int(info.get("dp_size") or 1)
-        requested = info.get("max_running_requests")
-        effective = state.get("effective_max_running_requests_per_dp")
-        source = "internal_states[0].effective_max_running_requests_per_dp"
-        if effective is None:
-            # Servers before 2026-01 lack the effective value; the scheduler's own resolved
-            # max_running_requests is the next best reading.
-            effective, source = state.get("max_running_requests"), "internal_states[0].max_running_requests"
-        if effective is None:
-            effective, source = requested, "max_running_requests (requested; server did not say)"
-        if effective is None:
-            raise RetryableError("server_info has no max_running_requests")
-        return cls(
-            effective=int(effective) * dp,
-            requested=int(requested) if requested is not None else None,
-            max_total_num_tokens=_int_or_none(info.get("max_total_num_tokens")),
-            context_length=_int_or_none(info.get("context_length")),
-            model=info.get("served_model_name") or info.get("model_path"),
-            source=source,
-        )
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if value is not None else None
 
 
 class SGLangClient:
@@ -114,11 +73,10 @@ class SGLangClient:
     def api_key(self) -> str | None:
         return self._api_key
 
-    async def capacity(self) -> ServerCapacity:
+    async def server_info(self) -> ServerInfo | None:
+        """What the server says about itself (workers/server_info.py); None if not SGLang."""
         async with self._mapped("GET /server_info"):
-            response = await self._http.get("/server_info", timeout=30.0)
-        self._raise_for_status(response)
-        return ServerCapacity.from_server_info(orjson.loads(response.content))
+            return await fetch_server_info(self._http, timeout_s=30.0)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""

@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
@@ -269,21 +268,3 @@ def _message(exc: Exception) -> str:
         err = response.get("Error", {})
         return f"{err.get('Code', '?')}: {err.get('Message', exc)}"
     return str(exc)
-
-
-def on_sink(
-    call: Callable[[], T], *, deadline_s: float, backoff_s: float = 1.0,
-    max_backoff_s: float = 15.0,
-) -> T:
-    """Call `call()` (a read or a write) until it succeeds or `deadline_s` passes, riding
-    through a sink outage; the sink's counterpart of retry.on_redis."""
-    stop = time.monotonic() + deadline_s
-    delay = backoff_s
-    while True:
-        try:
-            return call()
-        except SinkError:
-            if time.monotonic() + delay > stop:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, max_backoff_s)

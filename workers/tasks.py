@@ -12,7 +12,13 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from workers import keys, metrics, preflight
 from workers.app import app, settings
 from workers.dispatch import dispatch
-from workers.errors import ServerDownError, SinkError, WorkerStoppingError
+from workers.errors import (
+    PreflightError,
+    ServerDownError,
+    SinkError,
+    SinkUnusableError,
+    WorkerStoppingError,
+)
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime, server_url
@@ -36,7 +42,7 @@ def _setup_worker(sender: str, instance: Any, **_: Any) -> None:
         queues.select_add(keys.SHARED_QUEUE)
     try:
         server = preflight.check_start(settings, sender, lambda: server_url(settings, own))
-    except preflight.PreflightError as exc:
+    except PreflightError as exc:
         # Raised here, Celery would log it and run on without a server (a signal handler's
         # errors are only logged); SystemExit ends the worker before it consumes anything.
         preflight.refuse(str(exc))
@@ -95,7 +101,7 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         if not isinstance(exc, WorkerStoppingError):
             runner.engine.note_error(job, str(exc))
-        if isinstance(exc, preflight.SinkUnusableError):
+        if isinstance(exc, SinkUnusableError):
             # The job is blocked here, not the batch: other workers take it. The pause keeps
             # this worker (its gate sees a batch loading) from taking it straight back.
             log.info("batch %s/%s: handed back to %s (job blocked here)", job, batch, queue)

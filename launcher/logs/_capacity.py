@@ -3,9 +3,10 @@
 SGLang caps max_running_requests by the KV pool (tokens // 2), by the Mamba state pool
 (slots // slots-per-request) or by the request itself, and it often logs nothing about it
 (docs/reference/sglang.md#max-running-requests). `read_capacity` names the binding limit in one
-sentence; `from_server_info` reads the same facts, and the real concurrency, from a live
-`/server_info` body. Workers and the launcher must size their concurrency from
-`ServerReading.concurrency`, never from the flag they passed.
+sentence; `capacity_from_server_info` does the same for a live server's `/server_info`, read by
+the one reader (workers/server_info.py), which also gives the real concurrency
+(`ServerInfo.concurrency`): workers and the launcher size from it, never from the flag they
+passed.
 
     reading = read_capacity(CapacityFacts(requested=128, effective=16, max_mamba_cache_size=80))
     reading.reason  # "asked 128, got 16: 80 Mamba slots / 5 per request (extra_buffer); ..."
@@ -13,10 +14,11 @@ sentence; `from_server_info` reads the same facts, and the real concurrency, fro
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
+
+from workers.server_info import ServerInfo, as_int
 
 Binding = Literal["request", "kv", "mamba", "spec-default", "auto"]
 
@@ -56,28 +58,6 @@ class CapacityReading:
     binding: Binding | None
     ratio: int | None  # Mamba state slots per request (None for dense models)
     reason: str
-
-
-@dataclass(frozen=True)
-class ServerReading:
-    """What a live server says about itself in `/server_info`.
-
-    As in docs/reference/sglang.md#server-info."""
-
-    version: str | None
-    model_path: str | None
-    served_model_name: str | None
-    context_length: int | None
-    max_total_num_tokens: int | None
-    max_req_input_len: int | None
-    chunked_prefill_size: int | None
-    speculative_algorithm: str | None
-    capacity: CapacityReading
-    concurrency: int | None  # requests the whole server runs at once: sum over DP ranks
-    last_gen_throughput: float | None
-    avg_spec_accept_length: float | None
-    weight_gb: float | None
-    kvcache_gb: float | None
 
 
 def read_capacity(facts: CapacityFacts) -> CapacityReading:
@@ -187,81 +167,20 @@ def facts_from_args(args: Mapping[str, object]) -> CapacityFacts:
     )
 
 
-def from_server_info(info: Mapping[str, object]) -> ServerReading:
-    """Read a `/server_info` body: top-level resolved args plus `internal_states[i]` per DP rank.
+def capacity_from_server_info(info: ServerInfo) -> CapacityReading:
+    """Why the server runs what its `/server_info` says (read by workers/server_info.py).
 
-    The top-level `max_running_requests` is the ask (or 48 for speculative decoding); the real
-    per-DP cap is `internal_states[i].effective_max_running_requests_per_dp` (since 2026-01).
+    The ask comes from the top level and argv; the scheduler's own args (`internal_states`)
+    carry what it computed itself, such as the auto-fitted Mamba pool and the resolved
+    strategy. The binding limit is decided per DP rank, from rank 0.
     """
-    raw_states = info.get("internal_states")
-    listed = raw_states if isinstance(raw_states, list) else []
-    states = [s for s in listed if isinstance(s, Mapping)]
-    first: Mapping[str, object] = states[0] if states else {}
-    raw_memory = first.get("memory_usage")
-    memory: Mapping[str, object] = raw_memory if isinstance(raw_memory, Mapping) else {}
-    per_dp = [as_int(s.get("effective_max_running_requests_per_dp")) for s in states]
-    # The ask comes from the top level and argv; the scheduler's own args (internal_states)
-    # carry what it computed itself, such as the auto-fitted Mamba pool and the resolved strategy.
-    top, scheduler = facts_from_args(info), facts_from_args(first)
-    asked = _launch_flag(info.get("launch_command"), "--max-running-requests")
+    top = facts_from_args(info.args)
+    scheduler = facts_from_args(info.ranks[0] if info.ranks else {})
     facts = replace(
-        top, requested=top.requested if asked is None else asked,
-        effective=per_dp[0] if per_dp else None,
-        max_total_num_tokens=as_int(info.get("max_total_num_tokens"))
-        or as_int(memory.get("token_capacity")),
+        top, requested=info.requested,
+        effective=info.per_rank[0] if info.per_rank else None,
+        max_total_num_tokens=info.max_total_num_tokens,
         max_mamba_cache_size=scheduler.max_mamba_cache_size or top.max_mamba_cache_size,
         strategy=scheduler.strategy or top.strategy,
     )
-    return ServerReading(
-        version=_as_str(info.get("version")), model_path=_as_str(info.get("model_path")),
-        served_model_name=_as_str(info.get("served_model_name")),
-        context_length=as_int(info.get("context_length")),
-        max_total_num_tokens=facts.max_total_num_tokens,
-        max_req_input_len=as_int(info.get("max_req_input_len")),
-        chunked_prefill_size=as_int(info.get("chunked_prefill_size")),
-        speculative_algorithm=_as_str(info.get("speculative_algorithm")),
-        capacity=read_capacity(facts),
-        concurrency=sum(n for n in per_dp if n is not None) if per_dp and None not in per_dp
-        else None,
-        last_gen_throughput=as_float(first.get("last_gen_throughput")),
-        avg_spec_accept_length=as_float(first.get("avg_spec_accept_length")),
-        weight_gb=as_float(memory.get("weight")), kvcache_gb=as_float(memory.get("kvcache")),
-    )
-
-
-def _launch_flag(command: object, flag: str) -> int | None:
-    """The value of `flag` in the argv (list or string) the server was launched with."""
-    argv = shlex.split(command) if isinstance(command, str) else command
-    if not isinstance(argv, list):
-        return None
-    words = [str(w) for w in argv]
-    for i, word in enumerate(words):
-        if word == flag and i + 1 < len(words):
-            return as_int(words[i + 1])
-        if word.startswith(flag + "="):
-            return as_int(word[len(flag) + 1:])
-    return None
-
-
-def as_int(value: object) -> int | None:
-    """An int from a JSON/log value (int, integral float or digit string); None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def as_float(value: object) -> float | None:
-    """A float from a JSON/log value; None for anything else (bools included)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _as_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+    return read_capacity(facts)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from launcher.logs._capacity import CapacityReading, as_int, facts_from_args, read_capacity
+from launcher.logs._capacity import CapacityReading, facts_from_args, read_capacity
 from launcher.logs._parse import (
     CapWarning,
     CudaGraph,
@@ -35,6 +35,7 @@ from launcher.logs._parse import (
     WeightsLoading,
     parse_line,
 )
+from workers.server_info import as_int
 
 # One server start and how each event folds into it.
 

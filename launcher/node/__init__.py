@@ -45,7 +45,7 @@ from launcher.node._commands import (
     render_status,
     up_parser,
 )
-from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, PortBusyError, ProfileError
+from launcher.node._errors import GpuSpecError, NodeError, NoGpuError, ProfileError
 from launcher.node._flags import TABLE_FILE as SGLANG_FLAGS_FILE
 from launcher.node._flags import (
     Flag,
@@ -70,7 +70,6 @@ from launcher.node._plan import (
 from launcher.node._process import (
     MARKER,
     LaunchSpec,
-    PopenProcess,
     ServerProcess,
     spawn,
     stop_process,
@@ -138,8 +137,6 @@ __all__ = [
     "Order",
     "OrderError",
     "Policy",
-    "PopenProcess",
-    "PortBusyError",
     "Probe",
     "Profile",
     "ProfileError",

@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advise, observe
 from launcher.node._args import Profile, flag_value, load_profile
-from launcher.node._errors import NodeError, NoGpuError, PortBusyError
+from launcher.node._errors import NodeError, NoGpuError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return commands[args[0]](args[1:])
-    except NodeError as exc:
+    except LauncherError as exc:  # a NodeError, or a busy port
         print(f"launcher {args[0]}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

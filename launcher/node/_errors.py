@@ -1,25 +1,23 @@
-"""The node's error tree: one base class, one error per thing that failed.
+"""The node's errors, under the launcher's root (the whole tree: launcher/__init__.py).
 
     NodeError           # the node cannot be brought up or controlled as asked
-      PortBusyError     # a port a server needs is taken
       ProfileError      # a bad profile file or server argument
       NoGpuError        # nvidia-smi missing or failed, or a requested index absent
       GpuSpecError      # a bad --gpus value
+      OrderError        # a restart request the supervisor cannot carry out (_supervisor.py)
 
-`launcher up|status|restart` print any NodeError as one `launcher CMD: ...` line, exit 2.
-A restart request the supervisor cannot carry out is an `OrderError` (the supervisor's):
-it is recorded in node.json as rejected, not raised to a command.
+`launcher up|status|restart` print any LauncherError (a busy port is
+`launcher.errors.PortBusyError`) as one `launcher CMD: ...` line, exit 2. An OrderError is
+recorded in node.json as rejected, not raised to a command.
 """
 
 from __future__ import annotations
 
+from launcher.errors import LauncherError
 
-class NodeError(Exception):
+
+class NodeError(LauncherError):
     """Base class: the node cannot be brought up or controlled as asked."""
-
-
-class PortBusyError(NodeError):
-    """A port a server must listen on is already taken."""
 
 
 class ProfileError(NodeError):

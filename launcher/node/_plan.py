@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.embedded import port_is_free
+from launcher.errors import PortBusyError
 from launcher.node._args import (
     HOST,
     NEWEST_SGLANG,
@@ -28,7 +29,7 @@ from launcher.node._args import (
     sglang_command,
 )
 from launcher.node._args import sglang_version as installed_sglang_version
-from launcher.node._errors import NodeError, PortBusyError, ProfileError
+from launcher.node._errors import NodeError, ProfileError
 from launcher.node._flags import check_args
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE

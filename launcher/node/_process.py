@@ -6,26 +6,24 @@ log file (docs/reference/sglang.md#process: SGLang logs to both).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from launcher.embedded import die_with_parent, port_is_free
+from launcher.child import ChildProcess
+from launcher.embedded import port_is_free
+from launcher.errors import PortBusyError
 from launcher.node._args import HOST
 from launcher.node._clock import Clock
-from launcher.node._errors import PortBusyError
 from workers.redact import redact_argv
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 
 
 class ServerProcess(Protocol):
-    """What the supervisor needs of a child process (a Popen, or a scripted fake)."""
+    """What the supervisor needs of a child process (a `ChildProcess`, or a scripted fake)."""
 
     @property
     def pid(self) -> int: ...
@@ -55,39 +53,7 @@ class LaunchSpec:
         return f"http://{host}:{self.port}"
 
 
-class PopenProcess:
-    """A real child in its own session; SIGTERM goes to the leader, SIGKILL to the group."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def terminate(self) -> None:
-        # The leader only: SGLang's main process drains and then stops its schedulers itself,
-        # and a Celery worker's warm shutdown needs its pool children alive
-        # (docs/development/delivery.md#redelivery).
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is already gone
-        if self.popen.returncode is None:
-            try:
-                self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass  # a process in uninterruptible sleep; poll() reaps it later
-
-
-def spawn(spec: LaunchSpec) -> PopenProcess:
+def spawn(spec: LaunchSpec) -> ChildProcess:
     """Start `spec` with its output appended to its log after a launcher marker line.
 
     Raises PortBusyError when its port is taken: SGLang would find out only after loading
@@ -97,18 +63,10 @@ def spawn(spec: LaunchSpec) -> PopenProcess:
         raise PortBusyError(f"port {spec.port} is in use by another process")
     # Server logs may hold what the server prints of its own secrets: new dirs are private.
     spec.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(spec.log_path, "ab") as out:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        argv = " ".join(redact_argv(spec.argv))
-        out.write(f"{MARKER} {stamp} starting {spec.name}: {argv}\n".encode())
-        out.flush()
-        popen = subprocess.Popen(
-            list(spec.argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=dict(spec.env), start_new_session=True,
-            # A SIGKILLed launcher leaves its servers SIGTERMed (they drain), not orphaned.
-            preexec_fn=die_with_parent,  # noqa: PLW1509 (two syscalls, no Python locks)
-        )
-    return PopenProcess(popen)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    header = f"{MARKER} {stamp} starting {spec.name}: {' '.join(redact_argv(spec.argv))}"
+    # A SIGKILLed launcher leaves its servers SIGTERMed (they drain), not orphaned.
+    return ChildProcess(spec.argv, spec.log_path, env=spec.env, header=header)
 
 
 async def stop_process(proc: ServerProcess, clock: Clock, timeout_s: float,

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from launcher.errors import LauncherError
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._errors import NodeError
 from launcher.node._process import LaunchSpec, ServerProcess, spawn, stop_process
@@ -133,7 +134,7 @@ class Order:
     rolling: bool = True
 
 
-class OrderError(Exception):
+class OrderError(NodeError):
     """A restart request that cannot be carried out (e.g. its new arguments are invalid)."""
 
     def __init__(self, order_id: str, reason: str) -> None:
@@ -405,7 +406,7 @@ class Supervisor:
         child.starts += 1
         try:
             child.proc = self.spawn(child.spec)
-        except (OSError, NodeError) as exc:
+        except (OSError, LauncherError) as exc:
             child.proc, child.pid = None, None
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             child.last_reason = f"cannot start {child.spec.argv[0]}: {why}"

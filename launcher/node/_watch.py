@@ -21,9 +21,10 @@ from typing import Protocol, TypeVar
 
 import httpx
 
-from launcher.logs import HINTS, Fatal, LogReport, as_float, as_int, from_server_info, parse_line
+from launcher.logs import HINTS, Fatal, LogReport, capacity_from_server_info, parse_line
 from launcher.node._clock import Clock
 from launcher.node._process import MARKER, LaunchSpec, ServerProcess
+from workers.server_info import ServerInfo, as_float, as_int, fetch_server_info
 
 # Enough lines to show an argparse error or a traceback's last frame in a failure reason.
 TAIL_LINES = 8
@@ -114,7 +115,7 @@ class Probe(Protocol):
 
     async def healthy(self, url: str) -> bool: ...
 
-    async def server_info(self, url: str) -> Mapping[str, object] | None: ...
+    async def server_info(self, url: str) -> ServerInfo | None: ...
 
 
 class HttpProbe:
@@ -131,20 +132,13 @@ class HttpProbe:
         except httpx.HTTPError:
             return False
 
-    async def server_info(self, url: str) -> Mapping[str, object] | None:
-        # /server_info arrived 2025-11; older servers only have /get_server_info (§4.2).
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                response = await self.client.get(f"{url}{path}")
-            except httpx.HTTPError:
-                return None
-            if response.status_code == 200:
-                try:
-                    body = response.json()
-                except ValueError:
-                    return None
-                return body if isinstance(body, dict) else None
-        return None
+    async def server_info(self, url: str) -> ServerInfo | None:
+        """What the server says (workers/server_info.py); None if it did not say (the log
+        then says what it can)."""
+        try:
+            return await fetch_server_info(self.client, url)
+        except httpx.HTTPError:
+            return None
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -231,16 +225,15 @@ class Reading:
         return ", ".join(parts) + f" -- {self.reason}"
 
 
-def read_server(info: Mapping[str, object] | None, report: LogReport) -> Reading:
-    """Combine a `/server_info` body (None if it failed) with what the log said."""
+def read_server(server: ServerInfo | None, report: LogReport) -> Reading:
+    """Combine what the server said (None if it did not) with what the log said."""
     log = report.to_json()
     cap = report.capacity()
-    server = from_server_info(info) if info is not None else None
-    if server is not None and server.capacity.effective is not None:
-        cap = server.capacity
-    state = _first_state(info)
-    memory = state.get("memory_usage")
-    memory = memory if isinstance(memory, Mapping) else {}
+    if server is not None and server.per_rank and server.per_rank[0] is not None:
+        cap = capacity_from_server_info(server)
+    state: Mapping[str, object] = server.ranks[0] if server and server.ranks else {}
+    memory = server.memory if server else {}
+    info = server.args if server else {}
     return Reading(
         version=server.version if server else None,
         weights_gb=_pick(as_float(memory.get("weight")), as_float(log["weights_gb"])),
@@ -254,17 +247,11 @@ def read_server(info: Mapping[str, object] | None, report: LogReport) -> Reading
         chunked_prefill_size=_pick(server.chunked_prefill_size if server else None,
                                    as_int(log["chunked_prefill_size"])),
         cuda_graph_max_bs=_pick(as_int(log["cuda_graph_max_bs"]),
-                                as_int((info or {}).get("cuda_graph_max_bs_decode")),
-                                as_int((info or {}).get("cuda_graph_max_bs"))),
+                                as_int(info.get("cuda_graph_max_bs_decode")),
+                                as_int(info.get("cuda_graph_max_bs"))),
         requested=cap.requested, effective=cap.effective, binding=cap.binding,
         reason=cap.reason,
     )
-
-
-def _first_state(info: Mapping[str, object] | None) -> Mapping[str, object]:
-    states = (info or {}).get("internal_states")
-    first = states[0] if isinstance(states, list) and states else None
-    return first if isinstance(first, Mapping) else {}
 
 
 def _pick(*values: T | None) -> T | None:

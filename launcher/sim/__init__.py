@@ -1,6 +1,17 @@
-"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (see README "simulator")."""
+"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (see README "simulator").
+
+Everything it raises on purpose has one root:
+
+    SimError                  errors.py
+      ConfigError             a flag or profile value the simulator cannot use (config.py)
+      SimStartupError         a simulated start-up failure, or the server thread stopped (server.py)
+      RequestError            an HTTP error answer, status and body as SGLang sends it (protocol.py)
+      ContextLengthError      the input is longer than the context (protocol.py)
+      QueueFullError          --max-queued-requests reached (scheduler.py)
+"""
 
 from launcher.sim.config import ConfigError, SimConfig
+from launcher.sim.errors import SimError
 from launcher.sim.server import SimStartupError, run, serve_in_thread
 
-__all__ = ["ConfigError", "SimConfig", "SimStartupError", "run", "serve_in_thread"]
+__all__ = ["ConfigError", "SimConfig", "SimError", "SimStartupError", "run", "serve_in_thread"]

@@ -18,13 +18,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.sim.errors import SimError
+
 PROG = "sglang serve"  # argparse errors read exactly like SGLang's (`usage: sglang serve ...`)
 DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json max_position_embeddings
 LOG_FORMATS = ("r", "2026-01", "2025-10", "2025-07", "2025-06")
 NONE_WORDS = ("none", "")  # `--reasoning-parser none` turns a sim default parser off
 
 
-class ConfigError(ValueError):
+class ConfigError(SimError, ValueError):
     """A flag value the simulator cannot run with (argparse reports it and exits 2)."""
 
 

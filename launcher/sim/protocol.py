@@ -19,6 +19,8 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError, field_validator
 
+from launcher.sim.errors import SimError
+
 ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "user")
 MEDIA_TYPE_ERROR = [{"loc": ["header", "content-type"],
                      "msg": "Unsupported Media Type: Only 'application/json' is allowed",
@@ -120,7 +122,7 @@ class ChatRequest(BaseModel):
     priority: int | None = None
 
 
-class RequestError(Exception):
+class RequestError(SimError):
     """A request answered with an error body instead of a completion."""
 
     def __init__(self, status: int, body: bytes) -> None:
@@ -182,7 +184,7 @@ def parse_chat(content_type: str | None, body: bytes) -> ChatRequest:
         raise validation_error(errors) from exc
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(SimError, ValueError):
     """The prompt (or prompt + max_new_tokens) does not fit the context (tokenizer manager)."""
 
 

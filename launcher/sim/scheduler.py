@@ -29,12 +29,13 @@ from typing import Any
 from launcher.sim import logs
 from launcher.sim.capacity import Capacity
 from launcher.sim.config import SimConfig
+from launcher.sim.errors import SimError
 
 log = logging.getLogger(logs.SCHEDULER_LOGGER)
 MIN_DECODE_LOG_PERIOD = 0.05  # wall seconds: at high --speed, 20 Decode lines/s is plenty
 
 
-class QueueFullError(Exception):
+class QueueFullError(SimError):
     """The waiting queue is at --max-queued-requests."""
 
 

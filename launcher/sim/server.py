@@ -26,6 +26,7 @@ import uvicorn
 from launcher.sim import logs, startup
 from launcher.sim.app import asgi_app
 from launcher.sim.config import SimConfig
+from launcher.sim.errors import SimError
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator, Status
 
@@ -34,7 +35,7 @@ DRAIN_LOG_SECONDS = 5.0  # SGLang's sigterm watchdog reports the remaining reque
 READY_TIMEOUT = 15.0  # seconds serve_in_thread waits beyond the configured delays
 
 
-class SimStartupError(RuntimeError):
+class SimStartupError(SimError, RuntimeError):
     """The in-thread simulator died or hung before it was ready."""
 
 

@@ -12,7 +12,8 @@ A server that wants the key for `/server_info` still shows its live `/metrics` (
 those without a key), with capacity and version from the reading its worker published.
 
     rows = read_fleet(ledger.r, job_workers=status["workers"], elapsed_s=600.0)
-    print("\\n".join(render_fleet(rows)))
+
+The producer prints the rows (producer/status.py `render_fleet`).
 """
 
 from __future__ import annotations
@@ -29,15 +30,16 @@ import orjson
 import redis
 
 from workers import keys
-from workers.readings import ServerReading, parse_metrics, read_server, read_server_within
-
-__all__ = ["ServerReading", "parse_metrics", "read_fleet", "read_server", "render_fleet"]
+from workers.readings import ServerReading, read_server_within
 
 # A dead server must not slow `status --watch` by more than about this much.
 FETCH_DEADLINE_S = 2.0
 CONNECT_TIMEOUT_S = 0.5
-# Workers re-register every 5 s (engine.REGISTRY_BEAT_S); six missed beats means gone.
-LOST_AFTER_S = 30.0
+# The one liveness rule of the registry: a worker re-registers every beat (engine.py
+# `_register`); an entry six beats old is a worker that is gone (`lost`), for the table, the
+# in-flight count and everyone else who reads the registry.
+REGISTRY_BEAT_S = 5.0
+LOST_AFTER_S = 6 * REGISTRY_BEAT_S
 THIS_HOST = socket.gethostname()
 # What a reading takes from `/server_info` (or from it when /metrics lacks it).
 SERVER_INFO_FIELDS = ("effective_max", "requested_max", "version", "accept_length")
@@ -162,40 +164,3 @@ def _published(entry: Mapping[str, Any]) -> ServerReading:
         return ServerReading(**known)
     except TypeError:
         return ServerReading("unknown", error="unreadable reading")
-
-
-def render_fleet(rows: list[dict[str, Any]]) -> list[str]:
-    """The per-GPU table for people; a server that did not answer shows `down`.
-
-    `asked` is the requested max_running_requests when the server runs fewer (e.g. Mamba slots).
-    """
-    lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'run/max':>9} {'asked':>5} {'queue':>5}"
-             f" {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6} | {'job done':>8}"
-             f" {'job tok/s':>9}"]
-    for row in rows:
-        server = (row["server"] or "-").removeprefix("http://").removeprefix("https://")
-        asked = row["requested_max"] if row["requested_max"] != row["effective_max"] else None
-        if row["server_state"] == "up":
-            run_max = f"{_num(row['running'])}/{_num(row['effective_max'])}"
-            live = (f"{run_max:>9} {_num(asked) if asked else '':>5} {_num(row['queue']):>5}"
-                    f" {_pct(row['token_usage']):>7} {_pct(row['mamba_usage']):>5}"
-                    f" {_num(row['gen_throughput']):>9} {_dec(row['accept_length']):>6}")
-        else:
-            live = f"{row['server_state']:>9} {'':>5} {'':>5} {'':>7} {'':>5} {'':>9} {'':>6}"
-        lines.append(
-            f"  {row['worker'][:22]:<22} {row['worker_state']:<12} {server[:22]:<22} {live} |"
-            f" {row['job_prompts_done']:>8,} {_num(row['job_output_tokens_per_s']):>9}"
-        )
-    return lines
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def _dec(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
