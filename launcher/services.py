@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from launcher.embedded import (
+    HOST,
     BinaryNotFoundError,
     PortUnavailableError,
     ServiceError,
@@ -75,6 +76,8 @@ class Settings:
     port: int
     data_dir: Path
     bucket: str = DEFAULT_BUCKET
+    # Loopback unless the fleet's other nodes must reach it (docs/getting-started/several-nodes.md).
+    host: str = HOST
     # Empty: the data dir's keys, generated at the first start.
     access_key: str = field(default="", repr=False)
     secret_key: str = field(default="", repr=False)
@@ -98,6 +101,7 @@ class Settings:
             port=args.port if args.port is not None else port,
             data_dir=Path(args.data_dir if args.data_dir is not None else data_dir),
             bucket=getattr(args, "bucket", None) or DEFAULT_BUCKET,
+            host=args.host,
             access_key=environ.get("AWS_ACCESS_KEY_ID") or "",
             secret_key=environ.get("AWS_SECRET_ACCESS_KEY") or "",
         )
@@ -112,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="service", required=True)
     for service, (port, data_dir) in DEFAULTS.items():
         sub = commands.add_parser(service, help=f"run the embedded {service} in the foreground")
-        sub.add_argument("--port", type=int, help=f"listen port on 127.0.0.1 (default {port})")
+        sub.add_argument("--port", type=int, help=f"listen port (default {port})")
+        sub.add_argument("--host", default=HOST,
+                         help="listen address (default 127.0.0.1; another node's workers need "
+                              "this node's address)")
         sub.add_argument("--data-dir", help=f"data and log directory (default {data_dir})")
         if service == "s3":
             sub.add_argument("--bucket", help=f"bucket to create (default {DEFAULT_BUCKET})")
@@ -122,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 def make_server(settings: Settings) -> RedisServer | S3Server:
     """The server object for `settings` (not started)."""
     if settings.service == "redis":
-        return RedisServer(data_dir=settings.data_dir, port=settings.port)
+        return RedisServer(data_dir=settings.data_dir, port=settings.port, host=settings.host)
     return S3Server(
-        data_dir=settings.data_dir, port=settings.port, bucket=settings.bucket,
+        data_dir=settings.data_dir, port=settings.port, bucket=settings.bucket, host=settings.host,
         access_key=settings.access_key, secret_key=settings.secret_key,
     )  # fmt: skip
 

@@ -22,6 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from workers import keys, loops, metrics
+from workers.advertise import advertised_url
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
 from workers.retry import REDIS_ERRORS
@@ -106,6 +107,8 @@ class Engine:
         self.health_failures = 0
         # Set at the start of a warm shutdown: batches send no new request and are handed back.
         self.draining = False
+        # What the registry shows other nodes: server_url may be this node's loopback.
+        self.advertised_url = advertised_url(server_url, settings)
 
     def start(self) -> None:
         with self._lock:
@@ -114,7 +117,8 @@ class Engine:
             self._thread.start()
             self._call(self._setup())
             self._started = True
-            log.info("worker %s: serving %s", self.worker, self.server_url)
+            log.info("worker %s: serving %s (published as %s)", self.worker, self.server_url,
+                     self.advertised_url)
 
     def stop(self) -> None:
         """Close the client and the loop; running batches have been cancelled by then."""
@@ -215,7 +219,7 @@ class Engine:
     async def _register(self) -> None:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
         capacity = self.capacity
-        # What the server says, for `status` on other nodes (this URL may be 127.0.0.1 here).
+        # What the server says, for `status` where the server cannot be read live.
         reading = await read_server_within(self.client.http, self.server_url,
                                            self.client.api_key, REGISTRY_BEAT_S / 2)
         entry = {
@@ -224,7 +228,10 @@ class Engine:
             # Its Redis connections carry keys.worker_client(worker): the reconciler may take
             # their absence as the worker's death (workers before this field did not name them).
             "named_connections": True,
-            "server": self.server_url,
+            # Other nodes read `server`; `status` on this node reads `local_server`, which works
+            # even when the server listens on loopback only.
+            "server": self.advertised_url,
+            "local_server": self.server_url,
             "reading": dataclasses.asdict(reading),
             "state": "ready" if self.health_failures == 0 else "server-down",
             "effective_max_running_requests": capacity.effective if capacity else None,

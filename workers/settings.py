@@ -80,18 +80,24 @@ class Settings:
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The server URL this worker publishes for other nodes (workers/advertise.py): the whole
+    # URL, or the host put in place of a loopback one; unset means the address on the route
+    # to Redis.
+    advertise_url: str | None = None
+    advertise_host: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
             raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redact(self.redis_url)!r}")
-        if self.sglang_url is not None:
-            parts = urlsplit(self.sglang_url)
+        for name, url in (("SGLANG_URL", self.sglang_url),
+                          ("FLEETGEN_ADVERTISE_URL", self.advertise_url)):
+            parts = urlsplit(url or "")
             # The URL is logged, published in the worker registry and written into every result
             # line: a credential in it would travel everywhere the key must not.
             if parts.username or parts.password or parts.query:
                 raise SettingsError(
-                    f"SGLANG_URL must not carry credentials or a query ({redact(self.sglang_url)}):"
+                    f"{name} must not carry credentials or a query ({redact(url or '')}):"
                     " give the server's key in SGLANG_API_KEY")
         for f in fields(self):
             value = getattr(self, f.name)
@@ -127,6 +133,13 @@ class Settings:
             kwargs["redis_url"] = with_password(
                 EMBEDDED_REDIS_URL, read_secret_file(EMBEDDED_REDIS_PASSWORD_FILE))
         return cls(**kwargs)  # type: ignore[arg-type]
+
+    def redis_endpoints(self) -> list[tuple[str, int]]:
+        """The (host, port) pairs REDIS_URL names; a unix socket is this machine."""
+        parts = urlsplit(self.redis_url)
+        if parts.scheme in ("redis+socket", "unix"):
+            return [("127.0.0.1", 6379)]
+        return [(parts.hostname or "127.0.0.1", parts.port or 6379)]
 
     def server_url_for_gpu(self, index: int) -> str:
         return f"http://127.0.0.1:{self.sglang_base_port + index}"

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.node._args import Profile, flag_value, load_profile
+from launcher.node._args import HOST, Profile, flag_value, load_profile
 from launcher.node._errors import NodeError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
@@ -88,6 +88,9 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", action="store_true", help="also run one Celery worker per GPU")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help="HTTP port of the first GPU; NCCL ports are 1000 above (default 30000)")
+    p.add_argument("--host", default=HOST,
+                   help="address the servers listen on: 0.0.0.0 or this node's address lets "
+                        "`producer status` on other nodes read them live (default 127.0.0.1)")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="node.json lives here")
     p.add_argument("--log-dir", type=Path, help="server logs (default: RUN_DIR/logs)")
     policy = Policy()
@@ -127,7 +130,7 @@ def cmd_up(argv: Sequence[str]) -> int:
         gpus = [g.index for g in select_gpus(wanted, discover_gpus())]
     plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
-                    dict(os.environ))
+                    dict(os.environ), args.host)
     specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
     check_ports(specs)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
