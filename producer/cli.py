@@ -151,7 +151,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         # a report of what was stored, and the job left for the same command to finish.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(path))
+            report = enqueue(request, Ledger.connect(settings), app, _progress(path))
         except InputErrors as exc:
             print(str(exc), file=sys.stderr)
             print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
@@ -248,7 +248,7 @@ def _progress(path: Path) -> Callable[[int, int], None]:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     ledger.load_job(args.job)
     try:
         while True:
@@ -272,7 +272,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     names = ledger.job_names()
     if not names:
         print("no jobs")
@@ -291,7 +291,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     from workers.app import app
 
-    report = control.requeue_failed(Ledger.from_url(settings.redis_url), app, args.job, args.batch_size)
+    report = control.requeue_failed(Ledger.connect(settings), app, args.job, args.batch_size)
     if report.prompts == 0:
         print("Nothing to do: no failed prompts")
     else:
@@ -300,13 +300,13 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
-    control.pause(Ledger.from_url(settings.redis_url), args.job)
+    control.pause(Ledger.connect(settings), args.job)
     print(f"job {args.job} paused: no new batches start; running batches finish")
     return RET_OK
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    control.cancel(Ledger.from_url(settings.redis_url), args.job)
+    control.cancel(Ledger.connect(settings), args.job)
     print(f"job {args.job} cancelled: running batches stop at their next heartbeat; "
           "finished prompts are kept (resume to go on)")
     return RET_OK
@@ -315,14 +315,14 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from workers.app import app
 
-    count = control.resume(Ledger.from_url(settings.redis_url), app, args.job,
+    count = control.resume(Ledger.connect(settings), app, args.job,
                            accept_quality=args.accept_quality)
     print(f"job {args.job} running; re-dispatched {count:,} batches")
     return RET_OK
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    manifest = Ledger.from_url(settings.redis_url).load_job(args.job)
+    manifest = Ledger.connect(settings).load_job(args.job)
     problem = export.target_problem(args.to, manifest.input, force=args.force)
     if problem:
         raise CommandError(problem)

@@ -33,11 +33,10 @@ from typing import Any
 import httpx
 
 from launcher.embedded import wait_until
-from launcher.services import redis_password
+from launcher.services import free_s3_base, redis_password
 from tests.stack import FAST_WORKER_ENV, PYTHON, ROOT, Proc
 
 REDIS_PORT = 6389
-S3_PORT = 8333
 BUCKET = "fleetgen"
 # Simulated GPUs: 8 slots, ~2 s answers; a node of two does about 8 prompts/s.
 SIM_FLAGS = ("--max-running-requests", "8", "--decode-tps", "80", "--mean-output-tokens", "160",
@@ -158,6 +157,9 @@ class Cluster:
 
     def _start_control(self, valkey_bin: Path, weed_bin: Path) -> None:
         access, secret = secrets.token_hex(10), secrets.token_hex(20)
+        # Not 8333: SeaweedFS keeps gRPC sockets in /tmp named by port, which every namespace
+        # shares; the block free here is free of another run's sockets too.
+        s3_port = free_s3_base()
         base = {**os.environ, "PYTHONUNBUFFERED": "1"}
         redis_dir, s3_dir = self.tmp / "control" / "redis", self.tmp / "control" / "s3"
         address = self.control.address
@@ -165,7 +167,7 @@ class Cluster:
                                             "--port", str(REDIS_PORT), "--data-dir",
                                             str(redis_dir)], base)
         self._start(self.control, "s3", [PYTHON, "-m", "launcher", "s3", "--host", address,
-                                         "--port", str(S3_PORT), "--data-dir", str(s3_dir),
+                                         "--port", str(s3_port), "--data-dir", str(s3_dir),
                                          "--bucket", BUCKET],
                     {**base, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret})
         password = ""
@@ -190,7 +192,7 @@ class Cluster:
                    what=f"SeaweedFS on the control node\n{self.procs[-1].log()}")
         self.env = {
             "REDIS_URL": f"redis://:{password}@{address}:{REDIS_PORT}/0",
-            "AWS_ENDPOINT_URL": f"http://{address}:{S3_PORT}", "AWS_ACCESS_KEY_ID": access,
+            "AWS_ENDPOINT_URL": f"http://{address}:{s3_port}", "AWS_ACCESS_KEY_ID": access,
             "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1",
             **FAST_WORKER_ENV,
         }

@@ -8,9 +8,8 @@ argv, profile and flag-adaptation tests below are plain functions on strings.
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import os

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import orjson
 import redis.asyncio as aioredis
 
-from workers import keys, loops, metrics
+from workers import keys, loops, metrics, redisconn
 from workers.advertise import advertised_url
 from workers.errors import FleetgenError, ServerDownError
 from workers.readings import read_server_within
@@ -154,9 +154,10 @@ class Engine:
             api_key=self.settings.sglang_api_key,
             transport=self.settings.http_transport,
         )
-        self.redis = aioredis.Redis.from_url(
-            self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,
-            health_check_interval=10, client_name=keys.worker_client(self.worker),
+        self.redis = redisconn.async_client(
+            self.settings.redis_url, self.settings.redis_master_name, socket_timeout=30,
+            socket_connect_timeout=5, health_check_interval=10,
+            client_name=keys.worker_client(self.worker),
         )
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
