@@ -1,10 +1,10 @@
 """Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
 
 Each server runs in its own session and process group with a minimal environment, listens on
-127.0.0.1 only (or the one address it is given as `host`), keeps its data in a 0700 dir, and appends its raw output to one log file in
-that dir; this module logs lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline,
-then SIGKILL of the group), `kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps
-the port and the data dir.
+127.0.0.1 only (or the one address it is given as `host`), keeps its data in a 0700 dir, and
+appends its raw output to one log file in that dir; this module logs lifecycle lines only.
+`stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group), `kill()` is SIGKILL (a
+crash, for chaos tests), `restart()` keeps the port and the data dir.
 The child also gets SIGTERM if the *thread* that started it dies (PR_SET_PDEATHSIG), so a
 SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
 long-lived servers from a thread that outlives them.
