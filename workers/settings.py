@@ -75,6 +75,10 @@ class Settings:
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
+    # Finished prompts are checkpointed in one Redis call per group; a window > 0 waits that
+    # long before each call so groups grow (fewer calls per prompt on a big fleet's Redis,
+    # docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries).
+    checkpoint_window_s: float = 0.0
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
     # max_running_requests: near a job's end every batch may be waiting on one long answer,

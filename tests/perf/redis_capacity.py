@@ -52,37 +52,47 @@ REGISTRY_S = 5.0
 RECONCILE_S = 10.0
 STATUS_S = 2.0
 CONNECTIONS_PER_GPU = 3
-# A candidate cut, measured here only: the same group call with each counter added once per
-# call (summed over the group's first copies) instead of once per prompt.
-RECORD_GROUP_SUMMED = """
-local worker, minute = ARGV[1], ARGV[2]
-local sums, firsts = {}, {}
+# Before issue 16: the same group call adding every counter once per prompt (fleetgen's
+# RECORD_GROUP now adds each once per call, summed over the group's first copies).
+RECORD_GROUP_BEFORE = """
+local worker, minute, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local firsts, new = {}, 0
 local i = 4
 while i <= #ARGV do
-  local key, id, record, n = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 4])
+  local key, id, record, fact, n = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
   local first = redis.call('hsetnx', key, id, record)
   firsts[#firsts + 1] = first
   if first == 1 then
     for j = i + 5, i + 4 + 2 * n, 2 do
-      sums[ARGV[j]] = (sums[ARGV[j]] or 0) + tonumber(ARGV[j + 1])
+      local name, value = ARGV[j], ARGV[j + 1]
+      redis.call('hincrbyfloat', KEYS[1], name, value)
+      if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
+        redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
+      end
+      if name == 'prompts_done' or name == 'prompts_failed' then
+        redis.call('hincrbyfloat', KEYS[3], minute, value)
+      end
+      if name == 'output_tokens' then
+        redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
+      end
+    end
+    if window > 0 then
+      redis.call('lpush', KEYS[4], fact)
+      new = new + 1
     end
   end
   i = i + 5 + 2 * n
 end
-for name, value in pairs(sums) do
-  redis.call('hincrbyfloat', KEYS[1], name, value)
-  if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
-    redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
-  end
-  if name == 'prompts_done' or name == 'prompts_failed' then
-    redis.call('hincrbyfloat', KEYS[3], minute, value)
-  end
+local seen = -1
+if window > 0 then
+  redis.call('ltrim', KEYS[4], 0, window - 1)
+  seen = redis.call('hincrby', KEYS[5], 'canary_seen', new)
 end
-table.insert(firsts, 1, -1)
+table.insert(firsts, 1, seen)
 return firsts
 """
-# Prompts per checkpoint call: 1 is today's worst case (an idle Redis answers before the next
-# prompt ends); larger groups are what a commit window per worker would give.
+# Prompts per checkpoint call: 1 is the worst case (an idle Redis answers before the next
+# prompt ends); larger groups are what FLEETGEN_CHECKPOINT_WINDOW_S gives.
 GROUPS = (1, 4, 16)  # broker, ledger, the engine's asyncio client
 
 
@@ -117,12 +127,12 @@ class Units:
         self.ledger, self.r, self.rate = ledger, ledger.r, rate
         self.record = orjson.dumps({"id": "x", "content": "y" * rate.record_bytes})
         self.script = self.r.register_script(RECORD_GROUP)
-        self.summed = self.r.register_script(RECORD_GROUP_SUMMED)
+        self.before = self.r.register_script(RECORD_GROUP_BEFORE)
         self.renew = self.r.register_script(RENEW_LEASE)
         self.batches = batches
         self.prompt_no = 0
 
-    def prompt(self, i: int, group: int = 1, summed: bool = False) -> None:
+    def prompt(self, i: int, group: int = 1, before: bool = False) -> None:
         """One RECORD_GROUP call carrying `group` finished prompts."""
         batch = keys.batch_id(i // self.rate.batch % self.batches)
         entries = []
@@ -132,7 +142,7 @@ class Units:
                                  {"prompts_done": 1, "output_tokens": self.rate.record_bytes / 4,
                                   "input_tokens": 200}, b"{}"))
         script_keys, args = group_arguments(JOB, entries, "gpu0@node", int(time.time() // 60), 0)
-        (self.summed if summed else self.script)(keys=script_keys, args=args)
+        (self.before if before else self.script)(keys=script_keys, args=args)
 
     def batch(self, i: int) -> None:
         ledger, batch, token = self.ledger, keys.batch_id(i % self.batches), f"gpu0@node/{i}"
@@ -201,8 +211,8 @@ class UnitCosts:
     checkpoint_bytes: float  # Redis memory per checkpointed prompt
     # µs per prompt when one checkpoint call carries this many prompts
     prompt_in_groups: dict[int, float] = field(default_factory=dict)
-    # the same with counters added once per call (RECORD_GROUP_SUMMED, a candidate)
-    prompt_in_summed_groups: dict[int, float] = field(default_factory=dict)
+    # the same with the script before issue 16 (counters once per prompt)
+    prompt_in_groups_before: dict[int, float] = field(default_factory=dict)
 
     def per_gpu_s(self, rate: Rate) -> float:
         """Redis CPU seconds per second of one GPU's traffic."""
@@ -245,8 +255,8 @@ def measure(server: RedisServer, rate: Rate, repeats: int) -> tuple[UnitCosts, d
     for group in GROUPS:
         costs.prompt_in_groups[group] = 1e6 * cost(
             r, lambda i, g=group: units.prompt(i, g), max(50, repeats // group)) / group
-        costs.prompt_in_summed_groups[group] = 1e6 * cost(
-            r, lambda i, g=group: units.prompt(i, g, summed=True), max(50, repeats // group)) / group
+        costs.prompt_in_groups_before[group] = 1e6 * cost(
+            r, lambda i, g=group: units.prompt(i, g, before=True), max(50, repeats // group)) / group
     # CLIENT LIST is linear in connected clients: measure it with a few hundred open.
     extra = [server.client() for _ in range(300)]
     for c in extra:
@@ -339,13 +349,13 @@ def main(argv: list[str] | None = None) -> int:
             for gpus in fleet:
                 grouped = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
                            for g, us in costs.prompt_in_groups.items()}
-                summed = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
-                          for g, us in costs.prompt_in_summed_groups.items()}
+                before = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
+                          for g, us in costs.prompt_in_groups_before.items()}
                 results["table"].append({
                     "gpus": gpus, "prompts_per_s_per_gpu": rate.prompts_per_s,
                     "redis_core_share": round(costs.core_share(gpus, rate), 4),
                     "core_share_by_group": grouped,
-                    "core_share_by_summed_group": summed,
+                    "core_share_by_group_before": before,
                     # ~80 answers in flight per GPU are checkpointed until their batch ends
                     "checkpoint_mb_in_flight": round(
                         gpus * 80 * costs.checkpoint_bytes / 1e6, 1)})
@@ -359,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         for rate in RATES:
             costs = measured[rate.prompts_per_s]
             for label, by_group in (("", costs.prompt_in_groups),
-                                    (", counters summed", costs.prompt_in_summed_groups)):
+                                    (", before", costs.prompt_in_groups_before)):
                 for g, us in by_group.items():
                     grouped = replace(costs, prompt=us)
                     results.setdefault("gpus_at_half_a_core", {})[
@@ -372,13 +382,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict[str, Any]) -> str:
-    groups = " | ".join([*(f"{g} per call" for g in GROUPS),
-                         *(f"{g} per call, summed" for g in GROUPS)])
+    groups = " | ".join([*(f"{g} per call, before" for g in GROUPS),
+                         *(f"{g} per call" for g in GROUPS)])
     lines = [f"| GPUs | prompts/s per GPU | Redis CPU, % of a core: {groups} | "
              "checkpoints held (MB) |", "|---:|---:|" + "---:|" * 2 * len(GROUPS) + "---:|"]
     for row in results["table"]:
-        shares = " | ".join(f"{100 * v:.1f}%" for v in [*row["core_share_by_group"].values(),
-                                                       *row["core_share_by_summed_group"].values()])
+        shares = " | ".join(f"{100 * v:.1f}%" for v in [*row["core_share_by_group_before"].values(),
+                                                       *row["core_share_by_group"].values()])
         lines.append(f"| {row['gpus']:,} | {row['prompts_per_s_per_gpu']} | {shares} | "
                      f"{row['checkpoint_mb_in_flight']} |")
     for entry in results["rates"]:
@@ -387,7 +397,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"\n{entry['rate']['prompts_per_s']} prompts/s, "
                      f"{entry['rate']['record_bytes']} B records: µs of Redis CPU per prompt "
                      f"{c['prompt']:.1f} (in groups: {_rounded(c['prompt_in_groups'])}; "
-                     f"summed: {_rounded(c['prompt_in_summed_groups'])}), per batch {c['batch']:.0f}, per renewal "
+                     f"before: {_rounded(c['prompt_in_groups_before'])}), per batch {c['batch']:.0f}, per renewal "
                      f"{c['renewal']:.1f}, per registry beat {c['registry']:.1f}, per status "
                      f"{c['status']:.0f}, reconciler per client {c['reconcile_per_client']:.2f};"
                      f" {c['checkpoint_bytes']:.0f} B per checkpointed prompt; server p99 µs: "
@@ -410,13 +420,13 @@ def _plot(results: dict[str, Any]) -> None:
 
     lines = []
     for i, rate in enumerate(RATES):
-        points = [(float(row["gpus"]), 100 * row["redis_core_share"])
+        points = [(float(row["gpus"]), 100 * row["core_share_by_group_before"][1])
                   for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
-        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, 1 per call", points,
-                          COLORS[i]))
-        grouped = [(float(row["gpus"]), 100 * row["core_share_by_summed_group"][GROUPS[-1]])
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, 1 per call, before",
+                          points, COLORS[i]))
+        grouped = [(float(row["gpus"]), 100 * row["core_share_by_group"][GROUPS[-1]])
                    for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
-        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, {GROUPS[-1]} per call, summed",
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, {GROUPS[-1]} per call",
                           grouped, COLORS[i], dashed=True))
     write_plot(OUT / "redis_capacity", [Panel("Redis CPU (% of a core) by GPUs", lines, slots=50,
                                               y_label="% of a core")])
