@@ -225,7 +225,7 @@ def _run_job(args: argparse.Namespace) -> int:
     code = producer_main(["enqueue", str(args.input), "--job", job, "--output", output])
     if code != 0:
         return code
-    ledger = Ledger.from_url(Settings.from_env().redis_url)
+    ledger = Ledger.connect(Settings.from_env())
     deadline = time.monotonic() + args.timeout
     last = 0.0
     while True:

@@ -1,13 +1,14 @@
 """Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
 
 Each server runs in its own session and process group with a minimal environment, listens on
-127.0.0.1 only, keeps its data in a 0700 dir, and appends its raw output to one log file in
-that dir; this module logs lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline,
-then SIGKILL of the group), `kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps
-the port and the data dir.
-The child is a `launcher.child.ChildProcess`: it also gets SIGTERM if the *thread* that started
-it dies, so a SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans
-nothing; start long-lived servers from a thread that outlives them.
+127.0.0.1 only (or the one address it is given as `host`), keeps its data in a 0700 dir, and
+appends its raw output to one log file in that dir; this module logs lifecycle lines only.
+`stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group), `kill()` is SIGKILL (a
+crash, for chaos tests), `restart()` keeps the port and the data dir.
+The child is a `launcher.child.ChildProcess`: it also gets SIGTERM if the *thread* that
+started it dies (PR_SET_PDEATHSIG), so a
+SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
+long-lived servers from a thread that outlives them.
 
 Errors (under the launcher's root; the whole tree: launcher/__init__.py):
 
@@ -49,19 +50,19 @@ class ServiceStartError(ServiceError):
     """The server exited during startup or did not answer before its deadline."""
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port on `host` (127.0.0.1) that nothing listens on right now."""
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def port_is_free(port: int) -> bool:
-    """True if a server could bind `port` on 127.0.0.1 (with SO_REUSEADDR, as servers do)."""
+def port_is_free(port: int, host: str = HOST) -> bool:
+    """True if a server could bind `port` on `host` (with SO_REUSEADDR, as servers do)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((HOST, port))
+            sock.bind((host, port))
         except OSError:
             return False
         return True
@@ -98,6 +99,8 @@ class EmbeddedServer:
     binary: Path | None = None
     startup_timeout: float = 10.0
     stop_timeout: float = 10.0
+    # Where it listens: loopback unless other nodes must reach it (a fleet's control plane).
+    host: str = HOST
     started_in: float = field(default=0.0, init=False)
     _child: ChildProcess | None = field(default=None, init=False, repr=False)
     _probe_error: str = field(default="", init=False, repr=False)
@@ -225,9 +228,9 @@ class EmbeddedServer:
         private_dir(d)
 
     def _require_free(self, ports: list[int]) -> None:
-        busy = [port for port in ports if not port_is_free(port)]
+        busy = [port for port in ports if not port_is_free(port, self.host)]
         if busy:
-            raise PortBusyError(f"{self.name}: port(s) {busy} on {HOST} already in use")
+            raise PortBusyError(f"{self.name}: port(s) {busy} on {self.host} already in use")
 
     def _default_binary(self) -> Path:
         raise NotImplementedError

@@ -30,7 +30,8 @@ class NodeCertificate:
     key: Path
 
 
-def issue_node_certificate(folder: Path, common_name: str = "fleetgen-embedded") -> NodeCertificate:
+def issue_node_certificate(folder: Path, common_name: str = "fleetgen-embedded",
+                           address: str = "127.0.0.1") -> NodeCertificate:
     """Write a new CA certificate and a node certificate + key it signed into `folder` (0700)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -60,7 +61,8 @@ def issue_node_certificate(folder: Path, common_name: str = "fleetgen-embedded")
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
         .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.DNSName("localhost"),
+            *(x509.IPAddress(ipaddress.ip_address(a)) for a in sorted({"127.0.0.1", address}))]),
             critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from launcher.credentials import new_secret, read_or_create, write_private
-from launcher.embedded import HOST, BinaryNotFoundError, EmbeddedServer, free_port
+from launcher.embedded import BinaryNotFoundError, EmbeddedServer, free_port
 
 PASSWORD_FILE = "password"
 ACL_FILE = "users.acl"
@@ -65,13 +65,13 @@ class RedisServer(EmbeddedServer):
 
     @property
     def url(self) -> str:
-        """`redis://:PASSWORD@127.0.0.1:PORT/0`, for redis-py, kombu and Celery (a secret: pass
+        """`redis://:PASSWORD@HOST:PORT/0`, for redis-py, kombu and Celery (a secret: pass
         it on, never print it; `address` is the printable form)."""
-        return f"redis://:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
 
     @property
     def address(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     @property
     def credentials_file(self) -> Path:
@@ -82,14 +82,14 @@ class RedisServer(EmbeddedServer):
         """A `redis.Redis` on DB 0 as the default user (close it when done)."""
         import redis
 
-        return redis.Redis(host=HOST, port=self.port, password=self.password, **kwargs)
+        return redis.Redis(host=self.host, port=self.port, password=self.password, **kwargs)
 
     def _default_binary(self) -> Path:
         return valkey_binary()
 
     def _prepare(self) -> None:
         if self.port == 0:
-            self.port = free_port()
+            self.port = free_port(self.host)
         self._require_free([self.port])
         self.password = redis_password(self.data_dir)
         self._write_acl()
@@ -108,7 +108,7 @@ class RedisServer(EmbeddedServer):
 
     def _argv(self, binary: Path) -> list[str]:
         return [
-            str(binary), "--bind", HOST, "--port", str(self.port), "--daemonize", "no",
+            str(binary), "--bind", self.host, "--port", str(self.port), "--daemonize", "no",
             "--protected-mode", "yes", "--aclfile", str(self.data_dir / ACL_FILE),
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--maxmemory-policy", "noeviction", "--save", "", "--dir", str(self.data_dir),
@@ -121,7 +121,7 @@ class RedisServer(EmbeddedServer):
 
         # No client-side retries: redis-py's default backoff would hide a crash for seconds.
         client = redis.Redis(
-            host=HOST, port=self.port, password=self.password, socket_timeout=1,
+            host=self.host, port=self.port, password=self.password, socket_timeout=1,
             socket_connect_timeout=1, retry=Retry(NoBackoff(), 0),
         )  # fmt: skip
         try:

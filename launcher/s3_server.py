@@ -30,7 +30,6 @@ from typing import Any
 
 from launcher.credentials import new_secret, read_or_create, write_private
 from launcher.embedded import (
-    HOST,
     BinaryNotFoundError,
     EmbeddedServer,
     ServiceError,
@@ -182,7 +181,7 @@ class S3Server(EmbeddedServer):
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def address(self) -> str:
@@ -235,7 +234,7 @@ class S3Server(EmbeddedServer):
         self.access_key, self.secret_key = s3_credentials(self.data_dir, self.access_key,
                                                           self.secret_key)
         admin_password = read_or_create(self.admin_password_file, lambda: new_secret() + "\n")
-        tls = issue_node_certificate(self.tls.ca.parent)
+        tls = issue_node_certificate(self.tls.ca.parent, address=self.host)
         # weed reads ./security.toml first (its cwd is the data dir); the keys are new each start.
         write_private(self.data_dir / "security.toml", security_toml(tls))
         # mini re-applies DATA/mini.options for every flag not given, so stale options persist;
@@ -247,7 +246,8 @@ class S3Server(EmbeddedServer):
     def _argv(self, binary: Path) -> list[str]:
         d = self.data_dir
         return [
-            str(binary), "-logtostderr", "mini", f"-dir={d}", f"-ip={HOST}", f"-ip.bind={HOST}",
+            str(binary), "-logtostderr", "mini", f"-dir={d}", f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             *self.ports.flags(), "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
             "-disableHttp", "-s3.autoCreateBucket=false",
             "-master.telemetry=false", "-master.volumeSizeLimitMB=64",

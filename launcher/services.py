@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from launcher.embedded import (
+    HOST,
     BinaryNotFoundError,
     ServiceError,
     ServiceStartError,
@@ -84,6 +85,8 @@ class ServiceRun:
     port: int
     data_dir: Path
     bucket: str = DEFAULT_BUCKET
+    # Loopback unless the fleet's other nodes must reach it (docs/getting-started/several-nodes.md).
+    host: str = HOST
     # Empty: the data dir's keys, generated at the first start.
     access_key: str = field(default="", repr=False)
     secret_key: str = field(default="", repr=False)
@@ -107,6 +110,7 @@ class ServiceRun:
             port=args.port if args.port is not None else port,
             data_dir=Path(args.data_dir if args.data_dir is not None else data_dir),
             bucket=getattr(args, "bucket", None) or DEFAULT_BUCKET,
+            host=args.host,
             access_key=environ.get("AWS_ACCESS_KEY_ID") or "",
             secret_key=environ.get("AWS_SECRET_ACCESS_KEY") or "",
         )
@@ -131,6 +135,8 @@ def build_parser() -> CommandParser:
                    f"--data-dir /tmp/{service}")
         sub.add_argument("--port", type=int,
                          help=PORT_HELP[service].format(port=port, ports=S3Ports(port).text()))
+        sub.add_argument("--host", default=HOST,
+                         help="listen address (another node's workers need this node's address)")
         sub.add_argument("--data-dir", help=f"data and log directory (default {data_dir})")
         if service == "s3":
             sub.add_argument("--bucket", help=f"bucket to create (default {DEFAULT_BUCKET})")
@@ -140,9 +146,9 @@ def build_parser() -> CommandParser:
 def make_server(run: ServiceRun) -> RedisServer | S3Server:
     """The server object for `run` (not started)."""
     if run.service == "redis":
-        return RedisServer(data_dir=run.data_dir, port=run.port)
+        return RedisServer(data_dir=run.data_dir, port=run.port, host=run.host)
     return S3Server(
-        data_dir=run.data_dir, port=run.port, bucket=run.bucket,
+        data_dir=run.data_dir, port=run.port, bucket=run.bucket, host=run.host,
         access_key=run.access_key, secret_key=run.secret_key,
     )  # fmt: skip
 

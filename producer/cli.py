@@ -193,7 +193,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         # a report of what was stored, and the job left for the same command to finish.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            report = enqueue(request, Ledger.from_url(settings.redis_url), app, _progress(path))
+            report = enqueue(request, Ledger.connect(settings), app, _progress(path))
         except InputErrors as exc:
             print(str(exc), file=sys.stderr)
             print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
@@ -290,7 +290,7 @@ def _progress(path: Path) -> Callable[[int, int], None]:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     ledger.load_job(args.job)
     try:
         while True:
@@ -314,7 +314,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     names = ledger.job_names()
     if not names:
         print("no jobs")
@@ -333,7 +333,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     from workers.app import app
 
-    report = control.requeue_failed(Ledger.from_url(settings.redis_url), app, args.job, args.batch_size)
+    report = control.requeue_failed(Ledger.connect(settings), app, args.job, args.batch_size)
     if report.prompts == 0:
         print("Nothing to do: no failed prompts")
     else:
@@ -342,13 +342,13 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
-    control.pause(Ledger.from_url(settings.redis_url), args.job)
+    control.pause(Ledger.connect(settings), args.job)
     print(f"job {args.job} paused: no new batches start; running batches finish")
     return RET_OK
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    control.cancel(Ledger.from_url(settings.redis_url), args.job)
+    control.cancel(Ledger.connect(settings), args.job)
     print(f"job {args.job} cancelled: running batches stop at their next heartbeat; "
           "finished prompts are kept (resume to go on)")
     return RET_OK
@@ -357,14 +357,14 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from workers.app import app
 
-    count = control.resume(Ledger.from_url(settings.redis_url), app, args.job,
+    count = control.resume(Ledger.connect(settings), app, args.job,
                            accept_quality=args.accept_quality)
     print(f"job {args.job} running; re-dispatched {count:,} batches")
     return RET_OK
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     manifest = ledger.load_job(args.job)
     quality = job_status(ledger, args.job)["quality"]
     if quality and not quality["accepted"] and not args.partial:
@@ -408,7 +408,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
-    ledger = Ledger.from_url(settings.redis_url)
+    ledger = Ledger.connect(settings)
     manifest = ledger.load_job(args.job)
     to: Path = args.to or Path(f"{args.job}-report.html")
     problem = export.target_problem(to, manifest.input, force=args.force)

@@ -133,14 +133,20 @@ def format_duration(seconds: float) -> str:
 
 
 def render_fleet(rows: list[dict[str, Any]]) -> list[str]:
-    """The per-GPU table for people; a server that did not answer shows `down`.
+    """The per-GPU table for people, grouped by node when there are several; a server that did
+    not answer shows `down`.
 
     `asked` is the requested max_running_requests when the server runs fewer (e.g. Mamba slots).
     """
     lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'run/max':>9} {'asked':>5} {'queue':>5}"
              f" {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6} | {'job done':>8}"
              f" {'job tok/s':>9}"]
+    hosts = {row.get("host") for row in rows}
+    host: object = object()
     for row in rows:
+        if len(hosts) > 1 and row.get("host") != host:
+            host = row.get("host")
+            lines.append(f"  node {host or '?'}")
         server = (row["server"] or "-").removeprefix("http://").removeprefix("https://")
         asked = row["requested_max"] if row["requested_max"] != row["effective_max"] else None
         if row["server_state"] == "up":

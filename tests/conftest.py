@@ -10,6 +10,7 @@
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
 - `valkey_bin` / `weed_bin`: the server binaries, for tests that start their own servers.
 - `chromium`: headless Chromium (tests/browser.py) with a throwaway profile in the test's tmp.
+- `cluster`: a fleet of real nodes in network namespaces (tests/cluster.py); needs root.
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
 where they fail: CI must never pass by skipping. Tests marked `slow` run only with `--run-slow`
@@ -151,3 +152,23 @@ def chromium(tmp_path: Path) -> Iterator[Browser]:
     home = tmp_path / "chromium-home"
     home.mkdir()
     yield Browser(home)
+
+
+@pytest.fixture
+def cluster(valkey_bin: Path, weed_bin: Path, tmp_path: Path) -> Iterator[Any]:
+    """A control node (Valkey, SeaweedFS) in its own network namespace; GPU nodes are started by
+    the test with `cluster.start_node(name)` (tests/cluster.py). Torn down after the test."""
+    import shutil
+
+    from tests.cluster import Cluster
+
+    if os.geteuid() != 0:
+        unavailable("the cluster tests build network namespaces: run them as root")
+    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    if missing:
+        unavailable(f"the cluster tests need iproute2 and util-linux: {missing} not found")
+    built = Cluster.build(tmp_path, valkey_bin, weed_bin)
+    try:
+        yield built
+    finally:
+        built.close()

@@ -30,10 +30,10 @@ class Recorder:
         self.calls.append((before, after))
 
 
-async def with_writer(redis_url: str, window: int, body: Any) -> Any:
+async def with_writer(redis_url: str, window: int, body: Any, commit_window_s: float = 0.0) -> Any:
     r = aioredis.Redis.from_url(redis_url)
     judge = Recorder()
-    writer = CheckpointWriter(r, "gpu0@test", judge, lambda job: window)
+    writer = CheckpointWriter(r, "gpu0@test", judge, lambda job: window, commit_window_s)
     # Round trips counted by Redis itself: its EVALSHA (and EVAL on NOSCRIPT) calls from now.
     await r.config_resetstat()
     try:
@@ -80,3 +80,24 @@ def test_judge_hears_each_group_that_moved_the_canary_and_window_zero_skips_it(
     assert asyncio.run(with_writer(redis_url, 0, fed)) == []
     assert redis_client.llen(keys.job_part(JOB, "recent")) == 0
     assert float(redis_client.hget(keys.job_part(JOB, "stats"), "prompts_done")) == 5.0
+
+
+def test_a_commit_window_puts_prompts_finishing_one_by_one_into_one_call_counted_once(
+        redis_url: str, redis_client: Any) -> None:
+    # Ten prompts finishing 10 ms apart: without a window each gets its own call (an idle
+    # Redis answers first); a window of 2 s (wide, for a busy machine) takes them all in one,
+    # counters summed once.
+    async def trickle(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
+        async def finish(i: int) -> bool:
+            await asyncio.sleep(0.01 * i)
+            return await writer.add(entry(i, tokens=i))
+
+        assert all(await asyncio.gather(*(finish(i) for i in range(10))))
+        return await script_calls(r)
+
+    assert asyncio.run(with_writer(redis_url, 0, trickle, commit_window_s=2.0)) == 1
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert stats == {"prompts_done": 10.0, "output_tokens": 45.0}
+    minutes = redis_client.hgetall(keys.job_part(JOB, "minutes"))
+    assert sum(float(v) for k, v in minutes.items() if b"|" not in k) == 10.0

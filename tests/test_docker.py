@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     path = shutil.which(name, path=str(BIN)) or shutil.which(name)
     if path is None:
         if os.environ.get("CI") == "true":
@@ -29,7 +29,7 @@ def _tool(name: str) -> str:
 
 def compose_config(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_tool("docker-compose"), "-f", str(ROOT / "docker/compose.yaml"), "config", *args],
+        [tool("docker-compose"), "-f", str(ROOT / "docker/compose.yaml"), "config", *args],
         capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
@@ -75,7 +75,7 @@ def test_compose_refuses_to_start_redis_without_a_password() -> None:
 
 def test_dockerfile_has_no_lint_warnings() -> None:
     result = subprocess.run(
-        [_tool("hadolint"), "--no-color", "--failure-threshold", "warning",
+        [tool("hadolint"), "--no-color", "--failure-threshold", "warning",
          str(ROOT / "docker/Dockerfile")],
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

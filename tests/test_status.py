@@ -47,7 +47,7 @@ STABLE_FIELDS = {
     "worker_errors", "stalled",
 }
 FLEET_FIELDS = {
-    "worker", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
+    "worker", "host", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
     "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
     "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
     "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s",
@@ -612,3 +612,44 @@ def test_a_failing_progress_write_is_logged_and_never_raises(
     half_done_job(ledger, output=str(blocker / "out"))
     assert not progress.write_progress(ledger, "half", NOW)
     assert "job half: progress.json not written" in caplog.text
+
+
+def test_a_worker_publishes_its_loopback_server_under_the_nodes_address_on_the_route_to_redis(
+) -> None:
+    from workers.advertise import advertised_url, route_address
+    from workers.settings import Settings, SettingsError
+
+    local = "http://127.0.0.1:30001"
+    assert advertised_url(local, Settings(advertise_host="10.213.0.11")) == "http://10.213.0.11:30001"
+    assert advertised_url("http://10.0.0.5:30001", Settings(advertise_host="x")) == (
+        "http://10.0.0.5:30001")
+    assert advertised_url(local, Settings(advertise_url="http://gw:9")) == "http://gw:9"
+    # Redis on this machine: no other node exists to publish for, the URL stays as it is.
+    assert advertised_url(local, Settings(redis_url="redis://127.0.0.1:6389/0")) == local
+    assert route_address("127.0.0.1", 6389) == "127.0.0.1"
+    with pytest.raises(SettingsError, match="FLEETGEN_ADVERTISE_URL must not carry"):
+        Settings.from_env({"FLEETGEN_ADVERTISE_URL": "http://u:secret@gw:9"})
+
+
+def test_other_nodes_servers_are_read_live_at_their_published_address_and_grouped_by_node(
+    stack: Stack, ledger: Ledger,
+) -> None:
+    # The far node's server listens on an address this node reaches: read live, not published.
+    # 127.0.0.2 is loopback too, but no `127.0.0.1`: as another node's address would be.
+    _, url = stack.sim("sim0", "--max-running-requests", "8", "--host", "0.0.0.0")
+    far_url = url.replace("127.0.0.1", "127.0.0.2")
+    published = asdict(ServerReading("up", running=33, effective_max=40, requested_max=40))
+    register(ledger, "gpu0@far", far_url, host="far-node", reading=published,
+             local_server="http://127.0.0.1:1")
+    register(ledger, "gpu1@far", f"http://127.0.0.1:{free_port()}", host="far-node",
+             reading=published)
+    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
+    assert (rows["gpu0@far"]["server_state"], rows["gpu0@far"]["effective_max"]) == ("up", 8)
+    assert rows["gpu0@far"]["host"] == "far-node"
+    # Its published URL names the far node's loopback: what its worker published.
+    assert rows["gpu1@far"]["effective_max"] == 40
+    register(ledger, "gpu0@here", url, host=socket.gethostname(),
+             local_server=url, reading=published)
+    lines = render_fleet(read_fleet(ledger.r, {}, elapsed_s=60.0))
+    nodes = [line.split()[1] for line in lines if line.split()[0] == "node"]
+    assert sorted(nodes) == sorted(["far-node", socket.gethostname()])

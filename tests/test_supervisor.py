@@ -9,6 +9,7 @@ argv, profile and flag-adaptation tests below are plain functions on strings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import os
@@ -711,6 +712,20 @@ def test_restart_request_overrides_args_flag_by_flag(tmp_path: Path) -> None:
     assert order.specs[1].argv[-4:] == ("--speed", "100", "--a", "2")
     assert order.specs[1].port == 30001 and order.specs[1].env["CUDA_VISIBLE_DEVICES"] == "1"
     assert not (tmp_path / node.REQUEST_FILE).exists()
+
+
+def test_up_host_binds_the_servers_there_and_points_each_worker_at_its_server(
+    tmp_path: Path,
+) -> None:
+    plan = node.NodePlan((0,), True, True, None, Profile(), (), 30000, tmp_path, {},
+                         "10.213.0.11")
+    server = plan.server_spec(0)
+    assert server.argv[server.argv.index("--host") + 1] == "10.213.0.11"
+    assert plan.worker_spec(0, server).env["SGLANG_URL"] == "http://10.213.0.11:30000"
+    # Every interface: the worker still reaches its server over loopback.
+    wide = dataclasses.replace(plan, host="0.0.0.0").server_spec(0)
+    assert wide.argv[wide.argv.index("--host") + 1] == "0.0.0.0"
+    assert plan.worker_spec(0, wide).env["SGLANG_URL"] == "http://127.0.0.1:30000"
 
 
 def test_api_keys_stay_out_of_logs_and_the_state_file(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 from kombu.serialization import register
 
-from workers import keys
+from workers import keys, redisconn
 from workers.settings import Settings
 
 register(
@@ -50,6 +50,9 @@ app.conf.update(
         "socket_connect_timeout": 5,
         "socket_keepalive": True,
         "health_check_interval": 10,
+        # kombu's `sentinel://` transport asks the Sentinels for this master (redisconn.py).
+        **({"master_name": settings.redis_master_name}
+           if redisconn.is_sentinel(settings.redis_url) else {}),
     },
     task_serializer="orjson",
     accept_content=["orjson", "json"],

@@ -92,7 +92,7 @@ class BatchRunner:
     async def _register(self) -> tuple[Any, QualityWatch, CheckpointWriter]:
         quality = QualityWatch(self.engine.redis)
         writer = CheckpointWriter(self.engine.redis, self.engine.worker, quality.judge,
-                                  quality.window)
+                                  quality.window, self.settings.checkpoint_window_s)
         return self.engine.redis.register_script(RENEW_LEASE), quality, writer
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:

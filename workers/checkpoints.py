@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # Returns: canary_seen after the group (or -1), then 1/0 per record (first copy or not).
 RECORD_GROUP = """
 local worker, minute, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local firsts, new = {}, 0
+local firsts, new, sums, names = {}, 0, {}, {}
 local i = 4
 while i <= #ARGV do
   local key, id, record, fact, n = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
@@ -41,19 +41,12 @@ while i <= #ARGV do
   firsts[#firsts + 1] = first
   if first == 1 then
     for j = i + 5, i + 4 + 2 * n, 2 do
-      local name, value = ARGV[j], ARGV[j + 1]
-      redis.call('hincrbyfloat', KEYS[1], name, value)
-      if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
-        redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
+      local name = ARGV[j]
+      if sums[name] == nil then
+        sums[name] = 0
+        names[#names + 1] = name
       end
-      if name == 'prompts_done' or name == 'prompts_failed' then
-        redis.call('hincrbyfloat', KEYS[3], minute, value)
-        redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|prompts', value)
-      end
-      if name == 'output_tokens' then
-        redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
-        redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|tokens', value)
-      end
+      sums[name] = sums[name] + tonumber(ARGV[j + 1])
     end
     if window > 0 then
       redis.call('lpush', KEYS[4], fact)
@@ -61,6 +54,23 @@ while i <= #ARGV do
     end
   end
   i = i + 5 + 2 * n
+end
+-- Each counter once per call, summed over the group's first copies: per-prompt writes were
+-- most of Redis's cost per prompt (tests/perf/redis_capacity.py).
+for _, name in ipairs(names) do
+  local value = sums[name]
+  redis.call('hincrbyfloat', KEYS[1], name, value)
+  if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
+    redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
+  end
+  if name == 'prompts_done' or name == 'prompts_failed' then
+    redis.call('hincrbyfloat', KEYS[3], minute, value)
+    redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|prompts', value)
+  end
+  if name == 'output_tokens' then
+    redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
+    redis.call('hincrbyfloat', KEYS[6], worker .. '|' .. minute .. '|tokens', value)
+  end
 end
 local seen = -1
 if window > 0 then
@@ -98,8 +108,11 @@ class CheckpointWriter:
     """Group commit of per-prompt records for one worker process (lives on its loop)."""
 
     def __init__(self, redis: aioredis.Redis, worker: str, judge: Judge,
-                 canary_window: Callable[[str], int]) -> None:
+                 canary_window: Callable[[str], int], window_s: float = 0.0) -> None:
         self._script = redis.register_script(RECORD_GROUP)
+        # Wait this long before each call so it carries more prompts (fewer Redis calls; a
+        # crash loses at most this much finished work, which is generated again).
+        self._window_s = window_s
         self._worker = worker
         self._judge = judge
         self._canary_window = canary_window
@@ -117,6 +130,8 @@ class CheckpointWriter:
     async def _flush_all(self) -> None:
         try:
             while self._queue:
+                if self._window_s:
+                    await asyncio.sleep(self._window_s)
                 group, self._queue = self._queue, []
                 by_job: dict[str, list[_Pending]] = {}
                 for p in group:

@@ -23,7 +23,8 @@ import orjson
 import redis.asyncio as aioredis
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
-from workers import keys, loops, metrics
+from workers import keys, loops, metrics, redisconn
+from workers.advertise import advertised_url
 from workers.errors import FleetgenError, ServerDownError
 from workers.fleet import REGISTRY_BEAT_S
 from workers.readings import read_server_within
@@ -117,6 +118,8 @@ class Engine:
         self.health_failures = 0
         # Set at the start of a warm shutdown: batches send no new request and are handed back.
         self.draining = False
+        # What the registry shows other nodes: server_url may be this node's loopback.
+        self.advertised_url = advertised_url(server_url, settings)
 
     def start(self) -> None:
         with self._lock:
@@ -125,7 +128,8 @@ class Engine:
             self._thread.start()
             self._call(self._setup())
             self._started = True
-            log.info("worker %s: serving %s", self.worker, self.server_url)
+            log.info("worker %s: serving %s (published as %s)", self.worker, self.server_url,
+                     self.advertised_url)
 
     def stop(self) -> None:
         """Close the client and the loop; running batches have been cancelled by then."""
@@ -161,9 +165,10 @@ class Engine:
             api_key=self.settings.sglang_api_key,
             transport=self.settings.http_transport,
         )
-        self.redis = aioredis.Redis.from_url(
-            self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,
-            health_check_interval=10, client_name=keys.worker_client(self.worker),
+        self.redis = redisconn.async_client(
+            self.settings.redis_url, self.settings.redis_master_name, socket_timeout=30,
+            socket_connect_timeout=5, health_check_interval=10,
+            client_name=keys.worker_client(self.worker),
         )
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
@@ -235,7 +240,7 @@ class Engine:
     async def _register(self) -> None:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
         capacity = self.capacity
-        # What the server says, for `status` on other nodes (this URL may be 127.0.0.1 here).
+        # What the server says, for `status` where the server cannot be read live.
         reading = await read_server_within(self.client.http, self.server_url,
                                            self.client.api_key, REGISTRY_BEAT_S / 2)
         entry = {
@@ -247,7 +252,10 @@ class Engine:
             # Its Redis connections carry keys.worker_client(worker): the reconciler may take
             # their absence as the worker's death (workers before this field did not name them).
             "named_connections": True,
-            "server": self.server_url,
+            # Other nodes read `server`; `status` on this node reads `local_server`, which works
+            # even when the server listens on loopback only.
+            "server": self.advertised_url,
+            "local_server": self.server_url,
             "reading": dataclasses.asdict(reading),
             "state": "ready" if self.health_failures == 0 else "server-down",
             "effective_max_running_requests": capacity.effective if capacity else None,

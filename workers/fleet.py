@@ -1,10 +1,12 @@
 """The live per-GPU table: every registered worker and what its SGLang server says right now.
 
 Workers register in `fg:workers` every few seconds (workers/engine.py `_register`), with what
-their server said at that moment. For servers on this node `read_fleet` reads `/metrics` and
-`/server_info` live, all at once and under one short deadline, so a server that does not answer
-shows as `down` instead of stalling the view; for other nodes' servers (a `127.0.0.1` URL there
-is not this node's server) it shows the reading their worker published.
+their server said at that moment, the URL they use (`local_server`) and the URL other nodes can
+use (`server`, workers/advertise.py). `read_fleet` reads `/metrics` and `/server_info` live, all
+at once and under one short deadline: this node's servers at their local URL (one that does not
+answer shows as `down` instead of stalling the view), other nodes' at their published URL. An
+other node's server that cannot be read from here (a `127.0.0.1` URL there is not this node's
+server; a firewall) shows the reading its worker published.
 
 The addresses come from Redis, which anyone with write access to it can fill: so these reads
 never carry SGLANG_API_KEY (only a worker sends it, to the one server it was configured with).
@@ -24,12 +26,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 import redis
 
 from workers import keys
+from workers.advertise import LOCAL_HOSTS
 from workers.readings import ServerReading, read_server_within
 
 # A dead server must not slow `status --watch` by more than about this much.
@@ -88,7 +92,8 @@ def fleet_rows(
     listed as `lost`.
     """
     rows = []
-    for name in sorted(set(workers) | set(job_workers)):
+    names = set(workers) | set(job_workers)
+    for name in sorted(names, key=lambda n: (str(workers.get(n, {}).get("host") or ""), n)):
         entry = workers.get(name, {})
         server = entry.get("server")
         reading = readings.get(name)
@@ -101,6 +106,7 @@ def fleet_rows(
             live["effective_max"] = entry.get("effective_max_running_requests")
         rows.append({
             "worker": name,
+            "host": entry.get("host"),
             "server": server,
             "worker_state": entry.get("state", "lost"),
             "registry_age_s": entry.get("age_s"),
@@ -126,18 +132,35 @@ def read_fleet(
     """Registry + live server readings + this job's per-worker counters, one row per worker."""
     now = time.time() if now is None else now
     workers = registry(r, now)
-    local = {name: e for name, e in workers.items() if e.get("server") and _on_this_node(e)}
-    live = asyncio.run(read_servers((e["server"] for e in local.values()), deadline_s))
+    urls = {name: url for name, e in workers.items() if (url := _readable_url(e))}
+    live = asyncio.run(read_servers(urls.values(), deadline_s))
     # Per worker: its server read live here, with what that read could not see without the
-    # key taken from its worker's own reading; other nodes' workers' readings as published.
-    readings = {name: _filled(live[e["server"]], e.get("reading")) for name, e in local.items()}
-    readings |= {name: _published(e) for name, e in workers.items() if not _on_this_node(e)}
+    # key taken from its worker's own reading; an other node's server that did not answer
+    # here, and one with no URL this node can use, as its worker published.
+    readings: dict[str, ServerReading] = {}
+    for name, entry in workers.items():
+        reading = live.get(urls.get(name, ""))
+        if reading is not None and (_on_this_node(entry) or reading.state == "up"):
+            readings[name] = _filled(reading, entry.get("reading"))
+        else:
+            readings[name] = _published(entry)
     return fleet_rows(workers, readings, job_workers, elapsed_s)
 
 
 def _on_this_node(entry: Mapping[str, Any]) -> bool:
     # Entries without a host come from workers older than the field: read them live.
     return entry.get("host") in (None, THIS_HOST)
+
+
+def _readable_url(entry: Mapping[str, Any]) -> str | None:
+    """Where this node can read the entry's server: its local URL on its own node, its
+    published one elsewhere unless that names the other node's loopback."""
+    if _on_this_node(entry):
+        return entry.get("local_server") or entry.get("server")
+    server = entry.get("server")
+    if not server or (urlsplit(server).hostname or "") in LOCAL_HOSTS:
+        return None
+    return str(server)
 
 
 def _filled(live: ServerReading, published: object) -> ServerReading:

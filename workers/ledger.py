@@ -14,9 +14,10 @@ from typing import Any
 import orjson
 import redis
 
-from workers import keys
+from workers import keys, redisconn
 from workers.errors import JobError
 from workers.job import JobManifest
+from workers.settings import REDIS_MASTER_NAME, Settings
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
 # the job until enqueue sets it `running` (after the last input and the final manifest).
@@ -86,13 +87,16 @@ class Ledger:
         self._finish = client.register_script(_FINISH)
 
     @classmethod
-    def from_url(cls, url: str, client_name: str | None = None) -> Ledger:
-        return cls(
-            redis.Redis.from_url(
-                url, socket_timeout=30, socket_connect_timeout=5, health_check_interval=10,
-                client_name=client_name,
-            )
-        )
+    def from_url(cls, url: str, client_name: str | None = None,
+                 master_name: str = REDIS_MASTER_NAME) -> Ledger:
+        """A ledger on the Redis `url` names: a server, or the master of Sentinels."""
+        return cls(redisconn.client(
+            url, master_name, socket_timeout=30, socket_connect_timeout=5,
+            health_check_interval=10, client_name=client_name))
+
+    @classmethod
+    def connect(cls, settings: Settings, client_name: str | None = None) -> Ledger:
+        return cls.from_url(settings.redis_url, client_name, settings.redis_master_name)
 
     # Jobs
 

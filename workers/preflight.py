@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import orjson
 import redis
 
-from workers import keys
+from workers import keys, redisconn
 from workers.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
 from workers.redact import redact
 from workers.retry import REDIS_ERRORS
@@ -55,7 +55,8 @@ def check_start(settings: Settings, worker: str, server_url: Callable[[], str]) 
         url = server_url()
     except FleetgenError as exc:
         raise PreflightError(f"worker {worker}: {exc}") from None
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    client = redisconn.client(settings.redis_url, settings.redis_master_name, socket_timeout=10,
+                              socket_connect_timeout=5)
     try:
         _check_redis(client, settings)
         holder = name_holder(client, worker)

@@ -40,7 +40,7 @@ class Reconciler:
         self.app = app
         self.settings = settings
         self.owner = owner
-        self.ledger = Ledger.from_url(settings.redis_url)
+        self.ledger = Ledger.connect(settings)
         self._stop = threading.Event()
         # Batches seen in no state last round; re-dispatched if still there this round.
         self._suspects: set[tuple[str, str]] = set()

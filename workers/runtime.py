@@ -57,7 +57,7 @@ class WorkerRuntime:
         self.worker = hostname
         self.server_url = server
         self.queues = [q for q in queues if q != keys.SHARED_QUEUE] + [keys.SHARED_QUEUE]
-        self.ledger = Ledger.from_url(settings.redis_url, client_name=keys.worker_client(hostname))
+        self.ledger = Ledger.connect(settings, client_name=keys.worker_client(hostname))
 
     def runner(self) -> BatchRunner:
         with self._lock:

@@ -22,6 +22,8 @@ from workers.redact import redact
 # `celery -A workers worker` run there finds both without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
 EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
+# The Sentinels' name for the master when REDIS_URL is `sentinel://...` (workers/redisconn.py).
+REDIS_MASTER_NAME = "mymaster"
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
 # FLEETGEN_REDIS_PASSWORD_FILE may name a file that is not there yet: the Procfile starts the
@@ -36,6 +38,7 @@ class SettingsError(FleetgenError, ValueError):
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = EMBEDDED_REDIS_URL
+    redis_master_name: str = REDIS_MASTER_NAME
     # Explicit server for this worker; unset means "derive from the GPU queue" (gpuN → base+N).
     sglang_url: str | None = None
     sglang_base_port: int = SGLANG_BASE_PORT
@@ -78,6 +81,10 @@ class Settings:
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
+    # Finished prompts are checkpointed in one Redis call per group; a window > 0 waits that
+    # long before each call so groups grow (fewer calls per prompt on a big fleet's Redis,
+    # docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries).
+    checkpoint_window_s: float = 0.0
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
     # max_running_requests: near a job's end every batch may be waiting on one long answer,
@@ -86,18 +93,26 @@ class Settings:
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The server URL this worker publishes for other nodes (workers/advertise.py): the whole
+    # URL, or the host put in place of a loopback one; unset means the address on the route
+    # to Redis.
+    advertise_url: str | None = None
+    advertise_host: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
-            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redact(self.redis_url)!r}")
-        if self.sglang_url is not None:
-            parts = urlsplit(self.sglang_url)
+        if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://",
+                                          "sentinel://")):
+            raise SettingsError("REDIS_URL must be a redis:// or sentinel:// URL, got "
+                                f"{redact(self.redis_url)!r}")
+        for name, url in (("SGLANG_URL", self.sglang_url),
+                          ("FLEETGEN_ADVERTISE_URL", self.advertise_url)):
+            parts = urlsplit(url or "")
             # The URL is logged, published in the worker registry and written into every result
             # line: a credential in it would travel everywhere the key must not.
             if parts.username or parts.password or parts.query:
                 raise SettingsError(
-                    f"SGLANG_URL must not carry credentials or a query ({redact(self.sglang_url)}):"
+                    f"{name} must not carry credentials or a query ({redact(url or '')}):"
                     " give the server's key in SGLANG_API_KEY")
         for f in fields(self):
             value = getattr(self, f.name)
@@ -134,6 +149,14 @@ class Settings:
                 EMBEDDED_REDIS_URL, read_secret_file(EMBEDDED_REDIS_PASSWORD_FILE))
         return cls(**kwargs)  # type: ignore[arg-type]
 
+    def redis_endpoints(self) -> list[tuple[str, int]]:
+        """The (host, port) pairs REDIS_URL names (the Sentinels of a `sentinel://` one); a
+        unix socket is this machine."""
+        parts = [urlsplit(p.strip()) for p in self.redis_url.split(";") if p.strip()]
+        if parts[0].scheme in ("redis+socket", "unix"):
+            return [("127.0.0.1", 6379)]
+        return [(p.hostname or "127.0.0.1", p.port or 6379) for p in parts]
+
     def server_url_for_gpu(self, index: int) -> str:
         return f"http://127.0.0.1:{self.sglang_base_port + index}"
 
@@ -150,8 +173,11 @@ def _shown(name: str, value: object) -> object:
 
 def with_password(url: str, password: str) -> str:
     """`url` with `password` in its userinfo, unless the URL already carries one."""
+    if ";" in url:  # Sentinels: the first part's password is the master's (redisconn.py)
+        first, rest = url.split(";", 1)
+        return f"{with_password(first, password)};{rest}"
     parts = urlsplit(url)
-    if parts.password or not password or parts.scheme not in ("redis", "rediss"):
+    if parts.password or not password or parts.scheme not in ("redis", "rediss", "sentinel"):
         return url
     user = quote(parts.username or "", safe="")
     netloc = f"{user}:{quote(password, safe='')}@{parts.hostname or ''}"

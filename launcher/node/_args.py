@@ -271,8 +271,11 @@ def flag_value(args: Sequence[str], *names: str) -> str | None:
 
 
 def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int,
-               args: Sequence[str]) -> list[str]:
-    """The server's full argv: entry point, model, ports, launcher defaults, then `args`."""
+               args: Sequence[str], host: str = HOST) -> list[str]:
+    """The server's full argv: entry point, model, ports, launcher defaults, then `args`.
+
+    `host` is where the server listens unless `args` say `--host` themselves.
+    """
     for flag in ("--port", "--nccl-port", "--base-gpu-id"):
         if flag_value(args, flag) is not None:
             raise ProfileError(f"{flag} is set per GPU by the launcher (ports: --base-port); "
@@ -288,7 +291,7 @@ def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: 
         argv += ["--model-path", model]
     argv += ["--port", str(port), "--nccl-port", str(nccl_port)]
     # --log-level warning would hide the lines readiness and capacity are read from (§1).
-    for flag, value in (("--host", HOST), ("--log-level", "info")):
+    for flag, value in (("--host", host), ("--log-level", "info")):
         if flag_value(args, flag) is None:
             argv += [flag, value]
     if flag_value(args, "--enable-metrics") is None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advise, observe
-from launcher.node._args import Profile, flag_value, load_profile
+from launcher.node._args import HOST, Profile, flag_value, load_profile
 from launcher.node._errors import NodeError, NoGpuError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
@@ -97,6 +97,9 @@ def up_parser() -> CommandParser:
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help="GPU N's server takes BASE+N (HTTP) and BASE+1000+N (NCCL)"
                    " (default: %(default)s)")
+    p.add_argument("--host", default=HOST,
+                   help="address the servers listen on: 0.0.0.0 or this node's address lets "
+                        "`producer status` on other nodes read them live")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="node.json lives here")
     p.add_argument("--log-dir", type=Path, help="server logs (default: RUN_DIR/logs)")
     policy = Policy()
@@ -149,7 +152,7 @@ def cmd_up(argv: Sequence[str]) -> int:
             gpus = [g.index for g in select_gpus(wanted, found)]
     plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
-                    dict(os.environ), assume_command=args.dry_run)
+                    dict(os.environ), assume_command=args.dry_run, host=args.host)
     specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
     if args.dry_run:
         workers = {g: plan.worker_spec(g, specs[g]) for g in gpus} if args.workers else {}

@@ -63,6 +63,8 @@ class NodePlan:
     env: Mapping[str, str]
     # A dry run on a machine without SGLang shows `sglang serve` instead of refusing to plan.
     assume_command: bool = False
+    # Where the servers listen (`up --host`): loopback unless other nodes must read them.
+    host: str = HOST
 
     @property
     def version(self) -> str:
@@ -82,12 +84,12 @@ class NodePlan:
         command = SIM_COMMAND if self.sim else tuple(self._command())
         # base + GPU index, not position: a worker for queue gpuN defaults to port 30000+N.
         port = self.base_port + gpu
-        argv = build_argv(command, model, port, port + NCCL_OFFSET, args)
+        argv = build_argv(command, model, port, port + NCCL_OFFSET, args, self.host)
         env = {**self.env, **self.profile.env_for_gpu(gpu),
                # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order may differ.
                "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         return LaunchSpec(f"gpu{gpu}", tuple(argv), env, self.log_dir / f"sglang_gpu{gpu}.log",
-                          port, flag_value(args, "--host") or HOST)
+                          port, flag_value(args, "--host") or self.host)
 
     def _command(self) -> list[str]:
         try:
@@ -166,10 +168,11 @@ def check_ports(specs: Mapping[int, LaunchSpec]) -> None:
         for role, port in (("HTTP", spec.port), ("NCCL", spec.port + NCCL_OFFSET)):
             if not 0 < port < 65536:
                 raise PortBusyError(f"GPU {gpu}: {role} port {port} is out of range")
-            if not port_is_free(port):
+            if not port_is_free(port, spec.host):
                 raise PortBusyError(f"GPU {gpu}: {role} port {port} is already in use; "
                                     "stop what listens there or pass another --base-port")
             if port in RANDOM_NCCL_RANGE:
                 log.warning("GPU %d: %s port %d is in 22000-29999, where SGLang servers pick "
                             "random NCCL ports; a --base-port of 30000 or more avoids that",
                             gpu, role, port)
+

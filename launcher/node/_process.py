@@ -59,7 +59,7 @@ def spawn(spec: LaunchSpec) -> ChildProcess:
     Raises PortBusyError when its port is taken: SGLang would find out only after loading
     the whole model (docs/reference/sglang.md#process).
     """
-    if spec.port is not None and not port_is_free(spec.port):
+    if spec.port is not None and not port_is_free(spec.port, spec.host):
         raise PortBusyError(f"port {spec.port} is in use by another process")
     # Server logs may hold what the server prints of its own secrets: new dirs are private.
     spec.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

