@@ -5,6 +5,7 @@
 - `redis_server` / `redis_url`: session-wide Valkey on a free port in a tmp dir.
 - `redis_client`: a `redis.Redis` (bytes replies) on that server's DB 0, flushed before and
   after the test.
+- `celery_app`: the workers' Celery app publishing to that server.
 - `s3_server`: session-wide `weed mini` on a free block of ports, with bucket `fleetgen`.
 - `s3_env`: the AWS_* variables for `s3_server`, set in os.environ for the test.
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
@@ -93,6 +94,16 @@ def redis_client(redis_server: RedisServer) -> Iterator[Any]:
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def celery_app(redis_url: str) -> Any:
+    """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
+    from workers.app import app
+
+    app.conf.broker_url = redis_url
+    app._pool = None  # drop connections made for another broker URL
+    return app
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,9 @@ import httpx
 import orjson
 
 from launcher.embedded import free_port, wait_until
+from workers import keys
+from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.ledger import Ledger
 from workers.retry import REDIS_ERRORS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,3 +213,16 @@ def queue_depth(r: Any, queue: str) -> int:
     from workers import keys
 
     return sum(int(r.llen(name)) for name in keys.broker_lists(queue))
+
+
+def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
+             created_at: float | None = None) -> JobManifest:
+    """A running job's manifest in the ledger, as enqueue leaves it (no taper: batches of
+    `batch_size`), without storing any input."""
+    manifest = JobManifest(
+        name=name, output=output, input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
+        prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
+        queue=keys.SHARED_QUEUE, params=GenerationParams(),
+        created_at=time.time() if created_at is None else created_at)
+    ledger.save_job(manifest)
+    return manifest

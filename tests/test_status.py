@@ -35,10 +35,9 @@ from producer.fleet import (
     render_fleet,
 )
 from producer.status import job_status, render
-from tests.stack import PYTHON, ROOT, Stack, chat_rows, write_jsonl
+from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, write_jsonl
 from workers import keys
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
-from workers.job import GenerationParams, InputInfo, JobManifest
 from workers.ledger import STATE_PAUSED, Ledger
 from workers.records import Origin, counters, error_record, result_record, written_counts
 
@@ -68,16 +67,6 @@ def ledger(redis_client: Any) -> Ledger:
 @pytest.fixture
 def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
-
-
-def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
-             created_at: float = NOW - 600) -> JobManifest:
-    manifest = JobManifest(
-        name=name, output=output, input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
-        prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
-        queue=keys.SHARED_QUEUE, params=GenerationParams(), created_at=created_at)
-    ledger.save_job(manifest)
-    return manifest
 
 
 class Worker:
@@ -123,7 +112,7 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
     """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
     b000007 running with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
     24 in the last minute."""
-    make_job(ledger, name, output)
+    make_job(ledger, name, output, created_at=NOW - 600)
     a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
     for i in range(1, 7):
         batch = keys.batch_id(i)
@@ -474,7 +463,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str],
 ) -> None:
     half_done_job(ledger)
-    make_job(ledger, "later", "/tmp/out", prompts=50)
+    make_job(ledger, "later", "/tmp/out", prompts=50, created_at=NOW - 600)
     ledger.set_state("later", STATE_PAUSED, "paused by user")
     assert main(["jobs"]) == 0
     lines = capsys.readouterr().out.splitlines()
