@@ -12,9 +12,12 @@
 - `valkey_bin` / `weed_bin`: the server binaries, for tests that start their own servers.
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
-where they fail: CI must never pass by skipping. Tests marked `slow` run only with `--run-slow`
-(or under CI=true). Tests that kill or restart servers start their own (see
-tests/test_services.py); the session servers are shared and must stay up.
+where they fail: CI must never pass by skipping. Tests that kill or restart servers start their
+own (see tests/test_services.py); the session servers are shared and must stay up.
+
+A test that starts a simulator, worker or producer process through tests/stack.py must be
+marked `e2e` (pytest_runtest_setup tells the stack), so `-m "not e2e and not chaos"` stays the
+fast layer.
 """
 
 from __future__ import annotations
@@ -41,21 +44,10 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from tests import stack
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds; needs --run-slow")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-slow") or in_ci():
-        return
-    skip = pytest.mark.skip(reason="slow: run with --run-slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    stack.running_e2e = item.get_closest_marker("e2e") is not None
 
 
 @pytest.fixture(scope="session")

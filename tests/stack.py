@@ -29,6 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 CELERY = str(Path(sys.executable).with_name("celery"))
 
+# Whether the running test is marked `e2e` (tests/conftest.py sets it per test). A simulator,
+# worker or producer process started by a test that is not fails it: `-m "not e2e"` must stay the fast
+# layer. True outside pytest (tests/perf).
+running_e2e = True
+
+
+def require_e2e(what: str) -> None:
+    if not running_e2e:
+        raise AssertionError(f"this test starts {what}: mark it `pytest.mark.e2e`")
+
+
 # Fast-failure settings for tests: a dead worker's batch is back in a few seconds.
 FAST_WORKER_ENV = {
     "FLEETGEN_LEASE_TTL_S": "4",
@@ -104,6 +115,7 @@ class Stack:
         return env
 
     def sim(self, name: str, *flags: str, port: int | None = None) -> tuple[Proc, str]:
+        require_e2e("a simulator process")
         port = port or free_port()
         argv = [PYTHON, "-m", "launcher", "sim", "--port", str(port), *flags]
         proc = Proc(name, argv, self.env(), self.tmp / f"{name}.log").start()
@@ -115,6 +127,7 @@ class Stack:
 
     def worker(self, gpu: int, server_url: str, extra_env: Mapping[str, str] | None = None,
                name: str | None = None) -> Proc:
+        require_e2e("a worker process")
         name = name or f"gpu{gpu}"
         argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"{name}@test",
                 "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
@@ -126,6 +139,7 @@ class Stack:
         return proc
 
     def producer(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        require_e2e("a producer process")
         result = subprocess.run(
             [PYTHON, "-m", "producer", *args], env=self.env(), cwd=ROOT,
             capture_output=True, text=True, timeout=300, check=False,

@@ -195,6 +195,7 @@ def wait_paused_and_idle(stack: Stack, ledger: Ledger, job: str) -> dict[str, An
     return job_status(ledger, job)
 
 
+@pytest.mark.e2e
 def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
     stack: Stack, tmp_path: Path,
 ) -> None:
@@ -212,6 +213,7 @@ def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
     assert "resume thinking-off --accept-quality" in out
 
 
+@pytest.mark.e2e
 def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_finishes_it(
     stack: Stack, tmp_path: Path,
 ) -> None:
@@ -237,6 +239,7 @@ def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_fini
     assert final["finish_reasons"]["length"] > 0.8 * PROMPTS
 
 
+@pytest.mark.e2e
 def test_a_healthy_job_is_judged_and_never_paused(stack: Stack, tmp_path: Path) -> None:
     ledger = run_job(stack, tmp_path, "healthy", ())
     final = wait_job_done(stack, "healthy", timeout=120,

@@ -346,6 +346,7 @@ def black_hole() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.e2e
 def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     stack: Stack, ledger: Ledger, black_hole: str,
 ) -> None:
@@ -392,6 +393,7 @@ def test_hung_servers_are_read_side_by_side_and_each_costs_the_deadline_at_most(
     assert len(readings) == 3 and took == pytest.approx(FETCH_DEADLINE_S, abs=0.01)
 
 
+@pytest.mark.e2e
 def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_server(
     stack: Stack, ledger: Ledger,
 ) -> None:
@@ -412,6 +414,7 @@ def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_se
     assert (here["server_state"], here["running"], here["effective_max"]) == ("up", 0, 8)
 
 
+@pytest.mark.e2e
 def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path, ledger: Ledger) -> None:
     # A job of about three minutes (400 answers of ~3.75 s on 8 slots): still running when
     # `status` reads it however loaded the machine is. The test ends long before the job.
@@ -474,6 +477,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
 
 
+@pytest.mark.e2e
 def test_status_watch_redraws_until_ctrl_c_and_exits_0(ledger: Ledger, redis_url: str) -> None:
     half_done_job(ledger)
     proc = subprocess.Popen(
