@@ -91,7 +91,9 @@ class FakeClock:
         deadline = self.t + limit_s
         while not predicate():
             assert self.t < deadline, f"condition not met within {limit_s} virtual seconds"
-            await self.sleep(0.05)
+            # As often as the supervisor polls (Policy.poll_s): finer only costs CPU, each
+            # check being a round of every task on the loop (a 20-minute scenario took 20 s).
+            await self.sleep(0.25)
 
     def drive(self, scenario: Coroutine[Any, Any, Any]) -> Any:
         """Run `scenario`, advancing time whenever every task is parked in `sleep`."""
