@@ -19,6 +19,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -145,10 +146,8 @@ class ChildProcess:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 log.warning("pid %d: no exit %.1fs after SIGTERM, sending SIGKILL", self.pid, grace)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)  # also sweeps any grandchild left in the group
-        except ProcessLookupError:
-            pass
         return self.proc.wait()
 
 

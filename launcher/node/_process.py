@@ -6,6 +6,7 @@ log file (docs/reference/sglang.md#process: SGLang logs to both).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,15 +76,12 @@ class PopenProcess:
             self.popen.send_signal(signal.SIGTERM)
 
     def kill_group(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
             os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is already gone
         if self.popen.returncode is None:
-            try:
+            # A process in uninterruptible sleep: poll() reaps it later.
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass  # a process in uninterruptible sleep; poll() reaps it later
 
 
 def spawn(spec: LaunchSpec) -> PopenProcess:
