@@ -14,6 +14,7 @@ that outlives them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -88,15 +89,12 @@ class ChildProcess:
 
     def kill_group(self) -> None:
         """SIGKILL the whole group (a crash, or the sweep after a stop), then reap the leader."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
             os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is already gone
         if self.popen.returncode is None:
-            try:
+            # A process in uninterruptible sleep: poll() reaps it later.
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=REAP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                pass  # a process in uninterruptible sleep; poll() reaps it later
 
     def stop(self, grace: float) -> int | None:
         """SIGTERM the leader, wait up to `grace` s, then SIGKILL whatever is left in the group

@@ -12,6 +12,7 @@ AWS_SHARED_CREDENTIALS_FILE), so a demo or a Procfile needs no password typed an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import tempfile
@@ -58,10 +59,9 @@ def read_or_create(path: Path, make: Callable[[], str]) -> str:
     tmp = _temp_with(path, make())
     try:
         if text is None:
-            try:
+            # FileExistsError: another process won the race; use its secret.
+            with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)
-            except FileExistsError:
-                pass  # another process won the race: use its secret
         else:  # an empty file: nobody can be using it
             os.replace(tmp, path)
     finally:

@@ -41,7 +41,7 @@ from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, 
 from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.redact import redact
-from workers.settings import Settings
+from workers.settings import Settings, SettingsError
 from workers.sink import open_sink
 
 RET_OK = 0
@@ -459,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
-    except FleetgenError as exc:  # SettingsError too: a setting's error may quote a URL
+    except SettingsError as exc:  # bad input, like a bad flag; its text may quote a URL
+        print(f"error: {redact(exc)}", file=sys.stderr)
+        return RET_BAD_INPUT
+    except FleetgenError as exc:
         print(f"error: {redact(exc)}", file=sys.stderr)
         return RET_ERROR
     except redis.exceptions.AuthenticationError as exc:

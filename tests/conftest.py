@@ -5,6 +5,7 @@
 - `redis_server` / `redis_url`: session-wide Valkey on a free port in a tmp dir.
 - `redis_client`: a `redis.Redis` (bytes replies) on that server's DB 0, flushed before and
   after the test.
+- `celery_app`: the workers' Celery app publishing to that server.
 - `s3_server`: session-wide `weed mini` on a free block of ports, with bucket `fleetgen`.
 - `s3_env`: the AWS_* variables for `s3_server`, set in os.environ for the test.
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
@@ -13,9 +14,12 @@
 - `cluster`: a fleet of real nodes in network namespaces (tests/cluster.py); needs root.
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
-where they fail: CI must never pass by skipping. Tests marked `slow` run only with `--run-slow`
-(or under CI=true). Tests that kill or restart servers start their own (see
-tests/test_services.py); the session servers are shared and must stay up.
+where they fail: CI must never pass by skipping. Tests that kill or restart servers start their
+own (see tests/test_services.py); the session servers are shared and must stay up.
+
+A test that starts a simulator, worker or producer process through tests/stack.py must be
+marked `e2e` (pytest_runtest_setup tells the stack), so `-m "not e2e and not chaos"` stays the
+fast layer.
 """
 
 from __future__ import annotations
@@ -43,21 +47,10 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from tests import stack
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds; needs --run-slow")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-slow") or in_ci():
-        return
-    skip = pytest.mark.skip(reason="slow: run with --run-slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    stack.running_e2e = item.get_closest_marker("e2e") is not None
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +89,16 @@ def redis_client(redis_server: RedisServer) -> Iterator[Any]:
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def celery_app(redis_url: str) -> Any:
+    """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
+    from workers.app import app
+
+    app.conf.broker_url = redis_url
+    app._pool = None  # drop connections made for another broker URL
+    return app
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,25 @@ import orjson
 
 from launcher.child import ChildProcess
 from launcher.embedded import free_port, wait_until
+from workers import keys
+from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.ledger import Ledger
 from workers.retry import REDIS_ERRORS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 CELERY = str(Path(sys.executable).with_name("celery"))
+
+# Whether the running test is marked `e2e` (tests/conftest.py sets it per test). A simulator,
+# worker or producer process started by a test that is not fails it: `-m "not e2e"` must stay the fast
+# layer. True outside pytest (tests/perf).
+running_e2e = True
+
+
+def require_e2e(what: str) -> None:
+    if not running_e2e:
+        raise AssertionError(f"this test starts {what}: mark it `pytest.mark.e2e`")
+
 
 # Fast-failure settings for tests: a dead worker's batch is back in a few seconds.
 FAST_WORKER_ENV = {
@@ -95,6 +109,7 @@ class Stack:
         return env
 
     def sim(self, name: str, *flags: str, port: int | None = None) -> tuple[Proc, str]:
+        require_e2e("a simulator process")
         port = port or free_port()
         argv = [PYTHON, "-m", "launcher", "sim", "--port", str(port), *flags]
         proc = Proc(name, argv, self.env(), self.tmp / f"{name}.log").start()
@@ -106,6 +121,7 @@ class Stack:
 
     def worker(self, gpu: int, server_url: str, extra_env: Mapping[str, str] | None = None,
                name: str | None = None) -> Proc:
+        require_e2e("a worker process")
         name = name or f"gpu{gpu}"
         argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"{name}@test",
                 "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
@@ -117,6 +133,7 @@ class Stack:
         return proc
 
     def producer(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        require_e2e("a producer process")
         result = subprocess.run(
             [PYTHON, "-m", "producer", *args], env=self.env(), cwd=ROOT,
             capture_output=True, text=True, timeout=300, check=False,
@@ -204,3 +221,16 @@ def queue_depth(r: Any, queue: str) -> int:
     from workers import keys
 
     return sum(int(r.llen(name)) for name in keys.broker_lists(queue))
+
+
+def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
+             created_at: float | None = None) -> JobManifest:
+    """A running job's manifest in the ledger, as enqueue leaves it (no taper: batches of
+    `batch_size`), without storing any input."""
+    manifest = JobManifest(
+        name=name, output=output, input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
+        prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
+        queue=keys.SHARED_QUEUE, params=GenerationParams(),
+        created_at=time.time() if created_at is None else created_at)
+    ledger.save_job(manifest)
+    return manifest

@@ -196,6 +196,7 @@ def wait_paused_and_idle(stack: Stack, ledger: Ledger, job: str) -> dict[str, An
     return job_status(ledger, job)
 
 
+@pytest.mark.e2e
 def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
     stack: Stack, tmp_path: Path,
 ) -> None:
@@ -213,6 +214,7 @@ def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
     assert "resume thinking-off --accept-quality" in out
 
 
+@pytest.mark.e2e
 def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_finishes_it(
     stack: Stack, tmp_path: Path,
 ) -> None:
@@ -238,6 +240,7 @@ def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_fini
     assert final["finish_reasons"]["length"] > 0.8 * PROMPTS
 
 
+@pytest.mark.e2e
 def test_a_healthy_job_is_judged_and_never_paused(stack: Stack, tmp_path: Path) -> None:
     ledger = run_job(stack, tmp_path, "healthy", ())
     final = wait_job_done(stack, "healthy", timeout=120,
@@ -262,6 +265,7 @@ def test_long_answers_digest_as_if_normalized_whole() -> None:
     assert content_digest(words + "tail A") == content_digest(words + "tail B")
 
 
+@pytest.mark.e2e
 def test_a_job_smaller_than_the_window_with_two_thirds_empty_answers_is_judged_at_its_end(
     stack: Stack, tmp_path: Path,
 ) -> None:
@@ -307,6 +311,7 @@ def test_a_job_smaller_than_the_window_with_two_thirds_empty_answers_is_judged_a
     stack.producer("export", "small", "--to", str(tmp_path / "small-out.jsonl"))
 
 
+@pytest.mark.e2e
 def test_a_healthy_job_smaller_than_the_window_is_judged_at_its_end_and_says_so(
     stack: Stack, tmp_path: Path,
 ) -> None:

@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from launcher.embedded import wait_until
-from producer.status import job_status
 from tests.cluster import BUCKET, Cluster, leases_held
 from tests.stack import chat_rows, write_jsonl
 from workers import keys
+from workers.jobview import job_status
 from workers.ledger import Ledger
 
 # Three nodes of five processes each on a CI machine of two cores: minutes, not seconds.

@@ -6,6 +6,7 @@ reads node.json as `status` does, and checks at the end that no process it start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -125,10 +126,8 @@ def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         n.state()
         for pid in n.pids:  # stop leaves no server or worker, nor anything in their groups
             if alive(pid):  # an exited child of the launcher is reaped by init a moment later
-                try:
+                with contextlib.suppress(TimeoutError):
                     wait_until(lambda p=pid: not running(p), 5, what=f"pid {pid} gone")
-                except TimeoutError:
-                    pass
             if running(pid):
                 os.killpg(pid, signal.SIGKILL)
                 pytest.fail(f"pid {pid} outlived `launcher up`:\n{n.output()}")

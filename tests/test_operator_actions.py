@@ -23,7 +23,7 @@ replay of a sequence takes a minute), and `FLEETGEN_STATEFUL_STEPS` sets the ste
 With -s each sequence prints its steps and commands; its full report (with every process's log)
 is in its folder as report.txt, and is printed for the failing sequence:
 
-    FLEETGEN_STATEFUL_EXAMPLES=50 .venv/bin/python -m pytest -q --run-slow \\
+    FLEETGEN_STATEFUL_EXAMPLES=50 .venv/bin/python -m pytest -q \\
         tests/test_operator_actions.py -k keep_every -s --basetemp=/tmp/hunt
 
 Every sequence that found a bug is kept below the machine as a plain test that replays its steps,
@@ -66,7 +66,7 @@ from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.retry import REDIS_ERRORS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 # Failures of prompts never sent to a server (`tries == 0`) that the docs name: a batch whose
 # workers died holding it more than FLEETGEN_BATCH_MAX_ATTEMPTS times has its unsent prompts

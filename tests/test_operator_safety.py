@@ -38,15 +38,6 @@ SLOW = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-toke
 
 
 @pytest.fixture
-def celery_app(redis_url: str) -> Any:
-    from workers.app import app
-
-    app.conf.broker_url = redis_url
-    app._pool = None  # drop connections made for another broker URL
-    return app
-
-
-@pytest.fixture
 def ledger(redis_client: Any) -> Ledger:
     return Ledger(redis_client)
 

@@ -9,6 +9,7 @@ prints none of the secrets it was given, anywhere a person or another user could
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import secrets
@@ -732,10 +733,8 @@ class TlsFront:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self.listener.close()

@@ -18,9 +18,9 @@ import redis
 
 from launcher.embedded import free_port, wait_until
 from launcher.services import RedisServer, S3Server
-from producer.status import job_status
 from tests.stack import Proc, Stack, chat_rows, write_jsonl
 from workers import redisconn
+from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.settings import Settings, with_password
 

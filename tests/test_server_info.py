@@ -97,6 +97,7 @@ def serving(stub: OpenAIStub) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+@pytest.mark.e2e
 def test_a_worker_keeps_max_in_flight_requests_at_a_server_without_server_info(
         stack: Stack, tmp_path: Path) -> None:
     stub = OpenAIStub()

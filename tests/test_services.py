@@ -35,6 +35,8 @@ from launcher.services import (
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.e2e  # the embedded servers as processes: started, killed, restarted
+
 
 def running(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""

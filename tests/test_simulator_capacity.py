@@ -99,6 +99,7 @@ async def _flood(url: str, n: int) -> None:
         await asyncio.gather(*(one(i) for i in range(n)))
 
 
+@pytest.mark.e2e
 def test_a_flood_runs_exactly_the_cap_and_queues_the_rest(tmp_path: Path) -> None:
     # 12 answers of 400 tokens on 6 slots at 86 x 4 tok/s: each round takes 1.16 s, far longer
     # than the flood takes to arrive, so the 7th request finds every slot busy.

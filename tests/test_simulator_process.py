@@ -16,6 +16,8 @@ import httpx
 import pytest
 from sim_helpers import REPO, SimProcess, chat_body, gauge, wait_until
 
+pytestmark = pytest.mark.e2e  # every test starts its own server processes
+
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Any]:

@@ -25,11 +25,10 @@ from sim_helpers import VirtualClockLoop, gauge
 from launcher.embedded import free_port, wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
-from tests.stack import PYTHON, ROOT, Stack, chat_rows, write_jsonl
+from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, write_jsonl
 from workers import keys, progress
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
-from workers.job import GenerationParams, InputInfo, JobManifest
 from workers.jobview import job_status
 from workers.ledger import STATE_PAUSED, Ledger
 from workers.readings import ServerReading, parse_metrics, read_server
@@ -62,16 +61,6 @@ def ledger(redis_client: Any) -> Ledger:
 @pytest.fixture
 def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
-
-
-def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
-             created_at: float = NOW - 600) -> JobManifest:
-    manifest = JobManifest(
-        name=name, output=output, input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
-        prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
-        queue=keys.SHARED_QUEUE, params=GenerationParams(), created_at=created_at)
-    ledger.save_job(manifest)
-    return manifest
 
 
 class Worker:
@@ -117,7 +106,7 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
     """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
     b000007 running with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
     24 in the last minute."""
-    make_job(ledger, name, output)
+    make_job(ledger, name, output, created_at=NOW - 600)
     a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
     for i in range(1, 7):
         batch = keys.batch_id(i)
@@ -422,6 +411,7 @@ def black_hole() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.e2e
 def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     stack: Stack, ledger: Ledger, black_hole: str,
 ) -> None:
@@ -468,6 +458,7 @@ def test_hung_servers_are_read_side_by_side_and_each_costs_the_deadline_at_most(
     assert len(readings) == 3 and took == pytest.approx(FETCH_DEADLINE_S, abs=0.01)
 
 
+@pytest.mark.e2e
 def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_server(
     stack: Stack, ledger: Ledger,
 ) -> None:
@@ -488,6 +479,7 @@ def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_se
     assert (here["server_state"], here["running"], here["effective_max"]) == ("up", 0, 8)
 
 
+@pytest.mark.e2e
 def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path, ledger: Ledger) -> None:
     # A job of about three minutes (400 answers of ~3.75 s on 8 slots): still running when
     # `status` reads it however loaded the machine is. The test ends long before the job.
@@ -539,7 +531,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str],
 ) -> None:
     half_done_job(ledger)
-    make_job(ledger, "later", "/tmp/out", prompts=50)
+    make_job(ledger, "later", "/tmp/out", prompts=50, created_at=NOW - 600)
     ledger.set_state("later", STATE_PAUSED, "paused by user")
     assert main(["jobs"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -550,6 +542,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
 
 
+@pytest.mark.e2e
 def test_status_watch_redraws_until_ctrl_c_and_exits_0(ledger: Ledger, redis_url: str) -> None:
     half_done_job(ledger)
     proc = subprocess.Popen(
@@ -631,6 +624,7 @@ def test_a_worker_publishes_its_loopback_server_under_the_nodes_address_on_the_r
         Settings.from_env({"FLEETGEN_ADVERTISE_URL": "http://u:secret@gw:9"})
 
 
+@pytest.mark.e2e
 def test_other_nodes_servers_are_read_live_at_their_published_address_and_grouped_by_node(
     stack: Stack, ledger: Ledger,
 ) -> None:

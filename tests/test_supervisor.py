@@ -93,7 +93,9 @@ class FakeClock:
         deadline = self.t + limit_s
         while not predicate():
             assert self.t < deadline, f"condition not met within {limit_s} virtual seconds"
-            await self.sleep(0.05)
+            # As often as the supervisor polls (Policy.poll_s): finer only costs CPU, each
+            # check being a round of every task on the loop (a 20-minute scenario took 20 s).
+            await self.sleep(0.25)
 
     def drive(self, scenario: Coroutine[Any, Any, Any]) -> Any:
         """Run `scenario`, advancing time whenever every task is parked in `sleep`."""
@@ -718,7 +720,7 @@ def test_up_host_binds_the_servers_there_and_points_each_worker_at_its_server(
     tmp_path: Path,
 ) -> None:
     plan = node.NodePlan((0,), True, True, None, Profile(), (), 30000, tmp_path, {},
-                         "10.213.0.11")
+                         host="10.213.0.11")
     server = plan.server_spec(0)
     assert server.argv[server.argv.index("--host") + 1] == "10.213.0.11"
     assert plan.worker_spec(0, server).env["SGLANG_URL"] == "http://10.213.0.11:30000"

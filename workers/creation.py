@@ -11,6 +11,7 @@ killed on another host is waited out (LOCK_TTL_S).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -65,10 +66,9 @@ def creation_lock(ledger: Ledger, job: str) -> Iterator[None]:
     finally:
         stop.set()
         renewer.join()
-        try:
+        # Expired meanwhile: nobody else can have created the job without it.
+        with contextlib.suppress(LockError):
             lock.release()
-        except LockError:
-            pass  # expired meanwhile; nobody else can have created the job without it
 
 
 def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> str | None:
@@ -84,11 +84,10 @@ def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> s
     if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
         return f"{host}:{pid}"
     if clear_stale:
-        try:
-            # redis-py's compare-and-delete: only if the dead holder still has it.
+        # redis-py's compare-and-delete: only if the dead holder still has it (if it changed
+        # hands meanwhile, the caller's next acquire decides).
+        with contextlib.suppress(LockError):
             ledger.r.lock(name, timeout=LOCK_TTL_S).do_release(raw)
-        except LockError:
-            pass  # it changed hands meanwhile: the caller's next acquire decides
     return None
 
 

@@ -404,7 +404,8 @@ def _server_args(text: str) -> dict[str, object]:
     except (SyntaxError, ValueError, RecursionError):
         node = None
     if isinstance(node, ast.Dict):
-        pairs = [(_literal(k, text), v) for k, v in zip(node.keys, node.values) if k is not None]
+        pairs = [(_literal(k, text), v)
+                 for k, v in zip(node.keys, node.values, strict=False) if k is not None]
         return {str(k): _literal(v, text) for k, v in pairs}
     if isinstance(node, ast.Call):
         return {kw.arg: _literal(kw.value, text) for kw in node.keywords if kw.arg}

@@ -102,7 +102,7 @@ class IdIndex:
         return slot
 
     def _grow(self) -> None:
-        old = zip(self._digests, self._lines)
+        old = zip(self._digests, self._lines, strict=False)
         slots = 2 * (self._mask + 1)
         self._digests = array("Q", bytes(8 * slots))
         self._lines = array("I", bytes(4 * slots))

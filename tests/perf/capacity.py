@@ -45,7 +45,8 @@ class CapacityFollow:
 def run_capacity(folder: Path, redis_url: str, prompts: int = 240) -> CapacityFollow:
     """Run a short job on a hybrid server that caps 128 to 16; record both sides' peaks."""
     wl = Workload(prompts=prompts, servers=1, speed=30.0)
-    flags = [f for pair in zip(wl.sim_flags()[2::2], wl.sim_flags()[3::2]) for f in pair]
+    flags = [f for pair in zip(wl.sim_flags()[2::2], wl.sim_flags()[3::2], strict=False)
+             for f in pair]
     flags += ["--profile", "mamba-hybrid", "--max-running-requests", str(REQUESTED)]
     source = wl.write_prompts(folder / "prompts.jsonl")
     ledger = Ledger.from_url(redis_url)

@@ -77,7 +77,8 @@ def run_crash(folder: Path, redis_url: str, prompts: int = 800) -> Crash:
         if finished is None:
             dump_stacks(restarted.proc.pid, folder / "stuck-worker0-stacks.txt")
             notes.append(f"job did not finish: {', '.join(stuck_batches(ledger, JOB))} hung")
-    reqs = Requests.load({n: s.record for n, s in zip(names, sims) if s.record is not None})
+    reqs = Requests.load({n: s.record for n, s in zip(names, sims, strict=False)
+                          if s.record is not None})
     resent = reqs.resent_after(killed_at)
     again = [t for t, pid, _ in reqs.received if t >= killed_at and pid in resent]
     ids = Counter(orjson.loads(line)["id"] for f in (folder / "out" / JOB / "results").glob("*")

@@ -8,6 +8,7 @@ matplotlib installed a PNG is written as well.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -41,10 +42,8 @@ def write_plot(stem: Path, panels: list[Panel]) -> list[Path]:
     svg = stem.with_suffix(".svg")
     svg.write_text(render_svg(panels))
     written = [svg]
-    try:
+    with contextlib.suppress(ImportError):
         written.append(_png(stem.with_suffix(".png"), panels))
-    except ImportError:
-        pass
     return written
 
 
@@ -107,9 +106,9 @@ def _png(path: Path, panels: list[Panel]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3 * len(panels)), squeeze=False)
-    for ax, panel in zip(axes[:, 0], panels):
+    for ax, panel in zip(axes[:, 0], panels, strict=False):
         for line in panel.lines:
-            xs, ys = zip(*line.points) if line.points else ((), ())
+            xs, ys = zip(*line.points, strict=False) if line.points else ((), ())
             ax.plot(xs, ys, color=line.color, lw=1, ls="--" if line.dashed else "-",
                     alpha=0.5 if line.dashed else 1.0, label=line.label)
         ax.axhline(panel.slots, color="#999", ls=":")

@@ -39,10 +39,10 @@ import orjson
 import redis
 
 from launcher.services import RedisServer
-from producer.status import job_status
 from workers import keys
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.job import GenerationParams, InputInfo, JobManifest
+from workers.jobview import job_status
 from workers.ledger import RENEW_LEASE, Ledger
 
 JOB = "perf-redis"

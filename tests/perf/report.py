@@ -180,9 +180,8 @@ def _panel(run: Run) -> Panel:
         running = series(run.ticks, server, RUNNING, run.started)
         queued = series(run.ticks, server, QUEUED, run.started)
         lines.append(Line(f"{server} running", running, color))
-        lines.append(Line(f"{server} running+waiting",
-                          [(x, y + q) for (x, y), (_, q) in zip(running, queued)], color,
-                          dashed=True))
+        stacked = [(x, y + q) for (x, y), (_, q) in zip(running, queued, strict=False)]
+        lines.append(Line(f"{server} running+waiting", stacked, color, dashed=True))
     f = run.figures
     window = None
     if f.steady_start is not None and f.steady_end is not None:

@@ -87,7 +87,8 @@ class Sampler:
             while not self._stop.is_set():
                 results = await asyncio.gather(
                     *(self._scrape(client, url) for url in self.targets.values()))
-                self.ticks.append(Tick(time.monotonic(), dict(zip(self.targets, results))))
+                values = dict(zip(self.targets, results, strict=False))
+                self.ticks.append(Tick(time.monotonic(), values))
                 # Fixed cadence: a slow tick is not followed by a burst of catch-up scrapes.
                 next_at = max(next_at + self.interval_s, time.monotonic())
                 await asyncio.sleep(next_at - time.monotonic())

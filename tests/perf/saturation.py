@@ -54,7 +54,7 @@ def run_fleetgen(wl: Workload, prompts: Path, folder: Path, redis_url: str,
     with Fleet(folder, redis_url, extra_env=dict(worker_env or {})) as fleet:
         sims = [fleet.sim(name, wl.sim_flags()) for name in names]
         workers = [fleet.worker(i, sim.url) for i, sim in enumerate(sims)]
-        targets = {name: f"{sim.url}/metrics" for name, sim in zip(names, sims)}
+        targets = {name: f"{sim.url}/metrics" for name, sim in zip(names, sims, strict=False)}
         targets |= {f"worker{i}": w.metrics_url for i, w in enumerate(workers)}
         with Sampler(targets, SIM_FAMILIES + WORKER_FAMILIES) as sampler:
             started = time.monotonic()
@@ -76,7 +76,7 @@ def run_script(wl: Workload, prompts: Path, folder: Path, redis_url: str, concur
     names = sim_names(wl)
     with Fleet(folder, redis_url) as fleet:
         sims = [fleet.sim(name, wl.sim_flags()) for name in names]
-        targets = {name: f"{sim.url}/metrics" for name, sim in zip(names, sims)}
+        targets = {name: f"{sim.url}/metrics" for name, sim in zip(names, sims, strict=False)}
         with Sampler(targets, SIM_FAMILIES) as sampler:
             servers = [arg for sim in sims for arg in ("--server", sim.url)]
             started = time.monotonic()
@@ -94,7 +94,8 @@ def run_script(wl: Workload, prompts: Path, folder: Path, redis_url: str, concur
 
 def sims_logs(sims: list[Sim], names: list[str]) -> dict[str, Path]:
     """Server name -> its request log."""
-    return {name: sim.record for name, sim in zip(names, sims) if sim.record is not None}
+    return {name: sim.record for name, sim in zip(names, sims, strict=False)
+            if sim.record is not None}
 
 
 def _run(name: str, wl: Workload, ticks: list[Tick], names: list[str], logs: dict[str, Path],

@@ -1,0 +1,198 @@
+"""BatchRunner's order of effects (workers/batch.py), in process: a fake server client, a
+folder sink and the real Valkey fixture.
+
+Every prompt's record is in the checkpoint before anything is written; the errors object
+before the results object; the batch is recorded done while its lease is still held, and the
+lease given back last. A re-run resumes from the checkpoint or, once written, from the sink,
+so no prompt is sent or counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import orjson
+import pytest
+
+from tests.stack import make_job
+from workers import keys
+from workers.batch import BatchRunner
+from workers.engine import Engine
+from workers.errors import BadRequestError
+from workers.ledger import Ledger
+from workers.server_info import ServerInfo, parse_server_info
+from workers.settings import Settings
+from workers.sink import LocalSink, open_sink
+
+JOB = "order"
+BATCH = keys.batch_id(1)
+PROMPTS = [f"p{i}" for i in range(6)]
+BAD = "p3"  # the fake server refuses this one (HTTP 400): an errors object is written too
+
+
+class FakeServer:
+    """Stands in for workers.sglang.SGLangClient: answers at once, refuses BAD, logs sends."""
+
+    sent: ClassVar[list[str]] = []  # what the test reads: one list for every instance
+
+    def __init__(self, base_url: str, **_: Any) -> None:
+        self.base_url = base_url
+        self.api_key: str | None = None
+        # Only the registry's reading uses it: a closed port reads as a server that is down.
+        self.http = httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=1)
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body["messages"][0]["content"]
+        FakeServer.sent.append(prompt)
+        await asyncio.sleep(0)
+        if prompt == BAD:
+            raise BadRequestError("HTTP 400: prompt is too long", status=400)
+        return {"choices": [{"finish_reason": "stop", "message": {"content": f"re {prompt}"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+
+    async def ready(self) -> bool:
+        return True
+
+    async def server_info(self) -> ServerInfo:
+        return parse_server_info({"max_running_requests": 4, "internal_states": [
+            {"effective_max_running_requests_per_dp": 4}]})
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class Events:
+    """What happened, in order, with the ledger's state at each step."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, what: str) -> None:
+        self.seen.append((what, {
+            "checkpointed": int(self.r.hlen(keys.checkpoint(JOB, BATCH))),
+            "done": bool(self.r.sismember(keys.job_part(JOB, "done"), BATCH)),
+            "leased": bool(self.r.exists(keys.lease(JOB, BATCH))),
+        }))
+
+    def names(self) -> list[str]:
+        return [what for what, _ in self.seen]
+
+    def at(self, what: str) -> dict[str, Any]:
+        return next(state for name, state in self.seen if name == what)
+
+
+class RecordingSink(LocalSink):
+    def __init__(self, root: Path, events: Events) -> None:
+        super().__init__(str(root), root)
+        self.events = events
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        self.events(f"put_new {key.split('/')[1]}")
+        return super().put_new(key, data)
+
+
+class RecordingLedger(Ledger):
+    def __init__(self, client: Any, events: Events) -> None:
+        super().__init__(client)
+        self.events = events
+
+    def finish_batch(self, *args: Any, **kwargs: Any) -> bool:
+        self.events("finish")
+        return super().finish_batch(*args, **kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> bool:
+        self.events("release")
+        return super().release(*args, **kwargs)
+
+
+@pytest.fixture
+def events(redis_client: Any) -> Events:
+    return Events(redis_client)
+
+
+@pytest.fixture
+def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchRunner]:
+    monkeypatch.setattr("workers.engine.SGLangClient", FakeServer)
+    monkeypatch.setattr("workers.batch.open_sink",
+                        lambda uri, **_: RecordingSink(Path(uri), events))
+    FakeServer.sent = []
+    ledger = RecordingLedger(redis_client, events)
+    make_job(ledger, JOB, str(tmp_path / "out"), prompts=len(PROMPTS), batch_size=len(PROMPTS))
+    rows = [{"id": p, "line": i + 1, "body": {"messages": [{"role": "user", "content": p}]}}
+            for i, p in enumerate(PROMPTS)]
+    open_sink(str(tmp_path / "out")).put(keys.sink_input(JOB, BATCH),
+                                         b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    engine = Engine(Settings(redis_url=redis_url), "http://fake:30000", "w0@test")
+    try:
+        yield BatchRunner(engine, ledger)
+    finally:
+        engine.stop()
+
+
+def written(tmp_path: Path, kind: str) -> list[str]:
+    path = tmp_path / "out" / JOB / kind / f"{BATCH}.jsonl"
+    records = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    return [r.get("custom_id") or r["id"] for r in records]
+
+
+def test_checkpoint_then_errors_then_results_then_finish_then_release(
+        runner: BatchRunner, events: Events, redis_client: Any, tmp_path: Path) -> None:
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+    assert events.names() == ["put_new errors", "put_new results", "finish", "release"]
+    # Every prompt reached the checkpoint before the first write, under the lease.
+    assert events.at("put_new errors") == {"checkpointed": 6, "done": False, "leased": True}
+    # Recorded done while still leased: no other worker can take it in between.
+    assert events.at("finish") == {"checkpointed": 6, "done": False, "leased": True}
+    # Released last, its checkpoint dropped by the finish.
+    assert events.at("release") == {"checkpointed": 0, "done": True, "leased": True}
+    assert not redis_client.exists(keys.lease(JOB, BATCH))
+    assert written(tmp_path, "results") == [p for p in PROMPTS if p != BAD]
+    assert written(tmp_path, "errors") == [BAD]
+    written_counts = {k.decode(): float(v) for k, v in
+                      redis_client.hgetall(keys.job_part(JOB, "written")).items()}
+    assert written_counts["prompts_done"] == 5 and written_counts["prompts_failed"] == 1
+    assert runner.ledger.attempts(JOB, BATCH) == 0  # a finished batch spends no attempt
+
+
+def test_a_rerun_sends_only_the_prompts_missing_from_the_checkpoint(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    # A worker died after checkpointing p0 and p1: their records stay, nothing is sent again.
+    for p in ("p0", "p1"):
+        redis_client.hset(keys.checkpoint(JOB, BATCH), p, orjson.dumps(
+            {"id": p, "line": 1, "content": "earlier", "finish_reason": "stop", "usage": {}}))
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.resumed) == ("done", 2)
+    assert sorted(FakeServer.sent) == ["p2", "p3", "p4", "p5"]
+    assert written(tmp_path, "results") == ["p0", "p1", "p2", "p4", "p5"]
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert stats["prompts_done"] == 3 and stats["prompts_failed"] == 1  # only this run's
+
+
+def test_a_batch_written_but_not_recorded_is_counted_from_the_sink_and_not_sent_again(
+        runner: BatchRunner, events: Events, redis_client: Any, tmp_path: Path) -> None:
+    runner.run(JOB, BATCH)
+    # As if the worker died between the write and the finish: the sink says it is done.
+    redis_client.delete(keys.job_part(JOB, "done"), keys.job_part(JOB, "written"))
+    FakeServer.sent, events.seen = [], []
+    outcome = runner.run(JOB, BATCH)
+    assert outcome.status == "already-done" and FakeServer.sent == []
+    assert events.names() == ["finish", "release"]
+    written_counts = {k.decode(): float(v) for k, v in
+                      redis_client.hgetall(keys.job_part(JOB, "written")).items()}
+    assert written_counts["prompts_done"] == 5 and written_counts["prompts_failed"] == 1
+
+
+def test_a_batch_leased_by_another_worker_is_left_untouched(
+        runner: BatchRunner, events: Events, redis_client: Any) -> None:
+    runner.ledger.acquire(JOB, BATCH, "w1@other/t", ttl_s=30)
+    assert runner.run(JOB, BATCH).status == "owned-elsewhere"
+    assert FakeServer.sent == [] and events.names() == []
+    assert runner.ledger.lease_token(JOB, BATCH) == "w1@other/t"
