@@ -78,16 +78,40 @@ class ServerGate(bootsteps.StartStopStep):
             self.closed_since = None
 
     def _feed(self, c: Any, engine: Any) -> None:
-        """Allow one more batch only when the prompts in hand are about to run out."""
+        """Allow one more batch only when the prompts in hand are about to run out. A server
+        that failed its last probe or a request gets nothing more: batches taken now would
+        wait here while a healthy GPU could run them."""
         backlog = engine.backlog
         low_water = reserve(self.rate.update(time.monotonic(), backlog.sent),
                             engine.limiter.limit)
-        # A server that failed its last probe or a request gets nothing more: batches taken
-        # now would wait here while a healthy GPU could run them.
-        healthy = engine.health_failures == 0
-        hungry = healthy and backlog.loading == 0 and backlog.unsent < low_water
-        wanted = backlog.batches + (1 if hungry else 0)
-        _set_prefetch(c, max(1, min(wanted, engine.settings.batch_concurrency)))
+        _set_prefetch(c, wanted_prefetch(
+            batches=backlog.batches, held=held_on_channel(c), loading=backlog.loading,
+            unsent=backlog.unsent, low_water=low_water, healthy=engine.health_failures == 0,
+            cap=engine.settings.batch_concurrency))
+
+
+def wanted_prefetch(*, batches: int, held: int | None, loading: int, unsent: int,
+                    low_water: int, healthy: bool, cap: int) -> int:
+    """The prefetch that lets exactly one more batch in when the prompts in hand run low.
+
+    Prefetch bounds the messages unacked *on the consumer's channel*. After a broker
+    reconnect the batches still running from the old connection are no longer on it (Redis
+    restored their messages to the queue), so counting them (`batches`) would open room for as
+    many new batches at once: only those the channel holds (`held`) count.
+    """
+    hungry = healthy and loading == 0 and unsent < low_water
+    on_channel = batches if held is None else min(batches, held)
+    return max(1, min(on_channel + (1 if hungry else 0), cap))
+
+
+def held_on_channel(c: Any) -> int | None:
+    """Messages delivered on the consumer's current channel and not acked yet (kombu's virtual
+    QoS, the Redis transport's), or None where that is not known."""
+    qos: Any = getattr(getattr(c.task_consumer, "channel", None), "qos", None)
+    pcount = getattr(qos, "prefetch_count", 0)
+    if qos is None or not pcount or not hasattr(qos, "can_consume_max_estimate"):
+        return None
+    return max(0, int(pcount) - int(qos.can_consume_max_estimate() or 0))
 
 
 def reserve(per_s: float | None, limit: int) -> int:
