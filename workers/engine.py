@@ -148,7 +148,6 @@ class Engine:
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
             api_key=self.settings.sglang_api_key,
-            transport=self.settings.http_transport,
         )
         self.redis = aioredis.Redis.from_url(
             self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5,

@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 import orjson
 
-from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
-from workers.http1 import Http1Transport
+from workers.errors import BadRequestError, RetryableError, ServerDownError
 
 log = logging.getLogger(__name__)
+
+JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -71,26 +72,17 @@ class SGLangClient:
         request_timeout_s: float,
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
-        transport: str = "lean",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
-        # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size.
-        self._transport: httpx.AsyncBaseTransport = (
-            Http1Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=request_timeout_s)
-            if transport == "lean" else
-            httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None,
-                                                         max_keepalive_connections=1024)))
+        # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size:
+        # httpx's default of 100 connections would cap a server that runs more at once.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=self._transport)
-        # The hot path builds its request once-parsed: the client's URL merging, cookie jar
-        # and redirect/auth layers cost more per request than the lean transport itself.
-        self._chat_url = httpx.URL(f"{self.base_url}/v1/chat/completions")
-        self._chat_headers = {**self._http.headers, "Content-Type": "application/json"}
-        self._chat_extensions = {"timeout": timeout.as_dict()}
+                                       limits=limits)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -120,38 +112,28 @@ class SGLangClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
-        request = httpx.Request("POST", self._chat_url, headers=self._chat_headers,
-                                content=orjson.dumps(body), extensions=self._chat_extensions)
-        try:
-            response = await self._transport.handle_async_request(request)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise self._error("POST /v1/chat/completions", exc) from exc
+        async with self._mapped("POST /v1/chat/completions"):
+            response = await self._http.post("/v1/chat/completions", content=orjson.dumps(body),
+                                             headers=JSON)
         self._raise_for_status(response)
         data: dict[str, Any] = orjson.loads(response.content)
         return data
 
     @contextlib.asynccontextmanager
     async def _mapped(self, what: str) -> AsyncIterator[None]:
+        """Turn httpx's errors into the worker's: the one place they are mapped."""
         try:
             yield
-        except httpx.HTTPError as exc:
-            raise self._error(what, exc) from exc
-
-    def _error(self, what: str, exc: httpx.HTTPError) -> GenerationError:
-        """The worker error an httpx error stands for: the one place they are mapped."""
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})")
-        if isinstance(exc, httpx.TimeoutException):
-            return RetryableError(f"{what}: timed out ({type(exc).__name__})")
-        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})") from exc
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"{what}: timed out ({type(exc).__name__})") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             # The connection died mid-request: usually the server crashed; the health wait
             # that follows tells a crash from a blip.
-            return ServerDownError(f"{what}: connection lost ({exc!r})")
-        return RetryableError(f"{what}: {exc!r}")
+            raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
+        except httpx.HTTPError as exc:
+            raise RetryableError(f"{what}: {exc!r}") from exc
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:
