@@ -9,6 +9,7 @@
 - `s3_env`: the AWS_* variables for `s3_server`, set in os.environ for the test.
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
 - `valkey_bin` / `weed_bin`: the server binaries, for tests that start their own servers.
+- `celery_app`: the workers' Celery app publishing to `redis_server`.
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
 where they fail: CI must never pass by skipping. Tests marked `slow` run only with `--run-slow`
@@ -84,6 +85,16 @@ def redis_server(
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+def celery_app(redis_url: str) -> Any:
+    """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
+    from workers.app import app
+
+    app.conf.broker_url = redis_url
+    app._pool = None  # drop connections made for another broker URL
+    return app
 
 
 @pytest.fixture

@@ -120,16 +120,6 @@ def test_skip_invalid_enqueues_the_rest_and_writes_rejects_with_reasons(
     assert {orjson.loads(x)["id"] for x in inputs.splitlines()} == {"ok1", "ok2"}
 
 
-@pytest.fixture
-def celery_app(redis_url: str) -> Any:
-    """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
-    from workers.app import app
-
-    app.conf.broker_url = redis_url
-    app._pool = None  # drop connections made for another broker URL
-    return app
-
-
 def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
     stack: Stack, tmp_path: Path, redis_client: Any, celery_app: Any
 ) -> None:

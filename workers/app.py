@@ -7,21 +7,11 @@ below only keep the broker from fighting them.
 
 from __future__ import annotations
 
-import orjson
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
-from kombu.serialization import register
 
 from workers import keys
 from workers.settings import Settings
-
-register(
-    "orjson",
-    orjson.dumps,
-    lambda data: orjson.loads(bytes(data) if isinstance(data, memoryview) else data),
-    content_type="application/x-orjson",
-    content_encoding="utf-8",
-)
 
 settings = Settings.from_env()
 
@@ -43,9 +33,10 @@ app.conf.update(
         "socket_keepalive": True,
         "health_check_interval": 10,
     },
-    task_serializer="orjson",
-    accept_content=["orjson", "json"],
-    result_accept_content=["orjson", "json"],
+    # A message carries two strings (job, batch): Celery's own json is all it needs.
+    task_serializer="json",
+    accept_content=["json"],
+    result_accept_content=["json"],
     event_serializer="json",
     task_ignore_result=True,
     task_acks_late=True,
