@@ -139,7 +139,7 @@ def write(out: Path, results: dict[str, Any], runs: list[Run]) -> list[Path]:
     (out / "results.md").write_text(text)
     paths = [out / "results.json", out / "results.md"]
     if runs:
-        paths += write_plot(out / "in_flight", [_panel(run) for run in runs])
+        paths.append(write_plot(out / "in_flight.png", [_panel(run) for run in runs]))
         paths.append(_samples_csv(out / "in_flight.csv", runs))
     return paths
 
