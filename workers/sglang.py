@@ -79,8 +79,11 @@ class SGLangClient:
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
         # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size:
-        # httpx's default of 100 connections would cap a server that runs more at once.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        # httpx's default of 100 connections would cap a server that runs more at once. Idle
+        # connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
+        # SGLang and the simulator) can close one just as a request goes out on it.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024,
+                              keepalive_expiry=4.0)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
                                        limits=limits)
 

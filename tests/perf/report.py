@@ -18,6 +18,10 @@ from tests.perf.plot import COLORS, Line, Panel, write_plot
 from tests.perf.saturation import Run
 from tests.stack import ROOT
 
+# Figure 5's targets: one worker process against an instant server, stock httpx.
+WORKER_CPU_US = 1000
+WORKER_RATE = 500
+
 
 @dataclass(frozen=True)
 class Row:
@@ -81,11 +85,16 @@ def rows(results: dict[str, Any]) -> list[Row]:
                        f"MiB, {cost['batches']:,} batches)", "report", None))
     ovh = results.get("overhead")
     if ovh:
-        cpu = ", ".join(f"{k} {v:.0f}" for k, v in ovh["cpu_us_per_prompt"].items())
+        cpu = ovh["cpu_us_per_prompt"]
+        others = ", ".join(f"{k} {v:.0f}" for k, v in cpu.items() if k != "worker")
         hung = f"; HUNG: {', '.join(ovh['hung_batches'])}" if ovh["hung_batches"] else ""
-        out.append(Row("5. overhead: prompts/s of one worker, instant server",
-                       f"{ovh['rate']:,.0f}/s (CPU µs/prompt: {cpu}){hung}", "≥ 3,000",
-                       ovh["rate"] >= 3000 and not ovh["hung_batches"]))
+        # Far above what a GPU feeds (a B200 on the reference model completes ~1.5 requests/s):
+        # the figure guards the worker's cost, it is not a race for its own sake.
+        out.append(Row("5. overhead: one worker, instant server: worker CPU per prompt; prompts/s",
+                       f"{cpu['worker']:.0f} µs; {ovh['rate']:,.0f}/s (CPU µs/prompt: "
+                       f"{others}){hung}", f"≤ {WORKER_CPU_US:,} µs; ≥ {WORKER_RATE}/s",
+                       cpu["worker"] <= WORKER_CPU_US and ovh["rate"] >= WORKER_RATE
+                       and not ovh["hung_batches"]))
     crash = results.get("crash")
     if crash:
         out.append(Row("6. crash: re-sent ÷ in flight at a worker SIGKILL",
