@@ -3,6 +3,10 @@
 Starts the Procfile stack under honcho (embedded Valkey, SeaweedFS, two simulated GPU servers,
 two GPU workers, Flower), enqueues the bundled sample of ~200 mixed prompts, waits for the job,
 prints its summary and where the output is, then stops everything.
+
+The embedded servers are locked (docs/security.md): their password and keys are generated in
+their data dirs before the stack starts, and every process reads them from the files `.env`
+names, so none is typed, printed or passed on a command line.
 """
 
 from __future__ import annotations
@@ -16,28 +20,42 @@ import time
 from pathlib import Path
 
 from launcher.embedded import port_is_free, wait_until
+from launcher.services import redis_password, s3_credentials
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
 PORTS = {"redis": 6389, "s3": 8333, "sim0": 30000, "sim1": 30001, "flower": 5555}
 FLOWER_URL = f"http://127.0.0.1:{PORTS['flower']}"
+# The files .env names for the embedded servers' secrets (relative to the clone).
+SECRET_FILES = ("FLEETGEN_REDIS_PASSWORD_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+# The developer's own AWS identity must neither configure nor reach the embedded S3.
+FOREIGN_AWS = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
+    """`.env` as honcho reads it."""
+    from honcho.environ import parse
+
+    return dict(parse(path.read_text()))
 
 
 def stack_env() -> dict[str, str]:
-    """The environment of the Procfile's processes: .env values, this venv's tools first on PATH."""
-    env = {**os.environ, **read_env_file(ROOT / ".env")}
+    """The environment of the Procfile's processes: .env values (secret files made absolute),
+    this venv's tools first on PATH."""
+    inherited = {k: v for k, v in os.environ.items() if k not in FOREIGN_AWS}
+    env = {**inherited, **read_env_file(ROOT / ".env")}
+    for name in SECRET_FILES:
+        if env.get(name):
+            env[name] = str(ROOT / env[name])
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+def make_secrets(env: dict[str, str]) -> None:
+    """Generate the embedded servers' password and keys where `.env` says, if not there yet:
+    every process of the stack starts at once, and each must find them."""
+    redis_password(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]).parent)
+    s3_credentials(Path(env["AWS_SHARED_CREDENTIALS_FILE"]).parent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +77,9 @@ def main(argv: list[str]) -> int:
         print(f"demo: ports in use: {', '.join(busy)}; is another stack running?", file=sys.stderr)
         return 2
     env = stack_env()
+    make_secrets(env)
+    for name in FOREIGN_AWS:
+        os.environ.pop(name, None)
     os.environ.update({k: v for k, v in env.items() if k != "PATH"})
     started = time.monotonic()
     log_path = ROOT / ".fleetgen" / "demo.log"

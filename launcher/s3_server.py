@@ -1,7 +1,25 @@
-"""The embedded S3: S3Server (SeaweedFS `weed mini`), its port block S3Ports, and its binary lookup."""
+"""The embedded S3: S3Server (SeaweedFS `weed mini`), its port block S3Ports, and its binary lookup.
+
+Locked by default, for a shared node where any local user can reach 127.0.0.1:
+
+- S3 answers signed requests only, with keys generated at the first start into
+  `DATA/credentials` (AWS shared-credentials format, 0600; `AWS_SHARED_CREDENTIALS_FILE`
+  points boto3 at it) unless AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are given.
+- The master's and the filer's HTTP APIs are off (`-disableHttp`: the master's would delete a
+  whole bucket's data for anyone, e.g. `/col/delete`); the volume server's HTTP API wants a
+  JWT signed with a key made at each start (`DATA/security.toml`, 0600).
+- Every gRPC port wants a client certificate from a CA made at each start (launcher/localca.py):
+  the filer's gRPC API is as powerful as its HTTP one.
+- The admin UI wants user `admin` and the password in `DATA/admin-password` (0600).
+- Buckets are never created by an upload (`-s3.autoCreateBucket=false`): a mistyped bucket
+  is an error, not a new bucket. The launcher creates the one bucket it is told to.
+
+`weed shell` run from the data dir finds security.toml there and is let in.
+"""
 
 from __future__ import annotations
 
+import configparser
 import importlib.metadata
 import os
 import random
@@ -10,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.credentials import new_secret, read_or_create, write_private
 from launcher.embedded import (
     HOST,
     BinaryNotFoundError,
@@ -18,10 +37,18 @@ from launcher.embedded import (
     ServiceError,
     port_is_free,
 )
+from launcher.localca import NodeCertificate, issue_node_certificate
 
 REGION = "us-east-1"
 # A unix socket path longer than this does not fit in sockaddr_un (108 bytes with the NUL).
 MAX_SOCKET_PATH = 100
+CREDENTIALS_FILE = "credentials"
+ADMIN_PASSWORD_FILE = "admin-password"
+ADMIN_USER = "admin"
+DEFAULT_ACCESS_KEY = "fleetgen"
+# The weed components that serve or dial gRPC; each gets the node certificate.
+GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "client", "msg_broker",
+                   "msg_agent", "mq")
 
 
 def weed_binary() -> Path:
@@ -72,6 +99,43 @@ class S3Ports:
         ]
 
 
+def s3_credentials(data_dir: Path, access_key: str = "", secret_key: str = "") -> tuple[str, str]:
+    """The keys S3 accepts, as kept in `DATA/credentials`: the given ones (then written there),
+    else the ones written there before, else new ones (a random secret) written there now."""
+    path = Path(data_dir) / CREDENTIALS_FILE
+    if access_key and secret_key:
+        write_private(path, _credentials_ini(access_key, secret_key))
+        return access_key, secret_key
+    parser = configparser.ConfigParser()
+    parser.read_string(read_or_create(path, lambda: _credentials_ini(DEFAULT_ACCESS_KEY,
+                                                                      new_secret())))
+    try:
+        profile = parser["default"]
+        return profile["aws_access_key_id"], profile["aws_secret_access_key"]
+    except KeyError:
+        raise ServiceError(f"{path}: no [default] aws_access_key_id / aws_secret_access_key; "
+                           "delete it to get new keys") from None
+
+
+def _credentials_ini(access_key: str, secret_key: str) -> str:
+    return (f"[default]\naws_access_key_id = {access_key}\n"
+            f"aws_secret_access_key = {secret_key}\n")
+
+
+def security_toml(tls: NodeCertificate) -> str:
+    """weed's security.toml: fresh JWT keys for the volume and filer HTTP APIs, and mTLS (the
+    node certificate, trusting only its CA) on every gRPC server and client."""
+    lines = []
+    for section in ("jwt.signing", "jwt.signing.read", "jwt.filer_signing",
+                    "jwt.filer_signing.read"):
+        lines += [f"[{section}]", f'key = "{new_secret()}"', "expires_after_seconds = 10", ""]
+    lines += ["[access]", "ui = false", "", "[filer.expose_directory_metadata]", "enabled = false",
+              "", "[grpc]", f'ca = "{tls.ca}"', ""]
+    for component in GRPC_COMPONENTS:
+        lines += [f"[grpc.{component}]", f'cert = "{tls.cert}"', f'key = "{tls.key}"', ""]
+    return "\n".join(lines)
+
+
 def free_s3_base(attempts: int = 200) -> int:
     """An S3 port P whose whole S3Ports block is free.
 
@@ -88,9 +152,11 @@ def free_s3_base(attempts: int = 200) -> int:
 
 @dataclass
 class S3Server(EmbeddedServer):
-    """SeaweedFS `weed mini`: S3 with static credentials and one bucket, all on 127.0.0.1.
+    """SeaweedFS `weed mini`: S3 with static credentials and one bucket, all on 127.0.0.1,
+    locked as the module doc says.
 
-    `port` is the S3 port P (0: pick a free block); see S3Ports for the other ports.
+    `port` is the S3 port P (0: pick a free block); see S3Ports for the other ports. Empty
+    keys mean the data dir's (generated at the first start); they are set once started.
     Ready means a real PUT+GET of a canary object in the bucket succeeded.
     """
 
@@ -98,8 +164,8 @@ class S3Server(EmbeddedServer):
     # weed exits in about 1 s with -volume.preStopSeconds=0; stay under honcho's 5 s grace.
     stop_timeout: float = 4.0
     bucket: str = "fleetgen"
-    access_key: str = "fleetgen"
-    secret_key: str = "fleetgen-secret"
+    access_key: str = field(default="", repr=False)
+    secret_key: str = field(default="", repr=False)
     _probe_client: Any = field(default=None, init=False, repr=False)
 
     name = "s3"
@@ -117,6 +183,20 @@ class S3Server(EmbeddedServer):
     @property
     def address(self) -> str:
         return self.endpoint_url
+
+    @property
+    def credentials_file(self) -> Path:
+        """The keys in AWS shared-credentials format (AWS_SHARED_CREDENTIALS_FILE)."""
+        return self.data_dir / CREDENTIALS_FILE
+
+    @property
+    def admin_password_file(self) -> Path:
+        return self.data_dir / ADMIN_PASSWORD_FILE
+
+    @property
+    def tls(self) -> NodeCertificate:
+        folder = self.data_dir / "tls"
+        return NodeCertificate(folder / "ca.crt", folder / "node.crt", folder / "node.key")
 
     def env(self) -> dict[str, str]:
         """The AWS_* variables that point boto3 (and the workers) at this server."""
@@ -148,8 +228,16 @@ class S3Server(EmbeddedServer):
         socket_path = self.data_dir / "filer.sock"
         if len(str(socket_path)) > MAX_SOCKET_PATH:
             raise ServiceError(f"s3: data dir path too long for a unix socket: {socket_path}")
-        # mini re-applies DATA/mini.options for every flag not given, so stale options persist.
-        (self.data_dir / "mini.options").unlink(missing_ok=True)
+        self.access_key, self.secret_key = s3_credentials(self.data_dir, self.access_key,
+                                                          self.secret_key)
+        admin_password = read_or_create(self.admin_password_file, lambda: new_secret() + "\n")
+        tls = issue_node_certificate(self.tls.ca.parent)
+        # weed reads ./security.toml first (its cwd is the data dir); the keys are new each start.
+        write_private(self.data_dir / "security.toml", security_toml(tls))
+        # mini re-applies DATA/mini.options for every flag not given, so stale options persist;
+        # it also is the one way to give the admin password without showing it in `ps`.
+        write_private(self.data_dir / "mini.options",
+                      f"admin.user={ADMIN_USER}\nadmin.password={admin_password}\n")
         (self.data_dir / "tmp").mkdir(exist_ok=True)
 
     def _argv(self, binary: Path) -> list[str]:
@@ -157,6 +245,7 @@ class S3Server(EmbeddedServer):
         return [
             str(binary), "-logtostderr", "mini", f"-dir={d}", f"-ip={HOST}", f"-ip.bind={HOST}",
             *self.ports.flags(), "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
+            "-disableHttp", "-s3.autoCreateBucket=false",
             "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
             "-volume.preStopSeconds=0", f"-filer.localSocket={d}/filer.sock",
             f"-s3.localSocket={d}/s3.sock",

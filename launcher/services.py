@@ -11,9 +11,11 @@ The commands run one server in the foreground until SIGTERM/SIGINT, for a Procfi
     redis: python -m launcher redis --port 6389 --data-dir .fleetgen/redis
     s3:    python -m launcher s3 --port 8333 --data-dir .fleetgen/s3 --bucket fleetgen
 
-S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (default fleetgen /
-fleetgen-secret). On SIGTERM or SIGINT the server is stopped (SIGTERM, then SIGKILL after a
-deadline shorter than honcho's 5 s grace) and nothing is left running.
+Both are locked by default (docs/security.md). Redis generates a password into
+DATA/password at its first start (clients: FLEETGEN_REDIS_PASSWORD_FILE); S3 takes its keys
+from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, else generates them into DATA/credentials
+(clients: AWS_SHARED_CREDENTIALS_FILE). On SIGTERM or SIGINT the server is stopped (SIGTERM,
+then SIGKILL after a deadline shorter than honcho's 5 s grace) and nothing is left running.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import signal
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -39,13 +41,13 @@ from launcher.embedded import (
 
 # The servers live in their own modules; they are re-exported here because tests, the demo and
 # benchmarks import them from launcher.services.
-from launcher.redis_server import RedisServer, valkey_binary
-from launcher.s3_server import S3Ports, S3Server, free_s3_base, weed_binary
+from launcher.redis_server import RedisServer, redis_password, valkey_binary
+from launcher.s3_server import S3Ports, S3Server, free_s3_base, s3_credentials, weed_binary
 
 __all__ = [
     "BinaryNotFoundError", "PortUnavailableError", "RedisServer", "S3Ports", "S3Server",
-    "ServiceError", "ServiceStartError", "free_port", "free_s3_base", "main", "valkey_binary",
-    "wait_until", "weed_binary",
+    "ServiceError", "ServiceStartError", "free_port", "free_s3_base", "main", "redis_password",
+    "s3_credentials", "valkey_binary", "wait_until", "weed_binary",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,6 @@ DEFAULTS: dict[str, tuple[int, str]] = {
     "s3": (8333, ".fleetgen/s3"),
 }
 DEFAULT_BUCKET = "fleetgen"
-DEFAULT_ACCESS_KEY = "fleetgen"
-DEFAULT_SECRET_KEY = "fleetgen-secret"
 # How often the foreground loop checks that the server is still alive.
 POLL_SECONDS = 0.2
 
@@ -75,16 +75,20 @@ class Settings:
     port: int
     data_dir: Path
     bucket: str = DEFAULT_BUCKET
-    access_key: str = DEFAULT_ACCESS_KEY
-    secret_key: str = DEFAULT_SECRET_KEY
+    # Empty: the data dir's keys, generated at the first start.
+    access_key: str = field(default="", repr=False)
+    secret_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.service not in DEFAULTS:
             raise ValueError(f"unknown service {self.service!r}; expected one of {list(DEFAULTS)}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, not {self.port}")
-        if not (self.bucket and self.access_key and self.secret_key):
-            raise ValueError("bucket, access key and secret key must not be empty")
+        if not self.bucket:
+            raise ValueError("the bucket name must not be empty")
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ValueError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither "
+                             "(then the server's own keys are generated into its data dir)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
@@ -94,8 +98,8 @@ class Settings:
             port=args.port if args.port is not None else port,
             data_dir=Path(args.data_dir if args.data_dir is not None else data_dir),
             bucket=getattr(args, "bucket", None) or DEFAULT_BUCKET,
-            access_key=environ.get("AWS_ACCESS_KEY_ID") or DEFAULT_ACCESS_KEY,
-            secret_key=environ.get("AWS_SECRET_ACCESS_KEY") or DEFAULT_SECRET_KEY,
+            access_key=environ.get("AWS_ACCESS_KEY_ID") or "",
+            secret_key=environ.get("AWS_SECRET_ACCESS_KEY") or "",
         )
 
 
@@ -129,7 +133,8 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
     """Run `server` until `stop` is set or the server dies; always leave it stopped."""
     try:
         server.start()
-        log.info("%s: serving %s until SIGTERM/SIGINT", server.name, server.address)
+        log.info("%s: serving %s until SIGTERM/SIGINT; credentials in %s", server.name,
+                 server.address, server.credentials_file)
         while not stop.wait(POLL_SECONDS):
             if not server.alive():
                 log.error("%s: server exited with code %s; its output:\n%s",

@@ -29,6 +29,7 @@ from workers.canary import Thresholds
 from workers.errors import FleetgenError, JobError
 from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
 from workers.ledger import Ledger
+from workers.redact import redact
 from workers.settings import Settings
 from workers.sink import open_sink
 
@@ -251,8 +252,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     ledger.load_job(args.job)
     try:
         while True:
-            status = job_status(ledger, args.job, live=not args.no_servers,
-                                api_key=settings.sglang_api_key)
+            status = job_status(ledger, args.job, live=not args.no_servers)
             if args.json:
                 # One object per line under --watch, so a reader can follow it line by line.
                 option = 0 if args.watch else orjson.OPT_INDENT_2
@@ -385,12 +385,20 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
-    except FleetgenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except FleetgenError as exc:  # SettingsError too: a setting's error may quote a URL
+        print(f"error: {redact(exc)}", file=sys.stderr)
+        return RET_ERROR
+    except redis.exceptions.AuthenticationError as exc:
+        print(f"error: Redis at {redact(settings.redis_url)} refused the password ({redact(exc)});"
+              " check REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE", file=sys.stderr)
+        return RET_ERROR
+    except redis.exceptions.NoPermissionError as exc:
+        print(f"error: the Redis user of {redact(settings.redis_url)} may not do this ({exc}); "
+              "its ACL lacks what the producer needs (docs/security.md)", file=sys.stderr)
         return RET_ERROR
     except redis.exceptions.ConnectionError as exc:
-        print(f"error: cannot reach Redis at {settings.redis_url} ({exc}); start the embedded one "
-              "with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
+        print(f"error: cannot reach Redis at {redact(settings.redis_url)} ({redact(exc)}); start "
+              "the embedded one with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
         return RET_ERROR
     except KeyboardInterrupt:
         return RET_INTERRUPTED

@@ -9,6 +9,7 @@ neither done, nor running, nor waiting in the broker.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +84,8 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
     # Prompts of an earlier round that has not been written yet are requeued already.
     done = ledger.done_batches(job)
     for batch in sorted(b for b in ledger.all_batches(job) if b.startswith("r") and b not in done):
-        for line in (sink.get(keys.sink_input(job, batch)) or b"").splitlines():
-            if line:
-                failed.pop(orjson.loads(line)["id"], None)
+        for row in iter_jsonl(sink, keys.sink_input(job, batch)):
+            failed.pop(row["id"], None)
     if not failed:
         return RequeueReport(0, 0)
     size = batch_size or manifest.batch_size
@@ -97,9 +97,7 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
         chunk = rows[start:start + size]
         sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
         batches.append(batch)
-    by_code: dict[str, int] = {}
-    for row in rows:
-        by_code[failed[row["id"]]] = by_code.get(failed[row["id"]], 0) + 1
+    by_code = Counter(failed[row["id"]] for row in rows)
     with ledger.r.pipeline() as p:
         p.sadd(keys.job_part(job, "extra"), *batches)
         # They leave the failed figures until their new batches are written; live and

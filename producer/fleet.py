@@ -6,6 +6,11 @@ their server said at that moment. For servers on this node `read_fleet` reads `/
 shows as `down` instead of stalling the view; for other nodes' servers (a `127.0.0.1` URL there
 is not this node's server) it shows the reading their worker published.
 
+The addresses come from Redis, which anyone with write access to it can fill: so these reads
+never carry SGLANG_API_KEY (only a worker sends it, to the one server it was configured with).
+A server that wants the key for `/server_info` still shows its live `/metrics` (SGLang serves
+those without a key), with capacity and version from the reading its worker published.
+
     rows = read_fleet(ledger.r, job_workers=status["workers"], elapsed_s=600.0)
     print("\\n".join(render_fleet(rows)))
 """
@@ -34,19 +39,20 @@ CONNECT_TIMEOUT_S = 0.5
 # Workers re-register every 5 s (engine.REGISTRY_BEAT_S); six missed beats means gone.
 LOST_AFTER_S = 30.0
 THIS_HOST = socket.gethostname()
+# What a reading takes from `/server_info` (or from it when /metrics lacks it).
+SERVER_INFO_FIELDS = ("effective_max", "requested_max", "version", "accept_length")
 
 async def read_servers(
-    urls: Iterable[str], api_key: str | None = None, deadline_s: float = FETCH_DEADLINE_S
+    urls: Iterable[str], deadline_s: float = FETCH_DEADLINE_S
 ) -> dict[str, ServerReading]:
-    """Read every server concurrently; each one gets at most `deadline_s`."""
+    """Read every server concurrently, without credentials; each one gets at most `deadline_s`."""
     unique = sorted(set(urls))
     if not unique:
         return {}
     timeout = httpx.Timeout(deadline_s, connect=min(CONNECT_TIMEOUT_S, deadline_s))
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
-
         readings = await asyncio.gather(
-            *(read_server_within(client, u, api_key, deadline_s) for u in unique))
+            *(read_server_within(client, u, None, deadline_s) for u in unique))
     return dict(zip(unique, readings, strict=True))
 
 
@@ -72,20 +78,18 @@ def fleet_rows(
     readings: Mapping[str, ServerReading],
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
-    published: Mapping[str, ServerReading] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per worker: its registry entry, its server's reading and its share of the job.
 
-    `readings` are live, by server URL (this node); `published` are other nodes' workers' own
-    readings, by worker. Workers that did work for the job but are no longer registered are
+    `readings` are by worker: read live for this node's servers, as published by their worker
+    for other nodes'. Workers that did work for the job but are no longer registered are
     listed as `lost`.
     """
     rows = []
-    published = published or {}
     for name in sorted(set(workers) | set(job_workers)):
         entry = workers.get(name, {})
         server = entry.get("server")
-        reading = published.get(name) or (readings.get(server) if server else None)
+        reading = readings.get(name)
         mine = job_workers.get(name, {})
         tokens = float(mine.get("output_tokens", 0))
         live = asdict(reading) if reading else asdict(ServerReading("unknown"))
@@ -114,22 +118,39 @@ def read_fleet(
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
     *,
-    api_key: str | None = None,
     now: float | None = None,
     deadline_s: float = FETCH_DEADLINE_S,
 ) -> list[dict[str, Any]]:
     """Registry + live server readings + this job's per-worker counters, one row per worker."""
     now = time.time() if now is None else now
     workers = registry(r, now)
-    local = [e["server"] for e in workers.values() if e.get("server") and _on_this_node(e)]
-    readings = asyncio.run(read_servers(local, api_key, deadline_s))
-    published = {name: _published(e) for name, e in workers.items() if not _on_this_node(e)}
-    return fleet_rows(workers, readings, job_workers, elapsed_s, published)
+    local = {name: e for name, e in workers.items() if e.get("server") and _on_this_node(e)}
+    live = asyncio.run(read_servers((e["server"] for e in local.values()), deadline_s))
+    # Per worker: its server read live here, with what that read could not see without the
+    # key taken from its worker's own reading; other nodes' workers' readings as published.
+    readings = {name: _filled(live[e["server"]], e.get("reading")) for name, e in local.items()}
+    readings |= {name: _published(e) for name, e in workers.items() if not _on_this_node(e)}
+    return fleet_rows(workers, readings, job_workers, elapsed_s)
 
 
 def _on_this_node(entry: Mapping[str, Any]) -> bool:
     # Entries without a host come from workers older than the field: read them live.
     return entry.get("host") in (None, THIS_HOST)
+
+
+def _filled(live: ServerReading, published: object) -> ServerReading:
+    """`live` with the figures only `/server_info` gives, when it gave none (it wants the key
+    this reader does not send), taken from the reading the server's own worker published."""
+    if live.state != "up" or not isinstance(published, dict):
+        return live
+    known = asdict(live)
+    for name in SERVER_INFO_FIELDS:
+        if known[name] is None and published.get(name) is not None:
+            known[name] = published[name]
+    try:
+        return ServerReading(**known)
+    except TypeError:
+        return live
 
 
 def _published(entry: Mapping[str, Any]) -> ServerReading:

@@ -61,8 +61,8 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
     mark = _fingerprint(status)
     if status["state"] != STATE_RUNNING and ledger.r.get(keys.job_part(job, "progress_mark")) == mark:
         return False
-    status["fleet"] = read_fleet(ledger.r, status["workers"], float(status["elapsed_s"]),
-                                 api_key=settings.sglang_api_key if settings else None, now=now)
+    # Never with SGLANG_API_KEY: the servers' addresses come from Redis (producer/fleet.py).
+    status["fleet"] = read_fleet(ledger.r, status["workers"], float(status["elapsed_s"]), now=now)
     style = settings.s3_addressing_style if settings else "path"
     sink = open_sink(status["output"], addressing_style=style)
     sink.put(progress_key(job), orjson.dumps(status, option=orjson.OPT_INDENT_2))

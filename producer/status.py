@@ -29,23 +29,20 @@ STATE_DONE = "done"
 
 def job_status(
     ledger: Ledger, job: str, now: float | None = None, *, live: bool = False,
-    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Every figure of `job` at `now`; `live` adds `fleet` (one row per worker, ~2 s at most)."""
     now = time.time() if now is None else now
     manifest = ledger.load_job(job)
     stored_state, reason = ledger.job_state(job)
-    stats = ledger.stats(job)
     # done/failed are what the sink holds (the figures export reconciles); prompts answered
     # in batches not written yet are `checkpointed` until their batch is written.
-    written = ledger.written(job)
+    written, stats, finished_batches, extra = ledger.counts(job)
     done = int(written.get("prompts_done", 0))
     failed = int(written.get("prompts_failed", 0))
     answered = int(stats.get("prompts_done", 0) + stats.get("prompts_failed", 0))
     remaining = max(0, manifest.prompts - done - failed)
     checkpointed = min(remaining, max(0, answered - done - failed))
-    finished_batches = len(ledger.done_batches(job))
-    total_batches = manifest.batches + int(ledger.r.scard(keys.job_part(job, "extra")))
+    total_batches = manifest.batches + extra
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
     state = STATE_DONE if finished else stored_state
     running = ledger.running_batches(job)
@@ -83,7 +80,7 @@ def job_status(
         "workers": workers,
         "canary": _canary(ledger, job, manifest),
         "quality": _quality(ledger, job),
-        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], api_key=api_key, now=now)
+        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], now=now)
         if live else None,
         "updated_at": now,
     }

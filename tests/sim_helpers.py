@@ -1,10 +1,13 @@
-"""Shared helpers for the simulator tests: in-thread servers, subprocesses, metric scraping."""
+"""Shared helpers for the simulator tests: in-thread servers, subprocesses, metric scraping,
+and an event loop on simulated time."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
+import selectors
 import signal
 import socket
 import subprocess
@@ -39,7 +42,11 @@ def chat_body(text: str = "Hello there", **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
 
 
-def wait_until(condition: Callable[[], T | None], timeout: float = 10.0,
+# Deadlines only stop a wait that would never end: generous, for a loaded 2-core machine.
+WAIT_S = 30.0
+
+
+def wait_until(condition: Callable[[], T | None], timeout: float = WAIT_S,
                what: str = "condition") -> T:
     """Poll `condition` until it returns a truthy value; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -89,7 +96,7 @@ class SimProcess:
         """Everything the process printed so far."""
         return self.log_path.read_text(errors="replace")
 
-    def wait_for_line(self, text: str, timeout: float = 10.0) -> str:
+    def wait_for_line(self, text: str, timeout: float = WAIT_S) -> str:
         """Wait until the output contains `text`; the output so far."""
         wait_until(lambda: text in self.log(), timeout, repr(text))
         return self.log()
@@ -101,11 +108,11 @@ class SimProcess:
         except httpx.TransportError:
             return None
 
-    def wait_healthy(self, timeout: float = 10.0) -> None:
+    def wait_healthy(self, timeout: float = WAIT_S) -> None:
         """Wait until /health answers 200."""
         wait_until(lambda: self.health() == 200, timeout, "/health == 200")
 
-    def wait_exit(self, timeout: float = 10.0) -> int:
+    def wait_exit(self, timeout: float = WAIT_S) -> int:
         """The exit code, once the process has ended."""
         return self.proc.wait(timeout=timeout)
 
@@ -115,3 +122,36 @@ class SimProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
         self._log.close()
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on simulated time: waiting for the next timer takes no wall time.
+
+    The simulator's scheduler keeps its timelines in loop time, so on this loop its figures
+    are exact whatever else the machine runs. `advance` plays a callback that holds the loop.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(selector=_NoWait(self))
+
+    def time(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` of loop time pass, as a callback busy for that long would."""
+        self.now += seconds
+
+
+class _NoWait(selectors.DefaultSelector):
+    """Polls the loop's own file descriptors; a wait for a timer jumps the clock instead."""
+
+    def __init__(self, loop: VirtualClockLoop) -> None:
+        super().__init__()
+        self.loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if not ready and timeout:
+            self.loop.advance(timeout)
+        return ready

@@ -159,6 +159,12 @@ def test_thresholds_parse_names_what_is_wrong(spec: str, message: str) -> None:
 
 FAST_SIM = ("--max-running-requests", "16", "--decode-tps", "100", "--mean-output-tokens", "300",
             "--speed", "200")
+# For the jobs the canary pauses. The worker judges the window once per group of answers it
+# checkpoints, and a group holds whatever answers arrived during the previous commit: on a
+# loaded machine, at FAST_SIM's ~1,000 answers/s, that is dozens and the pause lands past
+# K + CANARY_EVERY. At most ~70 answers/s (4 slots, >= 57 ms of prefill for each 17-token
+# prompt) keeps the groups to a few answers unless a commit stalls for over 150 ms.
+PAUSED_SIM = ("--max-running-requests", "4", "--prefill-tps", "15", "--speed", "20")
 PROMPTS = 400
 
 
@@ -192,7 +198,7 @@ def wait_paused_and_idle(stack: Stack, ledger: Ledger, job: str) -> dict[str, An
 def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
     stack: Stack, tmp_path: Path,
 ) -> None:
-    ledger = run_job(stack, tmp_path, "thinking-off", ("--mode", "thinking-off"))
+    ledger = run_job(stack, tmp_path, "thinking-off", (*PAUSED_SIM, "--mode", "thinking-off"))
     status = wait_paused_and_idle(stack, ledger, "thinking-off")
     detected = status["quality"]["detected_after"]
     print(f"\ncanary: thinking-off paused after {detected} answers "
@@ -209,7 +215,7 @@ def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
 def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_finishes_it(
     stack: Stack, tmp_path: Path,
 ) -> None:
-    ledger = run_job(stack, tmp_path, "tiny", (), "--max-tokens", "64")
+    ledger = run_job(stack, tmp_path, "tiny", PAUSED_SIM, "--max-tokens", "64")
     status = wait_paused_and_idle(stack, ledger, "tiny")
     detected = status["quality"]["detected_after"]
     print(f"\ncanary: max_tokens=64 paused after {detected} answers "

@@ -262,3 +262,16 @@ def test_a_reader_that_goes_away_ends_the_process_without_a_traceback(
     finally:
         os.close(w)
     assert (done.returncode, done.stderr.decode()) == (RET_BROKEN_PIPE, "")
+
+
+def test_a_bad_setting_is_one_error_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "garbage")
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: REDIS_URL must be a redis:// URL") and "Traceback" not in err
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("FLEETGEN_LEASE_TTL_S", "-3")
+    assert main(["jobs"]) == 1
+    assert "error: FLEETGEN_LEASE_TTL_S must be >= 0" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """`python -m launcher explain`: logs in, a report of what the server did and why, out.
 
-Also covers launcher.capacity, the "why" of the effective max_running_requests, both from a
-log and from a `/server_info` body.
+Also covers the capacity reading in launcher.logs, the "why" of the effective
+max_running_requests, both from a log and from a `/server_info` body.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.capacity import CapacityFacts, from_server_info, read_capacity
-from launcher.explain import main
+from launcher.logs import CapacityFacts, from_server_info, read_capacity
+from launcher.logs import explain as main
 
 ROOT = Path(__file__).resolve().parents[1]
 MAMBA_REASON = ("asked 128, got 16: 80 Mamba slots / 5 per request (extra_buffer); "
@@ -405,7 +405,7 @@ def test_python_m_launcher_explain_runs_as_a_command(tmp_path: Path) -> None:
 def test_docs_examples_are_what_explain_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    doc = (ROOT / "README.md").read_text(encoding="utf-8")
+    doc = (ROOT / "docs" / "guides" / "explain.md").read_text(encoding="utf-8")
     blocks = dict(re.findall(r"<!-- example: (\w+) -->\n```\w*\n(.*?)```", doc, re.DOTALL))
     (tmp_path / "gpu0.log").write_text(blocks["log"], encoding="utf-8")
     monkeypatch.chdir(tmp_path)
@@ -454,7 +454,7 @@ def test_capacity_reading_names_the_binding_limit(
 
 
 def server_info(**overrides: object) -> dict[str, object]:
-    """A /server_info body shaped like 0.5.23's (contract §4.3)."""
+    """A /server_info body shaped like 0.5.23's (docs/reference/sglang.md#server-info)."""
     info: dict[str, object] = {
         "model_path": "Qwen/Qwen3.5-35B-A3B", "served_model_name": "qwen", "version": "0.5.23",
         "max_running_requests": 128, "context_length": None, "chunked_prefill_size": 8192,

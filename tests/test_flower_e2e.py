@@ -44,7 +44,8 @@ WORKERS = ("gpu0@test", "gpu1@test")
 @pytest.fixture
 def chromium(tmp_path: Path) -> Iterator[Browser]:
     if not Path(CHROMIUM).is_file():
-        unavailable(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+        unavailable(f"{CHROMIUM} not found: the Flower browser test needs Chromium; install it "
+                    "with `apt-get install -y chromium` (as root; .ci/run does this)")
     home = tmp_path / "chromium-home"
     home.mkdir()
     yield Browser(home)

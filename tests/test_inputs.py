@@ -11,17 +11,17 @@ import pytest
 from producer.inputs import (
     PROGRESS_EVERY,
     REJECT_RAW_CHARS,
+    SAMPLING_PARAMS,
+    IdIndex,
     InputError,
     InputErrors,
     NoPrompts,
     PromptRecord,
     Rejects,
+    hash_id,
     read_prompts,
     validate_file,
-    write_rejects,
 )
-from producer.prompt_id import IdIndex, hash_id
-from producer.request_fields import SAMPLING_PARAMS
 from producer.samples import SAMPLE_PATH
 from producer.samples.generate_sample import write_bulk, write_sample
 from workers.errors import JobError
@@ -510,13 +510,14 @@ def test_validate_file_with_on_error_reports_every_reject_and_returns(tmp_path: 
     assert (summary.prompts, summary.rejected, len(rejects)) == (2, 30, 30)
 
 
-def test_write_rejects_writes_line_field_error_and_truncated_raw(tmp_path: Path) -> None:
+def test_a_rejects_file_holds_line_field_error_and_truncated_raw(tmp_path: Path) -> None:
     long_line = '{"prompt": "' + "x" * 2000 + '", "id": "a/b"}'
     path = write_jsonl(tmp_path, GOOD, long_line, "[1]")
-    rejects: list[InputError] = []
-    list(read_prompts(path, skip_invalid=True, on_error=rejects.append))
-    out = tmp_path / "rejects.jsonl"
-    assert write_rejects(out, rejects) == 2
+    rejects = Rejects()
+    list(read_prompts(path, skip_invalid=True, on_error=rejects))
+    assert rejects.count == 2
+    rejects.upload(open_sink(str(tmp_path / "out")), "job/rejects.jsonl")
+    out = tmp_path / "out/job/rejects.jsonl"
     first, second = (orjson.loads(line) for line in out.read_bytes().splitlines())
     assert first["line"] == 2 and first["field"] == "id" and "contains '/'" in first["error"]
     assert first["raw"] == long_line[:REJECT_RAW_CHARS]

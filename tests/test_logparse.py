@@ -1,6 +1,6 @@
-"""launcher.logparse: one SGLang log line in, one typed event (or None) out.
+"""launcher.logs.parse_line: one SGLang log line in, one typed event (or None) out.
 
-Lines are copied from the formats of shared/reference/sglang-contract.md §6, one per era.
+Lines are copied from the formats of docs/reference/sglang.md#logs, one per era.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from launcher.logparse import (
+from launcher.logs import (
     CapWarning,
     CudaGraph,
     DecodeBatch,

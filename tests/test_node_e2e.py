@@ -144,7 +144,7 @@ def test_up_brings_two_simulated_gpus_to_ready_and_stop_leaves_nothing(
     n = start_node(2)
 
     state = n.wait(lambda s: len(s["gpus"]) == 2 and all(g["state"] == "ready" for g in s["gpus"]),
-                   30, "both GPUs ready")
+                   60, "both GPUs ready")
 
     record_property("up_to_ready_s", round(time.monotonic() - began, 2))
     for gpu in state["gpus"]:
@@ -171,7 +171,7 @@ def test_up_brings_two_simulated_gpus_to_ready_and_stop_leaves_nothing(
 def test_crashed_server_is_restarted_and_ready_again(
         start_node: Callable[..., Node], record_property: Callable[[str, object], None]) -> None:
     n = start_node(1, "--backoff", "0.1", server_args=("--crash-after-requests", "1"))
-    first = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 30, "ready")
+    first = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 60, "ready")
     url, old_pid = first["gpus"][0]["url"], first["gpus"][0]["pid"]
     body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
     assert httpx.post(f"{url}/generate", json=body, timeout=10).status_code == 200
@@ -180,7 +180,7 @@ def test_crashed_server_is_restarted_and_ready_again(
         httpx.post(f"{url}/generate", json=body, timeout=10)
     crashed = time.monotonic()
     state = n.wait(lambda s: s["gpus"][0]["restarts"] == 1 and s["gpus"][0]["state"] == "ready",
-                   30, "restarted and ready")
+                   60, "restarted and ready")
 
     record_property("crash_to_ready_s", round(time.monotonic() - crashed, 2))
     gpu = state["gpus"][0]
@@ -189,19 +189,19 @@ def test_crashed_server_is_restarted_and_ready_again(
     assert httpx.post(f"{url}/generate", json=body, timeout=10).status_code == 200
 
 
-def test_startup_oom_is_reported_with_its_reason_within_seconds(
+def test_startup_oom_is_reported_with_its_reason_from_the_log_not_the_ready_deadline(
         start_node: Callable[..., Node]) -> None:
-    began = time.monotonic()
+    # The ready deadline is 1800 s, so a reason within the wait below came from the log line;
+    # "within seconds" is checked in virtual time in tests/test_supervisor.py.
     n = start_node(1, "--backoff", "0.1", "--max-crashes", "2",
                    server_args=("--startup-oom",))
 
     state = n.wait(lambda s: bool(s["gpus"]) and "kv_no_memory" in (s["gpus"][0]["last_reason"]
-                                                                    or ""), 10, "the OOM reason")
+                                                                    or ""), 120, "the OOM reason")
 
-    assert time.monotonic() - began < 10
     assert "Not enough memory. Please try to increase --mem-fraction-static" in \
         state["gpus"][0]["last_reason"]
-    assert n.proc.wait(20) == node.EXIT_FAILED  # two crashes: stopped, nothing left to run
+    assert n.proc.wait(60) == node.EXIT_FAILED  # two crashes: stopped, nothing left to run
     final = n.state()["gpus"][0]
     assert final["state"] == "stopped" and final["last_reason"].startswith("crash loop: 2 crashes")
 
@@ -210,7 +210,7 @@ def test_rolling_restart_applies_new_args_one_gpu_at_a_time(
         start_node: Callable[..., Node]) -> None:
     n = start_node(2)
     before = n.wait(lambda s: len(s["gpus"]) == 2 and all(g["state"] == "ready"
-                                                          for g in s["gpus"]), 30, "ready")
+                                                          for g in s["gpus"]), 60, "ready")
 
     done = run_cli("restart", "--rolling", "--run-dir", str(n.run_dir), "--",
                    "--max-running-requests", "8")
@@ -231,7 +231,7 @@ def test_workers_are_started_and_restarted_with_their_servers(
         start_node: Callable[..., Node], redis_url: str) -> None:
     n = start_node(1, "--workers", "--backoff", "0.1", env={"REDIS_URL": redis_url})
     state = n.wait(lambda s: bool(s["gpus"]) and (s["gpus"][0]["worker"] or {}).get("state")
-                   == "running", 30, "worker running")
+                   == "running", 60, "worker running")
     worker = state["gpus"][0]["worker"]
     log = Path(worker["log"])
     wait_until(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 30,
@@ -242,14 +242,14 @@ def test_workers_are_started_and_restarted_with_their_servers(
     os.killpg(worker["pid"], signal.SIGKILL)
 
     state = n.wait(lambda s: s["gpus"][0]["worker"]["restarts"] == 1
-                   and s["gpus"][0]["worker"]["state"] == "running", 30, "worker restarted")
+                   and s["gpus"][0]["worker"]["state"] == "running", 60, "worker restarted")
     assert state["gpus"][0]["worker"]["pid"] != worker["pid"]
     assert n.stop() == 0
 
 
 def test_servers_do_not_outlive_a_killed_launcher(start_node: Callable[..., Node]) -> None:
     n = start_node(1)
-    pid = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 30,
+    pid = n.wait(lambda s: bool(s["gpus"]) and s["gpus"][0]["state"] == "ready", 60,
                  "ready")["gpus"][0]["pid"]
 
     n.proc.kill()  # SIGKILL: no chance to stop anything; the server gets SIGTERM from the kernel

@@ -76,7 +76,7 @@ class Interrupt:
 @pytest.fixture
 def frequent_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress callbacks every 100 lines, so a small file can be interrupted mid-pass."""
-    monkeypatch.setattr("producer.scan.PROGRESS_EVERY", 100)
+    monkeypatch.setattr("producer.inputs.PROGRESS_EVERY", 100)
 
 
 def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(

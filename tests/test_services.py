@@ -29,6 +29,7 @@ from launcher.services import (
     ServiceStartError,
     free_port,
     free_s3_base,
+    redis_password,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,10 @@ def listening(pid: int) -> set[tuple[str, int]]:
     """(ip, port) of every TCP socket `pid` listens on, from /proc."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd)
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # the fd closed between listing and reading it
+            continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     found = set()
@@ -145,17 +149,19 @@ def test_redis_keeps_acknowledged_writes_across_sigkill_and_restart(
         client.close()
 
 
-def test_redis_start_fails_fast_with_the_log_tail_when_the_server_exits(
+def test_redis_start_fails_on_the_servers_exit_not_its_deadline_with_the_log_tail(
     tmp_path: Path, valkey_bin: Path
 ) -> None:
     manifest = tmp_path / "appendonlydir" / "appendonly.aof.manifest"
     manifest.parent.mkdir()
     manifest.write_text("this is not a manifest\n")
-    server = RedisServer(data_dir=tmp_path, startup_timeout=30)
-    began = time.monotonic()
-    with pytest.raises(ServiceStartError, match="(?s)exited with code 1.*Invalid AOF manifest"):
+    server = RedisServer(data_dir=tmp_path, startup_timeout=300)
+    exited = "(?s)exited with code 1.*Invalid AOF manifest"
+    with pytest.raises(ServiceStartError, match=exited) as failed:
         server.start()
-    assert time.monotonic() - began < 10, "a crash must not wait for the startup deadline"
+    # Seen by the exit check, not by the startup deadline running out.
+    assert isinstance(failed.value.__cause__, ServiceStartError), failed.value
+    assert "timed out" not in str(failed.value)
     assert not server.alive()
 
 
@@ -239,7 +245,8 @@ def test_launcher_redis_serves_until_sigterm_and_leaves_no_process(
 ) -> None:
     port, data_dir = free_port(), tmp_path / "redis"
     proc = launch(launcher_log, "redis", "--port", str(port), "--data-dir", str(data_dir))
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                         password=redis_password(data_dir))
     try:
         wait_until(lambda: redis_answers(client), timeout=15, what="`launcher redis` to answer")
         client.set("kept", "yes")
@@ -263,7 +270,8 @@ def test_launcher_redis_server_dies_with_a_sigkilled_launcher(
 ) -> None:
     port = free_port()
     proc = launch(launcher_log, "redis", "--port", str(port), "--data-dir", str(tmp_path))
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                         password=redis_password(tmp_path))
     try:
         wait_until(lambda: redis_answers(client), timeout=15, what="`launcher redis` to answer")
         server_pid = only_child(proc)

@@ -1,4 +1,6 @@
-"""The simulator's HTTP API has SGLang's shapes (contract §4), seen through real clients."""
+"""The simulator's HTTP API has SGLang's shapes, seen through real clients.
+
+As in docs/reference/sglang.md#endpoints."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def test_bad_flags_exit_2_like_argparse(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_the_docs_describe_every_flag() -> None:
-    docs = (REPO / "README.md").read_text()
+    docs = (REPO / "docs" / "development" / "simulator.md").read_text()
     flags = {opt for action in build_parser()._actions for opt in action.option_strings
              if opt.startswith("--") and opt != "--help"}
     assert {flag for flag in flags if f"`{flag}`" not in docs} == set()

@@ -1,4 +1,4 @@
-"""The simulator's error answers are byte-for-byte SGLang's (contract §4.9)."""
+"""The simulator's error answers are byte-for-byte SGLang's (docs/reference/sglang.md#errors)."""
 
 from __future__ import annotations
 

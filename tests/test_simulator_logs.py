@@ -1,4 +1,4 @@
-"""The simulator prints SGLang's log lines (contract §6), in each era's format."""
+"""The simulator prints SGLang's log lines (docs/reference/sglang.md#logs), in each era's format."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ PLAIN = logs.BatchStats(running=3, queued=2, tokens=1200, token_usage=0.25, new_
 HYBRID_SPEC = logs.BatchStats(running=3, queued=0, tokens=1200, token_usage=0.25, mamba_num=12,
                               mamba_usage=0.15, accept_len=3.2, accept_rate=0.73,
                               throughput=250.0)
-# contract §6.3, "Recommended parsing"
+# docs/reference/sglang.md#serving-lines: parse by key, not by position
 LINE = re.compile(r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)?"
                   r"(?P<ranks>(?: [A-Z_]+\d+)*)\] (?P<msg>.*)$")
 

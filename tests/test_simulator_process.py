@@ -1,4 +1,6 @@
-"""`python -m launcher sim` as a process: readiness, SIGTERM drain, fatal exits (contract §1, §3)."""
+"""`python -m launcher sim` as a process: readiness, SIGTERM drain, fatal exits.
+
+As in docs/reference/sglang.md#process and docs/reference/sglang.md#startup."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,10 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         proc.close()
 
 
-def test_a_plain_start_is_healthy_within_two_seconds_and_says_so(spawn: Any) -> None:
-    started = time.monotonic()
+def test_a_plain_start_becomes_healthy_and_says_so(spawn: Any) -> None:
+    # How fast (under 2 s) is a figure of `python -m tests.perf --only timings`.
     sim = spawn()
-    sim.wait_healthy(timeout=10)
-    assert time.monotonic() - started < 2.0 or pytest.fail(sim.log())
+    sim.wait_healthy(timeout=60)
     log = sim.wait_for_line("The server is fired up and ready to roll!")
     for line in ("Load weight end.", "max_running_requests=4096", "Uvicorn running on",
                  "Prefill batch, #new-seq: 1, #new-token: 6,"):
@@ -51,21 +51,22 @@ def test_health_is_503_with_an_empty_body_during_the_startup_delay(spawn: Any) -
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(spawn: Any) -> None:
+    # The request takes 8 s: still draining when /health is asked, even on a loaded machine.
     sim = spawn("--decode-tps", "50")
     sim.wait_healthy()
     reply: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: reply.update(httpx.post(
-        sim.url + "/v1/chat/completions", json=chat_body(max_tokens=60, ignore_eos=True),
-        timeout=30).json()))
+        sim.url + "/v1/chat/completions", json=chat_body(max_tokens=400, ignore_eos=True),
+        timeout=60).json()))
     worker.start()
     wait_until(lambda: gauge(sim.url, "sglang:num_running_reqs") == 1, what="a running request")
     sim.proc.send_signal(signal.SIGTERM)
     sim.wait_for_line("SIGTERM received. signum=15 frame=None. Draining requests and shutting "
                       "down...")
     assert sim.health() == 503
-    worker.join(timeout=10)
-    assert sim.wait_exit() == 0
-    assert reply["usage"]["completion_tokens"] == 60
+    worker.join(timeout=60)
+    assert sim.wait_exit(timeout=60) == 0
+    assert reply["usage"]["completion_tokens"] == 400
     log = sim.log()
     assert "Gracefully exiting... Remaining number of requests 1." in log
     assert "Decode batch, #running-req: 1, #token: " in log
@@ -80,7 +81,7 @@ def test_forced_shutdown_exits_at_once(spawn: Any, monkeypatch: pytest.MonkeyPat
                      daemon=True).start()
     wait_until(lambda: gauge(sim.url, "sglang:num_running_reqs") == 1, what="a running request")
     sim.proc.send_signal(signal.SIGTERM)
-    assert sim.wait_exit(timeout=5) == 0
+    assert sim.wait_exit(timeout=30) == 0  # a drain would take the request's 100 s
 
 
 def test_crash_after_requests_logs_sigquit_and_dies_with_minus_nine(spawn: Any) -> None:

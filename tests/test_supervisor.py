@@ -24,20 +24,32 @@ from typing import Any
 import pytest
 
 from launcher import node
-from launcher.gpus import (
+from launcher.node import (
+    Child,
     GpuSpecError,
+    LaunchSpec,
+    LogFollower,
     NoGpuError,
+    Order,
+    Policy,
+    Profile,
+    ProfileError,
+    Slot,
+    Supervisor,
+    adapt_flags,
+    build_argv,
     discover_gpus,
+    load_profile,
+    merge_args,
     parse_gpu_line,
     parse_gpu_spec,
+    profile_from_mapping,
+    read_server,
     select_gpus,
 )
-from launcher.profile import Profile, adapt_flags, load_profile, merge_args, profile_from_mapping
-from launcher.server import LaunchSpec, LogFollower, ProfileError, build_argv, read_server
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
 from launcher.sim.simulator import Simulator
-from launcher.supervisor import Child, Order, Policy, Slot, Supervisor
 
 OOM_LINES = [
     "[2026-10-10 11:58:19] Scheduler hit an exception: Traceback (most recent call last):",

@@ -1,12 +1,14 @@
-"""When a worker goes away, its batches are back in work in seconds (real Valkey, simulators and
+"""When a worker goes away, its batches are back in work at once (real Valkey, simulators and
 Celery workers): a SIGKILLed worker's as soon as its Redis connections are gone (not when its
-leases expire); a SIGTERMed worker's as soon as its requests at the server have finished."""
+leases expire); a SIGTERMed worker's as soon as its requests at the server have finished.
+
+Neither test times anything: a lease longer than the wait proves the first, answers counted
+around the signal prove the second. The seconds are figures of `python -m tests.perf`."""
 
 from __future__ import annotations
 
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,12 @@ from workers.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 
-# Leases long enough that only the connection signal can explain a quick re-dispatch.
-LONG_LEASES = {"FLEETGEN_LEASE_TTL_S": "120", "FLEETGEN_LEASE_RENEW_S": "1",
+# Leases far longer than any wait below: only the connection signal can explain a re-dispatch.
+LONG_LEASES = {"FLEETGEN_LEASE_TTL_S": "600", "FLEETGEN_LEASE_RENEW_S": "1",
                "FLEETGEN_RECONCILE_INTERVAL_S": "1"}
+SLOTS = 4
 # 1,000-token answers at 800 tok/s (1.25 s each), 4 at a time.
-SLOW = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-tokens", "1000",
+SLOW = ("--max-running-requests", str(SLOTS), "--decode-tps", "80", "--mean-output-tokens", "1000",
         "--speed", "10")
 
 
@@ -42,7 +45,13 @@ def owners(ledger: Ledger, job: str) -> dict[str, str]:
     return out
 
 
-def test_a_killed_workers_batches_are_back_in_seconds_with_leases_of_two_minutes(
+def answered(redis_client: Any, job: str) -> int:
+    """Answers checkpointed so far over the job's unfinished batches."""
+    return sum(int(redis_client.hlen(key))
+               for key in redis_client.scan_iter(match=keys.checkpoint(job, "*")))
+
+
+def test_a_killed_workers_batches_are_back_before_their_ten_minute_leases_could_expire(
     stack: Stack, tmp_path: Path, redis_client: Any,
 ) -> None:
     ledger = Ledger(redis_client)
@@ -62,14 +71,11 @@ def test_a_killed_workers_batches_are_back_in_seconds_with_leases_of_two_minutes
     at_kill = owners(ledger, "gone")
     batch = next(b for b, w in at_kill.items() if w == "gpu0@test")
     victim.kill()
-    killed = time.monotonic()
     assert not ledger.is_done("gone", batch)
+    # Two reconciler rounds of 1 s confirm the connections are gone; the lease has 10 minutes,
+    # five times this wait, so a batch back within it was not waiting for the lease.
     wait_until(lambda: owners(ledger, "gone").get(batch) == "gpu1@test"
-               or ledger.is_done("gone", batch), 60, what=f"{batch} running again on gpu1")
-    # Two reconciler rounds of 1 s confirm the connections are gone; the lease had 2 minutes.
-    back_in = time.monotonic() - killed
-    print(f"\nsigkill: batch back in work after {back_in:.1f}s (lease TTL 120s)")
-    assert back_in < 30
+               or ledger.is_done("gone", batch), 120, what=f"{batch} running again on gpu1")
     assert int(redis_client.hget(keys.job_part("gone", "attempts"), batch)) == 2
     status = wait_job_done(stack, "gone", timeout=180)
     assert (status["done"], status["failed"]) == (80, 0)
@@ -97,14 +103,19 @@ def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_who
                            for b, w in owners(ledger, "term").items()), 60,
                what="gpu0 a few answers into a batch")
     batch = next(b for b, w in owners(ledger, "term").items() if w == "gpu0@test")
+    in_flight_limit = int(orjson.loads(redis_client.hget(keys.WORKERS, "gpu0@test"))["limit"])
     assert leaving.popen is not None
+    before = answered(redis_client, "term")
     leaving.popen.send_signal(signal.SIGTERM)
-    asked = time.monotonic()
-    leaving.popen.wait(30)
-    stopped_in = time.monotonic() - asked
-    print(f"\nsigterm: worker stopped in {stopped_in:.1f}s (a whole batch takes 12.5s)")
-    assert stopped_in < 8.0, f"worker took {stopped_in:.1f}s to stop"
-    assert "handed back" in stack.logs()
+    leaving.popen.wait(120)
+    # After the signal it finishes what is at the server (at most its in-flight limit; plus one
+    # round of the 4 slots that may land between the count and the signal), not the batch.
+    after = answered(redis_client, "term")
+    assert after - before <= in_flight_limit + SLOTS, (before, after, in_flight_limit)
+    said = re.findall(rf"term/{batch} handed back with (\d+) prompts unsent", stack.logs())
+    assert len(set(said)) == 1, said  # one hand-back (the task's log repeats the line)
+    unsent = int(said[0])
+    assert unsent > 0
     assert not ledger.is_done("term", batch) and not ledger.lease_alive("term", batch)
     # The hand-back spent no attempt: the next worker's run is attempt 1 again.
     assert int(redis_client.hget(keys.job_part("term", "attempts"), batch)) == 0
@@ -116,3 +127,5 @@ def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_who
     runs = re.findall(rf"batch term/{batch}: \d+ prompts \((\d+) resumed\), attempt 1",
                       stack.logs())
     assert len(runs) == 2 and int(runs[0]) == 0 and int(runs[1]) >= 4
+    # Every request gpu0 had sent was answered and kept: gpu1 sent only the unsent ones.
+    assert int(runs[1]) == 40 - unsent

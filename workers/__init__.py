@@ -1,5 +1,19 @@
-"""fleetgen workers: `celery -A workers worker -Q gpu0`."""
+"""fleetgen workers: the shared domain (keys, ledger, sink, jobs, records, settings, errors) and
+the Celery GPU worker (`celery -A workers worker -Q gpu0`).
 
-from workers.app import app
+Importing this package builds nothing and reads no environment: the Celery app is built the
+first time Celery (or a caller) asks for `workers.app`.
+"""
 
-__all__ = ["app"]
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    # `celery -A workers` looks up `workers.app`; only then is the app built (workers/app.py).
+    if name == "app":
+        from workers.app import app
+
+        return app
+    raise AttributeError(f"module 'workers' has no attribute {name!r}")

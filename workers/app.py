@@ -1,6 +1,6 @@
 """The Celery application: `celery -A workers worker -Q gpu0` and `celery -A workers flower`.
 
-Delivery is at-least-once with loss windows on Redis (../shared/reference/celery-redis.md);
+Delivery is at-least-once with loss windows on Redis (docs/development/delivery.md);
 correctness lives in leases, create-if-absent writes and the reconciler, so the broker settings
 below only keep the broker from fighting them.
 """
@@ -47,7 +47,7 @@ app.conf.update(
     # One process per GPU; its batches share one request limiter and the gate (gate.py) takes
     # the next batch when the prompts in hand run low. Threads, not prefork: the batches must
     # share one event loop, and one process survives Redis outages (the 5.7.0 -c>=2 prefork
-    # crash, celery-redis.md TL;DR 5; the chaos test kills Redis under this layout).
+    # crash, docs/development/delivery.md#pool; the chaos test kills Redis under this layout).
     worker_pool="threads",
     worker_concurrency=settings.batch_concurrency,
     task_default_queue=keys.SHARED_QUEUE,

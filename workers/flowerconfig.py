@@ -6,6 +6,10 @@ here, but FLOWER_PORT or FLOWER_ADDRESS do not (use flags for the options set be
 README "flower" has the commands for auth, persistence and running behind a proxy.
 """
 
+import ipaddress
+
+from tornado.options import options as _tornado_options
+
 # Flower's own default is every interface, and its pages need no login unless auth is set:
 # loopback until someone decides otherwise (and then sets --basic-auth, see README "flower").
 address = "127.0.0.1"
@@ -20,3 +24,29 @@ max_tasks = 10000
 # carries the message fleetgen raises, e.g. "JobNotRunningError('job x is paused: ...')", and
 # args name the job and the batch. Short columns first, so the reason fits on screen.
 tasks_columns = "state,args,exception,worker,received,runtime,uuid"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # '' (every interface) or a host name: not known to be loopback
+        return False
+
+
+def _refuse_open_bind() -> None:
+    """Flower's pages and API control the workers and show every task's arguments and errors:
+    listening beyond loopback without a login would hand them to the network, as compose's
+    FLOWER_BASIC_AUTH requirement already refuses to do."""
+    o = _tornado_options
+    if o.unix_socket or _loopback(o.address) or o.basic_auth or o.auth:
+        return
+    raise SystemExit(
+        f"flower: refusing to listen on {o.address or 'every interface'!r} without a login; "
+        "set FLOWER_BASIC_AUTH=user:password (or --auth with an OAuth provider), or bind "
+        "127.0.0.1")
+
+
+# Runs after the command line has been parsed last (flags included), before Flower listens.
+_tornado_options.add_parse_callback(_refuse_open_bind)

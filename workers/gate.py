@@ -1,6 +1,6 @@
 """Stop taking batches while the local server is not ready; take them again when it is.
 
-A consumer bootstep (../shared/reference/celery-redis.md §3.4): the engine probes `/health`
+A consumer bootstep (docs/development/delivery.md#health-gate): the engine probes `/health`
 on its own loop; the worker's timer cancels or re-adds the queue consumers from that reading.
 Batches wait in Redis meanwhile, so none is failed or burned because its server was down.
 """

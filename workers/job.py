@@ -21,7 +21,7 @@ DEFAULT_MAX_TOKENS = 16384
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.95
 # Bounds of the job defaults, shared with the checks of a prompt line's own values
-# (producer/request_fields.py). Token counts are int32 in SGLang; anything near the limit is a
+# (producer/inputs/_line.py). Token counts are int32 in SGLang; anything near the limit is a
 # typo, and a float such as 1e15 is not a count at all. Temperature keeps OpenAI's [0, 2]
 # (SGLang alone takes any value >= 0): above 2 the output is noise, so it is a typo too.
 MAX_TOKENS_LIMIT = 2**31 - 1

@@ -229,13 +229,24 @@ class Ledger:
         """Live counters, moved by each prompt as it reaches the checkpoint."""
         return self._floats(keys.job_part(name, "stats"))
 
-    def written(self, name: str) -> dict[str, float]:
-        """Counters of what the sink holds (`records.written_counts` of each written batch)."""
-        return self._floats(keys.job_part(name, "written"))
+    def counts(self, name: str) -> tuple[dict[str, float], dict[str, float], int, int]:
+        """Written counters, live counters, batches done and requeue batches, read in one
+        transaction: a batch finishing between two reads would make a job look done with its
+        last batch's prompts missing."""
+        with self.r.pipeline(transaction=True) as p:
+            p.hgetall(keys.job_part(name, "written"))
+            p.hgetall(keys.job_part(name, "stats"))
+            p.scard(keys.job_part(name, "done"))
+            p.scard(keys.job_part(name, "extra"))
+            written, stats, done, extra = p.execute()
+        return _decoded(written), _decoded(stats), int(done), int(extra)
 
     def _floats(self, key: str) -> dict[str, float]:
-        raw = self.r.hgetall(key)
-        return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        return _decoded(self.r.hgetall(key))
+
+
+def _decoded(raw: Any) -> dict[str, float]:
+    return {k.decode(): float(v) for k, v in raw.items()}
 
 
 def _text(value: Any) -> str:

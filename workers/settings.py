@@ -8,17 +8,28 @@ their flags through `dataclasses.replace`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
-# The embedded Valkey of `python -m launcher redis` listens here; a bare `python -m producer`
-# or `celery -A workers worker` on a laptop finds it without configuration.
+from workers.errors import FleetgenError
+from workers.redact import redact
+
+# The embedded Valkey of `python -m launcher redis` listens here, and keeps the password it
+# generates in this file (relative to where it was started); a bare `python -m producer` or
+# `celery -A workers worker` run there finds both without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
+EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
+# FLEETGEN_REDIS_PASSWORD_FILE may name a file that is not there yet: the Procfile starts the
+# embedded Redis, which writes it at its first start, together with the processes that read it.
+PASSWORD_FILE_WAIT_S = 15.0
 
 
-class SettingsError(ValueError):
+class SettingsError(FleetgenError, ValueError):
     """An environment variable holds a value fleetgen cannot use."""
 
 
@@ -56,7 +67,7 @@ class Settings:
     # Sink writes retried through an S3 outage for this long before the batch is given up.
     sink_retry_deadline_s: float = 600.0
     s3_addressing_style: str = "path"
-    # Broker-level safety net only: leases do the real work (../shared celery-redis §1.8).
+    # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
@@ -70,11 +81,19 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
-            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redact(self.redis_url)!r}")
+        if self.sglang_url is not None:
+            parts = urlsplit(self.sglang_url)
+            # The URL is logged, published in the worker registry and written into every result
+            # line: a credential in it would travel everywhere the key must not.
+            if parts.username or parts.password or parts.query:
+                raise SettingsError(
+                    f"SGLANG_URL must not carry credentials or a query ({redact(self.sglang_url)}):"
+                    " give the server's key in SGLANG_API_KEY")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+                raise SettingsError(f"FLEETGEN_{f.name.upper()} must be >= 0, got {value}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 
@@ -94,10 +113,61 @@ class Settings:
             if name not in env or f.name in ("extra",):
                 continue
             kwargs[f.name] = _coerce(name, env[name], f.type)
+        if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
+            kwargs["redis_url"] = with_password(
+                str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
+                read_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]), PASSWORD_FILE_WAIT_S))
+        elif "redis_url" not in kwargs and EMBEDDED_REDIS_PASSWORD_FILE.is_file():
+            # The embedded Valkey's own default: a bare command next to it needs no setting.
+            kwargs["redis_url"] = with_password(
+                EMBEDDED_REDIS_URL, read_secret_file(EMBEDDED_REDIS_PASSWORD_FILE))
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def server_url_for_gpu(self, index: int) -> str:
         return f"http://127.0.0.1:{self.sglang_base_port + index}"
+
+    def __repr__(self) -> str:
+        # Settings end up in tracebacks and debug logs: never with the Redis password or a key.
+        shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
+                          for f in fields(self) if f.name != "extra")
+        return f"Settings({shown})"
+
+
+def _shown(name: str, value: object) -> object:
+    return redact(value, name=name) if isinstance(value, str) else value
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in its userinfo, unless the URL already carries one."""
+    parts = urlsplit(url)
+    if parts.password or not password or parts.scheme not in ("redis", "rediss"):
+        return url
+    user = quote(parts.username or "", safe="")
+    netloc = f"{user}:{quote(password, safe='')}@{parts.hostname or ''}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
+    """The secret held in `path` (surrounding whitespace dropped), waiting up to `wait_s` for
+    the file to appear; SettingsError naming the file (never its content) if it cannot be read.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            secret = path.read_text().strip()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise SettingsError(f"{path}: no such secret file (the embedded Redis writes "
+                                    "it at its first start: `python -m launcher redis`)") from None
+            time.sleep(0.1)
+            continue
+        except OSError as exc:
+            raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+        if not secret:
+            raise SettingsError(f"{path}: the secret file is empty")
+        return secret
 
 
 def _coerce(name: str, raw: str, type_: object) -> object:
@@ -115,7 +185,10 @@ def _coerce(name: str, raw: str, type_: object) -> object:
 ENV_DOC: dict[str, str] = {
     "REDIS_URL": f"broker + ledger (default {EMBEDDED_REDIS_URL}, the embedded Valkey)",
     "SGLANG_URL": "this worker's server; default http://127.0.0.1:(30000+N) for queue gpuN",
-    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key",
+    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key; sent to this worker's "
+                      "server only",
+    "FLEETGEN_REDIS_PASSWORD_FILE": "file holding the Redis password (put into REDIS_URL when "
+                                    "it has none)",
     "AWS_ENDPOINT_URL": "S3 endpoint (SeaweedFS, MinIO, ...); unset means AWS",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION": "standard boto3 credentials",
 }

@@ -91,7 +91,9 @@ class SGLangClient:
         await self._http.aclose()
 
     async def ready(self) -> bool:
-        """`/health` is 200 only once the server has warmed up (contract §3)."""
+        """`/health` is 200 only once the server has warmed up.
+
+        As in docs/reference/sglang.md#startup."""
         try:
             response = await self._http.get("/health", timeout=10.0)
         except httpx.HTTPError:

@@ -40,12 +40,18 @@ class Sink(Protocol):
 
 
 def open_sink(uri: str, *, addressing_style: str = "path") -> Sink:
-    """Open `s3://bucket[/prefix]`, `file:///path` or a plain folder path."""
+    """Open `s3://bucket[/prefix]`, `file:///path` or a plain folder path.
+
+    An S3 bucket must exist already: fleetgen never creates one, so a mistyped bucket is an
+    error here (before anything is written), not a new bucket some store creates on upload.
+    """
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise SinkError(f"{uri}: an S3 output needs a bucket, e.g. s3://bucket/runs")
-        return S3Sink(uri, parsed.netloc, parsed.path.strip("/"), addressing_style)
+        sink = S3Sink(uri, parsed.netloc, parsed.path.strip("/"), addressing_style)
+        sink.require_bucket()
+        return sink
     if parsed.scheme in ("", "file"):
         return LocalSink(uri, Path(parsed.path if parsed.scheme else uri))
     raise SinkError(f"{uri}: unsupported output scheme {parsed.scheme!r} (use s3:// or a folder)")
@@ -149,6 +155,24 @@ class S3Sink:
 
     def _key(self, key: str) -> str:
         return self.prefix + key
+
+    def require_bucket(self) -> None:
+        """SinkError unless the bucket exists and these credentials may use it."""
+        from botocore.exceptions import ClientError
+
+        where = f"s3://{self.bucket} at {self._s3.meta.endpoint_url}"
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _status(exc) == 404:
+                raise SinkError(f"{where}: no such bucket (fleetgen never creates buckets: "
+                                "create it, or fix the output's bucket name)") from exc
+            if _status(exc) == 403:
+                raise SinkError(f"{where}: access denied (check the credentials and the "
+                                "bucket's policy)") from exc
+            raise SinkError(f"{where}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{where}: {exc}") from exc
 
     def put_new(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError

@@ -1,4 +1,6 @@
-"""The FastAPI app: SGLang's routes, status codes and error bodies (contract §4).
+"""The FastAPI app: SGLang's routes, status codes and error bodies.
+
+As in docs/reference/sglang.md#endpoints.
 
 Handlers take the raw Request and return Responses built with orjson: FastAPI's body
 parsing and response_model machinery would cost more than the whole simulated request.

@@ -1,4 +1,6 @@
-"""How big the pools are and the effective max_running_requests (contract §7).
+"""How big the pools are and the effective max_running_requests.
+
+As in docs/reference/sglang.md#max-running-requests.
 
 The simulated GPU is an 80 GB H100 serving a 27B bf16 model. Memory figures are synthetic but
 follow SGLang's arithmetic, so the flags move them the way they move a real server:

@@ -2,7 +2,8 @@
 
 Each field carries its own flag spelling and help text, so the argparse parser, the defaults
 and the docs cannot drift apart. Precedence is flag > environment > default; the only
-environment variable read is `SGL_FORCE_SHUTDOWN` (SGLang's own, see contract §1).
+environment variable read is `SGL_FORCE_SHUTDOWN` (SGLang's own, see
+docs/reference/sglang.md#process).
 
     cfg = SimConfig.from_argv(["--port", "0", "--max-running-requests", "8", "--speed", "100"])
 """
@@ -45,7 +46,8 @@ def _optional_parser(text: str) -> str | None:
 class SimConfig:
     """Settings of one simulated SGLang server; defaults equal the CLI defaults."""
 
-    # SGLang flags (contract §2), accepted so the launcher can pass its command line through.
+    # SGLang flags (docs/reference/sglang.md#flags), accepted so the launcher can pass its
+    # command line through.
     model_path: str = _opt("sim/Qwen3.6-27B", "model id; only echoed", "--model-path", "--model")
     tokenizer_path: str | None = _opt(None, "echoed in /model_info")
     served_model_name: str | None = _opt(None, "name in /v1/models and metric labels")

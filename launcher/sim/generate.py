@@ -1,4 +1,4 @@
-"""POST /generate, SGLang's native API (contract §4.7).
+"""POST /generate, SGLang's native API (docs/reference/sglang.md#generate).
 
 `text` (str or list) or `input_ids` (list or list of lists); `sampling_params` (dict or one
 per prompt) with `max_new_tokens` defaulting to 128, `stop`, `ignore_eos`, `min_new_tokens`.

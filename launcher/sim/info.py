@@ -1,4 +1,4 @@
-"""The bodies of /server_info, /model_info and /v1/models (contract §4.2-4.4)."""
+"""The bodies of /server_info, /model_info and /v1/models (docs/reference/sglang.md §4.2-4.4)."""
 
 from __future__ import annotations
 

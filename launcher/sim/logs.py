@@ -1,4 +1,4 @@
-"""SGLang's log lines (contract §6), in the current [R] format or an older era's.
+"""SGLang's log lines (docs/reference/sglang.md#logs), in the current [R] format or an older era's.
 
 Pure formatting functions plus the logging configuration of a simulator process. Eras
 (`--log-format`) differ in the Prefill/Decode separator, trailing `, `, `#pending-token`,

@@ -1,4 +1,6 @@
-"""`/metrics`: SGLang's Prometheus families (contract §5) over one private registry.
+"""`/metrics`: SGLang's Prometheus families over one private registry.
+
+As in docs/reference/sglang.md#metrics.
 
 Counters and histograms are updated when a request ends; gauges are read from the scheduler
 at scrape time, so a scrape always sees the current `num_running_reqs`. Every sample carries

@@ -1,4 +1,6 @@
-"""Request models and error bodies with SGLang's exact shapes (contract §4.5, §4.9).
+"""Request models and error bodies with SGLang's exact shapes.
+
+As in docs/reference/sglang.md#chat-request and docs/reference/sglang.md#errors.
 
 The chat model keeps SGLang's field names, types and defaults for every field the simulator
 reads; unknown fields are ignored, as in SGLang (no `extra="forbid"`). Validation errors are

@@ -1,4 +1,6 @@
-"""Chat completion bodies and SSE chunks in SGLang's shapes (contract §4.6).
+"""Chat completion bodies and SSE chunks in SGLang's shapes.
+
+As in docs/reference/sglang.md#chat-response.
 
 With a reasoning parser and `separate_reasoning`, text before `</think>` goes to
 `reasoning_content` and the rest to `content`; cut off while thinking, everything is

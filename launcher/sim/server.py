@@ -28,7 +28,6 @@ from launcher.sim.app import asgi_app
 from launcher.sim.config import SimConfig
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator, Status
-from workers import loops
 
 log = logging.getLogger("launcher.sim.server")
 DRAIN_LOG_SECONDS = 5.0  # SGLang's sigterm watchdog reports the remaining requests this often
@@ -58,6 +57,9 @@ class SimServer(uvicorn.Server):
 
 def _uvicorn_config(sim: Simulator) -> uvicorn.Config:
     cfg = sim.cfg
+    # loop="auto" (the default): `config.get_loop_factory()` gives uvloop when it is installed,
+    # as `uvicorn.run` does; the loop is uvicorn's choice, so the simulator needs nothing of
+    # fleetgen's outside launcher/sim (it must be liftable on its own).
     return uvicorn.Config(asgi_app(sim), host=cfg.host, port=cfg.port, log_config=None,
                           access_log=cfg.access_log, timeout_keep_alive=5,
                           timeout_graceful_shutdown=1, backlog=4096)
@@ -149,7 +151,7 @@ def run(config: SimConfig, argv: list[str] | None = None) -> int:
     if not startup.announce(sim):
         return 1  # not reached: announce's fatal path SIGKILLs the process
     server = SimServer(_uvicorn_config(sim))
-    with asyncio.Runner(loop_factory=loops.loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
         return runner.run(_serve(sim, server, None, own_signals=True))
 
 
@@ -174,7 +176,7 @@ def serve_in_thread(config: SimConfig) -> Iterator[str]:
     sock.bind((config.host, config.port))
     server = SimServer(_uvicorn_config(sim))
     sim.on_fatal = lambda: _stop_from_thread(sim, server)
-    loop = loops.new_event_loop()
+    loop = (server.config.get_loop_factory() or asyncio.new_event_loop)()
     thread = threading.Thread(target=loop.run_until_complete, name="sglang-sim", daemon=True,
                               args=(_serve(sim, server, [sock], own_signals=False),))
     thread.start()

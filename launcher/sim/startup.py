@@ -1,4 +1,7 @@
-"""The start-up log sequence of contract §3 and §6.2, and the start-up failures of §6.4.
+"""SGLang's start-up log sequence, and its start-up failures.
+
+As in docs/reference/sglang.md#startup, docs/reference/sglang.md#startup-lines and
+docs/reference/sglang.md#fatal-lines.
 
 Order: server_args, (spec warning), Load weight begin/end, pool warnings, Mamba Cache (hybrid),
 KV Cache, Memory pool end, CUDA graph capture, the summary line with the effective

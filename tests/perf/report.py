@@ -123,6 +123,21 @@ def rows(results: dict[str, Any]) -> list[Row]:
                        f"≤ {limit} MB, flat",
                        big["peak_rss_mb"] <= limit
                        and big["peak_rss_mb"] <= small["peak_rss_mb"] + 10))
+    tim = results.get("timings")
+    if tim:
+        starts = ", ".join(f"{s:.2f}" for s in tim["sim_start_s"])
+        out.append(Row("8. simulator start → /health 200 (slowest of 3)",
+                       f"{max(tim['sim_start_s']):.2f}s ({starts})", "≤ 2 s",
+                       max(tim["sim_start_s"]) <= 2.0))
+        out.append(Row("   simulator tokens/s over HTTP ÷ slots × rate",
+                       f"{tim['sim_throughput_ratio']:.4f}", "1 ± 0.06",
+                       abs(tim["sim_throughput_ratio"] - 1) <= 0.06))
+        out.append(Row("   worker SIGTERM mid-batch → exit (a batch takes 12.5 s)",
+                       f"{tim['sigterm_exit_s']:.1f}s", "≤ 8 s", tim["sigterm_exit_s"] <= 8.0))
+        back = tim["sigkill_back_s"]
+        out.append(Row("   worker SIGKILL → its batch running elsewhere (30 s leases)",
+                       "not back in 180s" if back is None else f"{back:.1f}s", "≤ 60 s",
+                       back is not None and back <= 60.0))
     for name, error in (results.get("errors") or {}).items():
         out.append(Row(f"{name}: failed", error.splitlines()[0][:90], "-", False))
     return out

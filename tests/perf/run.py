@@ -5,6 +5,7 @@
     python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
     python -m tests.perf --only export --export-baseline main   # figure 7, before and after
+    python -m tests.perf --only timings           # figure 8: how soon things happen
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -27,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from launcher.services import RedisServer, S3Server
-from tests.perf import capacity, crash, enqueue_cost, export_cost, overhead, report, saturation
+from tests.perf import (
+    capacity,
+    crash,
+    enqueue_cost,
+    export_cost,
+    overhead,
+    report,
+    saturation,
+    timings,
+)
 from tests.perf.workload import Workload
 from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
-BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export")
+BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings")
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,8 @@ class Suite:
     def run(self) -> None:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
-            "crash": self.crash, "capacity": self.capacity, "export": self.export}
+            "crash": self.crash, "capacity": self.capacity, "export": self.export,
+            "timings": self.timings}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -172,6 +183,11 @@ class Suite:
         folder.mkdir()
         self.results["export"] = export_cost.run_export_cost(
             folder, self.redis.url, self.cfg.export_mb, self.cfg.export_baseline)
+
+    def timings(self) -> None:
+        folder = self.tmp / "timings"
+        folder.mkdir()
+        self.results["timings"] = timings.run_timings(folder, self.redis.url).as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,317 @@
+"""`python -m launcher up|status|restart`: bring a GPU node up, read it, restart it.
+
+    python -m launcher up --gpus 0-6 --model /dev/shm/Qwen3.6-27B -- --mem-fraction-static 0.93
+    python -m launcher up --gpus 0,1 --sim --workers
+    python -m launcher status
+    python -m launcher restart --rolling -- --max-running-requests 64
+
+`up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
+`status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
+and sends the supervisor SIGHUP, then follows the rollout in node.json. See README "launcher".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.node._args import Profile, flag_value, load_profile
+from launcher.node._errors import NodeError
+from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
+from launcher.node._plan import (
+    DEFAULT_BASE_PORT,
+    NodePlan,
+    check_ports,
+    read_request,
+)
+from launcher.node._rundir import (
+    DEFAULT_RUN_DIR,
+    REQUEST_FILE,
+    STATE_FILE,
+    pid_alive,
+    read_state,
+    write_json,
+)
+from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
+from launcher.node._watch import HttpProbe
+
+log = logging.getLogger("launcher.node")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+ACK_TIMEOUT_S = 10.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`up`, `status` or `restart`, named by the first argument; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart}
+    if not args or args[0] not in commands:
+        print(f"usage: python -m launcher {{{','.join(commands)}}} ...", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return commands[args[0]](args[1:])
+    except NodeError as exc:
+        print(f"launcher {args[0]}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Launcher flags before `--`, server arguments after it (None when no `--`)."""
+    if "--" in argv:
+        cut = list(argv).index("--")
+        return list(argv[:cut]), list(argv[cut + 1:])
+    return list(argv), None
+
+
+def up_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher up", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start one SGLang server per GPU and keep them running until SIGTERM.",
+        epilog="examples:\n  python -m launcher up --gpus 0-6 --model /dev/shm/Qwen3.6-27B -- "
+        "--speculative-algorithm NEXTN --mem-fraction-static 0.93\n"
+        "  python -m launcher up --gpus 0,1 --sim --workers\n"
+        "  python -m launcher up --profile node.toml")
+    p.add_argument("--gpus", help="indices and ranges, e.g. 0-6 or 0,1 (default: all; sim: 0)")
+    p.add_argument("--model", help="model path (overrides the profile's `model`)")
+    p.add_argument("--profile", type=Path, help="TOML (or YAML) file: model, args, [gpu.N]")
+    p.add_argument("--sim", action="store_true", help="run the SGLang simulator (no GPU needed)")
+    p.add_argument("--workers", action="store_true", help="also run one Celery worker per GPU")
+    p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                   help="HTTP port of the first GPU; NCCL ports are 1000 above (default 30000)")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="node.json lives here")
+    p.add_argument("--log-dir", type=Path, help="server logs (default: RUN_DIR/logs)")
+    policy = Policy()
+    p.add_argument("--ready-timeout", type=float, default=policy.ready_timeout_s)
+    p.add_argument("--backoff", type=float, default=policy.backoff_initial_s,
+                   help="first restart delay in s, doubled per recent crash")
+    p.add_argument("--max-crashes", type=int, default=policy.crash_loop_count,
+                   help="crashes within --crash-window that stop a GPU")
+    p.add_argument("--crash-window", type=float, default=policy.crash_loop_window_s / 60,
+                   help="minutes")
+    p.add_argument("--stop-timeout", type=float, default=policy.stop_timeout_s)
+    p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s)
+    return p
+
+
+def cmd_up(argv: Sequence[str]) -> int:
+    """Bring the node up and supervise it until SIGTERM/SIGINT."""
+    flags, server_args = _split(argv)
+    args = up_parser().parse_args(flags)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%H:%M:%S",
+                        format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
+    run_dir: Path = args.run_dir
+    try:
+        policy = Policy(ready_timeout_s=args.ready_timeout, backoff_initial_s=args.backoff,
+                        crash_loop_count=args.max_crashes,
+                        crash_loop_window_s=args.crash_window * 60,
+                        stop_timeout_s=args.stop_timeout, drain_timeout_s=args.drain_timeout)
+    except ValueError as exc:
+        raise NodeError(str(exc)) from None
+    _refuse_second_supervisor(run_dir)
+    profile = load_profile(args.profile) if args.profile else Profile()
+    if args.sim:
+        gpus = parse_gpu_spec(args.gpus or "0")
+    else:
+        wanted = parse_gpu_spec(args.gpus) if args.gpus else None
+        gpus = [g.index for g in select_gpus(wanted, discover_gpus())]
+    plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
+                    tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
+                    dict(os.environ))
+    specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
+    check_ports(specs)
+    slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
+                  else None) for g in gpus]
+    # SGLang logs its own --api-key (upstream): a new run dir is private to this user.
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (run_dir / REQUEST_FILE).unlink(missing_ok=True)
+    log.info("node: %d GPU(s) %s%s, run dir %s, logs %s", len(gpus), list(gpus),
+             " (simulator)" if args.sim else f" (sglang {plan.version})", run_dir, plan.log_dir)
+    return asyncio.run(_supervise(plan, slots, policy, run_dir, flag_value(
+        specs[gpus[0]].argv, "--api-key")))
+
+
+async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir: Path,
+                     api_key: str | None) -> int:
+    header = {"run_dir": str(run_dir), "log_dir": str(plan.log_dir), "sim": plan.sim,
+              "workers": plan.workers, "started_at": time.time(), "sglang_version": plan.version}
+    holder = {"plan": plan}
+
+    def load_order() -> Order | None:
+        order, holder["plan"] = read_request(run_dir, holder["plan"])
+        return order
+
+    probe = HttpProbe(api_key=api_key)
+    supervisor = Supervisor(
+        slots, policy, probe=probe, load_order=load_order,
+        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {**header, **snapshot}))
+    try:
+        return await supervisor.run()
+    finally:
+        await probe.aclose()
+
+
+def _refuse_second_supervisor(run_dir: Path) -> None:
+    state = read_state(run_dir)
+    pid = state.get("supervisor_pid") if state else None
+    if isinstance(pid, int) and pid_alive(pid):
+        raise NodeError(f"a supervisor (pid {pid}) already runs with run dir {run_dir}; "
+                        "stop it first or pass another --run-dir")
+
+
+def cmd_status(argv: Sequence[str]) -> int:
+    """Print the node table; 0 when the supervisor runs and every GPU is ready, else 1."""
+    p = argparse.ArgumentParser(prog="python -m launcher status",
+                                description="Show each GPU's server as the supervisor sees it.")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p.add_argument("--json", action="store_true", help="print node.json with liveness added")
+    args = p.parse_args(list(argv))
+    state = read_state(args.run_dir)
+    if state is None:
+        print(f"status: no {STATE_FILE} in {args.run_dir}: `launcher up` has not run here "
+              "(or pass --run-dir)", file=sys.stderr)
+        return EXIT_USAGE
+    annotate(state)
+    print(json.dumps(state, indent=1) if args.json else render_status(state))
+    healthy = state["supervisor_alive"] and all(
+        g["state"] == "ready" and g["pid_alive"] for g in state.get("gpus", []))
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+def cmd_restart(argv: Sequence[str]) -> int:
+    """Ask the running supervisor to restart servers (drain first); follow until done."""
+    flags, server_args = _split(argv)
+    p = argparse.ArgumentParser(
+        prog="python -m launcher restart",
+        description="Drain and restart servers, one GPU at a time with --rolling.",
+        epilog="Server arguments after `--` override, flag by flag, those given to `up` after "
+        "`--` (--replace-args: replace them all).\nexample:\n"
+        "  python -m launcher restart --rolling -- --max-running-requests 64",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rolling", action="store_true",
+                   help="one GPU at a time, each ready before the next (else all at once)")
+    p.add_argument("--gpus", help="only these GPUs (default: all)")
+    p.add_argument("--profile", type=Path, help="reload this profile file")
+    p.add_argument("--replace-args", action="store_true",
+                   help="the arguments after `--` replace the old ones instead of overriding")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p.add_argument("--timeout", type=float, default=3 * 3600.0, help="give up waiting after S")
+    p.add_argument("--no-wait", action="store_true", help="return once the supervisor accepts")
+    args = p.parse_args(flags)
+    state = read_state(args.run_dir)
+    pid = state.get("supervisor_pid") if state else None
+    if not isinstance(pid, int) or not pid_alive(pid):
+        raise NodeError(f"no running supervisor for run dir {args.run_dir}: start `launcher up`")
+    request_id = f"r{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
+    write_json(args.run_dir / REQUEST_FILE, {
+        "id": request_id, "rolling": args.rolling, "args": server_args,
+        "replace": args.replace_args,
+        "gpus": parse_gpu_spec(args.gpus) if args.gpus else None,
+        "profile": str(args.profile.resolve()) if args.profile else None})
+    os.kill(pid, signal.SIGHUP)
+    return follow(args.run_dir, request_id, args.timeout, args.no_wait)
+
+
+def follow(run_dir: Path, request_id: str, timeout_s: float, no_wait: bool = False) -> int:
+    """Print a restart's progress from node.json until it is done, failed or rejected."""
+    start, shown = time.monotonic(), ""
+    while time.monotonic() - start < timeout_s:
+        rollout = (read_state(run_dir) or {}).get("rollout") or {}
+        rejected = rollout.get("rejected") or {}
+        if rejected.get("id") == request_id:
+            print(f"restart {request_id}: rejected: {rejected.get('reason')}")
+            return EXIT_FAILED
+        if rollout.get("id") == request_id:
+            text = _rollout_text({**rollout, "rejected": None})
+            if text != shown:
+                print(text, flush=True)
+                shown = text
+            if no_wait or rollout.get("state") in ("done", "failed"):
+                return EXIT_FAILED if rollout.get("state") == "failed" else EXIT_OK
+        elif time.monotonic() - start > ACK_TIMEOUT_S:
+            print(f"restart {request_id}: the supervisor did not pick the request up within "
+                  f"{ACK_TIMEOUT_S:.0f} s", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.2)
+    print(f"restart {request_id}: still running after {timeout_s:.0f} s", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# The `status` table: node.json annotated with liveness and rendered as text.
+
+def annotate(state: dict[str, Any]) -> None:
+    """Add `supervisor_alive` and each process's `pid_alive`."""
+    state["supervisor_alive"] = pid_alive(state.get("supervisor_pid"))
+    for gpu in state.get("gpus", []):
+        gpu["pid_alive"] = pid_alive(gpu.get("pid"))
+        if gpu.get("worker"):
+            gpu["worker"]["pid_alive"] = pid_alive(gpu["worker"].get("pid"))
+
+
+def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
+    """The status table: GPU, port, pid, state, uptime, restarts, capacity, why."""
+    now = time.time() if now is None else now
+    sup = state.get("supervisor_pid")
+    head = f"supervisor pid {sup} " + ("running" if state.get("supervisor_alive") else
+                                       "NOT running: the state below is stale")
+    head += f"; updated {_ago(now - float(state.get('updated_at') or now))} ago"
+    rows: list[tuple[str, ...]] = [
+        ("GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS", "CAPACITY", "WHY")]
+    for g in state.get("gpus", []):
+        rows.append(_row(g, now))
+        worker = g.get("worker")
+        if worker:
+            rows.append(_row({**worker, "gpu": f"  w{g['gpu']}", "port": "-"}, now))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+                      for r in rows]
+    rollout = state.get("rollout")
+    if rollout:
+        lines.append(_rollout_text(rollout))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _row(g: Mapping[str, Any], now: float) -> tuple[str, ...]:
+    alive, state = g.get("pid_alive", True), str(g.get("state"))
+    pid = "-" if g.get("pid") is None or state == "stopped" else str(g["pid"])
+    if pid != "-" and not alive:
+        pid, state = f"{pid} (gone)", f"{state}?"
+    up = _ago(now - g["since"]) if g.get("state") in ("ready", "running") and alive else "-"
+    cap = g.get("capacity") or {}
+    capacity = "-"
+    if cap.get("effective") is not None:
+        capacity = f"{cap['effective']} (asked {cap.get('requested') or 'auto'})"
+    # A ready server explains its capacity; any other state explains itself.
+    why = cap.get("reason") if g.get("state") in ("ready", "running") else g.get("last_reason")
+    return (str(g.get("gpu")), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
+            capacity, why or "")
+
+
+def _rollout_text(r: Mapping[str, Any]) -> str:
+    text = f"restart {r.get('id')}: {r.get('state')}, done GPU {r.get('done')}"
+    if r.get("current") is not None:
+        text += f", now GPU {r['current']}"
+    if r.get("reason"):
+        text += f": {r['reason']}"
+    if r.get("rejected"):
+        text += f"\nrestart {r['rejected']['id']}: rejected: {r['rejected']['reason']}"
+    return text
+
+
+def _ago(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,133 @@
+"""The node plan: how each GPU's server and worker is launched, on which ports.
+
+Also how a `restart.json` request turns into a supervisor Order and the plan it implies,
+and the up-front check that every planned port is free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.embedded import port_is_free
+from launcher.node._args import (
+    HOST,
+    NEWEST_SGLANG,
+    Profile,
+    adapt_flags,
+    build_argv,
+    flag_value,
+    load_profile,
+    merge_args,
+    sglang_command,
+)
+from launcher.node._args import sglang_version as installed_sglang_version
+from launcher.node._errors import NodeError, PortBusyError, ProfileError
+from launcher.node._process import LaunchSpec
+from launcher.node._rundir import REQUEST_FILE
+from launcher.node._supervisor import Order, OrderError
+
+# The node commands' logger: its plan notes are the node's lines, not this module's.
+log = logging.getLogger("launcher.node")
+
+DEFAULT_BASE_PORT = 30000
+# NCCL ports sit 1000 above the HTTP ports: outside 22000-29999, where SGLang picks random
+# NCCL ports for servers not given one, so concurrent starts cannot collide
+# (docs/reference/sglang.md#process).
+NCCL_OFFSET = 1000
+RANDOM_NCCL_RANGE = range(22000, 30000)
+SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """How every GPU's server and worker is launched; `restart` replaces args or profile."""
+
+    gpus: tuple[int, ...]
+    sim: bool
+    workers: bool
+    model: str | None
+    profile: Profile
+    cli_args: tuple[str, ...]
+    base_port: int
+    log_dir: Path
+    env: Mapping[str, str]
+
+    @property
+    def version(self) -> str:
+        """The SGLang version whose flag names are used (the simulator mimics the newest)."""
+        if self.sim:
+            return NEWEST_SGLANG
+        return self.profile.sglang_version or installed_sglang_version() or NEWEST_SGLANG
+
+    def server_spec(self, gpu: int) -> LaunchSpec:
+        """GPU `gpu`'s server: merged arguments, adapted flag names, ports, environment."""
+        model, args = self.profile.for_gpu(gpu, self.cli_args, self.model)
+        if not self.sim and model is None and flag_value(args, "--model-path", "--model") is None:
+            raise ProfileError("no model: pass --model PATH or set `model` in the profile")
+        args, notes = adapt_flags(args, self.version)
+        for note in notes:
+            log.info("gpu%d: flag %s", gpu, note)
+        command = SIM_COMMAND if self.sim else tuple(sglang_command(self.profile))
+        # base + GPU index, not position: a worker for queue gpuN defaults to port 30000+N.
+        port = self.base_port + gpu
+        argv = build_argv(command, model, port, port + NCCL_OFFSET, args)
+        env = {**self.env, **self.profile.env_for_gpu(gpu),
+               # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order may differ.
+               "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        return LaunchSpec(f"gpu{gpu}", tuple(argv), env, self.log_dir / f"sglang_gpu{gpu}.log",
+                          port, flag_value(args, "--host") or HOST)
+
+    def worker_spec(self, gpu: int, server: LaunchSpec) -> LaunchSpec:
+        """GPU `gpu`'s Celery worker, pointed at its server."""
+        argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}",
+                "-n", f"gpu{gpu}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
+        return LaunchSpec(f"worker{gpu}", argv, {**self.env, "SGLANG_URL": server.url},
+                          self.log_dir / f"worker_gpu{gpu}.log")
+
+
+def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]:
+    """Turn `restart.json` into an Order and the plan it implies; (None, plan) if absent."""
+    path = run_dir / REQUEST_FILE
+    try:
+        request = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, plan
+    path.unlink(missing_ok=True)
+    request_id, new = str(request.get("id")), plan
+    try:
+        if request.get("args") is not None:
+            given = [str(a) for a in request["args"]]
+            args = given if request.get("replace") else merge_args(plan.cli_args, given)
+            new = dataclasses.replace(new, cli_args=tuple(args))
+        if request.get("profile"):
+            new = dataclasses.replace(new, profile=load_profile(Path(request["profile"])))
+        gpus = request.get("gpus") or list(plan.gpus)
+        missing = [g for g in gpus if g not in plan.gpus]
+        if missing:
+            raise NodeError(f"GPU {missing} not supervised here (GPUs {list(plan.gpus)})")
+        specs = {gpu: new.server_spec(gpu) for gpu in gpus}
+    except NodeError as exc:
+        raise OrderError(request_id, str(exc)) from None
+    return Order(request_id, specs, bool(request.get("rolling", True))), new
+
+
+def check_ports(specs: Mapping[int, LaunchSpec]) -> None:
+    """Every HTTP and NCCL port must be free now; raise PortBusyError naming the first taken."""
+    for gpu, spec in specs.items():
+        assert spec.port is not None
+        for role, port in (("HTTP", spec.port), ("NCCL", spec.port + NCCL_OFFSET)):
+            if not 0 < port < 65536:
+                raise PortBusyError(f"GPU {gpu}: {role} port {port} is out of range")
+            if not port_is_free(port):
+                raise PortBusyError(f"GPU {gpu}: {role} port {port} is already in use; "
+                                    "stop what listens there or pass another --base-port")
+            if port in RANDOM_NCCL_RANGE:
+                log.warning("GPU %d: %s port %d is in 22000-29999, where SGLang servers pick "
+                            "random NCCL ports; a --base-port of 30000 or more avoids that",
+                            gpu, role, port)

@@ -1,0 +1,136 @@
+"""Streaming, validating reader of prompt JSONL files.
+
+Each non-blank line is one prompt in one of three shapes:
+
+    chat:    {"id"?: str|int, "messages": [...], "tools"?: [...], "sampling"?: {...}}
+    plain:   {"id"?: str|int, "prompt": "...", "tools"?: [...], "sampling"?: {...}}
+    OpenAI:  {"custom_id": str, "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+
+The file is read one line at a time, so memory stays flat whatever its size, apart from 8-byte
+digests of the ids seen (``IdIndex``). Ids without an ``id`` are content hashes (``hash_id``).
+Other top-level fields are rejected rather than ignored, so a misplaced ``max_tokens`` cannot
+silently fall back to the job default. A sampling value of null means "not
+set" and is dropped, so the job default applies.
+
+    summary = validate_file("prompts.jsonl")    # raises InputErrors naming every bad line
+    for record in read_prompts("prompts.jsonl"):
+        enqueue(record.id, record.body)
+
+With ``--skip-invalid`` the bad lines go to a Rejects file as they are found, so memory stays
+bounded by the longest line however many lines are bad:
+
+    rejects = Rejects()
+    summary = validate_file("prompts.jsonl", on_error=rejects)
+    rejects.upload(sink, "job/rejects.jsonl")
+
+This module is the package's one public face; inside, each private module holds one part whole:
+``_line`` one line (its shapes, its id, the checks of its fields), ``_ids`` the id rules, content
+hash and index, ``_scan`` the streaming pass, ``_errors`` the error types, ``_rejects`` the
+rejects file.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from producer.inputs._errors import REJECT_RAW_CHARS, InputError, InputErrors, NoPrompts
+from producer.inputs._ids import IdIndex, hash_id
+from producer.inputs._line import SAMPLING_PARAMS, PromptRecord
+from producer.inputs._rejects import Rejects, reject_line
+from producer.inputs._scan import Scan
+
+__all__ = [
+    "PROGRESS_EVERY",
+    "REJECT_RAW_CHARS",
+    "SAMPLING_PARAMS",
+    "FileSummary",
+    "IdIndex",
+    "InputError",
+    "InputErrors",
+    "NoPrompts",
+    "PromptRecord",
+    "Rejects",
+    "hash_id",
+    "read_prompts",
+    "reject_line",
+    "validate_file",
+]
+
+# Lines between two progress callbacks: often enough for a progress bar, rare enough to cost
+# nothing. Read when a pass starts, so a test may set it smaller here.
+PROGRESS_EVERY = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    """What one clean pass over an input file found; ``sha256`` is of the file's bytes.
+
+    ``path`` is the name the file was read under (validate_file's ``name``, default its path).
+    """
+
+    path: str
+    lines: int
+    prompts: int
+    bytes: int
+    sha256: str
+    blank_lines: int
+    rejected: int = 0  # bad lines passed to validate_file's on_error
+
+
+def read_prompts(
+    path: str | Path,
+    *,
+    skip_invalid: bool = False,
+    on_error: Callable[[InputError], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    name: str | None = None,
+) -> Iterator[PromptRecord]:
+    """Yield the prompts of a JSONL file in order, one line in memory at a time.
+
+    The first bad line raises InputError, unless ``skip_invalid``: then each bad line (including
+    the second occurrence of an id) goes to ``on_error`` and is skipped. ``progress(bytes_read,
+    lines_read)`` is called every PROGRESS_EVERY lines and once at the end. Errors name the file
+    ``name`` (default: its path).
+    """
+    for result in Scan(path, progress, PROGRESS_EVERY, name=name):
+        if isinstance(result, PromptRecord):
+            yield result
+        elif not skip_invalid:
+            raise result
+        elif on_error is not None:
+            on_error(result)
+
+
+def validate_file(
+    path: str | Path,
+    *,
+    max_errors: int = 20,
+    progress: Callable[[int, int], None] | None = None,
+    on_error: Callable[[InputError], None] | None = None,
+    name: str | None = None,
+) -> FileSummary:
+    """Check every line of a JSONL file in one streaming pass and summarise it.
+
+    Raises InputErrors holding the first ``max_errors`` bad lines and the count of all of them.
+    With ``on_error``, every bad line goes there instead and the summary counts them as
+    ``rejected`` (the ``--skip-invalid`` case: one pass, nothing raised). Errors and the summary
+    name the file ``name`` (default: its path).
+    """
+    if max_errors < 1:
+        raise ValueError(f"max_errors must be at least 1, got {max_errors}")
+    scan = Scan(path, progress, PROGRESS_EVERY, hash_bytes=True, name=name)
+    errors: list[InputError] = []
+    total = prompts = 0
+    for result in scan:
+        if isinstance(result, PromptRecord):
+            prompts += 1
+            continue
+        total += 1
+        if on_error is not None:
+            on_error(result)
+        elif len(errors) < max_errors:
+            errors.append(result)
+    if errors:
+        raise InputErrors(errors, total)
+    digest = scan.digest.hexdigest()
+    return FileSummary(scan.name, scan.lines, prompts, scan.bytes, digest, scan.blank_lines, total)

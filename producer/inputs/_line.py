@@ -1,0 +1,343 @@
+"""One prompt line: its three shapes (chat, plain, OpenAI Batch), its id (given or content hash,
+unique in the file), and the checks of its chat-request fields (messages, tools, the sampling
+params of SAMPLING_PARAMS). ``parse_line`` turns the line into a PromptRecord, or into the
+InputError that names what is wrong with it."""
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from producer.inputs._errors import REJECT_RAW_CHARS, InputError
+from producer.inputs._ids import IdIndex, hash_id, id_problem
+from workers.job import MAX_TEMPERATURE, MAX_TOKENS_LIMIT
+
+OPENAI_METHOD = "POST"
+OPENAI_URL = "/v1/chat/completions"
+ROLES = ("system", "user", "assistant", "tool", "developer")
+_CHAT_FIELDS = ("id", "messages", "prompt", "tools", "sampling")
+_OPENAI_FIELDS = ("custom_id", "method", "url", "body")
+_NOT_SAMPLING = ("messages", "tools", "model", "stream")  # the worker sets model and stream
+# An error keeps REJECT_RAW_CHARS characters of its line; UTF-8 spends at most 4 bytes on one, so
+# decoding this many bytes is enough, and a bad line of megabytes is never decoded whole.
+_RAW_BYTES = 4 * REJECT_RAW_CHARS
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    """One valid prompt: its id, 1-based line number, and chat-completions request fields.
+
+    ``body`` holds ``messages``, ``tools`` if any, and the line's own sampling params; the producer
+    merges the job defaults under it, so the line's values win.
+    """
+
+    id: str
+    line: int
+    body: dict[str, Any]
+
+
+class _Invalid(Exception):
+    """What is wrong with the line, raised by the checks below; parse_line makes it an InputError
+    (which also needs the file's name and the line's text)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(field, message)
+        self.field = field
+        self.message = message
+
+
+def parse_line(raw: bytes, line: int, ids: IdIndex, path: str) -> PromptRecord | InputError:
+    """Parse and check line number ``line`` (``raw``, not blank) of the file errors call ``path``.
+
+    A valid line's id is added to ``ids``; a bad line, or a second use of an id, comes back as an
+    InputError holding the start of the line.
+    """
+    try:
+        return _record(raw, line, ids)
+    except _Invalid as bad:
+        text = raw[:_RAW_BYTES].decode("utf-8", "replace").rstrip("\r\n")
+        return InputError(path, line, bad.field, bad.message, text)
+
+
+def _record(raw: bytes, line: int, ids: IdIndex) -> PromptRecord:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _Invalid("line", _json_problem(raw, exc)) from None
+    if not isinstance(obj, dict):
+        raise _Invalid("line", f"expected a JSON object; got {_show(obj)}")
+    if any(key in obj for key in _OPENAI_FIELDS) and "messages" not in obj and "prompt" not in obj:
+        id_field, body = "custom_id", _openai_body(obj)
+    elif any(key in obj for key in _CHAT_FIELDS):
+        id_field, body = "id", _chat_body(obj)
+    else:
+        raise _Invalid("line", 'no prompt: expected "messages", "prompt" or an OpenAI Batch line')
+    prompt_id = _given_id(obj, id_field)
+    if prompt_id is None:
+        prompt_id = hash_id(body)
+    first = ids.add(prompt_id, line)
+    if first is not None:
+        raise _Invalid(id_field, _duplicate_problem(prompt_id, first, id_field in obj))
+    return PromptRecord(prompt_id, line, body)
+
+
+def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"not valid UTF-8 at byte {bad.start + 1} (0x{raw[bad.start]:02x})"
+    # Parse again without the line break, so orjson's position is a column of this line.
+    try:
+        orjson.loads(raw.rstrip(b"\r\n"))
+    except orjson.JSONDecodeError as in_line:
+        exc = in_line
+    return f"invalid JSON: {exc.msg} at column {exc.colno}"
+
+
+def _duplicate_problem(prompt_id: str, first: int, given: bool) -> str:
+    if given:
+        return f"duplicate id {_show(prompt_id)}, first on line {first}"
+    return (
+        f"same content as line {first} (hash id {prompt_id}); "
+        'a line without an id is named by its content, so give repeated prompts an "id"'
+    )
+
+
+def _given_id(obj: dict[str, Any], field: str) -> str | None:
+    if field not in obj:
+        return None
+    value = obj[field]
+    if field == "id" and type(value) is int:
+        value = str(value)
+    if not isinstance(value, str):
+        expected = "a string or an integer" if field == "id" else "a string"
+        raise _Invalid(field, f"expected {expected}; got {_show(value)}")
+    problem = id_problem(value)
+    if problem is not None:
+        raise _Invalid(field, problem)
+    return value
+
+
+def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
+    for key in obj:
+        if key not in _CHAT_FIELDS:
+            hint = ' (sampling params go under "sampling")' if key in SAMPLING_PARAMS else ""
+            raise _Invalid(key, f"unknown field{hint}; a prompt line has {', '.join(_CHAT_FIELDS)}")
+    if "prompt" in obj:
+        if "messages" in obj:
+            raise _Invalid("prompt", 'give either "prompt" or "messages", not both')
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise _Invalid("prompt", f"expected a non-empty string; got {_show(prompt)}")
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
+    elif "messages" in obj:
+        body = {"messages": _checked_messages(obj["messages"], "messages")}
+    else:
+        raise _Invalid("messages", 'missing; a prompt line needs "messages" or "prompt"')
+    if obj.get("tools") is not None:
+        body["tools"] = _checked_tools(obj["tools"], "tools")
+    sampling = obj.get("sampling")
+    if sampling is not None:
+        if not isinstance(sampling, dict):
+            raise _Invalid("sampling", f"expected an object; got {_show(sampling)}")
+        for key in _NOT_SAMPLING:
+            if key in sampling:
+                raise _Invalid(f"sampling.{key}", "not a sampling parameter")
+        body.update(_checked_sampling(sampling, "sampling"))
+    return body
+
+
+def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
+    for key in obj:
+        if key not in _OPENAI_FIELDS:
+            raise _Invalid(
+                key, f"unknown field; an OpenAI Batch line has {', '.join(_OPENAI_FIELDS)}"
+            )
+    for key in _OPENAI_FIELDS:
+        if key not in obj:
+            raise _Invalid(key, f"missing; an OpenAI Batch line needs {', '.join(_OPENAI_FIELDS)}")
+    if obj["method"] != OPENAI_METHOD:
+        raise _Invalid("method", f'expected "{OPENAI_METHOD}"; got {_show(obj["method"])}')
+    if obj["url"] != OPENAI_URL:
+        raise _Invalid("url", f'expected "{OPENAI_URL}"; got {_show(obj["url"])}')
+    request = obj["body"]
+    if not isinstance(request, dict):
+        raise _Invalid("body", f"expected an object; got {_show(request)}")
+    if "messages" not in request:
+        raise _Invalid("body.messages", "missing")
+    body: dict[str, Any] = {"messages": _checked_messages(request["messages"], "body.messages")}
+    if request.get("tools") is not None:
+        body["tools"] = _checked_tools(request["tools"], "body.tools")
+    params = {k: v for k, v in request.items() if k not in _NOT_SAMPLING}
+    body.update(_checked_sampling(params, "body"))
+    return body
+
+
+def _checked_messages(messages: Any, field: str) -> list[Any]:
+    if not isinstance(messages, list) or not messages:
+        raise _Invalid(field, f"expected a non-empty list of messages; got {_show(messages)}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _Invalid(f"{field}[{i}]", f"expected an object; got {_show(message)}")
+        _check_message(message, f"{field}[{i}]")
+    return messages
+
+
+def _check_message(message: dict[str, Any], field: str) -> None:
+    role = message.get("role")
+    if role not in ROLES:
+        got = "missing" if "role" not in message else f"got {_show(role)}"
+        raise _Invalid(f"{field}.role", f"expected one of {', '.join(ROLES)}; {got}")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None and not _is_list_of_objects(tool_calls):
+        raise _Invalid(
+            f"{field}.tool_calls", f"expected a list of objects; got {_show(tool_calls)}"
+        )
+    content = message.get("content")
+    if isinstance(content, str):
+        return
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _Invalid(f"{field}.content[{i}]", 'expected an object with a string "type"')
+        return
+    if content is None and role == "assistant" and tool_calls:
+        return
+    if content is None:
+        got = "missing" if "content" not in message else "got null"
+        raise _Invalid(
+            f"{field}.content", f"{got}; only an assistant message with tool_calls may omit it"
+        )
+    raise _Invalid(
+        f"{field}.content",
+        f"expected a string, a list of content parts or null; got {_show(content)}",
+    )
+
+
+def _checked_tools(tools: Any, field: str) -> list[Any]:
+    if not isinstance(tools, list) or not _is_list_of_objects(tools):
+        raise _Invalid(field, f"expected a list of objects; got {_show(tools)}")
+    return tools
+
+
+def _checked_sampling(params: dict[str, Any], field: str) -> dict[str, Any]:
+    checked = {}
+    for key, value in params.items():
+        rule = SAMPLING_PARAMS.get(key)
+        if rule is None:
+            raise _Invalid(f"{field}.{key}", _unknown_param(key))
+        if value is None:
+            continue
+        if not rule[0](value):
+            raise _Invalid(f"{field}.{key}", f"expected {rule[1]}; got {_show(value)}")
+        checked[key] = value
+    return checked
+
+
+def _unknown_param(key: str) -> str:
+    close = difflib.get_close_matches(key, SAMPLING_PARAMS, n=1)
+    if close:
+        return f"unknown sampling parameter; did you mean {close[0]}?"
+    return f"unknown sampling parameter; known: {', '.join(SAMPLING_PARAMS)}"
+
+
+def _is_list_of_objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is a subclass of int, and true is not a token count
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: _is_int(v) and low <= v <= high
+
+
+def _number_in(low: float, high: float, *, open_low: bool = False) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not _is_number(value):
+            return False
+        return bool(low < value if open_low else low <= value) and value <= high
+
+    return check
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    )
+
+
+def _is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+_TOKENS = f"an integer in [1, {MAX_TOKENS_LIMIT}]"
+_PENALTY = "a number in [-2, 2]"
+_TOOL_CHOICES = ("auto", "required", "none")
+_EFFORTS = ("low", "medium", "high")
+
+# Every key a prompt's "sampling" (or an OpenAI Batch line's "body") may hold, with its check and
+# what it expects: the chat-completions fields SGLang 0.5.5 reads for one answer, with the ranges
+# of its SamplingParams.verify() and protocol.ChatCompletionRequest. Any other key is a typo or a
+# field SGLang would silently ignore, so it is rejected. The worker owns model, stream and the
+# request plumbing (rid, lora_path, ...), so those are not here either.
+SAMPLING_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (_int_in(1, MAX_TOKENS_LIMIT), _TOKENS),
+    "max_completion_tokens": (_int_in(1, MAX_TOKENS_LIMIT), _TOKENS),
+    "min_tokens": (_int_in(0, MAX_TOKENS_LIMIT), f"an integer in [0, {MAX_TOKENS_LIMIT}]"),
+    "temperature": (_number_in(0, MAX_TEMPERATURE), f"a number in [0, {MAX_TEMPERATURE:g}]"),
+    "top_p": (_number_in(0, 1, open_low=True), "a number in (0, 1]"),
+    "top_k": (lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
+    "min_p": (_number_in(0, 1), "a number in [0, 1]"),
+    "frequency_penalty": (_number_in(-2, 2), _PENALTY),
+    "presence_penalty": (_number_in(-2, 2), _PENALTY),
+    # SGLang's verify() lets 0 through, but the penalty divides logits: 0 is never meant.
+    "repetition_penalty": (_number_in(0, 2, open_low=True), "a number in (0, 2]"),
+    "seed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "stop": (_is_strings, "a string or a list of strings"),
+    "stop_token_ids": (
+        lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v),
+        "a list of token ids (integers >= 0)",
+    ),
+    "stop_regex": (_is_strings, "a string or a list of strings"),
+    "ignore_eos": (_is_bool, "true or false"),
+    "no_stop_trim": (_is_bool, "true or false"),
+    "skip_special_tokens": (_is_bool, "true or false"),
+    "logit_bias": (_is_object, "an object"),
+    "logprobs": (_is_bool, "true or false"),
+    "top_logprobs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    # One answer per prompt is what a result holds; n > 1 would lose the rest silently.
+    "n": (lambda v: _is_int(v) and v == 1, "1 (one answer per prompt)"),
+    "response_format": (_is_object, "an object"),
+    "regex": (lambda v: isinstance(v, str), "a string"),
+    "ebnf": (lambda v: isinstance(v, str), "a string"),
+    "tool_choice": (
+        lambda v: v in _TOOL_CHOICES or isinstance(v, dict),
+        f"one of {', '.join(_TOOL_CHOICES)} or an object",
+    ),
+    "reasoning_effort": (lambda v: v in _EFFORTS, f"one of {', '.join(_EFFORTS)}"),
+    "separate_reasoning": (_is_bool, "true or false"),
+    "continue_final_message": (_is_bool, "true or false"),
+    "chat_template_kwargs": (_is_object, "an object"),
+}
+
+
+def _show(value: Any) -> str:
+    """Describe a JSON value in an error: scalars as JSON (cut short), containers by kind."""
+    if isinstance(value, dict):
+        return "object" if value else "{}"
+    if isinstance(value, list):
+        return "array" if value else "[]"
+    shown = orjson.dumps(value).decode()
+    return shown if len(shown) <= 60 else shown[:57] + '..."'

@@ -1,0 +1,63 @@
+"""The packages keep one direction of use, and the launcher's parts load only what they need.
+
+The rules are import-linter contracts in pyproject.toml ([tool.importlinter]); a broken one
+fails here with lint-imports' report, which names the rule and the import that breaks it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Building the Celery app reads the settings from the environment; a malformed REDIS_URL
+# makes any import that builds it fail loudly.
+BAD_ENV = {**os.environ, "REDIS_URL": "garbage"}
+
+
+def test_every_import_contract_in_pyproject_is_kept() -> None:
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_the_simulator_node_and_log_reader_load_no_celery_and_nothing_of_workers() -> None:
+    script = ("import sys, launcher.sim, launcher.node, launcher.logs\n"
+              "print(sorted(m for m in sys.modules\n"
+              "             if m.partition('.')[0] in ('celery', 'kombu', 'workers', 'producer')))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_sim_help_works_with_a_malformed_redis_url() -> None:
+    done = subprocess.run([sys.executable, "-m", "launcher", "sim", "--help"], cwd=ROOT,
+                          env=BAD_ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: sglang serve")
+    assert done.stderr == ""
+
+
+def test_importing_the_packages_builds_no_celery_app_and_reads_no_environment() -> None:
+    script = ("import sys, workers, producer, launcher, launcher.sim\n"
+              "import workers.ledger, workers.sink, workers.job, workers.keys, producer.inputs\n"
+              "print('workers.app' in sys.modules, 'celery' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_celery_finds_the_app_under_the_package_name() -> None:
+    script = ("from celery.app.utils import find_app\n"
+              "app = find_app('workers')\n"
+              "print(app.main, app.conf.task_default_queue)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fleetgen", "fleetgen"]
