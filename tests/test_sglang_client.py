@@ -1,4 +1,5 @@
-"""The worker's HTTP client (workers/sglang.py, stock httpx) against real servers on real sockets.
+"""The worker's HTTP client (workers/sglang.py: httpx over httpx-aiohttp's transport) against
+real servers on real sockets.
 
 The simulator (uvicorn, like SGLang) for the happy path and HTTP errors, and a small raw-socket
 server for what uvicorn never does on purpose: closing mid-response, never answering, answering
@@ -177,5 +178,52 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_one_works() -> N
             # The cancelled request's connection was not reused: its late answer would have
             # been read as the next request's.
             assert len(accepted) == 2
+
+    asyncio.run(run())
+
+
+def test_requests_in_a_row_share_one_kept_alive_connection() -> None:
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(respond(b"200 OK", answer))
+            await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, accepted), client_of(url) as client:
+            for n in range(5):
+                await client.chat(chat_body(f"q{n}"))
+            assert len(accepted) == 1
+
+    asyncio.run(run())
+
+
+def test_the_client_holds_more_requests_at_once_than_a_default_pool_allows() -> None:
+    # The worker's limiter sizes its concurrency from the server; the pool must not cap it
+    # (aiohttp's and httpx's default pools hold 100 connections).
+    wanted = 130
+    arrived: list[int] = []
+    everyone = asyncio.Event()
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        arrived.append(1)
+        if len(arrived) == wanted:
+            everyone.set()
+        await everyone.wait()  # nobody is answered until all are at the server at once
+        writer.write(respond(b"200 OK", answer))
+        await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _), client_of(url, request_timeout_s=120) as client:
+            chats = [client.chat(chat_body(f"q{n}")) for n in range(wanted)]
+            answers = await asyncio.wait_for(asyncio.gather(*chats), timeout=120)
+            assert len(answers) == wanted
 
     asyncio.run(run())

@@ -1,6 +1,7 @@
 """The HTTP client of one SGLang server (or the simulator: the worker cannot tell them apart).
 
-httpx errors and HTTP statuses become `workers.errors` types here and nowhere else.
+httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors
+and HTTP statuses become `workers.errors` types here and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,14 +12,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
+from httpx_aiohttp import AiohttpTransport
 
 from workers.errors import BadRequestError, RetryableError, ServerDownError
 
 log = logging.getLogger(__name__)
 
 JSON = {"Content-Type": "application/json"}
+CHAT_PATH = "/v1/chat/completions"
+# Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
+# SGLang and the simulator) can close one just as a request goes out on it.
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -78,14 +85,20 @@ class SGLangClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
-        # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size:
-        # httpx's default of 100 connections would cap a server that runs more at once. Idle
-        # connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
-        # SGLang and the simulator) can close one just as a request goes out on it.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024,
-                              keepalive_expiry=4.0)
+        # aiohttp's pool, not httpcore 1.0.9's: httpcore rescans every connection on each
+        # request event (O(requests x connections)) and cost 2.5-3.4 ms of worker CPU per
+        # prompt at the 44 requests a 40-slot server keeps in flight, aiohttp's 1.2-1.7 ms on
+        # the same box (docs/development/performance.md, figure 5). limit=0: the worker's
+        # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
+        # would cap a server that runs more at once). No cookie jar: httpx keeps the client's.
+        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            cookie_jar=aiohttp.DummyCookieJar()))
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       limits=limits)
+                                       transport=transport)
+        # Absolute, parsed once: a relative path is re-parsed and merged with base_url on every
+        # request (httpx's `_merge_url`, 7% of the worker's CPU at figure 5's rate).
+        self._chat_url = httpx.URL(self.base_url + CHAT_PATH)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -96,7 +109,7 @@ class SGLangClient:
         As in docs/reference/sglang.md#startup."""
         try:
             response = await self._http.get("/health", timeout=10.0)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, aiohttp.ClientError):
             return False
         return response.status_code == 200
 
@@ -117,8 +130,8 @@ class SGLangClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
-        async with self._mapped("POST /v1/chat/completions"):
-            response = await self._http.post("/v1/chat/completions", content=orjson.dumps(body),
+        async with self._mapped("POST " + CHAT_PATH):
+            response = await self._http.post(self._chat_url, content=orjson.dumps(body),
                                              headers=JSON)
         self._raise_for_status(response)
         data: dict[str, Any] = orjson.loads(response.content)
@@ -126,7 +139,12 @@ class SGLangClient:
 
     @contextlib.asynccontextmanager
     async def _mapped(self, what: str) -> AsyncIterator[None]:
-        """Turn httpx's errors into the worker's: the one place they are mapped."""
+        """Turn httpx's and aiohttp's errors into the worker's: the one place they are mapped.
+
+        httpx-aiohttp maps aiohttp's connection and timeout errors to httpx's (a server gone
+        mid-request arrives as `ConnectTimeout`); what it leaves unmapped, e.g. a malformed
+        status line (`ClientResponseError`), is a broken exchange like httpx's
+        `RemoteProtocolError`."""
         try:
             yield
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -139,6 +157,8 @@ class SGLangClient:
             raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
         except httpx.HTTPError as exc:
             raise RetryableError(f"{what}: {exc!r}") from exc
+        except aiohttp.ClientError as exc:
+            raise ServerDownError(f"{what}: broken exchange ({exc!r})") from exc
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:
