@@ -12,12 +12,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
-from httpx_aiohttp import AiohttpTransport
 
-from workers.errors import BadRequestError, RetryableError, ServerDownError
+from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +89,7 @@ class SGLangClient:
         # the same box (docs/development/performance.md, figure 5). limit=0: the worker's
         # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
         # would cap a server that runs more at once). No cookie jar: httpx keeps the client's.
-        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
-            cookie_jar=aiohttp.DummyCookieJar()))
+        transport = _aiohttp_transport()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
                                        transport=transport)
         # Absolute, parsed once: a relative path is re-parsed and merged with base_url on every
@@ -108,8 +104,9 @@ class SGLangClient:
 
         As in docs/reference/sglang.md#startup."""
         try:
-            response = await self._http.get("/health", timeout=10.0)
-        except (httpx.HTTPError, aiohttp.ClientError):
+            async with self._mapped("GET /health"):
+                response = await self._http.get("/health", timeout=10.0)
+        except GenerationError:
             return False
         return response.status_code == 200
 
@@ -157,7 +154,12 @@ class SGLangClient:
             raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
         except httpx.HTTPError as exc:
             raise RetryableError(f"{what}: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
+        except Exception as exc:
+            # Loaded with the transport by then (see _aiohttp_transport).
+            import aiohttp
+
+            if not isinstance(exc, aiohttp.ClientError):
+                raise
             raise ServerDownError(f"{what}: broken exchange ({exc!r})") from exc
 
     @staticmethod
@@ -172,6 +174,19 @@ class SGLangClient:
         if status >= 500 or status == 429:
             raise RetryableError(f"HTTP {status}: {message}", status=status)
         raise BadRequestError(f"HTTP {status}: {message}", status=status)
+
+
+def _aiohttp_transport() -> httpx.AsyncBaseTransport:
+    """httpx-aiohttp's transport on a session without a connection cap or a cookie jar.
+
+    Imported here, not at the top: the producer imports this module (through the server
+    reader) and never sends a chat, and aiohttp adds ~0.2 s to every command's start."""
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    return AiohttpTransport(client=lambda: aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+        cookie_jar=aiohttp.DummyCookieJar()))
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -138,9 +138,28 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("   worker SIGKILL → its batch running elsewhere (30 s leases)",
                        "not back in 180s" if back is None else f"{back:.1f}s", "≤ 60 s",
                        back is not None and back <= 60.0))
+    sho = results.get("short")
+    if sho:
+        fgs, scs = sho["fleetgen"], sho["script"]
+        ratio = sum(r["wall_s"] for r in fgs) / sum(r["wall_s"] for r in scs)
+        each = ", ".join(f"{r:.3f}" for r in sho["ratios"])
+        out.append(Row("9. short answers: fleetgen ÷ script, command → servers counted all",
+                       f"{ratio:.3f}  ({_mean(fgs, 'wall_s'):.1f}s / {_mean(scs, 'wall_s'):.1f}s;"
+                       f" pairs {each})", "≤ 1.02", ratio <= 1.02))
+        out.append(Row("   first request; requests/s and running ÷ slots 10-90%; drain 90-100%",
+                       f"fleetgen {_split(fgs)}; script {_split(scs)}", "-", None))
     for name, error in (results.get("errors") or {}).items():
         out.append(Row(f"{name}: failed", error.splitlines()[0][:90], "-", False))
     return out
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in runs) / len(runs)
+
+
+def _split(runs: list[dict[str, Any]]) -> str:
+    return (f"{_mean(runs, 'first_request_s'):.2f}s, {_mean(runs, 'rate_10_90'):.0f}/s "
+            f"{_mean(runs, 'running_10_90'):.3f}, {_mean(runs, 'drain_s'):.1f}s")
 
 
 def table(rs: list[Row]) -> str:
