@@ -83,15 +83,6 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def redis_client(redis_server: RedisServer) -> Iterator[Any]:
-    client = redis_server.client()
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture
 def celery_app(redis_url: str) -> Any:
     """The workers' Celery app, pointed at the test Redis, for publishing from the test."""
     from workers.app import app
@@ -99,6 +90,15 @@ def celery_app(redis_url: str) -> Any:
     app.conf.broker_url = redis_url
     app._pool = None  # drop connections made for another broker URL
     return app
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[Any]:
+    client = redis_server.client()
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,21 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import orjson
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
-from kombu.serialization import register
 
 from workers import keys, redisconn
 from workers.settings import Settings
-
-register(
-    "orjson",
-    orjson.dumps,
-    lambda data: orjson.loads(bytes(data) if isinstance(data, memoryview) else data),
-    content_type="application/x-orjson",
-    content_encoding="utf-8",
-)
 
 settings = Settings.from_env()
 
@@ -54,9 +44,10 @@ app.conf.update(
         **({"master_name": settings.redis_master_name}
            if redisconn.is_sentinel(settings.redis_url) else {}),
     },
-    task_serializer="orjson",
-    accept_content=["orjson", "json"],
-    result_accept_content=["orjson", "json"],
+    # A message carries two strings (job, batch): Celery's own json is all it needs.
+    task_serializer="json",
+    accept_content=["json"],
+    result_accept_content=["json"],
     event_serializer="json",
     task_ignore_result=True,
     task_acks_late=True,

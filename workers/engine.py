@@ -163,7 +163,6 @@ class Engine:
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
             api_key=self.settings.sglang_api_key,
-            transport=self.settings.http_transport,
         )
         self.redis = redisconn.async_client(
             self.settings.redis_url, self.settings.redis_master_name, socket_timeout=30,

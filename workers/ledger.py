@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from importlib import resources
 from typing import Any
 
 import orjson
@@ -29,53 +30,14 @@ JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
 
+# The scripts live beside this module (package data: pyproject.toml); each file says what its
+# KEYS and ARGV are.
 # Extends a lease only for its owner (the batch runner's heartbeat runs it on its loop).
-RENEW_LEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-# Gives a lease back if ARGV[1] still holds it; ARGV[2] = 1 refunds the attempt taken with it
-# (the batch was handed back, not abandoned). KEYS: lease, attempts, running; ARGV[3]: batch.
-# A lease no longer held leaves `running` alone: an expired one is the reconciler's to see, and
-# a taken-over one belongs to the new holder.
-_RELEASE = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('del', KEYS[1])
-if ARGV[2] == '1' then
-  redis.call('hincrby', KEYS[2], ARGV[3], -1)
-end
-redis.call('zrem', KEYS[3], ARGV[3])
-return 1
-"""
-# Records a written batch once: only the call that adds it to the done set counts its prompts,
-# so a late duplicate, or a re-count after a crash between the write and this call, adds nothing.
-# KEYS: done, running, queued, written, job, checkpoint, failures.
-# ARGV: batch, now, failures kept, number of counters, counter name/value pairs, failure lines.
-_FINISH = """
-local batch = ARGV[1]
-redis.call('zrem', KEYS[2], batch)
-redis.call('zrem', KEYS[3], batch)
-redis.call('del', KEYS[6])
-if redis.call('sadd', KEYS[1], batch) == 0 then
-  return 0
-end
-local n = tonumber(ARGV[4])
-for i = 5, 4 + 2 * n, 2 do
-  redis.call('hincrbyfloat', KEYS[4], ARGV[i], ARGV[i + 1])
-end
-redis.call('hset', KEYS[5], 'last_write_at', ARGV[2])
-if #ARGV > 4 + 2 * n then
-  for i = 5 + 2 * n, #ARGV do
-    redis.call('lpush', KEYS[7], ARGV[i])
-  end
-  redis.call('ltrim', KEYS[7], 0, tonumber(ARGV[3]) - 1)
-end
-return 1
-"""
+RENEW_LEASE = resources.files("workers").joinpath("renew_lease.lua").read_text(encoding="utf-8")
+# Gives a lease back if still held, refunding the attempt if asked.
+_RELEASE = resources.files("workers").joinpath("release_lease.lua").read_text(encoding="utf-8")
+# Records a written batch once: only the first call counts its prompts.
+_FINISH = resources.files("workers").joinpath("finish_batch.lua").read_text(encoding="utf-8")
 
 
 class Ledger:

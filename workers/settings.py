@@ -46,9 +46,6 @@ class Settings:
     # Hours, not minutes: a thinking model may decode 30k tokens at 20 tok/s under load.
     request_timeout_s: float = 4 * 3600.0
     connect_timeout_s: float = 10.0
-    # "lean": workers/http1.py (a fifth of httpx's default CPU per request); "httpx": httpx's
-    # own httpcore transport, for servers behind proxies or anything the lean one lacks.
-    http_transport: str = "lean"
     # Requests kept waiting in the server's own queue above its effective max_running_requests,
     # so a finishing request is replaced without a client round trip.
     queue_margin: int = 4
@@ -118,8 +115,6 @@ class Settings:
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise SettingsError(f"FLEETGEN_{f.name.upper()} must be >= 0, got {value}")
-        if self.http_transport not in ("lean", "httpx"):
-            raise SettingsError(f"FLEETGEN_HTTP_TRANSPORT must be lean or httpx, got {self.http_transport!r}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 

@@ -1,6 +1,7 @@
 """The HTTP client of one SGLang server (or the simulator: the worker cannot tell them apart).
 
-httpx errors and HTTP statuses become `workers.errors` types here and nowhere else.
+httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors
+and HTTP statuses become `workers.errors` types here and nowhere else.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ import httpx
 import orjson
 
 from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
-from workers.http1 import Http1Transport
 from workers.server_info import ServerInfo, fetch_server_info
 
 log = logging.getLogger(__name__)
+
+JSON = {"Content-Type": "application/json"}
+CHAT_PATH = "/v1/chat/completions"
+# Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
+# SGLang and the simulator) can close one just as a request goes out on it.
+KEEPALIVE_S = 4.0
 
 
 class SGLangClient:
@@ -30,26 +36,24 @@ class SGLangClient:
         request_timeout_s: float,
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
-        transport: str = "lean",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=60.0,
                                 pool=None)
-        # The worker's concurrency is bounded by its limiter (engine.py), not by a pool size.
-        self._transport: httpx.AsyncBaseTransport = (
-            Http1Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=request_timeout_s)
-            if transport == "lean" else
-            httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None,
-                                                         max_keepalive_connections=1024)))
+        # aiohttp's pool, not httpcore 1.0.9's: httpcore rescans every connection on each
+        # request event (O(requests x connections)) and cost 2.5-3.4 ms of worker CPU per
+        # prompt at the 44 requests a 40-slot server keeps in flight, aiohttp's 1.2-1.7 ms on
+        # the same box (docs/development/performance.md, figure 5). limit=0: the worker's
+        # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
+        # would cap a server that runs more at once). No cookie jar: httpx keeps the client's.
+        transport = _aiohttp_transport()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=self._transport)
-        # The hot path builds its request once-parsed: the client's URL merging, cookie jar
-        # and redirect/auth layers cost more per request than the lean transport itself.
-        self._chat_url = httpx.URL(f"{self.base_url}/v1/chat/completions")
-        self._chat_headers = {**self._http.headers, "Content-Type": "application/json"}
-        self._chat_extensions = {"timeout": timeout.as_dict()}
+                                       transport=transport)
+        # Absolute, parsed once: a relative path is re-parsed and merged with base_url on every
+        # request (httpx's `_merge_url`, 7% of the worker's CPU at figure 5's rate).
+        self._chat_url = httpx.URL(self.base_url + CHAT_PATH)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -59,8 +63,9 @@ class SGLangClient:
 
         As in docs/reference/sglang.md#startup."""
         try:
-            response = await self._http.get("/health", timeout=10.0)
-        except httpx.HTTPError:
+            async with self._mapped("GET /health"):
+                response = await self._http.get("/health", timeout=10.0)
+        except GenerationError:
             return False
         return response.status_code == 200
 
@@ -80,38 +85,40 @@ class SGLangClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
-        request = httpx.Request("POST", self._chat_url, headers=self._chat_headers,
-                                content=orjson.dumps(body), extensions=self._chat_extensions)
-        try:
-            response = await self._transport.handle_async_request(request)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise self._error("POST /v1/chat/completions", exc) from exc
+        async with self._mapped("POST " + CHAT_PATH):
+            response = await self._http.post(self._chat_url, content=orjson.dumps(body),
+                                             headers=JSON)
         self._raise_for_status(response)
         data: dict[str, Any] = orjson.loads(response.content)
         return data
 
     @contextlib.asynccontextmanager
     async def _mapped(self, what: str) -> AsyncIterator[None]:
+        """Turn httpx's and aiohttp's errors into the worker's: the one place they are mapped.
+
+        httpx-aiohttp maps aiohttp's connection and timeout errors to httpx's (a server gone
+        mid-request arrives as `ConnectTimeout`); what it leaves unmapped, e.g. a malformed
+        status line (`ClientResponseError`), is a broken exchange like httpx's
+        `RemoteProtocolError`."""
         try:
             yield
-        except httpx.HTTPError as exc:
-            raise self._error(what, exc) from exc
-
-    def _error(self, what: str, exc: httpx.HTTPError) -> GenerationError:
-        """The worker error an httpx error stands for: the one place they are mapped."""
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})")
-        if isinstance(exc, httpx.TimeoutException):
-            return RetryableError(f"{what}: timed out ({type(exc).__name__})")
-        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})") from exc
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"{what}: timed out ({type(exc).__name__})") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             # The connection died mid-request: usually the server crashed; the health wait
             # that follows tells a crash from a blip.
-            return ServerDownError(f"{what}: connection lost ({exc!r})")
-        return RetryableError(f"{what}: {exc!r}")
+            raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
+        except httpx.HTTPError as exc:
+            raise RetryableError(f"{what}: {exc!r}") from exc
+        except Exception as exc:
+            # Loaded with the transport by then (see _aiohttp_transport).
+            import aiohttp
+
+            if not isinstance(exc, aiohttp.ClientError):
+                raise
+            raise ServerDownError(f"{what}: broken exchange ({exc!r})") from exc
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:
@@ -125,6 +132,19 @@ class SGLangClient:
         if status >= 500 or status == 429:
             raise RetryableError(f"HTTP {status}: {message}", status=status)
         raise BadRequestError(f"HTTP {status}: {message}", status=status)
+
+
+def _aiohttp_transport() -> httpx.AsyncBaseTransport:
+    """httpx-aiohttp's transport on a session without a connection cap or a cookie jar.
+
+    Imported here, not at the top: the producer imports this module (through the server
+    reader) and never sends a chat, and aiohttp adds ~0.2 s to every command's start."""
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    return AiohttpTransport(client=lambda: aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+        cookie_jar=aiohttp.DummyCookieJar()))
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -18,6 +18,10 @@ from tests.perf.plot import COLORS, Line, Panel, write_plot
 from tests.perf.saturation import Run
 from tests.stack import ROOT
 
+# Figure 5's targets: one worker process against an instant server, stock httpx.
+WORKER_CPU_US = 1000
+WORKER_RATE = 500
+
 
 @dataclass(frozen=True)
 class Row:
@@ -81,11 +85,16 @@ def rows(results: dict[str, Any]) -> list[Row]:
                        f"MiB, {cost['batches']:,} batches)", "report", None))
     ovh = results.get("overhead")
     if ovh:
-        cpu = ", ".join(f"{k} {v:.0f}" for k, v in ovh["cpu_us_per_prompt"].items())
+        cpu = ovh["cpu_us_per_prompt"]
+        others = ", ".join(f"{k} {v:.0f}" for k, v in cpu.items() if k != "worker")
         hung = f"; HUNG: {', '.join(ovh['hung_batches'])}" if ovh["hung_batches"] else ""
-        out.append(Row("5. overhead: prompts/s of one worker, instant server",
-                       f"{ovh['rate']:,.0f}/s (CPU µs/prompt: {cpu}){hung}", "≥ 3,000",
-                       ovh["rate"] >= 3000 and not ovh["hung_batches"]))
+        # Far above what a GPU feeds (a B200 on the reference model completes ~1.5 requests/s):
+        # the figure guards the worker's cost, it is not a race for its own sake.
+        out.append(Row("5. overhead: one worker, instant server: worker CPU per prompt; prompts/s",
+                       f"{cpu['worker']:.0f} µs; {ovh['rate']:,.0f}/s (CPU µs/prompt: "
+                       f"{others}){hung}", f"≤ {WORKER_CPU_US:,} µs; ≥ {WORKER_RATE}/s",
+                       cpu["worker"] <= WORKER_CPU_US and ovh["rate"] >= WORKER_RATE
+                       and not ovh["hung_batches"]))
     crash = results.get("crash")
     if crash:
         out.append(Row("6. crash: re-sent ÷ in flight at a worker SIGKILL",
@@ -129,9 +138,28 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("   worker SIGKILL → its batch running elsewhere (30 s leases)",
                        "not back in 180s" if back is None else f"{back:.1f}s", "≤ 60 s",
                        back is not None and back <= 60.0))
+    sho = results.get("short")
+    if sho:
+        fgs, scs = sho["fleetgen"], sho["script"]
+        ratio = sum(r["wall_s"] for r in fgs) / sum(r["wall_s"] for r in scs)
+        each = ", ".join(f"{r:.3f}" for r in sho["ratios"])
+        out.append(Row("9. short answers: fleetgen ÷ script, command → servers counted all",
+                       f"{ratio:.3f}  ({_mean(fgs, 'wall_s'):.1f}s / {_mean(scs, 'wall_s'):.1f}s;"
+                       f" pairs {each})", "≤ 1.02", ratio <= 1.02))
+        out.append(Row("   first request; requests/s and running ÷ slots 10-90%; drain 90-100%",
+                       f"fleetgen {_split(fgs)}; script {_split(scs)}", "-", None))
     for name, error in (results.get("errors") or {}).items():
         out.append(Row(f"{name}: failed", error.splitlines()[0][:90], "-", False))
     return out
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in runs) / len(runs)
+
+
+def _split(runs: list[dict[str, Any]]) -> str:
+    return (f"{_mean(runs, 'first_request_s'):.2f}s, {_mean(runs, 'rate_10_90'):.0f}/s "
+            f"{_mean(runs, 'running_10_90'):.3f}, {_mean(runs, 'drain_s'):.1f}s")
 
 
 def table(rs: list[Row]) -> str:
@@ -154,7 +182,7 @@ def write(out: Path, results: dict[str, Any], runs: list[Run]) -> list[Path]:
     (out / "results.md").write_text(text)
     paths = [out / "results.json", out / "results.md"]
     if runs:
-        paths += write_plot(out / "in_flight", [_panel(run) for run in runs])
+        paths.append(write_plot(out / "in_flight.png", [_panel(run) for run in runs]))
         paths.append(_samples_csv(out / "in_flight.csv", runs))
     return paths
 

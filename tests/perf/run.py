@@ -6,6 +6,7 @@
     python -m tests.perf --s3                     # figure 4 also with an S3 output
     python -m tests.perf --only export --export-baseline main   # figure 7, before and after
     python -m tests.perf --only timings           # figure 8: how soon things happen
+    python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -36,13 +37,15 @@ from tests.perf import (
     overhead,
     report,
     saturation,
+    short,
     timings,
 )
 from tests.perf.workload import Workload
 from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
-BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings")
+BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings",
+              "short")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class PerfConfig:
     worker_env: dict[str, str] = field(default_factory=dict)
     batch_size: int | None = None
     keep: bool = False
+    short_pairs: int = 1
 
     def __post_init__(self) -> None:
         unknown = set(self.only) - set(BENCHMARKS)
@@ -89,13 +93,16 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                    help="worker setting for figures 1-3 (try a change without editing code)")
     p.add_argument("--batch-size", type=int, help="enqueue --batch-size for figures 1-3")
     p.add_argument("--keep", action="store_true", help="keep the run folders (logs, requests)")
+    p.add_argument("--short-pairs", type=int, default=PerfConfig.short_pairs,
+                   help="figure 9: runs of each pipeline, alternating")
     a = p.parse_args(argv)
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
                       speed=a.speed, enqueue_prompts=a.enqueue_prompts,
                       overhead_prompts=a.overhead_prompts, export_mb=a.export_mb,
                       export_baseline=a.export_baseline, s3=a.s3, profile=not a.no_profile,
-                      worker_env=env, batch_size=a.batch_size, keep=a.keep)
+                      worker_env=env, batch_size=a.batch_size, keep=a.keep,
+                      short_pairs=a.short_pairs)
 
 
 class Suite:
@@ -111,7 +118,7 @@ class Suite:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
-            "timings": self.timings}
+            "timings": self.timings, "short": self.short}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -188,6 +195,11 @@ class Suite:
         folder = self.tmp / "timings"
         folder.mkdir()
         self.results["timings"] = timings.run_timings(folder, self.redis.url).as_dict()
+
+
+    def short(self) -> None:
+        self.results["short"] = short.run_pairs(self.tmp / "short", self.redis.url,
+                                                self.cfg.short_pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
