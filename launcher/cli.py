@@ -3,7 +3,8 @@
     up, status, restart, advise, tune   launcher.node      node supervision (one server per GPU)
     explain               launcher.logs      SGLang log reading
     sim                   launcher.sim       the SGLang simulator
-    redis, s3, demo       launcher.services, launcher.demo: the embedded dev services
+    redis, s3             launcher.services  the embedded dev services (Valkey, SeaweedFS)
+    demo                  launcher.demo      the whole stack on this machine, with a sample job
 
 Each command is a function `(argv: list[str]) -> int` with its own parser (workers/commandline.py:
 one style for every command); this file only picks the command, so commands stay independent and

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.child import ChildProcess
-from launcher.embedded import HOST, port_is_free, wait_until
-from launcher.services import S3Ports, redis_password, s3_credentials
+from launcher.ports import HOST, port_is_free
+from launcher.services import S3Ports, redis_password, s3_credentials, wait_until
 from workers.commandline import CommandParser
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """The launcher's error root, and the one error its parts share (the tree: launcher/__init__.py).
 
 `launcher.node` (NodeError and its subclasses) and the embedded services (ServiceError and its
-subclasses, launcher/embedded.py) derive from `LauncherError`; a command catches
+subclasses, launcher.services) derive from `LauncherError`; a command catches
 `LauncherError` and prints one line. `launcher.sim` stands apart: it imports nothing of the
 launcher and has its own root (`SimError`).
 """

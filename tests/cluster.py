@@ -32,8 +32,7 @@ from typing import Any
 
 import httpx
 
-from launcher.embedded import wait_until
-from launcher.services import free_s3_base, redis_password
+from launcher.services import free_s3_base, redis_password, wait_until
 from tests.stack import FAST_WORKER_ENV, PYTHON, ROOT, Proc
 
 REDIS_PORT = 6389

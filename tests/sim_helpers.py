@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from launcher.child import ChildProcess
-from launcher.embedded import free_port
+from launcher.ports import free_port
 from launcher.sim import SimConfig, serve_in_thread
 
 T = TypeVar("T")

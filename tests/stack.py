@@ -19,7 +19,8 @@ import httpx
 import orjson
 
 from launcher.child import ChildProcess
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from workers import keys
 from workers.job import GenerationParams, InputInfo, JobManifest
 from workers.ledger import Ledger

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.embedded import wait_until
+from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.canary import Thresholds, content_digest, evaluate, sample
 from workers.errors import JobError

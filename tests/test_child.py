@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from launcher.child import ChildProcess
-from launcher.embedded import wait_until
+from launcher.services import wait_until
 
 
 def gone(pid: int) -> bool:

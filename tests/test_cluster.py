@@ -17,7 +17,7 @@ import orjson
 import pytest
 import redis
 
-from launcher.embedded import wait_until
+from launcher.services import wait_until
 from tests.cluster import BUCKET, Cluster, leases_held
 from tests.stack import chat_rows, write_jsonl
 from workers import keys

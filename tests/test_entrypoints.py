@@ -22,7 +22,8 @@ import pytest
 
 from launcher import cli as launcher_cli
 from launcher.demo import DemoPorts
-from launcher.embedded import free_port, port_is_free, wait_until
+from launcher.ports import free_port, port_is_free
+from launcher.services import wait_until
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, wait_job_done, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

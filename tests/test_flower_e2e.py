@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from producer import control
 from tests.browser import Browser
 from tests.stack import CELERY, Proc, Stack, chat_rows, queue_depth, write_jsonl

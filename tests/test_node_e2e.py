@@ -24,7 +24,8 @@ import httpx
 import pytest
 
 from launcher import node
-from launcher.embedded import free_port, port_is_free, wait_until
+from launcher.ports import free_port, port_is_free
+from launcher.services import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -58,8 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from launcher.embedded import wait_until
-from launcher.services import RedisServer, S3Server
+from launcher.services import RedisServer, S3Server, wait_until
 from tests.stack import PYTHON, ROOT, Proc, Stack, chat_rows, write_jsonl
 from workers import keys
 from workers.jobview import job_status

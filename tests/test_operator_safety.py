@@ -16,8 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from launcher.embedded import wait_until
-from launcher.services import S3Server
+from launcher.services import S3Server, wait_until
 from producer import cli
 from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
 from tests.stack import Stack, chat_rows, iter_ids, queue_depth, wait_job_done, write_jsonl

@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 import pytest
 
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from producer.status import render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers import keys

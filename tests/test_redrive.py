@@ -94,7 +94,7 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     early = stack.producer("export", "stop", "--to", str(tmp_path / "early.jsonl"), check=False)
     assert early.returncode == 1 and "is not finished" in early.stderr
     assert "cancelled" in stack.producer("cancel", "stop").stdout
-    from launcher.embedded import wait_until
+    from launcher.services import wait_until
     from workers.jobview import job_status
     from workers.ledger import Ledger
 

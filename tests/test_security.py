@@ -32,9 +32,8 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from launcher.embedded import free_port, wait_until
-from launcher.redis_server import ACL_FILE, RedisServer
-from launcher.s3_server import S3Server
+from launcher.ports import free_port
+from launcher.services import ACL_FILE, RedisServer, S3Server, wait_until
 from tests.stack import CELERY, PYTHON, ROOT, Proc, Stack, chat_rows, wait_job_done, write_jsonl
 from tests.test_services import listening
 from workers import keys
@@ -741,7 +740,7 @@ class TlsFront:
 
 
 def test_rediss_keeps_certificate_checks_on(tmp_path: Path, redis_server: RedisServer) -> None:
-    from launcher.localca import issue_node_certificate
+    from launcher.services import issue_node_certificate
 
     tls = issue_node_certificate(tmp_path / "tls")
     front = TlsFront(redis_server.port, tls)

@@ -16,8 +16,8 @@ import orjson
 import pytest
 import redis
 
-from launcher.embedded import free_port, wait_until
-from launcher.services import RedisServer, S3Server
+from launcher.ports import free_port
+from launcher.services import RedisServer, S3Server, wait_until
 from tests.stack import Proc, Stack, chat_rows, write_jsonl
 from workers import redisconn
 from workers.jobview import job_status

@@ -17,7 +17,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.readings import read_server
 from workers.server_info import fetch_server_info, server_capacity

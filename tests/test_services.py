@@ -20,17 +20,17 @@ import redis
 from botocore.exceptions import ClientError
 
 from launcher import services
-from launcher.embedded import wait_until
+from launcher.errors import PortBusyError
+from launcher.ports import free_port
 from launcher.services import (
     BinaryNotFoundError,
-    PortBusyError,
     RedisServer,
     S3Ports,
     S3Server,
     ServiceStartError,
-    free_port,
     free_s3_base,
     redis_password,
+    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,8 @@ import orjson
 import pytest
 from sim_helpers import VirtualClockLoop
 
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
 from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, write_jsonl

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from launcher.embedded import wait_until
+from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers import keys
 from workers.ledger import Ledger

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Protocol
 
 from launcher.child import ChildProcess
-from launcher.embedded import port_is_free
 from launcher.errors import PortBusyError
 from launcher.node._args import HOST
 from launcher.node._clock import Clock
+from launcher.ports import port_is_free
 from workers.redact import redact_argv
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start

@@ -22,7 +22,8 @@ from typing import Self
 
 import httpx
 
-from launcher.embedded import free_port, wait_until
+from launcher.ports import free_port
+from launcher.services import wait_until
 from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc
 from workers import keys
 from workers.ledger import Ledger

@@ -1,4 +1,4 @@
-"""Process plumbing for the embedded servers (see `launcher.services` for Redis and S3).
+"""Process plumbing for the embedded servers (launcher.services: _redis.py, _s3.py).
 
 Each server runs in its own session and process group with a minimal environment, listens on
 127.0.0.1 only (or the one address it is given as `host`), keeps its data in a 0700 dir, and
@@ -21,7 +21,6 @@ Errors (under the launcher's root; the whole tree: launcher/__init__.py):
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +28,12 @@ from pathlib import Path
 from typing import Self
 
 from launcher.child import ChildProcess
-from launcher.credentials import private_dir
 from launcher.errors import LauncherError, PortBusyError
+from launcher.ports import HOST, port_is_free
+from launcher.services._credentials import private_dir
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 TAIL_LINES = 25
 
 
@@ -48,24 +47,6 @@ class BinaryNotFoundError(ServiceError):
 
 class ServiceStartError(ServiceError):
     """The server exited during startup or did not answer before its deadline."""
-
-
-def free_port(host: str = HOST) -> int:
-    """Return a TCP port on `host` (127.0.0.1) that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_is_free(port: int, host: str = HOST) -> bool:
-    """True if a server could bind `port` on `host` (with SO_REUSEADDR, as servers do)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def wait_until(

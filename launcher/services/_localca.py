@@ -17,7 +17,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.credentials import private_dir, write_private
+from launcher.services._credentials import private_dir, write_private
 
 # Long enough for any run; the files are replaced at every start anyway.
 VALID_FOR = datetime.timedelta(days=3650)

@@ -8,7 +8,7 @@ Locked by default, for a shared node where any local user can reach 127.0.0.1:
 - The master's and the filer's HTTP APIs are off (`-disableHttp`: the master's would delete a
   whole bucket's data for anyone, e.g. `/col/delete`); the volume server's HTTP API wants a
   JWT signed with a key made at each start (`DATA/security.toml`, 0600).
-- Every gRPC port wants a client certificate from a CA made at each start (launcher/localca.py):
+- Every gRPC port wants a client certificate from a CA made at each start (_localca.py):
   the filer's gRPC API is as powerful as its HTTP one.
 - The admin UI wants user `admin` and the password in `DATA/admin-password` (0600).
 - Buckets are never created by an upload (`-s3.autoCreateBucket=false`): a mistyped bucket
@@ -28,15 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.credentials import new_secret, read_or_create, write_private
-from launcher.embedded import (
-    BinaryNotFoundError,
-    EmbeddedServer,
-    ServiceError,
-    port_is_free,
-)
 from launcher.errors import PortBusyError
-from launcher.localca import NodeCertificate, issue_node_certificate
+from launcher.ports import port_is_free
+from launcher.services._credentials import new_secret, read_or_create, write_private
+from launcher.services._embedded import BinaryNotFoundError, EmbeddedServer, ServiceError
+from launcher.services._localca import NodeCertificate, issue_node_certificate
 
 REGION = "us-east-1"
 # A unix socket path longer than this does not fit in sockaddr_un (108 bytes with the NUL).

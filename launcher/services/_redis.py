@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from launcher.credentials import new_secret, read_or_create, write_private
-from launcher.embedded import BinaryNotFoundError, EmbeddedServer, free_port
+from launcher.ports import free_port
+from launcher.services._credentials import new_secret, read_or_create, write_private
+from launcher.services._embedded import BinaryNotFoundError, EmbeddedServer
 
 PASSWORD_FILE = "password"
 ACL_FILE = "users.acl"

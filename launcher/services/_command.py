@@ -31,29 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from launcher.embedded import (
-    HOST,
-    BinaryNotFoundError,
-    ServiceError,
-    ServiceStartError,
-    free_port,
-    wait_until,
-)
-
-# The servers live in their own modules; they are re-exported here because tests, the demo and
-# benchmarks import them from launcher.services.
-from launcher.errors import LauncherError, PortBusyError
-from launcher.redis_server import RedisServer, redis_password, valkey_binary
-from launcher.s3_server import S3Ports, S3Server, free_s3_base, s3_credentials, weed_binary
+from launcher.errors import LauncherError
+from launcher.ports import HOST
+from launcher.services._redis import RedisServer
+from launcher.services._s3 import S3Ports, S3Server
 from workers.commandline import CommandParser
 from workers.redact import redact
 from workers.settings import SettingsError
-
-__all__ = [
-    "BinaryNotFoundError", "PortBusyError", "RedisServer", "S3Ports", "S3Server",
-    "ServiceError", "ServiceStartError", "free_port", "free_s3_base", "main", "redis_password",
-    "s3_credentials", "valkey_binary", "wait_until", "weed_binary",
-]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
