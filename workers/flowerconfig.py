@@ -1,9 +1,10 @@
-"""Flower defaults for fleetgen: `celery -A workers flower --conf=workers/flowerconfig.py`.
+"""Flower defaults for fleetgen: `celery -A workers flower` loads this file from the installed
+package (workers/app.py points Flower at it unless FLOWER_CONF or --conf names another).
 
 Flower reads this file with tornado's `parse_config_file` (module-level names = options) after
 its FLOWER_* environment variables and before the command line: a flag wins over a value
 here, but FLOWER_PORT or FLOWER_ADDRESS do not (use flags for the options set below).
-README "flower" has the commands for auth, persistence and running behind a proxy.
+docs/guides/flower.md has the commands for auth, persistence and running behind a proxy.
 """
 
 import ipaddress
