@@ -49,6 +49,15 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
         assert _loaded_by(module) <= shared, module
 
 
+def test_a_celery_command_with_a_bad_setting_says_one_error_line_and_exits_2() -> None:
+    celery = Path(sys.executable).with_name("celery")
+    for argv in ([str(celery), "worker", "-Q", "gpu0"], [str(celery), "-A", "workers", "flower"]):
+        done = subprocess.run(argv, cwd=ROOT, env={**BAD_ENV, "CELERY_APP": "workers"},
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert (done.returncode, done.stderr) == (
+            2, "error: REDIS_URL must be a redis:// or sentinel:// URL, got 'garbage'\n"), argv
+
+
 def test_sim_help_works_with_a_malformed_redis_url() -> None:
     done = subprocess.run([sys.executable, "-m", "launcher", "sim", "--help"], cwd=ROOT,
                           env=BAD_ENV, capture_output=True, text=True, timeout=120, check=False)

@@ -7,13 +7,22 @@ first time Celery (or a caller) asks for `workers.app`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
     # `celery -A workers` looks up `workers.app`; only then is the app built (workers/app.py).
     if name == "app":
-        from workers.app import app
+        from workers.redact import redact
+        from workers.settings import SettingsError
 
+        try:
+            from workers.app import app
+        except SettingsError as exc:
+            # Celery would print a traceback: one `error:` line and exit 2, as every fleetgen
+            # command says a bad setting.
+            print(f"error: {redact(exc)}", file=sys.stderr)
+            raise SystemExit(2) from None
         return app
     raise AttributeError(f"module 'workers' has no attribute {name!r}")
