@@ -20,7 +20,9 @@ def gone(pid: int) -> bool:
 
 def test_stopping_a_child_sweeps_the_grandchild_it_left_in_its_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    script = f"sleep 300 & echo $! > {pidfile}; trap 'exit 0' TERM; wait"
+    # The trap first: the pid file then means the shell already exits 0 on SIGTERM (a SIGTERM
+    # before the trap, on a busy machine, ended it with -15).
+    script = f"trap 'exit 0' TERM; sleep 300 & echo $! > {pidfile}; wait"
     child = ChildProcess(["sh", "-c", script], tmp_path / "child.log",
                          env={"PATH": os.environ["PATH"]}, header="[test] starting sh")
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 10,
