@@ -104,3 +104,13 @@ def test_an_over_committed_server_dies_at_start_and_explain_names_the_capture(
     report = read_log(str(sim.log_path))
     assert report.run.fatal is not None and report.run.fatal.kind == "cuda_graph"
     assert not report.run.ready
+
+
+def test_slots_a_full_kv_pool_leaves_idle_add_no_throughput() -> None:
+    # 16 slots, but 2,000 KV tokens hold three 501-token requests: the batch is 3 wide, and a
+    # waiter starts when a finish makes room, not when its (long idle) slot fell free.
+    slots, total = steady_tokens_per_s(*REFERENCE, "--max-running-requests", "16",
+                                       "--max-total-tokens", "2000")
+    assert slots == 16
+    # (the helper's window starts at the 16th finish, mid-round for a 3-wide batch: ±5%)
+    assert total == pytest.approx(3 * 2.9 / (0.011 + 0.00056 * 3), rel=0.05)
