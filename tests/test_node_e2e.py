@@ -360,29 +360,27 @@ def _last_decode(n: Node) -> bytes:
 def sweep_best(base: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
     """Brute force over the flags tune moves, on the simulator's own capacity and step cost
     models (a full batch in steady state): the best tokens/s per GPU and its flags."""
-    from launcher.sim.capacity import plan_capacity
-    from launcher.sim.config import SimConfig
-
     best: tuple[float, tuple[str, ...]] = (0.0, ())
     for mfs in ("0.84", "0.88", "0.90", "0.93", "0.95", "0.96", "0.97", "0.99"):
         for slots in range(20, 401, 2):
             flags = ("--mem-fraction-static", mfs, "--max-mamba-cache-size", str(slots))
-            cfg = SimConfig.from_argv([*base, *flags])
-            cap = plan_capacity(cfg)
-            if cap.fatal is None and cap.effective_running > 0:
-                tps = cfg.decode_rate(cap.effective_running) * cap.effective_running
-                best = max(best, (tps, flags))
+            tps = modelled_tokens_per_s(base, list(flags))
+            best = max(best, (tps, flags))
     return best
 
 
 def modelled_tokens_per_s(base: tuple[str, ...], flags: list[str]) -> float:
+    """A full batch's tokens/s: as many run as the cap allows and the KV pool holds (each
+    request reserves its prompt and its whole answer, ~the mean output); 0 if it fails."""
     from launcher.sim.capacity import plan_capacity
     from launcher.sim.config import SimConfig
 
     cfg = SimConfig.from_argv([*base, *flags])
     cap = plan_capacity(cfg)
-    assert cap.fatal is None, cap.fatal
-    return cfg.decode_rate(cap.effective_running) * cap.effective_running
+    running = min(cap.effective_running, int(cap.max_total_num_tokens // cfg.mean_output_tokens))
+    if cap.fatal is not None or running <= 0:
+        return 0.0
+    return cfg.decode_rate(running) * running
 
 
 def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_once(
@@ -438,6 +436,7 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
     best, best_flags = sweep_best(server)
     start = modelled_tokens_per_s(server, [])
     tuned = modelled_tokens_per_s(server, log["chosen"])
+    assert start > 0 and tuned > 0
     baseline = next(s["tokens_per_s"] for s in steps if s["kind"] == "baseline")
     measured = max(s["tokens_per_s"] or 0 for s in steps if s["kind"] == "won")
     record_property("tune", {"start_running": start_effective, "start_tps": start,

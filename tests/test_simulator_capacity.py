@@ -37,8 +37,13 @@ def test_a_small_kv_pool_caps_running_at_half_its_tokens() -> None:
     assert "reduced from the requested 40 to 25 (per dp worker)" in cap.warnings[0]
 
 
+# The reference run's start: a hybrid model, speculative decoding on, 128 requested.
+REFERENCE_START = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+                   "--speculative-algorithm", "NEXTN")
+
+
 def test_hybrid_extra_buffer_turns_128_into_16_with_the_r_warning() -> None:
-    cap = plan_capacity(config("--profile", "mamba-hybrid", "--max-running-requests", "128"))
+    cap = plan_capacity(config(*REFERENCE_START))
     assert (cap.mamba_cache_size, cap.mamba_ratio, cap.effective_running) == (80, 5, 16)
     assert cap.warnings == (("max_running_requests is capped to 16 by the mamba state cache "
                              "(max_mamba_cache_size=80, 5 state slots per request). To raise "
@@ -46,17 +51,39 @@ def test_hybrid_extra_buffer_turns_128_into_16_with_the_r_warning() -> None:
                              "or halve the state size with --mamba-ssm-dtype bfloat16."),)
 
 
+def test_the_reference_fix_runs_40_where_the_start_ran_16() -> None:
+    fixed = plan_capacity(config(*REFERENCE_START, "--max-mamba-cache-size", "200",
+                                 "--mamba-full-memory-ratio", "0.6",
+                                 "--mem-fraction-static", "0.93", "--max-running-requests", "64"))
+    assert fixed.fatal is None
+    assert (fixed.mamba_cache_size, fixed.effective_running) == (200, 40)
+    assert fixed.max_total_num_tokens // 2 > 40  # the KV pool does not bind
+
+
+def test_speculative_buffers_are_sized_by_the_requests_the_pool_runs_not_by_its_slots() -> None:
+    def buffers(requested: int) -> float:
+        return plan_capacity(config(*REFERENCE_START, "--max-mamba-cache-size", "200",
+                                    "--max-running-requests", str(requested))).spec_state_gb
+    # 200 slots serve 40 requests (ratio 5): asking 128 reserves what asking 40 does
+    assert buffers(128) == buffers(40)
+    assert buffers(8) == pytest.approx(buffers(40) * (8 + 1) / (40 + 1))
+
+
+def test_speculative_buffers_take_their_share_of_the_auto_fit() -> None:
+    plain = plan_capacity(config("--profile", "mamba-hybrid", "--max-running-requests", "128"))
+    assert plain.mamba_cache_size is not None and plain.mamba_cache_size > 80
+
+
 @pytest.mark.parametrize(("flags", "expected"), [
-    (("--mamba-radix-cache-strategy", "no_buffer"), 80 // 3),
-    (("--mamba-radix-cache-strategy", "extra_buffer_lazy"), 80 // 4),
-    (("--disable-radix-cache",), 128),
-    (("--mamba-ssm-dtype", "bfloat16"), 161 // 5),
-    (("--max-mamba-cache-size", "40", "--speculative-algorithm", "NEXTN"), 8),
+    (("--mamba-radix-cache-strategy", "no_buffer"), 62 // 3),
+    (("--mamba-radix-cache-strategy", "extra_buffer_lazy"), 72 // 4),
+    (("--disable-radix-cache", "--max-running-requests", "32"), 32),
+    (("--mamba-ssm-dtype", "bfloat16"), 163 // 5),
+    (("--max-mamba-cache-size", "40"), 8),
 ])
 def test_hybrid_cap_follows_the_strategy_ratio_and_slots(flags: tuple[str, ...],
                                                          expected: int) -> None:
-    assert effective("--profile", "mamba-hybrid", "--max-running-requests", "128",
-                     *flags) == expected
+    assert effective(*REFERENCE_START, *flags) == expected
 
 
 def test_start_up_failures_carry_sglangs_messages() -> None:
@@ -71,8 +98,7 @@ def test_start_up_failures_carry_sglangs_messages() -> None:
 
 def test_hybrid_cap_shows_in_server_info_and_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="launcher.sim")
-    with running_sim("--instant", "--profile", "mamba-hybrid",
-                     "--max-running-requests", "128") as url:
+    with running_sim("--instant", *REFERENCE_START) as url:
         info = httpx.get(url + "/server_info").json()
     state = info["internal_states"][0]
     assert info["max_running_requests"] == 128

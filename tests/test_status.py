@@ -418,7 +418,7 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
 ) -> None:
     # No warm-up request: its tokens would show in gen throughput at the first Decode tick
     # after it, a moment that a loaded machine can move past any wait.
-    _, url = stack.sim("sim0", "--max-running-requests", "8", "--profile", "mamba-hybrid",
+    _, url = stack.sim("sim0", "--max-running-requests", "24", "--profile", "mamba-hybrid",
                        "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5",
                        "--skip-server-warmup")
     register(ledger, "gpu0@n", url)
@@ -430,8 +430,8 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     live = rows["gpu0@n"]
     assert set(live) == FLEET_FIELDS
     assert (live["worker_state"], live["server_state"]) == ("ready", "up")
-    # The hybrid sim fits fewer Mamba states than asked: /server_info says 7 of 8.
-    assert (live["effective_max"], live["requested_max"]) == (7, 8)
+    # As on the reference GPU, 80 Mamba slots run fewer than asked: /server_info says 16 of 24.
+    assert (live["effective_max"], live["requested_max"]) == (16, 24)
     assert (live["running"], live["queue"], live["token_usage"], live["mamba_usage"]) == (0, 0, 0, 0)
     assert live["accept_length"] == 2.5 and live["version"] == "0.5.23"
     assert (live["job_prompts_done"], live["job_output_tokens_per_s"]) == (30, 100.0)
@@ -442,9 +442,9 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     assert rows["gpu3@n"]["worker_state"] == "lost"
     table = {line.split()[0]: line.split()[1:] for line in render_fleet(list(rows.values()))[1:]}
     host = url.removeprefix("http://")
-    assert table["gpu0@n"] == ["ready", host, "0/7", "8", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
+    assert table["gpu0@n"] == ["ready", host, "0/16", "24", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
     assert table["gpu1@n"][0] == "server-down" and table["gpu1@n"][2:] == ["down", "|", "0", "0"]
-    assert table["gpu3@n"][:3] == ["lost", host, "0/7"]
+    assert table["gpu3@n"][:3] == ["lost", host, "0/16"]
 
 
 def test_hung_servers_are_read_side_by_side_and_each_costs_the_deadline_at_most() -> None:

@@ -495,7 +495,8 @@ def test_restart_order_brings_a_stopped_gpu_back(tmp_path: Path) -> None:
 
 def test_ready_server_is_read_from_server_info_and_log(tmp_path: Path) -> None:
     sim = Simulator(SimConfig.from_argv(["--profile", "mamba-hybrid",
-                                         "--max-running-requests", "128"]))
+                                         "--max-running-requests", "128",
+                                         "--speculative-algorithm", "NEXTN"]))
     graph = ("[2026-10-10 11:58:29] Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16], "
              "elapsed=9.12 s, mem usage=0.61 GB, avail mem=4.49 GB.")
     script = Script(info=sim_info.server_info(sim), lines=[(0.5, graph)])
@@ -507,7 +508,7 @@ def test_ready_server_is_read_from_server_info_and_log(tmp_path: Path) -> None:
     assert (cap["requested"], cap["effective"], cap["binding"]) == (128, 16, "mamba")
     assert cap["reason"].startswith("asked 128, got 16: 80 Mamba slots / 5 per request")
     assert cap["mamba_slots"] == 80 and cap["cuda_graph_max_bs"] == 16
-    assert cap["weights_gb"] == pytest.approx(50.29) and cap["context_length"] is None
+    assert cap["weights_gb"] == pytest.approx(51.14) and cap["context_length"] is None
 
 
 def test_dead_worker_is_restarted_and_waits_for_its_server(tmp_path: Path) -> None:

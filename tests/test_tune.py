@@ -11,18 +11,18 @@ from typing import Any
 from launcher.node import TuneLog, previous_values, smaller_step
 
 
-def entry(*argv: str, slots: int = 39) -> dict[str, Any]:
+def entry(*argv: str, slots: int = 80) -> dict[str, Any]:
     return {"gpu": 0, "argv": ["sglang", "serve", *argv],
-            "capacity": {"mamba_slots": slots, "effective": 7}}
+            "capacity": {"mamba_slots": slots, "effective": 16}}
 
 
 def test_a_rollback_restores_the_values_the_server_ran_with_given_or_resolved() -> None:
     candidate = ["--max-mamba-cache-size", "85", "--mem-fraction-static", "0.93"]
     before = previous_values(entry("--max-running-requests", "128"), candidate,
                        {"mem_fraction_static": 0.841})
-    assert before == ["--max-mamba-cache-size", "39", "--mem-fraction-static", "0.841"]
+    assert before == ["--max-mamba-cache-size", "80", "--mem-fraction-static", "0.841"]
     given = previous_values(entry("--mem-fraction-static", "0.9"), candidate, {})
-    assert given == ["--max-mamba-cache-size", "39", "--mem-fraction-static", "0.9"]
+    assert given == ["--max-mamba-cache-size", "80", "--mem-fraction-static", "0.9"]
 
 
 def test_after_a_failure_the_next_candidate_is_halfway_until_nothing_is_left() -> None:

@@ -3,12 +3,18 @@
 As in docs/reference/sglang.md#max-running-requests.
 
 The simulated GPU is an 80 GB H100 serving a 27B bf16 model. Memory figures are synthetic but
-follow SGLang's arithmetic, so the flags move them the way they move a real server:
-  KV budget        = avail_before_load * mem_fraction_static - weights
-  hybrid split     = budget * r/(1+r) to Mamba states, the rest to KV (r = mamba-full-memory-ratio)
+follow SGLang 0.5.23's arithmetic (mem_cache/kv_cache_configurator.py, _handle_max_mamba_cache),
+so the flags move them the way they move a real server:
+  budget           = avail_before_load * mem_fraction_static - weights (draft head included)
+  Mamba slots K    = --max-mamba-cache-size; or the request with --disable-radix-cache; or the
+                     auto-fit of the r/(1+r) share (r = mamba-full-memory-ratio), solved with
+                     speculative decoding's buffers counted as D/ratio of a slot each
+  spec buffers     = slot * (min(requested, K // ratio) + 1) * D: sized by the request pool
+  KV budget        = budget - (K + 1) * slot - spec buffers
   dense running    = min(requested, tokens // 2), or clamp(tokens/ctx*512, 2048, 4096) if unset
-  hybrid running   = min(dense running, max_mamba_cache_size // ratio)
-With the defaults the hybrid auto-fit gives 80 Mamba slots, and extra_buffer's ratio 5 turns
+  hybrid running   = min(dense running, K // ratio)
+The slot size is calibrated on the reference run (speculative decoding on, auto spec
+parameters): the auto-fit gives 80 Mamba slots, and extra_buffer's ratio 5 turns
 `--max-running-requests 128` into 16, the "asked 128, got 16" case.
 """
 
@@ -54,7 +60,8 @@ class Capacity:
     mem_fraction_static: float
     weights_gb: float
     kv_gb: float
-    mamba_gb: float
+    mamba_gb: float  # the state slots and the speculative buffers
+    spec_state_gb: float  # speculative decoding's intermediate buffers, part of mamba_gb
     graph_gb: float
     warnings: tuple[str, ...]  # logged while the pools are sized
     fatal: str | None  # a start-up error: the server logs it and dies with -9
@@ -71,9 +78,17 @@ class Capacity:
 
 
 def _slot_gb(cfg: SimConfig) -> float:
-    """Bytes of one request's Mamba state, chosen so the default auto-fit gives 80 slots."""
-    default_budget = (AVAIL_BEFORE_LOAD_GB * AUTO_MEM_FRACTION - WEIGHTS_GB) * 0.9 / 1.9
-    slot = default_budget / (AUTO_MAMBA_SLOTS + 1)
+    """Bytes of one request's Mamba state, so that the reference start auto-fits 80 slots.
+
+    The reference run (auto mem fraction, r = 0.9, extra_buffer's ratio 5, speculative decoding
+    with the auto 4 draft tokens) had 80 slots; SGLang's joint solve there is
+    K = (share - slot * (1 + D)) / (slot * (1 + D / ratio)), so slot = share / (1 + D + K (1 +
+    D / ratio)), with K = 80.5 to keep float noise from costing a slot.
+    """
+    draft, ratio = AUTO_SPEC[2], 5
+    budget = AVAIL_BEFORE_LOAD_GB * AUTO_MEM_FRACTION - WEIGHTS_GB - DRAFT_WEIGHTS_GB
+    share = budget * 0.9 / 1.9
+    slot = share / (1 + draft + (AUTO_MAMBA_SLOTS + 0.5) * (1 + draft / ratio))
     return slot / 2 if cfg.mamba_ssm_dtype != "float32" else slot
 
 
@@ -112,15 +127,13 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
     if requested is None and cfg.speculative:
         requested = SPEC_DEFAULT_RUNNING
     ratio, strategy = _mamba_ratio(cfg)
-    slot = _slot_gb(cfg)
     mamba_k: int | None = None
-    mamba_gb = 0.0
+    mamba_gb = spec_state_gb = 0.0
     fatal: str | None = None
     if cfg.hybrid:
-        mamba_k, fatal = _mamba_slots(cfg, budget, slot, ratio, draft)
-        mamba_gb = max(0, mamba_k) * slot * (1 + (draft or 0) / ratio)
-    kv_budget = budget - mamba_gb if cfg.hybrid and _explicit_k(cfg) else (
-        budget / (1 + cfg.mamba_full_memory_ratio) if cfg.hybrid else budget)
+        mamba_k, spec_state_gb, fatal = _mamba_pool(cfg, budget, ratio, draft, requested)
+        mamba_gb = (max(0, mamba_k) + 1) * _slot_gb(cfg) + spec_state_gb
+    kv_budget = budget - mamba_gb
     per_token = HYBRID_KV_BYTES_PER_TOKEN if cfg.hybrid else DENSE_KV_BYTES_PER_TOKEN
     tokens = max(0, int(kv_budget * GIB / per_token))
     if cfg.max_total_tokens is not None:
@@ -153,35 +166,41 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
                  "--disable-cuda-graph. (Not recommended. Huge performance loss)")
     return Capacity(tokens, requested, effective, mamba_k, ratio if cfg.hybrid else None,
                     strategy if cfg.hybrid else None, graph_bs, _capture_bs(graph_bs),
-                    steps, topk, draft, mfs, weights, kv_gb, mamba_gb, graph_gb,
+                    steps, topk, draft, mfs, weights, kv_gb, mamba_gb, spec_state_gb, graph_gb,
                     tuple(warnings), fatal)
 
 
-def _explicit_k(cfg: SimConfig) -> bool:
-    return cfg.max_mamba_cache_size is not None or (
-        cfg.disable_radix_cache and cfg.max_running_requests is not None)
+def _mamba_pool(cfg: SimConfig, budget: float, ratio: int, draft: int | None,
+                requested: int | None) -> tuple[int, float, str | None]:
+    """(max_mamba_cache_size, GB of speculative buffers, fatal) as SGLang 0.5.23 decides them.
 
-
-def _mamba_slots(cfg: SimConfig, budget: float, slot: float, ratio: int,
-                 draft: int | None) -> tuple[int, str | None]:
-    """max_mamba_cache_size: given, implied by --disable-radix-cache, or auto-fit (§7.3)."""
+    The slots are given (--max-mamba-cache-size), implied by --disable-radix-cache, or
+    auto-fitted (§7.3). The speculative buffers hold D draft tokens' states for each request
+    the pool can run (plus the padding slot), not for each slot: SGLang sizes them by
+    min(requested, K // ratio), so slots kept only for prefix caching cost no buffer.
+    """
+    slot = _slot_gb(cfg)
+    d = draft or 0
+    running = max(1, requested or 1)
     if cfg.max_mamba_cache_size is not None:
         k = cfg.max_mamba_cache_size
+        requests = min(running, k // ratio)
     elif cfg.disable_radix_cache and cfg.max_running_requests is not None:
-        k = cfg.max_running_requests
+        k = max(1, cfg.max_running_requests)
+        requests = k
     else:
-        mamba_budget = budget * cfg.mamba_full_memory_ratio / (1 + cfg.mamba_full_memory_ratio)
-        d = draft or 0
-        # the 1e-9 keeps float noise from costing a slot at exactly-fitting budgets
-        k = math.floor((mamba_budget - slot * (1 + d)) / (slot * (1 + d / ratio)) + 1e-9)
-        if k <= 0:
-            return k, (
-                "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state "
-                f"cache. Computed max_mamba_cache_size={k} (total_rest_memory={budget:.2f} GB, "
-                f"mamba_cache_per_req={slot * 1024:.2f} MB). Try: (1) reduce "
-                "--max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
-                "--speculative-num-draft-tokens, or (4) use GPUs with more memory.")
-    return k, None
+        share = budget * cfg.mamba_full_memory_ratio / (1 + cfg.mamba_full_memory_ratio)
+        k = math.floor((share - slot * (1 + d)) / (slot * (1 + d / ratio)))
+        requests = min(running, k // ratio)
+    spec_gb = slot * (requests + 1) * d
+    if k <= 0:
+        return k, spec_gb, (
+            "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state "
+            f"cache. Computed max_mamba_cache_size={k} (total_rest_memory="
+            f"{budget - spec_gb:.2f} GB, mamba_cache_per_req={slot * 1024:.2f} MB). Try: (1) "
+            "reduce --max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
+            "--speculative-num-draft-tokens, or (4) use GPUs with more memory.")
+    return k, spec_gb, None
 
 
 def _base_running(cfg: SimConfig, requested: int | None, tokens: int,

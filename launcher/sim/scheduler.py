@@ -94,6 +94,10 @@ class Scheduler:
         # when each free slot became free: a waiter admitted late (the loop was busy) starts
         # at that instant, so loop latency never turns into idle simulated capacity
         self._free_since = [0.0] * self.cap
+        # ... but a waiter the KV pool held back starts no earlier than the release that made
+        # room for it: slots left idle by a full KV pool were never capacity
+        self._kv_blocked = False
+        self._kv_room_since = 0.0
         self.generated_done = 0
         self.peak_running = 0
         self.last_gen_throughput = 0.0
@@ -179,7 +183,7 @@ class Scheduler:
         batch: list[SimRequest] = []
         while self.waiting and len(self.running) < self.cap and self._fits(self.waiting[0]):
             req = self.waiting.popleft()
-            start = max(req.arrival, heapq.heappop(self._free_since))
+            start = max(req.arrival, heapq.heappop(self._free_since), self._kv_room_since)
             req.admitted_at = start
             req.decode_start = start + req.input_tokens / self.prefill_rate
             self.running.add(req)
@@ -187,6 +191,7 @@ class Scheduler:
             if req.admitted is not None:
                 req.admitted.set_result(None)
             batch.append(req)
+        self._kv_blocked = bool(self.waiting) and len(self.running) < self.cap
         rate = self.cfg.decode_rate(len(self.running))
         for req in batch:
             req.rate = rate
@@ -207,6 +212,8 @@ class Scheduler:
         self.running.discard(req)
         heapq.heappush(self._free_since, free_since)
         self.reserved_tokens -= req.input_tokens + req.output_tokens
+        if self._kv_blocked:
+            self._kv_room_since = max(self._kv_room_since, free_since)
         self.generated_done += req.completion_tokens
         if self.waiting:
             self._schedule_admit()

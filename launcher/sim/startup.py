@@ -59,7 +59,7 @@ def announce(sim: Simulator) -> bool:
 def _log_pools(sim: Simulator) -> None:
     cfg, cap = sim.cfg, sim.capacity
     if cap.mamba_cache_size is not None:
-        spec_gb = cap.mamba_gb * 0.3 if cfg.speculative else None
+        spec_gb = cap.spec_state_gb if cfg.speculative else None
         plain = cap.mamba_gb - (spec_gb or 0.0)
         sched_log.info(logs.mamba_line(cap.mamba_cache_size, plain * 0.04, plain * 0.96, spec_gb))
     sched_log.info(logs.kv_line(cfg.log_format, cap.max_total_num_tokens, cap.kv_gb))

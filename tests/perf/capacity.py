@@ -47,7 +47,9 @@ def run_capacity(folder: Path, redis_url: str, prompts: int = 240) -> CapacityFo
     wl = Workload(prompts=prompts, servers=1, speed=30.0)
     flags = [f for pair in zip(wl.sim_flags()[2::2], wl.sim_flags()[3::2], strict=False)
              for f in pair]
-    flags += ["--profile", "mamba-hybrid", "--max-running-requests", str(REQUESTED)]
+    # started like the reference run: speculative decoding on, 80 Mamba slots
+    flags += ["--profile", "mamba-hybrid", "--max-running-requests", str(REQUESTED),
+              "--speculative-algorithm", "NEXTN"]
     source = wl.write_prompts(folder / "prompts.jsonl")
     ledger = Ledger.from_url(redis_url)
     with Fleet(folder, redis_url) as fleet:
