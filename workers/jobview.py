@@ -53,13 +53,14 @@ def job_status(
     state = STATE_DONE if finished else stored_state
     running = ledger.running_batches(job)
     in_hand = min(remaining - checkpointed, _in_hand(ledger, manifest, running))
-    in_flight = min(in_hand, _sent(ledger, now))
+    # One read of the registry: what the live workers have in flight and their last errors.
+    entries = registry(ledger.r, now)
+    in_flight = min(in_hand, _sent(entries))
     waiting = remaining - checkpointed - in_hand
     times = _times(ledger, job, manifest.created_at)
     clock = _clock(_minutes(ledger, job), times, now, finished)
     rate = _rates(clock, answered, stats.get("output_tokens", 0.0))
     workers = _workers(ledger, job)
-    entries = registry(ledger.r, now)
     worker_errors = _worker_errors(entries, now)
     queued = waiting if state == STATE_RUNNING else 0
     return {
@@ -97,9 +98,9 @@ def job_status(
     }
 
 
-def _sent(ledger: Ledger, now: float) -> int:
+def _sent(entries: dict[str, dict[str, Any]]) -> int:
     """Requests the live workers have at their servers right now (their registry entries)."""
-    return sum(int(entry.get("in_flight") or 0) for entry in registry(ledger.r, now).values()
+    return sum(int(entry.get("in_flight") or 0) for entry in entries.values()
                if entry.get("state") != "lost")
 
 
