@@ -19,7 +19,6 @@
 
 from launcher.node._advise import Advice, Observed, advise, observe, relative_throughput
 from launcher.node._args import (
-    HOST,
     NEWEST_SGLANG,
     GpuOverride,
     Profile,
@@ -104,6 +103,7 @@ from launcher.node._watch import (
     read_server,
     wait_ready,
 )
+from launcher.ports import HOST
 
 __all__ = [
     "DEFAULT_BASE_PORT",

@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.node._errors import ProfileError
+from launcher.ports import HOST  # servers listen on loopback unless told otherwise (`up --host`)
 
-# Servers listen on loopback unless the arguments say otherwise.
-HOST = "127.0.0.1"
 # The newest release the contract was read from; assumed when SGLang is not installed here.
 NEWEST_SGLANG = "0.5.23"
 # (old flag, new flag, first release taking the new one). Upstream renamed both in June 2026

@@ -29,7 +29,7 @@ from typing import Any
 
 from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advise, observe
-from launcher.node._args import HOST, Profile, flag_value, load_profile
+from launcher.node._args import Profile, flag_value, load_profile
 from launcher.node._errors import NodeError, NoGpuError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
 from launcher.node._plan import (
@@ -50,6 +50,7 @@ from launcher.node._rundir import (
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
 from launcher.node._tune import TUNE_FILE, cmd_tune
 from launcher.node._watch import HttpProbe
+from launcher.ports import HOST
 from workers.commandline import CommandParser
 
 log = logging.getLogger("launcher.node")

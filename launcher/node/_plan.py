@@ -17,7 +17,6 @@ from pathlib import Path
 
 from launcher.errors import PortBusyError
 from launcher.node._args import (
-    HOST,
     NEWEST_SGLANG,
     Profile,
     adapt_flags,
@@ -33,7 +32,7 @@ from launcher.node._flags import check_args
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
-from launcher.ports import port_is_free
+from launcher.ports import HOST, port_is_free
 from workers.redact import redact_argv
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.

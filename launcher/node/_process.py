@@ -14,9 +14,8 @@ from typing import Protocol
 
 from launcher.child import ChildProcess
 from launcher.errors import PortBusyError
-from launcher.node._args import HOST
 from launcher.node._clock import Clock
-from launcher.ports import port_is_free
+from launcher.ports import HOST, port_is_free
 from workers.redact import redact_argv
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
