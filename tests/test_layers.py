@@ -43,8 +43,10 @@ def test_the_simulator_loads_no_celery_and_nothing_of_fleetgen() -> None:
 
 def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_helpers() -> None:
     # Of workers, only what every command shares and reads no environment: the command-line
-    # style, the one function that masks secrets and the one server-info reader.
-    shared = {"workers", "workers.commandline", "workers.redact", "workers.server_info"}
+    # style, the one function that masks secrets and the one reader of a server's info and
+    # /metrics (advise samples servers through it).
+    shared = {"workers", "workers.commandline", "workers.redact", "workers.server_info",
+              "workers.readings"}
     for module in ("launcher.node", "launcher.logs"):
         assert _loaded_by(module) <= shared, module
 

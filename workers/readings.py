@@ -19,6 +19,9 @@ GAUGES: dict[str, tuple[str, str]] = {
     "running": ("sglang:num_running_reqs", "sum"),
     "queue": ("sglang:num_queue_reqs", "sum"),
     "token_usage": ("sglang:token_usage", "max"),
+    # The KV pool alone where exported: a hybrid server's token_usage is its fullest pool,
+    # Mamba included (SGLang's get_max_pool_usage).
+    "full_token_usage": ("sglang:full_token_usage", "max"),
     "mamba_usage": ("sglang:mamba_usage", "max"),
     "gen_throughput": ("sglang:gen_throughput", "sum"),
     "accept_length": ("sglang:spec_accept_length", "mean"),

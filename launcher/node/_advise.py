@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.node._args import adapt_flags, flag_value
 from launcher.node._flags import check_args
+from workers.readings import parse_metrics
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
 STEP_MS, STEP_MS_PER_REQUEST = 11.0, 0.56
@@ -204,27 +204,14 @@ def _float(text: str | None) -> float | None:
 
 # Sampling a server over a window.
 
-# The node loads nothing of workers (tests/test_layers.py), so it reads the few gauges it
-# needs itself rather than through workers.readings.
-# A hybrid server's `token_usage` is its fullest pool, Mamba included (SGLang's
-# get_max_pool_usage); the KV pool alone is `full_token_usage` where it is exported.
-GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
-          "sglang:token_usage": "kv_usage", "sglang:full_token_usage": "kv_full_usage",
-          "sglang:mamba_usage": "mamba_usage", "sglang:gen_throughput": "tokens_per_s"}
-
-
-def parse_gauges(text: str) -> dict[str, float]:
-    """The GAUGES of one /metrics page; several schedulers (DP ranks): usage max, others sum."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        short = GAUGES.get(family.name)
-        if short is None or not family.samples:
-            continue
-        values = [s.value for s in family.samples]
-        out[short] = max(values) if short.endswith("usage") else sum(values)
-    if "kv_full_usage" in out:
-        out["kv_usage"] = out.pop("kv_full_usage")
-    return out
+def _sample(text: str) -> dict[str, float]:
+    """One `/metrics` page (workers.readings.parse_metrics) in advise's terms; `kv_usage` is the
+    KV pool alone where the server exports it, else its fullest pool."""
+    gauges = parse_metrics(text)
+    kv = gauges.get("full_token_usage", gauges.get("token_usage"))
+    named = {"running": gauges.get("running"), "queue": gauges.get("queue"), "kv_usage": kv,
+             "mamba_usage": gauges.get("mamba_usage"), "tokens_per_s": gauges.get("gen_throughput")}
+    return {k: v for k, v in named.items() if v is not None}
 
 
 async def observe(url: str, window_s: float, interval_s: float,
@@ -239,7 +226,7 @@ async def observe(url: str, window_s: float, interval_s: float,
             try:
                 response = await client.get(f"{url}/metrics")
                 if response.status_code == 200:
-                    rows.append(parse_gauges(response.text))
+                    rows.append(_sample(response.text))
             except httpx.HTTPError:
                 pass  # a sample missed; the means are of what answered
             if loop.time() + interval_s > end:
