@@ -66,6 +66,12 @@ def metric(text: str, name: str) -> float:
     return float(match.group(1))
 
 
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of `name` over its label sets (e.g. both `stream` values)."""
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text,
+                                            re.MULTILINE))
+
+
 def gauge(url: str, name: str) -> float:
     """The current value of one /metrics sample of the server at `url`."""
     return metric(httpx.get(url + "/metrics").text, name)

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from workers.errors import BadRequestError, RetryableError, SinkError
-from workers.retry import attempts, backoff, on_redis, on_redis_async, on_sink
+from workers.retry import backoff, on_redis, on_redis_async, on_sink, with_attempts
 
 
 def failing(times: int, error: Exception) -> tuple[list[int], object]:
@@ -51,17 +51,29 @@ def test_past_the_deadline_the_outage_error_itself_is_raised() -> None:
 
 
 def test_a_prompt_gets_its_tries_of_a_retryable_error_and_one_of_a_4xx() -> None:
-    async def tries(error: Exception) -> int:
+    async def tries(error: Exception, fail_first: int = 100) -> tuple[int, str | None]:
         count = 0
-        with pytest.raises(type(error)):
-            async for attempt in attempts("prompt p1", 4, 0.001, 0.002):
-                with attempt:
-                    count += 1
-                    raise error
-        return count
 
-    assert asyncio.run(tries(RetryableError("HTTP 500"))) == 4
-    assert asyncio.run(tries(BadRequestError("HTTP 400"))) == 1
+        async def call() -> str:
+            nonlocal count
+            count += 1
+            if count <= fail_first:
+                raise error
+            return f"answered on try {count}"
+
+        try:
+            answer = await with_attempts("prompt p1", call, 4, 0.001, 0.002)
+        except type(error):
+            return count, None
+        return count, answer
+
+    assert asyncio.run(tries(RetryableError("HTTP 500"))) == (4, None)
+    assert asyncio.run(tries(BadRequestError("HTTP 400"))) == (1, None)
+    # The first try is made outside tenacity: a failure there is still followed by the rest.
+    assert asyncio.run(tries(RetryableError("HTTP 500"), fail_first=1)) == (
+        2, "answered on try 2")
+    assert asyncio.run(tries(RetryableError("HTTP 500"), fail_first=0)) == (
+        1, "answered on try 1")
 
 
 def test_the_waits_grow_from_the_initial_wait_up_to_the_cap_never_above() -> None:

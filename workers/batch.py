@@ -45,7 +45,7 @@ from workers.records import (
     result_record,
     written_counts,
 )
-from workers.retry import attempts, on_redis, on_sink
+from workers.retry import on_redis, on_sink, with_attempts
 from workers.sink import Sink, batch_records, open_sink
 
 log = logging.getLogger(__name__)
@@ -343,12 +343,16 @@ class BatchRunner:
         settings = self.settings
         waits: list[float] = []
         tries = 0
+
+        async def one_try() -> tuple[dict[str, Any], float]:
+            nonlocal tries
+            tries += 1
+            return await self._send(job, prompt, origin, sent, waits)
+
         try:
-            async for attempt in attempts(f"prompt {prompt.id}", settings.prompt_max_attempts,
-                                          settings.retry_backoff_s, settings.retry_backoff_max_s):
-                with attempt:
-                    tries = attempt.retry_state.attempt_number
-                    response, latency = await self._send(job, prompt, origin, sent, waits)
+            response, latency = await with_attempts(
+                f"prompt {prompt.id}", one_try, settings.prompt_max_attempts,
+                settings.retry_backoff_s, settings.retry_backoff_max_s)
         except (BadRequestError, RetryableError) as exc:
             failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
             return failed, sum(waits)

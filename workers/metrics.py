@@ -25,9 +25,11 @@ in Flower) and `server` (the SGLang URL); README "metrics" lists them with a scr
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterable
+from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -175,6 +177,36 @@ def exporter_port(configured: int | None, queues: Iterable[str]) -> int | None:
     return METRICS_BASE_PORT + gpus[0] if len(gpus) == 1 else None
 
 
+class _Sent(NamedTuple):
+    """One (job, worker, server)'s children for every prompt sent."""
+
+    in_flight: Gauge
+    queue_wait: Histogram
+
+
+class _Answered(NamedTuple):
+    """Its children for answered prompts only (a job whose prompts all fail shows none)."""
+
+    input_tokens: Counter
+    output_tokens: Counter
+    reasoning_tokens: Counter
+    latency: Histogram
+
+
+# `.labels()` takes a lock and builds a key on every call, and a prompt made six of them:
+# looked up once per job and kept (no series is ever removed).
+@functools.cache
+def _sent(job: str, worker: str, server: str) -> _Sent:
+    return _Sent(IN_FLIGHT.labels(job, worker, server), QUEUE_WAIT.labels(job, worker, server))
+
+
+@functools.cache
+def _answered(job: str, worker: str, server: str) -> _Answered:
+    labels = (job, worker, server)
+    return _Answered(INPUT_TOKENS.labels(*labels), OUTPUT_TOKENS.labels(*labels),
+                     REASONING_TOKENS.labels(*labels), REQUEST_LATENCY.labels(*labels))
+
+
 def prompt_finished(
     job: str,
     worker: str,
@@ -194,25 +226,26 @@ def prompt_finished(
     Latency is observed for answered prompts only: a failure's time mixes instant 400s with
     hour-long timeouts and says nothing about generation speed.
     """
-    QUEUE_WAIT.labels(job, worker, server).observe(queue_wait_s)
+    _sent(job, worker, server).queue_wait.observe(queue_wait_s)
     if not ok:
         PROMPTS_FAILED.labels(job, worker, server, error_code or "unknown").inc()
         return
     PROMPTS_DONE.labels(job, worker, server, finish_reason or "none").inc()
-    INPUT_TOKENS.labels(job, worker, server).inc(input_tokens)
-    OUTPUT_TOKENS.labels(job, worker, server).inc(output_tokens)
-    REASONING_TOKENS.labels(job, worker, server).inc(reasoning_tokens)
-    REQUEST_LATENCY.labels(job, worker, server).observe(latency_s)
+    series = _answered(job, worker, server)
+    series.input_tokens.inc(input_tokens)
+    series.output_tokens.inc(output_tokens)
+    series.reasoning_tokens.inc(reasoning_tokens)
+    series.latency.observe(latency_s)
 
 
 def request_started(job: str, worker: str, server: str) -> None:
     """One more request in flight to `server`."""
-    IN_FLIGHT.labels(job, worker, server).inc()
+    _sent(job, worker, server).in_flight.inc()
 
 
 def request_ended(job: str, worker: str, server: str) -> None:
     """One request answered, failed or cancelled: call it in a `finally`."""
-    IN_FLIGHT.labels(job, worker, server).dec()
+    _sent(job, worker, server).in_flight.dec()
 
 
 def batch_finished(job: str, worker: str, server: str, *, duration_s: float, status: str) -> None:
