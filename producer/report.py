@@ -30,8 +30,6 @@ from typing import Any
 
 from producer.status import format_duration
 from workers import keys
-from workers.fleet import registry
-from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.records import is_failure
 from workers.sink import Sink, batch_records, open_sink
@@ -93,6 +91,11 @@ def worker_minutes(ledger: Ledger, job: str) -> dict[str, dict[int, dict[str, fl
 
 def build_report(ledger: Ledger, job: str, max_batches: int = DEFAULT_MAX_BATCHES,
                  now: float | None = None) -> Report:
+    # Imported here: the producer's command line loads this module for its defaults, and the
+    # job view brings httpx and the fleet reader, ~0.2 s before `enqueue` queues anything.
+    from workers.fleet import registry
+    from workers.jobview import job_status
+
     now = time.time() if now is None else now
     status = job_status(ledger, job, now=now)
     sink = open_sink(status["output"])
