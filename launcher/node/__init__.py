@@ -103,7 +103,6 @@ from launcher.node._watch import (
     read_server,
     wait_ready,
 )
-from launcher.ports import HOST
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -111,7 +110,6 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
-    "HOST",
     "MARKER",
     "NCCL_OFFSET",
     "NEWEST_SGLANG",
