@@ -260,8 +260,12 @@ def test_long_answers_digest_as_if_normalized_whole() -> None:
         return hashlib.blake2b(norm.encode(), digest_size=6).hexdigest()
 
     words = "Alpha  beta\tGamma\n\n delta. " * 400
-    for text in (words, "x" * 5000, "  " + " " * 3000 + words, words[:299] + "!!!", "Hi.  "):
-        assert content_digest(text) == whole(text)
+    edges = ("a" * 299 + "!" * 200 + "b",  # a head whose stripped form is short
+             "a" * 301 + "." * 300, "a" * 400 + " tail", "a " * 150 + "b" * 200,
+             "x" * 401, " " * 399 + "y" * 2)
+    for text in (words, "x" * 5000, "  " + " " * 3000 + words, words[:299] + "!!!", "Hi.  ",
+                 *edges):
+        assert content_digest(text) == whole(text), text[:40]
     assert content_digest(words + "tail A") == content_digest(words + "tail B")
 
 

@@ -204,6 +204,32 @@ def test_requests_in_a_row_share_one_kept_alive_connection() -> None:
     asyncio.run(run())
 
 
+def test_a_cookie_the_server_sets_is_never_sent_back() -> None:
+    # Each prompt's request stands alone: the client keeps no cookies (sglang.py's jar).
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                requests.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            reply = respond(b"200 OK", answer)
+            writer.write(reply.replace(b"\r\n\r\n", b"\r\nSet-Cookie: session=abc; Path=/\r\n\r\n", 1))
+            await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _), client_of(url) as client:
+            for n in range(3):
+                await client.chat(chat_body(f"q{n}"))
+            assert len(client.http.cookies) == 0
+
+    asyncio.run(run())
+    assert len(requests) == 3
+    assert not any(b"cookie:" in r.lower() for r in requests), requests[1]
+
+
 def test_the_client_holds_more_requests_at_once_than_a_default_pool_allows() -> None:
     # The worker's limiter sizes its concurrency from the server; the pool must not cap it
     # (aiohttp's and httpx's default pools hold 100 connections).

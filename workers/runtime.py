@@ -7,6 +7,7 @@ Set up from Celery signals: `celeryd_after_setup` reads the worker's `-Q` to fin
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from typing import Any
@@ -19,6 +20,8 @@ from workers.ledger import Ledger
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
+# Tracked allocations between two young-generation collections (Python's default is 700).
+GC_GEN0_THRESHOLD = 10_000
 
 
 class WorkerConfigError(FleetgenError):
@@ -35,6 +38,22 @@ def server_url(settings: Settings, queues: list[str]) -> str:
             "consume exactly one gpuN queue (-Q gpu0) or set SGLANG_URL"
         )
     return settings.server_url_for_gpu(gpus[0])
+
+
+def tune_gc() -> None:
+    """Set the cyclic garbage collector for a worker's steady state, once it is ready.
+
+    A prompt allocates a few hundred tracked objects, and httpx leaves every response in a
+    reference cycle (the response and its stream), which only the collector frees. At Python's
+    defaults a collection ran every ~10 prompts and the older generations kept re-scanning the
+    ~90,000 objects that Celery and the imports leave behind: 3.1 s of a 20,000-prompt run,
+    13% of the worker's CPU (tests/perf figure 5). What exists at ready is frozen (never scanned
+    again) and the young generation waits for 10,000 allocations: 1.3 s.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, older, oldest)
 
 
 class WorkerRuntime:

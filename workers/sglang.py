@@ -7,6 +7,7 @@ and HTTP statuses become `workers.errors` types here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -47,10 +48,10 @@ class SGLangClient:
         # prompt at the 44 requests a 40-slot server keeps in flight, aiohttp's 1.2-1.7 ms on
         # the same box (docs/development/performance.md, figure 5). limit=0: the worker's
         # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
-        # would cap a server that runs more at once). No cookie jar: httpx keeps the client's.
+        # would cap a server that runs more at once).
         transport = _aiohttp_transport()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, cookies=_NoCookies())
         # A chat request is built once per prompt from parts made here: an absolute URL parsed
         # once and the client's headers merged once. `client.post` would re-parse and merge
         # both (and the cookies, and the timeout) for every prompt: ~10% of the worker's CPU
@@ -142,6 +143,18 @@ class SGLangClient:
         if status >= 500 or status == 429:
             raise RetryableError(f"HTTP {status}: {message}", status=status)
         raise BadRequestError(f"HTTP {status}: {message}", status=status)
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A jar that keeps nothing: SGLang sets no cookies, and httpx has no switch to stop
+    parsing each response for them (encode/httpx#2992 suggests this jar); the parse was ~2% of
+    a worker's CPU per prompt. aiohttp's session below has its own dummy jar."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return None
 
 
 def _aiohttp_transport() -> httpx.AsyncBaseTransport:

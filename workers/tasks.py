@@ -21,7 +21,7 @@ from workers.errors import (
 )
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
-from workers.runtime import runtime, server_url
+from workers.runtime import runtime, server_url, tune_gc
 
 log = logging.getLogger(__name__)
 # How long a worker holds a batch of a job blocked here before acking it and taking the next.
@@ -66,6 +66,8 @@ def _start(sender: Any = None, **_: Any) -> None:
             log.error("worker %s: no metrics (%s)", runtime.worker, exc)
     _reconciler = Reconciler(app, settings, runtime.worker)
     _reconciler.start()
+    # Last: what the worker built so far lives as long as it does (runtime.tune_gc).
+    tune_gc()
     controller = getattr(sender, "controller", None)
     ready_log.info("worker %s ready: queues %s, server %s, concurrency %s", runtime.worker,
                    ",".join(runtime.queues), runtime.server_url,
