@@ -230,6 +230,32 @@ def test_a_cookie_the_server_sets_is_never_sent_back() -> None:
     assert not any(b"cookie:" in r.lower() for r in requests), requests[1]
 
 
+def test_a_chat_carries_the_api_key_and_its_json_body() -> None:
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await read_request(reader))
+        writer.write(respond(b"200 OK", answer))
+        await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _):
+            client = SGLangClient(url, request_timeout_s=5.0, api_key="key-123")
+            try:
+                assert await client.chat(chat_body("q")) == orjson.loads(answer)
+            finally:
+                await client.aclose()
+
+    asyncio.run(run())
+    head, _, body = requests[0].partition(b"\r\n\r\n")
+    lines = [line.lower() for line in head.split(b"\r\n")]
+    assert lines[0] == b"post /v1/chat/completions http/1.1"
+    assert b"authorization: bearer key-123" in lines
+    assert b"content-type: application/json" in lines
+    assert orjson.loads(body) == chat_body("q")
+
+
 def test_the_client_holds_more_requests_at_once_than_a_default_pool_allows() -> None:
     # The worker's limiter sizes its concurrency from the server; the pool must not cap it
     # (aiohttp's and httpx's default pools hold 100 connections).

@@ -2,8 +2,10 @@
 
 The simulator answers at once (`--instant`), so the figures are the pipeline's own cost: the
 worker's CPU per prompt (HTTP client, checkpoint script, canary, metrics) and the rate it
-sustains while Redis and the simulator share this machine's cores. Two runs: one measured without a profiler, one under py-spy for the top
-items, if py-spy is installed: `--gil` (the worker is bound by one core's worth of Python, so
+sustains while Redis and the simulator share this machine's cores. Measured without a profiler
+`runs` times (the median run is the figure: on a shared 2-core box one run's CPU figures move by
+up to ±20% with the machine, the simulator's as much as the worker's), then once under py-spy
+for the top items, if py-spy is installed: `--gil` (the worker is bound by one core's worth of Python, so
 what holds the GIL is what costs), pausing it for each sample so stacks are whole
 (`--nonblocking` tore most of them).
 """
@@ -42,17 +44,26 @@ class Overhead:
     profile_samples: int = 0
     # Batches still leased when the job should have ended (see stuck-worker-stacks.txt).
     hung_batches: list[str] = field(default_factory=list)
+    # Every measured run's worker CPU µs per prompt, simulator CPU µs per prompt and rate.
+    runs: list[dict[str, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def run_overhead(folder: Path, redis_url: str, redis_pid: int, prompts: int, slots: int,
-                 profile: bool) -> Overhead:
-    """Measure one worker on an instant simulator; profile a second run if asked."""
+                 profile: bool, runs: int = 3) -> Overhead:
+    """Measure one worker on an instant simulator `runs` times (the median run is the result);
+    profile one more run if asked."""
     wl = Workload(prompts=prompts, servers=1, slots=slots)
     source = wl.write_prompts(folder / "prompts.jsonl")
-    result = _one_run(folder / "measured", source, redis_url, redis_pid, wl, profile=False)
+    measured = [_one_run(folder / f"measured-{n}", source, redis_url, redis_pid, wl, profile=False)
+                for n in range(1, max(1, runs) + 1)]
+    result = sorted(measured, key=lambda r: r.cpu_us_per_prompt["worker"])[len(measured) // 2]
+    result.runs = [{"worker": r.cpu_us_per_prompt["worker"],
+                    "simulator": r.cpu_us_per_prompt["simulator"], "rate": r.rate}
+                   for r in measured]
+    result.hung_batches = [b for r in measured for b in r.hung_batches]
     if profile and PY_SPY.exists():
         profiled = _one_run(folder / "profiled", source, redis_url, redis_pid, wl, profile=True)
         result.profile_self = profiled.profile_self

@@ -58,6 +58,7 @@ class PerfConfig:
     speed: float = 15.0
     enqueue_prompts: int = 1_000_000
     overhead_prompts: int = 20_000
+    overhead_runs: int = 3
     export_mb: int = 500
     export_baseline: str | None = None
     s3: bool = False
@@ -83,6 +84,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
     p.add_argument("--speed", type=float, default=PerfConfig.speed, help="simulator time factor")
     p.add_argument("--enqueue-prompts", type=int, default=PerfConfig.enqueue_prompts)
     p.add_argument("--overhead-prompts", type=int, default=PerfConfig.overhead_prompts)
+    p.add_argument("--overhead-runs", type=int, default=PerfConfig.overhead_runs,
+                   help="measured runs of figure 5; the median run is the figure")
     p.add_argument("--export-mb", type=int, default=PerfConfig.export_mb,
                    help="figure 7: MB of results in the synthetic job")
     p.add_argument("--export-baseline", metavar="REV",
@@ -99,7 +102,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
                       speed=a.speed, enqueue_prompts=a.enqueue_prompts,
-                      overhead_prompts=a.overhead_prompts, export_mb=a.export_mb,
+                      overhead_prompts=a.overhead_prompts,
+                      overhead_runs=a.overhead_runs, export_mb=a.export_mb,
                       export_baseline=a.export_baseline, s3=a.s3, profile=not a.no_profile,
                       worker_env=env, batch_size=a.batch_size, keep=a.keep,
                       short_pairs=a.short_pairs)
@@ -172,7 +176,8 @@ class Suite:
         pid = self.redis.pid
         assert pid is not None
         result = overhead.run_overhead(folder, self.redis.url, pid, self.cfg.overhead_prompts,
-                                       slots=40, profile=self.cfg.profile)
+                                       slots=40, profile=self.cfg.profile,
+                                       runs=self.cfg.overhead_runs)
         self.results["overhead"] = result.as_dict()
 
     def crash(self) -> None:
