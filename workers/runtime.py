@@ -49,8 +49,8 @@ def tune_gc() -> None:
     ~90,000 objects that Celery and the imports leave behind: 3.1 s of a 20,000-prompt run,
     13% of the worker's CPU (tests/perf figure 5). What exists at ready is frozen (never scanned
     again) and the young generation waits for 10,000 allocations: 1.3 s. The price is garbage
-    kept a little longer: the responses of the ~150 prompts between two collections, a few MB
-    even for 32k-token answers.
+    kept a little longer: the responses of the ~150 prompts between two collections, ~20 MB
+    when answers are 32k tokens.
     """
     gc.collect()
     gc.freeze()
