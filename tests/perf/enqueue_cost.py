@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from tests.stack import PYTHON, ROOT
+from tests.stack import PYTHON, ROOT, queue_depth
 from workers import keys
 
 JOB = "perf-enqueue"
@@ -82,8 +82,7 @@ def run_enqueue(path: Path, prompts: int, folder: Path, redis_url: str, target: 
     after = int(client.info("memory")["used_memory"])
     sizes = [(k.decode(), int(client.memory_usage(k) or 0)) for k in client.scan_iter(count=1000)]
     sizes.sort(key=lambda kv: -kv[1])
-    # Batches wait in the shared queue's priority lists (kombu keeps one per priority step).
-    batches = sum(int(client.llen(name)) for name in keys.broker_lists(keys.SHARED_QUEUE))
+    batches = queue_depth(client, keys.SHARED_QUEUE)  # over its priority lists
     client.flushall()
     client.close()
     return EnqueueCost(target=target, prompts=prompts, input_bytes=path.stat().st_size,

@@ -24,7 +24,7 @@ import httpx
 
 from launcher.ports import free_port
 from launcher.services import wait_until
-from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc
+from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc, python_stacks
 from workers import keys
 from workers.ledger import Ledger
 from workers.settings import Settings
@@ -155,12 +155,8 @@ def stuck_batches(ledger: Ledger, job: str) -> list[str]:
 
 
 def dump_stacks(pid: int, out: Path) -> None:
-    """Write every thread's Python stack of `pid` with py-spy, if installed, to explain a hang."""
-    spy = Path(PYTHON).with_name("py-spy")
-    if spy.exists():
-        dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=60, check=False)
-        out.write_text(dump.stdout + dump.stderr)
+    """Write every thread's Python stack of `pid` to `out`, to explain a hang."""
+    out.write_text(python_stacks(pid))
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str,
