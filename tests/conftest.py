@@ -25,6 +25,7 @@ fast layer.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,6 +46,15 @@ def unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{reason} (CI=true: a missing service fails the run)", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`.ci/run &`, nohup, a CI runner's script) with SIGINT
+    # ignored, and every process the tests start inherits "ignored": Ctrl-C tests (status
+    # --watch, enqueue interrupted, the walkthrough's terminals) would then test nothing and
+    # hang. Python's own handler here means a default SIGINT in every child, as at a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

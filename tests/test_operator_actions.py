@@ -607,9 +607,6 @@ class OperatorActions(RuleBasedStateMachine):
         proc = subprocess.Popen(
             [PYTHON, "-m", "producer", *args], env=self.up.stack.env(), cwd=ROOT, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            # Ctrl-C must reach the command as it would from a terminal, also when this test
-            # runs in the background (where a shell starts it with SIGINT ignored).
-            preexec_fn=_default_sigint,  # noqa: PLW1509
         )
         self.spawned[proc] = time.monotonic()
         return proc
@@ -675,10 +672,6 @@ class OperatorActions(RuleBasedStateMachine):
         for proc in self.spawned:
             proc.wait(10)
         assert not errors, f"could not stop every process: {errors}"
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def machine_settings() -> settings:
