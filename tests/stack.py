@@ -151,6 +151,34 @@ class Stack:
         return "\n".join(f"==== {p.name} ====\n{p.log()}" for p in self.procs)
 
 
+def start_flower(stack: Stack, *flags: str, env: dict[str, str] | None = None,
+                 name: str = "flower") -> tuple[Proc, str]:
+    """Start `celery -A workers flower` on a free loopback port; return it and its base URL."""
+    port = free_port()
+    argv = [CELERY, "-A", "workers", "flower", "--conf=workers/flowerconfig.py",
+            "--address=127.0.0.1", f"--port={port}", *flags]
+    # FLOWER_* variables from the developer's shell would change what these tests check.
+    clean = {k: v for k, v in stack.env(env).items()
+             if not k.startswith("FLOWER_") or k in (env or {})}
+    proc = Proc(name, argv, clean, stack.tmp / f"{name}.log").start()
+    stack.procs.append(proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc: Proc, base: str, timeout: float = 30) -> None:
+    """Until Flower's (unauthenticated) /healthcheck answers, or its process has ended."""
+    wait_until(lambda: _ok(f"{base}/healthcheck") or not proc.alive(), timeout,
+               what=f"{proc.name} up")
+    assert proc.alive(), proc.log()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=2).status_code == 200

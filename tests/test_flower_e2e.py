@@ -18,11 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.ports import free_port
 from launcher.services import wait_until
 from producer import control
 from tests.browser import Browser
-from tests.stack import CELERY, Proc, Stack, chat_rows, queue_depth, write_jsonl
+from tests.stack import (
+    Stack,
+    chat_rows,
+    queue_depth,
+    start_flower,
+    wait_healthy,
+    write_jsonl,
+)
 from workers import keys
 from workers.ledger import Ledger
 
@@ -51,32 +57,6 @@ def stack(tmp_path: Path, redis_url: str, redis_client: Any) -> Iterator[Stack]:
             if proc.name.startswith("gpu"):
                 proc.kill()
         s.close()
-
-
-def start_flower(stack: Stack, *flags: str, env: dict[str, str] | None = None,
-                 name: str = "flower") -> tuple[Proc, str]:
-    """Start `celery -A workers flower` on a free loopback port; return it and its base URL."""
-    port = free_port()
-    argv = [CELERY, "-A", "workers", "flower", "--conf=workers/flowerconfig.py",
-            "--address=127.0.0.1", f"--port={port}", *flags]
-    # FLOWER_* variables from the developer's shell would change what these tests check.
-    clean = {k: v for k, v in stack.env(env).items()
-             if not k.startswith("FLOWER_") or k in (env or {})}
-    proc = Proc(name, argv, clean, stack.tmp / f"{name}.log").start()
-    stack.procs.append(proc)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(proc: Proc, base: str) -> None:
-    wait_until(lambda: _ok(f"{base}/healthcheck") or not proc.alive(), 30, what=f"{proc.name} up")
-    assert proc.alive(), proc.log()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def queue_rows(broker_dom: str) -> dict[str, int]:

@@ -20,7 +20,7 @@ import redis
 
 from launcher.ports import free_port
 from launcher.services import RedisServer, S3Server, wait_until
-from tests.stack import CELERY, Proc, Stack, chat_rows, write_jsonl
+from tests.stack import Proc, Stack, chat_rows, start_flower, wait_healthy, write_jsonl
 from workers import keys, redisconn
 from workers.jobview import job_status
 from workers.ledger import Ledger
@@ -191,16 +191,8 @@ def test_flower_over_sentinel_shows_queue_depth_and_workers_and_follows_a_failov
     stack = Stack(tmp_path, env)
     auth = ("fleet", "flower-over-sentinel")
     try:
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        flower = Proc("flower", [CELERY, "-A", "workers", "flower", "--address=127.0.0.1",
-                                 f"--port={port}", f"--basic-auth={auth[0]}:{auth[1]}"],
-                      {k: v for k, v in stack.env().items() if not k.startswith("FLOWER_")},
-                      tmp_path / "flower.log").start()
-        stack.procs.append(flower)
-        wait_until(lambda: _answers(f"{base}/healthcheck", auth) is not None or not flower.alive(),
-                   60, what="flower up")
-        assert flower.alive(), flower.log()
+        flower, base = start_flower(stack, f"--basic-auth={auth[0]}:{auth[1]}")
+        wait_healthy(flower, base, timeout=60)
 
         def depth() -> int | None:
             """Flower's count of the shared queue, or None while it cannot read the broker."""
