@@ -24,7 +24,8 @@ from workers.batch import BatchRunner
 from workers.engine import Engine
 from workers.errors import BadRequestError
 from workers.ledger import Ledger
-from workers.server_info import ServerInfo, parse_server_info
+from workers.server_info import parse_server_info
+from workers.servers import KINDS, Server
 from workers.settings import Settings
 from workers.sink import LocalSink, open_sink
 
@@ -35,7 +36,7 @@ BAD = "p3"  # the fake server refuses this one (HTTP 400): an errors object is w
 
 
 class FakeServer:
-    """Stands in for workers.sglang.SGLangClient: answers at once, refuses BAD, logs sends."""
+    """Stands in for workers.client.ServerClient: answers at once, refuses BAD, logs sends."""
 
     sent: ClassVar[list[str]] = []  # what the test reads: one list for every instance
 
@@ -57,9 +58,10 @@ class FakeServer:
     async def ready(self) -> bool:
         return True
 
-    async def server_info(self) -> ServerInfo:
-        return parse_server_info({"max_running_requests": 4, "internal_states": [
-            {"effective_max_running_requests_per_dp": 4}]})
+    async def detect(self) -> Server:
+        return Server(KINDS["sglang"], info=parse_server_info({
+            "max_running_requests": 4,
+            "internal_states": [{"effective_max_running_requests_per_dp": 4}]}))
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -118,7 +120,7 @@ def events(redis_client: Any) -> Events:
 @pytest.fixture
 def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchRunner]:
-    monkeypatch.setattr("workers.engine.SGLangClient", FakeServer)
+    monkeypatch.setattr("workers.engine.ServerClient", FakeServer)
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
     FakeServer.sent = []

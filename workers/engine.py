@@ -1,9 +1,11 @@
 """One asyncio loop, one httpx client and one concurrency limit per worker process.
 
 Celery runs batches in pool threads; each hands its coroutine to this loop. All batches of
-the process share one limiter sized from the server's *effective* max_running_requests (plus a
-small margin), so when one batch's tail drains, the next batch's prompts take the free slots:
-the server stays full across batch boundaries.
+the process share one limiter sized from what the server really runs at once (plus a small
+margin), so when one batch's tail drains, the next batch's prompts take the free slots: the
+server stays full across batch boundaries. Where that figure comes from depends on the server's
+kind (workers/servers): SGLang states it, vLLM's queue gauges reveal it, any other server's
+latency per output token is measured; `FLEETGEN_MAX_IN_FLIGHT` overrides all three.
 """
 
 from __future__ import annotations
@@ -27,20 +29,23 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_del
 
 from workers import keys, loops, metrics, redisconn
 from workers.advertise import advertised_url
+from workers.client import ServerClient
 from workers.errors import FleetgenError, ServerDownError
 from workers.fleet import REGISTRY_BEAT_S
-from workers.readings import read_server_within
+from workers.readings import parse_metrics, read_server_within
 from workers.redact import redact
 from workers.retry import REDIS_ERRORS, backoff
-from workers.server_info import ServerCapacity, server_capacity
+from workers.server_info import CONFIGURED, ServerCapacity, stated_capacity
+from workers.servers import Gradient, QueueWatch, Server
 from workers.settings import Settings
-from workers.sglang import SGLangClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
 # Waiting for a server to come back: /health probes under the one backoff policy.
 READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
+# How often a server's queue gauges are read while its capacity is found from them.
+LOAD_TICK_S = 1.0
 WORKERS_KEY = keys.WORKERS
 HOST = socket.gethostname()
 
@@ -57,11 +62,19 @@ class Limiter:
         self.limit = max(1, limit)
         self.active = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Set whenever a request had to wait for a slot; the capacity controllers read and
+        # clear it (a limit nobody waited for says nothing about the server).
+        self.waited = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
 
     async def __aenter__(self) -> None:
         if self.active < self.limit:  # then nobody waits: a freed slot is handed over at once
             self.active += 1
             return
+        self.waited = True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -79,6 +92,10 @@ class Limiter:
 
     async def set_limit(self, limit: int) -> None:
         self.limit = max(1, limit)
+        self._hand_over()
+
+    def resize(self) -> None:
+        """Hand slots to waiters after `limit` was raised from the loop's own thread."""
         self._hand_over()
 
     def _release(self) -> None:
@@ -130,16 +147,23 @@ class Engine:
         # {"error", "job", "at"} (unix time), or None.
         self.last_error: dict[str, Any] | None = None
         self.capacity: ServerCapacity | None = None
+        # The server as found at first contact (its kind, models, what it refused); None
+        # until it answered once. Batches wait for it (`connected`).
+        self.server: Server | None = None
+        # Finds the limit of a server that does not state it; None when it does.
+        self.control: QueueWatch | Gradient | None = None
         self.backlog = Backlog()
         self._loop = loops.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
         self._started = False
         self._lock = threading.Lock()
-        self.client: SGLangClient
+        self.client: ServerClient
         self.redis: aioredis.Redis
         self.limiter: Limiter
         self._refresher: concurrent.futures.Future[None] | None = None
         self._prober: concurrent.futures.Future[None] | None = None
+        self._watcher: concurrent.futures.Future[None] | None = None
+        self._found: asyncio.Event
         # Consecutive failed /health probes; the consumer gate reads it (gate.py).
         self.health_failures = 0
         # Set at the start of a warm shutdown: batches send no new request and are handed back.
@@ -163,7 +187,7 @@ class Engine:
             if not self._started:
                 return
             self._started = False
-            for task in (self._refresher, self._prober):
+            for task in (self._refresher, self._prober, self._watcher):
                 if task is not None:
                     task.cancel()
             try:
@@ -184,7 +208,7 @@ class Engine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _setup(self) -> None:
-        self.client = SGLangClient(
+        self.client = ServerClient(
             self.server_url,
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
@@ -197,8 +221,10 @@ class Engine:
         )
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
+        self._found = asyncio.Event()
         self._refresher = asyncio.run_coroutine_threadsafe(self._refresh_forever(), self._loop)
         self._prober = asyncio.run_coroutine_threadsafe(self._probe_forever(), self._loop)
+        self._watcher = asyncio.run_coroutine_threadsafe(self._watch_load_forever(), self._loop)
 
     async def _teardown(self) -> None:
         await self.client.aclose()
@@ -207,36 +233,119 @@ class Engine:
     def limit_for(self, capacity: ServerCapacity) -> int:
         if capacity.configured:
             return capacity.effective  # the operator's number (or 1): no margin on a guess
-        margin = max(self.settings.queue_margin, int(capacity.effective * self.settings.queue_margin_ratio))
-        return capacity.effective + margin
+        return capacity.effective + self.margin(capacity.effective)
+
+    def margin(self, capacity: int) -> int:
+        """Requests kept waiting at the server beyond what it runs, so no slot idles while
+        the next request travels."""
+        return max(self.settings.queue_margin, int(capacity * self.settings.queue_margin_ratio))
+
+    async def connected(self, deadline_s: float) -> Server:
+        """The server once it has been found (ServerDownError past the deadline)."""
+        if self.server is None:
+            try:
+                await asyncio.wait_for(self._found.wait(), deadline_s)
+            except TimeoutError:
+                raise ServerDownError(f"{self.server_url}: not reachable to find what it is "
+                                      f"after {deadline_s:.0f}s") from None
+        assert self.server is not None
+        return self.server
 
     async def refresh_capacity(self) -> ServerCapacity:
-        capacity = server_capacity(await self.client.server_info(), self.settings.max_in_flight)
-        if self.capacity is None or capacity != self.capacity:
-            if capacity.configured:
-                # Not SGLang (or an SGLang that does not say): once, loud enough to be seen.
-                log.log(logging.INFO if self.settings.max_in_flight else logging.WARNING,
-                        "worker %s: %s does not say how many requests it runs at once; keeping "
-                        "%d in flight, from %s", self.worker, self.server_url,
-                        capacity.effective, capacity.source)
-            else:
-                log.info(
-                    "worker %s: %s runs %d at once (asked %s; from %s); keeping %d in flight",
-                    self.worker, self.server_url, capacity.effective, capacity.requested,
-                    capacity.source, self.limit_for(capacity),
-                )
-        if self.limit_for(capacity) > self.settings.batch_concurrency and (
-                self.capacity is None or self.capacity.effective != capacity.effective):
-            log.warning(
-                "worker %s: FLEETGEN_BATCH_CONCURRENCY=%d is below the %d requests kept in "
-                "flight; near a job's end batches waiting on long answers can fill every pool "
-                "thread and leave slots idle", self.worker, self.settings.batch_concurrency,
-                self.limit_for(capacity))
+        """Find what the server is and how many requests to keep in flight there."""
+        found = await self.client.detect()
+        server = self._adopt(found)
+        capacity = self._capacity(server)
+        if self.control is not None:  # measured: the controller moves the limit, not this
+            self._controlled(self.control.limit)
+            return capacity
+        if self.capacity is None or (capacity.effective, capacity.source) != (
+                self.capacity.effective, self.capacity.source):
+            log.log(logging.WARNING if capacity.configured and not self.settings.max_in_flight
+                    else logging.INFO,
+                    "worker %s: %s is %s; %s; keeping %d in flight", self.worker,
+                    self.server_url, server.describe(), capacity.source,
+                    self.limit_for(capacity))
         self.capacity = capacity
         await self.limiter.set_limit(self.limit_for(capacity))
         metrics.set_server_capacity(self.worker, self.server_url, capacity.effective,
                                     self.limit_for(capacity))
         return capacity
+
+    def _adopt(self, found: Server) -> Server:
+        """The server found now; what an earlier contact learned is kept while it is the same
+        kind serving the same models."""
+        known = self.server
+        if known is not None and (known.kind, known.models) == (found.kind, found.models):
+            found.refused, found.pinned = known.refused, known.pinned
+            found.__post_init__()
+        elif known is not None:
+            log.warning("worker %s: %s changed: now %s (was %s)", self.worker, self.server_url,
+                        found.describe(), known.describe())
+            self.control = None
+        self.server = found
+        self._found.set()
+        return found
+
+    def _capacity(self, server: Server) -> ServerCapacity:
+        if self.settings.max_in_flight:
+            n = self.settings.max_in_flight
+            return ServerCapacity(n, None, f"{CONFIGURED}={n}", configured=True)
+        stated = stated_capacity(server.info) if server.info is not None else None
+        if stated is not None:
+            self.control = None
+            return stated
+        if self.control is None:
+            self.control = (QueueWatch(self.margin) if server.kind.reads_load else Gradient())
+            log.info("worker %s: %s (%s) does not state how many requests it runs at once; "
+                     "finding it %s", self.worker, self.server_url, server.describe(),
+                     "from its queue gauges" if isinstance(self.control, QueueWatch)
+                     else "from latency per output token")
+        control = self.control
+        return ServerCapacity(control.limit, None, control.how, configured=False)
+
+    def _controlled(self, limit: int) -> None:
+        """A controller moved the limit: apply it and publish how it was found."""
+        control = self.control
+        if control is None:
+            return
+        self.capacity = ServerCapacity(getattr(control, "capacity", None) or limit, None,
+                                       control.how, configured=False)
+        self.limiter.limit = max(1, limit)
+        self.limiter.resize()
+        metrics.set_server_capacity(self.worker, self.server_url, self.capacity.effective, limit)
+
+    def observe_answer(self, latency_s: float, output_tokens: int) -> None:
+        """One answer's latency and length, for a server whose capacity is measured."""
+        control = self.control
+        if isinstance(control, Gradient):
+            saturated = self.limiter.waiting > 0 or self.limiter.active >= self.limiter.limit
+            limit = control.on_answer(latency_s, output_tokens, saturated)
+            if limit is not None:
+                self._controlled(limit)
+
+    async def _watch_load_forever(self) -> None:
+        """Read the queue gauges of a server whose capacity they reveal, once a tick."""
+        while True:
+            await asyncio.sleep(LOAD_TICK_S)
+            control, server = self.control, self.server
+            if not isinstance(control, QueueWatch) or server is None:
+                continue
+            try:
+                response = await self.client.http.get("/metrics", timeout=LOAD_TICK_S * 5)
+                gauges = parse_metrics(response.text) if response.status_code == 200 else {}
+            except Exception as exc:  # noqa: BLE001 - a missed tick; the next one reads again
+                log.debug("worker %s: /metrics unread (%r)", self.worker, exc)
+                continue
+            if "running" not in gauges or "queue" not in gauges:
+                continue
+            saturated = self.limiter.waited or self.limiter.active >= self.limiter.limit
+            self.limiter.waited = False
+            before = control.capacity, control.limit
+            limit = control.on_load(gauges["running"], gauges["queue"], saturated)
+            if control.capacity != before[0] or (control.capacity is None and limit != before[1]):
+                log.info("worker %s: %s", self.worker, control.how)
+            self._controlled(limit)
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -246,6 +355,9 @@ class Engine:
             except FleetgenError as exc:
                 log.info("worker %s: capacity not readable yet (%s)", self.worker, exc)
                 delay = 1.0
+            except Exception:  # a surprise must not end the loop batches wait on
+                log.exception("worker %s: reading %s failed", self.worker, self.server_url)
+                delay = self.settings.capacity_refresh_s
             await asyncio.sleep(delay)
 
     async def _probe_forever(self) -> None:
@@ -283,6 +395,7 @@ class Engine:
             "local_server": self.server_url,
             "reading": dataclasses.asdict(reading),
             "state": "ready" if self.health_failures == 0 else "server-down",
+            "server_kind": self.server.describe() if self.server else None,
             "effective_max_running_requests": capacity.effective if capacity else None,
             "requested_max_running_requests": capacity.requested if capacity else None,
             "capacity_source": capacity.source if capacity else None,

@@ -2,8 +2,9 @@
 
     FleetgenError
       GenerationError        one prompt could not be generated
-        RetryableError       SGLang 5xx, read timeout, connection reset mid-request
-        BadRequestError      SGLang 4xx, e.g. prompt longer than the context: fail, never retry
+        RetryableError       a 5xx, a read timeout, a connection reset mid-request, an aborted
+                             generation (finish_reason `abort`)
+        BadRequestError      a 4xx, e.g. prompt longer than the context: fail, never retry
         ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
       SinkError              the output location could not be read or written
         SinkUnusableError    this worker cannot write, read or list under a job's output prefix
@@ -12,6 +13,7 @@
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
         JobBusyError         another enqueue of the same job is running
+        ModelChoiceError     the server serves several models and the job names none
       SettingsError          an environment variable fleetgen cannot use (settings.py)
       WorkerConfigError      the worker cannot tell which server to use (runtime.py)
       PreflightError         the worker cannot work as configured: it refuses to start (preflight.py)
@@ -70,6 +72,10 @@ class JobNotRunningError(JobError):
 
 class JobBusyError(JobError):
     """Another enqueue of the same job is running."""
+
+
+class ModelChoiceError(JobError):
+    """The server serves several models and the prompt names none: the job is paused."""
 
 
 class SinkUnusableError(SinkError):

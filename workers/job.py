@@ -51,19 +51,28 @@ class GenerationParams:
             raise JobError(f"--top-p must be in (0, 1], got {self.top_p}")
 
     def request_body(self, line_body: dict[str, Any]) -> dict[str, Any]:
-        """The chat-completions body for one prompt: job defaults under the line's values."""
-        body: dict[str, Any] = {"model": self.model or "default"}
+        """The stored chat-completions body of one prompt: job defaults under the line's values.
+
+        Neutral: OpenAI's chat schema plus the line's own fields. What one engine takes beyond
+        that (SGLang's `separate_reasoning`, `chat_template_kwargs` for thinking) and the
+        served model when the job names none are added at send time, for that server only
+        (workers/servers)."""
+        body: dict[str, Any] = {"model": self.model} if self.model else {}
         if "max_completion_tokens" not in line_body:
             body["max_tokens"] = self.max_tokens
         body["temperature"] = self.temperature
         body["top_p"] = self.top_p
-        body["separate_reasoning"] = True
         body.update(line_body)
-        kwargs = {"enable_thinking": self.thinking}
-        kwargs.update(line_body.get("chat_template_kwargs") or {})
-        body["chat_template_kwargs"] = kwargs
         body.pop("stream", None)
         return body
+
+    def thinking_of(self, body: dict[str, Any]) -> bool:
+        """Whether thinking is on for one stored body: the line's own
+        `chat_template_kwargs.enable_thinking`, else the job's."""
+        kwargs = body.get("chat_template_kwargs")
+        if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+            return bool(kwargs["enable_thinking"])
+        return self.thinking
 
 
 @dataclass(frozen=True)

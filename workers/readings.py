@@ -1,4 +1,5 @@
-"""What one SGLang server says about itself right now: `/metrics` gauges and its server info.
+"""What one server says about itself right now: `/metrics` gauges (any kind's) and, for SGLang,
+its server info.
 
 Read by each worker for its own server (published in its registry entry, engine.py), and by
 `producer status` for servers on its own node (workers/fleet.py).
@@ -13,18 +14,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.server_info import ServerInfo, fetch_server_info, stated_capacity
+from workers.servers import KINDS
 
-# Gauge -> how readings of several schedulers (DP ranks) combine into one per server.
+# Prometheus family -> (short name, how readings of several schedulers combine), over every
+# kind's gauges: the names of different engines never collide, so one page is read the same
+# way whatever served it.
 GAUGES: dict[str, tuple[str, str]] = {
-    "running": ("sglang:num_running_reqs", "sum"),
-    "queue": ("sglang:num_queue_reqs", "sum"),
-    "token_usage": ("sglang:token_usage", "max"),
-    # The KV pool alone where exported: a hybrid server's token_usage is its fullest pool,
-    # Mamba included (SGLang's get_max_pool_usage).
-    "full_token_usage": ("sglang:full_token_usage", "max"),
-    "mamba_usage": ("sglang:mamba_usage", "max"),
-    "gen_throughput": ("sglang:gen_throughput", "sum"),
-    "accept_length": ("sglang:spec_accept_length", "mean"),
+    family: (short, how) for kind in KINDS.values() for short, (family, how) in kind.gauges.items()
 }
 
 
@@ -47,17 +43,20 @@ class ServerReading:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The GAUGES found in a Prometheus text page, keyed by their short name."""
-    wanted = {name: (short, how) for short, (name, how) in GAUGES.items()}
     found: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in wanted:
-            found.setdefault(wanted[family.name][0], []).extend(s.value for s in family.samples)
+        if family.name in GAUGES:
+            found.setdefault(GAUGES[family.name][0], []).extend(s.value for s in family.samples)
+    how = {short: combine for short, combine in GAUGES.values()}
     out: dict[str, float] = {}
     for short, values in found.items():
-        how = GAUGES[short][1]
         if values:
-            value = max(values) if how == "max" else sum(values) / (len(values) if how == "mean" else 1)
+            combine = how[short]
+            value = (max(values) if combine == "max"
+                     else sum(values) / (len(values) if combine == "mean" else 1))
             out[short] = round(value, 3)
+    if "token_usage" not in out and "gpu_cache_usage" in out:
+        out["token_usage"] = out["gpu_cache_usage"]
     return out
 
 

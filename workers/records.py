@@ -28,6 +28,10 @@ COUNTERS = (
 )
 
 
+# The tags a thinking model's chat template puts around its reasoning (Qwen3, DeepSeek-R1).
+THINK_START, THINK_END = "<think>", "</think>"
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where and how a prompt ran; stamped on every record."""
@@ -47,11 +51,20 @@ def result_record(
     reasoning_tokens = usage.get("reasoning_tokens")
     if reasoning_tokens is None:
         reasoning_tokens = details.get("reasoning_tokens", 0)
+    # vLLM since 0.10 names it `reasoning`; SGLang and older vLLM `reasoning_content`.
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    content = message.get("content") or ""
+    if reasoning is None and THINK_END in content:
+        # A server without a reasoning parser leaves the thinking in the content, as the
+        # template's tags delimit it: split it as SGLang's parser would.
+        reasoning, _, content = content.partition(THINK_END)
+        reasoning = reasoning.removeprefix(THINK_START).strip()
+        content = content.lstrip()
     return {
         "id": prompt_id,
         "line": line,
-        "reasoning_content": message.get("reasoning_content"),
-        "content": message.get("content") or "",
+        "reasoning_content": reasoning,
+        "content": content,
         "tool_calls": message.get("tool_calls") or None,
         "finish_reason": choice.get("finish_reason"),
         "usage": {
@@ -72,6 +85,8 @@ def error_code(status: int | None, message: str) -> str:
         return "context_length_exceeded"
     if status is not None and 400 <= status < 500:
         return "invalid_request"
+    if "aborted the generation" in text:
+        return "aborted"
     if "timed out" in text:
         return "timeout"
     if status is not None and status >= 500:

@@ -1,7 +1,9 @@
-"""The HTTP client of one SGLang server (or the simulator: the worker cannot tell them apart).
+"""The HTTP client of one generation server: SGLang, vLLM or any OpenAI-compatible engine
+(what kind it is, workers/servers finds out; the exchange is the same for all).
 
-httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors
-and HTTP statuses become `workers.errors` types here and nowhere else.
+httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors,
+HTTP statuses and answers that are not a finished generation become `workers.errors` types here
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ import httpx
 import orjson
 
 from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
-from workers.server_info import ServerInfo, fetch_server_info
+from workers.servers import Server, detect
 
 log = logging.getLogger(__name__)
 
 JSON = {"Content-Type": "application/json"}
 CHAT_PATH = "/v1/chat/completions"
+# The ends of a generation that make an answer (OpenAI's values). Anything else, SGLang's and
+# vLLM's `abort` above all (a request aborted on purpose, under memory pressure or at
+# shutdown), is a request the server did not finish: sent again like a server error.
+FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
 # Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
 # SGLang and the simulator) can close one just as a request goes out on it.
 KEEPALIVE_S = 4.0
 
 
-class SGLangClient:
+class ServerClient:
     """One pooled async client per worker process, for the server next to its GPU."""
 
     def __init__(
@@ -84,10 +90,10 @@ class SGLangClient:
     def api_key(self) -> str | None:
         return self._api_key
 
-    async def server_info(self) -> ServerInfo | None:
-        """What the server says about itself (workers/server_info.py); None if not SGLang."""
-        async with self._mapping("GET /server_info"):
-            return await fetch_server_info(self._http, timeout_s=30.0)
+    async def detect(self) -> Server:
+        """What the server is: its kind, models and what it says of itself (workers/servers)."""
+        async with self._mapping("server detection"):
+            return await detect(self._http, timeout_s=30.0)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
@@ -99,6 +105,7 @@ class SGLangClient:
             self._raise_mapped("POST " + CHAT_PATH, exc)
         self._raise_for_status(response)
         data: dict[str, Any] = orjson.loads(response.content)
+        _raise_unless_finished(data)
         return data
 
     @contextlib.asynccontextmanager
@@ -170,6 +177,22 @@ def _aiohttp_transport() -> httpx.AsyncBaseTransport:
     return AiohttpTransport(client=lambda: aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         cookie_jar=aiohttp.DummyCookieJar()))
+
+
+def _raise_unless_finished(data: dict[str, Any]) -> None:
+    """A 200 is an answer only when its generation ended: `stop`, `length` or a tool call."""
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+    if isinstance(reason, dict):  # SGLang's native form: {"type": "abort", "message": ...}
+        detail = reason.get("message")
+        reason = reason.get("type")
+    else:
+        detail = None
+    if reason in FINISHED:
+        return
+    raise RetryableError(f"server aborted the generation (finish_reason {reason!r}"
+                         + (f": {detail}" if detail else "") + ")")
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -1,4 +1,4 @@
-"""The worker's HTTP client (workers/sglang.py: httpx over httpx-aiohttp's transport) against
+"""The worker's HTTP client (workers/client.py: httpx over httpx-aiohttp's transport) against
 real servers on real sockets.
 
 The simulator (uvicorn, like SGLang) for the happy path and HTTP errors, and a small raw-socket
@@ -18,7 +18,7 @@ from sim_helpers import chat_body, free_port, running_sim
 
 from workers.errors import BadRequestError, RetryableError, ServerDownError
 from workers.server_info import server_capacity
-from workers.sglang import SGLangClient
+from workers.client import ServerClient
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -42,8 +42,8 @@ async def raw_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
 
 
 @contextlib.asynccontextmanager
-async def client_of(url: str, request_timeout_s: float = 5.0) -> AsyncIterator[SGLangClient]:
-    client = SGLangClient(url, request_timeout_s=request_timeout_s, connect_timeout_s=2.0)
+async def client_of(url: str, request_timeout_s: float = 5.0) -> AsyncIterator[ServerClient]:
+    client = ServerClient(url, request_timeout_s=request_timeout_s, connect_timeout_s=2.0)
     try:
         yield client
     finally:
@@ -70,7 +70,10 @@ def test_a_chat_is_answered_and_the_capacity_read_from_the_simulator() -> None:
             answers = await asyncio.gather(*(client.chat(chat_body(f"hi {i}", max_tokens=8))
                                              for i in range(20)))
             assert all(0 < a["usage"]["completion_tokens"] <= 8 for a in answers)
-            assert server_capacity(await client.server_info(), None).effective > 0
+            server = await client.detect()
+            assert server.kind.name == "sglang"
+            assert server.info is not None
+            assert server_capacity(server.info, None).effective > 0
             assert await client.ready()
 
     with running_sim("--instant") as url:
@@ -119,6 +122,26 @@ def test_http_statuses_map_to_the_workers_error_types(status: bytes,
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("finish_reason", [
+    "abort",  # SGLang's and vLLM's aborted request, in the OpenAI form
+    {"type": "abort", "message": "aborted by /abort_request"},  # SGLang's native form
+    None,  # no end of generation at all
+])
+def test_an_answer_whose_generation_did_not_end_is_retryable(finish_reason: object) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(respond(b"200 OK", orjson.dumps({"choices": [
+            {"message": {"content": ""}, "finish_reason": finish_reason}]})))
+        await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _), client_of(url) as client:
+            with pytest.raises(RetryableError, match="aborted the generation"):
+                await client.chat(chat_body())
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize(("reply", "error"), [
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ntoo short", ServerDownError),
     (b"this is not HTTP\r\n\r\n", ServerDownError),
@@ -153,7 +176,7 @@ def test_broken_answers_map_to_the_workers_error_types(reply: bytes | None,
 
 def test_a_cancelled_request_closes_its_connection_and_the_next_one_works() -> None:
     release = asyncio.Event()
-    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}]})
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -184,7 +207,7 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_one_works() -> N
 
 
 def test_requests_in_a_row_share_one_kept_alive_connection() -> None:
-    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}]})
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -206,7 +229,7 @@ def test_requests_in_a_row_share_one_kept_alive_connection() -> None:
 
 def test_a_cookie_the_server_sets_is_never_sent_back() -> None:
     # Each prompt's request stands alone: the client keeps no cookies (sglang.py's jar).
-    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}]})
     requests: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -231,7 +254,7 @@ def test_a_cookie_the_server_sets_is_never_sent_back() -> None:
 
 
 def test_a_chat_carries_the_api_key_and_its_json_body() -> None:
-    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}]})
     requests: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -241,7 +264,7 @@ def test_a_chat_carries_the_api_key_and_its_json_body() -> None:
 
     async def run() -> None:
         async with raw_server(handler) as (url, _):
-            client = SGLangClient(url, request_timeout_s=5.0, api_key="key-123")
+            client = ServerClient(url, request_timeout_s=5.0, api_key="key-123")
             try:
                 assert await client.chat(chat_body("q")) == orjson.loads(answer)
             finally:
@@ -262,7 +285,7 @@ def test_the_client_holds_more_requests_at_once_than_a_default_pool_allows() -> 
     wanted = 130
     arrived: list[int] = []
     everyone = asyncio.Event()
-    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}}]})
+    answer = orjson.dumps({"choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}]})
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

@@ -1,0 +1,37 @@
+"""The interface of a server kind: what fleetgen needs to know to use one engine at full speed.
+
+A kind says how a request is shaped for it (the fields beyond OpenAI's chat schema it takes),
+which `/metrics` gauges show its load, and nothing else: the HTTP exchange, the error mapping
+and the answer's reading are the same for every OpenAI-compatible server (workers/client.py,
+workers/records.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+# How readings of several schedulers (DP ranks, engines) combine into one per server.
+Combine = str  # "sum" | "max" | "mean"
+
+
+class ServerKind:
+    """One engine family. Subclasses set the class attributes; instances carry no state."""
+
+    name: ClassVar[str]
+    # Short gauge name -> (Prometheus family, how several samples combine). `running` and
+    # `queue` are what the capacity discovery reads; the rest are shown in `status`.
+    gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {}
+
+    def added_fields(self, thinking: bool) -> dict[str, Any]:
+        """The fields fleetgen adds to every request for this kind (beyond OpenAI's schema).
+        A prompt line's own values win over them; `chat_template_kwargs` is merged."""
+        return {}
+
+    @property
+    def reads_load(self) -> bool:
+        """Whether its `/metrics` shows requests running and waiting (capacity discovery)."""
+        return "running" in self.gauges and "queue" in self.gauges
+
+    def __repr__(self) -> str:
+        return self.name

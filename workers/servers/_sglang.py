@@ -1,0 +1,28 @@
+"""SGLang: `/server_info` says what it runs at once; it takes `separate_reasoning` and
+`chat_template_kwargs`; its `/metrics` names start with `sglang:`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from workers.servers._kind import Combine, ServerKind
+
+
+class SGLang(ServerKind):
+    name = "sglang"
+    gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {
+        "running": ("sglang:num_running_reqs", "sum"),
+        "queue": ("sglang:num_queue_reqs", "sum"),
+        "token_usage": ("sglang:token_usage", "max"),
+        # The KV pool alone where exported: a hybrid server's token_usage is its fullest pool,
+        # Mamba included (SGLang's get_max_pool_usage).
+        "full_token_usage": ("sglang:full_token_usage", "max"),
+        "mamba_usage": ("sglang:mamba_usage", "max"),
+        "gen_throughput": ("sglang:gen_throughput", "sum"),
+        "accept_length": ("sglang:spec_accept_length", "mean"),
+    }
+
+    def added_fields(self, thinking: bool) -> dict[str, Any]:
+        # Reasoning in its own field (the canary checks it), thinking as the job asks.
+        return {"separate_reasoning": True, "chat_template_kwargs": {"enable_thinking": thinking}}
