@@ -1,15 +1,25 @@
 """`launcher advise`: what binds each GPU's server, and the flags to try, with a prediction.
 
 The verdicts are computed from a GPU's node.json entry and the means of its /metrics samples;
-tests/test_node_e2e.py runs the command against a live simulated node.
+tests/test_node_e2e.py runs the command against a live simulated node. `advise --url` reads any
+SGLang server instead: here the simulator in a thread, loaded past its cap, and a plain HTTP
+server that is not SGLang.
 """
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
+from sim_helpers import chat_body, gauge, running_sim, wait_until
 
+from launcher.cli import main
 from launcher.node import Observed, advise, relative_throughput, render_status
 
 
@@ -32,7 +42,8 @@ def test_the_reference_run_is_told_to_raise_the_mamba_slots_and_memory() -> None
     assert advice.predicted_tokens_per_s == pytest.approx(3435, rel=0.01)
     assert advice.gain == pytest.approx(0.49, abs=0.01)
     assert advice.line() == (
-        "gpu0: bound by 80 Mamba slots at 16 running, KV 7% used, Mamba 100% used, 112 queued: "
+        "gpu0: bound by 80 Mamba slots at 16 running, KV 7% used, Mamba 100% used (80 of 80 "
+        "slots), 112 queued: "
         "`--max-mamba-cache-size 200 --mem-fraction-static 0.93` → ~40 running, "
         "~3,436 tokens/s (+49% tokens/s)")
 
@@ -95,3 +106,111 @@ def test_advice_offers_no_flag_the_servers_release_lacks() -> None:
     new["capacity"]["version"] = "0.5.10"
     assert advise(new, Observed(samples=2, running=64, queue=5)).flags == (
         "--cuda-graph-max-bs", "64")
+
+
+# `advise --url`: a server the launcher did not start.
+
+@contextmanager
+def busy(url: str, clients: int) -> Iterator[None]:
+    """`clients` threads that each keep one chat request in flight until the block ends."""
+    stop = threading.Event()
+
+    def one() -> None:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            while not stop.is_set():
+                try:
+                    client.post(f"{url}/v1/chat/completions", json=chat_body())
+                except httpx.HTTPError:
+                    return
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+
+def test_advise_by_url_names_mamba_slots_as_the_binding_limit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # 157 Mamba slots at 5 per request cap the 128 asked at 31; 45 clients keep a queue.
+    with running_sim("--profile", "mamba-hybrid", "--max-running-requests", "128", "--speed", "5",
+                     "--mean-output-tokens", "200", "--output-sigma", "0") as url, busy(url, 45):
+        wait_until(lambda: gauge(url, "sglang:num_queue_reqs") > 0, what="a queue")
+        code = main(["advise", "--url", url, "--window", "1", "--interval", "0.25", "--json"])
+        out, err = capsys.readouterr()
+        assert main(["advise", "--url", url, "--window", "0.5", "--interval", "0.25"]) == 0
+        text = capsys.readouterr().out
+    assert code == 0, err
+    (advice,) = json.loads(out)
+    assert (advice["url"], advice["gpu"], advice["binding"]) == (url, None, "mamba")
+    assert (advice["cap"], advice["requested"], advice["mamba_slots"]) == (31, 128, 157)
+    assert advice["samples"] >= 2 and advice["queue"] > 0 and advice["mamba_num"] > 0
+    assert advice["flags"][:1] == ["--max-mamba-cache-size"]
+    assert advice["predicted_running"] > 31
+    assert text.startswith(f"{url}: bound by 157 Mamba slots at ")
+    assert " slots), " in text and "--max-mamba-cache-size" in text
+
+
+class NotSglang(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible server of another kind: /v1/models, and 404 for anything else."""
+
+    def do_GET(self) -> None:
+        found = self.path == "/v1/models"
+        body = b'{"object": "list", "data": []}' if found else b"Not Found"
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json" if found else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_sglang() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotSglang)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_advise_by_url_says_in_one_line_that_a_server_without_server_info_is_not_sglang(
+        not_sglang: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["advise", "--url", not_sglang, "--window", "0"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert err.startswith(f"launcher advise: {not_sglang} is not an SGLang server: advise reads "
+                          "SGLang's /server_info or /get_server_info, and it answered "
+                          "/server_info with 404 and /get_server_info with 404 (server: ")
+
+
+def test_advise_by_url_of_a_closed_port_says_it_cannot_read_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotSglang)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens there now
+    assert main(["advise", "--url", f"127.0.0.1:{port}", "--window", "0"]) == 2
+    assert capsys.readouterr().err == (f"launcher advise: http://127.0.0.1:{port}: cannot read "
+                                       "/server_info: connection refused\n")
+
+
+def test_advise_by_url_sends_the_api_key_and_suspects_it_when_refused(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)  # the flag's default
+    with running_sim("--api-key", "s3cret", "--instant") as url:
+        refused = main(["advise", "--url", url, "--window", "0"])
+        err = capsys.readouterr().err
+        keyed = main(["advise", "--url", url, "--window", "0", "--api-key", "s3cret"])
+        out = capsys.readouterr().out
+    assert (refused, err) == (2, f"launcher advise: {url}: /server_info answered 401 (a wrong "
+                                 "or missing --api-key?)\n")
+    assert keyed == 0 and out.startswith(f"{url}: nothing binds: the queue is empty")

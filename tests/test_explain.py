@@ -158,8 +158,8 @@ def test_dense_server_reports_the_latest_decode_batch_and_the_peak(explain: Expl
     data = explain(DENSE, "--json").json()
     assert data["last_decode"] == {
         "at": "2026-02-01 08:10:05", "running": 200, "queue": 8800, "token_usage": 0.36,
-        "mamba_usage": None, "accept_len": None, "accept_rate": None, "gen_throughput": 4800.5,
-        "cuda_graph": True,
+        "mamba_num": None, "mamba_usage": None, "accept_len": None, "accept_rate": None,
+        "gen_throughput": 4800.5, "cuda_graph": True,
     }
     assert data["peak_running"] == 256
 
@@ -173,6 +173,15 @@ def test_dense_text_report_is_aligned_and_names_the_binding_limit(explain: Expla
     assert "last decode           2026-02-01 08:10:05: running 200, queue 8800, token usage " \
         "0.36, gen throughput 4800.5, cuda graph True" in lines
     assert lines[-1] == "fatal                 none"
+
+
+def test_the_last_decode_shows_the_mamba_slots_held_beside_their_usage(explain: Explain) -> None:
+    # Before 2026-06 the cap was silent; `mamba num: 48` is what the 16 running requests held.
+    run = explain(SILENT_HYBRID)
+    assert "last decode           2026-03-02 09:05:00: running 16, queue 40, token usage 0.0, " \
+        "mamba 48 slots (usage 0.6), gen throughput 800.0, cuda graph True" in run.out.splitlines()
+    decode = part(explain(SILENT_HYBRID, "--json").json(), "last_decode")
+    assert (decode["mamba_num"], decode["mamba_usage"]) == (48, 0.6)
 
 
 def test_hybrid_capped_by_the_mamba_pool_says_so_from_the_warning(explain: Explain) -> None:
@@ -373,8 +382,8 @@ def test_json_field_names_are_stable_and_null_where_the_log_is_silent(explain: E
 def test_nested_json_objects_keep_their_field_names(explain: Explain) -> None:
     served = explain(CRASH_SERVING, "--json").json()
     assert set(part(served, "last_decode")) == {
-        "at", "running", "queue", "token_usage", "mamba_usage", "accept_len", "accept_rate",
-        "gen_throughput", "cuda_graph"}
+        "at", "running", "queue", "token_usage", "mamba_num", "mamba_usage", "accept_len",
+        "accept_rate", "gen_throughput", "cuda_graph"}
     assert set(part(served, "fatal")) == {"kind", "message", "hint", "at", "exit_code"}
 
 

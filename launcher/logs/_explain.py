@@ -88,10 +88,19 @@ def _state_text(data: Mapping[str, object]) -> str:
 def _decode_text(d: object) -> str | None:
     if not isinstance(d, Mapping):
         return None
-    names = ("running", "queue", "token_usage", "mamba_usage", "accept_len", "accept_rate",
-             "gen_throughput", "cuda_graph")
-    figures = ", ".join(f"{n.replace('_', ' ')} {_v(d[n])}" for n in names if d[n] is not None)
-    return f"{_v(d['at'])}: {figures}"
+    figures = {"running": d["running"], "queue": d["queue"], "token usage": d["token_usage"],
+               "mamba": _mamba_text(d["mamba_num"], d["mamba_usage"]),
+               "accept len": d["accept_len"], "accept rate": d["accept_rate"],
+               "gen throughput": d["gen_throughput"], "cuda graph": d["cuda_graph"]}
+    text = ", ".join(f"{name} {_v(value)}" for name, value in figures.items() if value is not None)
+    return f"{_v(d['at'])}: {text}"
+
+
+def _mamba_text(num: object, usage: object) -> str | None:
+    """`16 slots (usage 0.2)`: the Mamba state slots held (`mamba num`) and their share."""
+    if num is None:
+        return None if usage is None else f"usage {usage}"
+    return f"{num} slots" + (f" (usage {usage})" if usage is not None else "")
 
 
 def _units(*pairs: tuple[object, str]) -> str | None:

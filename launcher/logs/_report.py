@@ -224,7 +224,8 @@ def _decode_json(d: DecodeBatch | None) -> dict[str, object] | None:
         return None
     return {
         "at": _stamp(d.ts), "running": d.running, "queue": d.queue, "token_usage": d.kv_usage,
-        "mamba_usage": d.mamba_usage, "accept_len": d.accept_len, "accept_rate": d.accept_rate,
+        "mamba_num": d.mamba_num, "mamba_usage": d.mamba_usage, "accept_len": d.accept_len,
+        "accept_rate": d.accept_rate,
         "gen_throughput": d.gen_throughput, "cuda_graph": d.cuda_graph,
     }
 

@@ -7,7 +7,8 @@
                     Slot, Child, Order
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
     _process.py     LaunchSpec, spawn and stop a child in its own process group
-    _advise.py      `advise`: what binds each GPU, flags to try, predicted running and tokens/s
+    _advise.py      `advise`: what binds each GPU (or any SGLang server by URL), flags to try,
+                    predicted running and tokens/s
     _tune.py        `tune`: one GPU's experiment at a time via rolling restarts; tune.json
     _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv
     _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
@@ -17,7 +18,15 @@
     _errors.py      NodeError and its subclasses
 """
 
-from launcher.node._advise import Advice, Observed, advise, observe, relative_throughput
+from launcher.node._advise import (
+    Advice,
+    Observed,
+    advise,
+    entry_for_url,
+    entry_from_server_info,
+    observe,
+    relative_throughput,
+)
 from launcher.node._args import (
     NEWEST_SGLANG,
     GpuOverride,
@@ -156,6 +165,8 @@ __all__ = [
     "describe_exit",
     "describe_fatal",
     "discover_gpus",
+    "entry_for_url",
+    "entry_from_server_info",
     "flag_value",
     "follow",
     "load_profile",

@@ -11,8 +11,14 @@ GPU's (docs/development/simulator.md#decode-cost), and the measured tokens/s are
 that ratio. The flags are a first candidate, not a proof: `launcher tune` tries them on one GPU
 and keeps them only if they win.
 
+A server the launcher did not start has no node.json entry: `entry_for_url` reads its
+`/server_info` (workers/server_info.py) as `launcher up` reads a ready server's, into the same
+entry, so the advice is the same.
+
     advice = advise(gpu_entry_from_node_json, observed)
     advice.line()  # "gpu0: bound by 80 Mamba slots at 16 running, KV 7% used: ..."
+    entry = await entry_for_url("http://10.0.0.5:30000")  # any SGLang server
+    advise(entry, await observe(entry["url"], 30.0, 2.0)).line()  # "http://10.0.0.5:30000: ..."
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from typing import Any
 
 import httpx
 
+from launcher.logs import fold
 from launcher.node._args import adapt_flags, flag_value
+from launcher.node._errors import NodeError
 from launcher.node._flags import check_args
-from workers.readings import parse_metrics
+from launcher.node._watch import read_server
+from workers.readings import describe_error, parse_metrics
+from workers.server_info import SERVER_INFO_PATHS, ServerInfo, as_float, fetch_server_info
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
 STEP_MS, STEP_MS_PER_REQUEST = 11.0, 0.56
@@ -53,9 +63,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class Advice:
-    """One GPU's verdict: what binds, how full the pools are, and the flags to try."""
+    """One server's verdict: what binds, how full the pools are, and the flags to try."""
 
-    gpu: int
+    gpu: int | None  # None for a server given by URL (`advise --url`)
     binding: str  # mamba, kv, request, spec-default, cuda-graph, idle, unknown
     cap: int | None
     requested: int | None
@@ -64,12 +74,19 @@ class Advice:
     kv_usage: float | None
     mamba_usage: float | None
     mamba_slots: int | None
+    mamba_num: int | None  # slots held: Mamba usage x slots (the decode log's `mamba num`)
     tokens_per_s: float | None
     flags: tuple[str, ...] = ()
     predicted_running: int | None = None
     predicted_tokens_per_s: float | None = None
     why: str = ""
     samples: int = 0
+    url: str | None = None
+
+    @property
+    def name(self) -> str:
+        """`gpu0` for a node's GPU, else the server's URL."""
+        return f"gpu{self.gpu}" if self.gpu is not None else str(self.url)
 
     @property
     def gain(self) -> float | None:
@@ -79,8 +96,9 @@ class Advice:
         return None
 
     def line(self) -> str:
-        """`gpu0: bound by ...: FLAGS → ~N running, ~T tokens/s (+G%)`."""
-        text = f"gpu{self.gpu}: {self.why}"
+        """`gpu0: bound by ...: FLAGS → ~N running, ~T tokens/s (+G%)` (the URL for `gpu0`
+        when advising by URL)."""
+        text = f"{self.name}: {self.why}"
         if not self.flags:
             return text
         text += f": `{shlex.join(self.flags)}`"
@@ -105,7 +123,8 @@ def relative_throughput(n: int, m: int) -> float:
 
 
 def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice:
-    """The advice for one GPU from its node.json entry and, when sampled, its live figures."""
+    """The advice for one GPU from its node.json entry (or `entry_for_url`'s) and, when sampled,
+    its live figures."""
     cap_info: Mapping[str, Any] = entry.get("capacity") or {}
     argv = [str(a) for a in entry.get("argv") or []]
     n = _int(cap_info.get("effective"))
@@ -115,20 +134,23 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
     tokens = _int(cap_info.get("max_total_num_tokens"))
     graph_bs = _int(cap_info.get("cuda_graph_max_bs"))
     obs = observed or Observed(samples=0)
+    held = round(obs.mamba_usage * slots) if obs.mamba_usage is not None and slots else None
+    url = entry.get("url")
 
     def verdict(binding: str, why: str, flags: Sequence[str] = (), target: int | None = None,
                 predicted: float | None = None) -> Advice:
         return Advice(
-            gpu=int(entry.get("gpu", -1)), binding=binding, cap=n, requested=requested,
+            gpu=_int(entry.get("gpu")), binding=binding, cap=n, requested=requested,
             running=obs.running, queue=obs.queue, kv_usage=obs.kv_usage,
-            mamba_usage=obs.mamba_usage, mamba_slots=slots, tokens_per_s=obs.tokens_per_s,
-            flags=tuple(flags), predicted_running=target, predicted_tokens_per_s=predicted,
-            why=why, samples=obs.samples)
+            mamba_usage=obs.mamba_usage, mamba_slots=slots, mamba_num=held,
+            tokens_per_s=obs.tokens_per_s, flags=tuple(flags), predicted_running=target,
+            predicted_tokens_per_s=predicted, why=why, samples=obs.samples,
+            url=url if isinstance(url, str) else None)
 
     if n is None or n <= 0:
         return verdict("unknown", "the effective cap is not known yet")
     running_text = f"{obs.running:.0f}" if obs.running is not None else str(n)
-    pools = _pools_text(obs)
+    pools = _pools_text(obs, slots, held)
     if obs.queue is not None and obs.queue < QUEUE_EMPTY:
         return verdict("idle", f"nothing binds: the queue is empty ({running_text} running of "
                        f"{n}{pools}); more concurrency needs more work")
@@ -180,12 +202,14 @@ def _grow(n: int, ceiling: int | None, kv_usage: float | None) -> int:
     return max(target, n + 1)
 
 
-def _pools_text(obs: Observed) -> str:
+def _pools_text(obs: Observed, slots: int | None, held: int | None) -> str:
     parts = []
     if obs.kv_usage is not None:
         parts.append(f"KV {obs.kv_usage:.0%} used")
     if obs.mamba_usage is not None:
-        parts.append(f"Mamba {obs.mamba_usage:.0%} used")
+        # The slots held say whether the running requests fill the pool that caps them.
+        count = f" ({held} of {slots} slots)" if held is not None else ""
+        parts.append(f"Mamba {obs.mamba_usage:.0%} used{count}")
     if obs.queue is not None:
         parts.append(f"{obs.queue:.0f} queued")
     return ", " + ", ".join(parts) if parts else ""
@@ -202,7 +226,65 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-# Sampling a server over a window.
+# A server given by URL, and sampling a server over a window.
+
+async def entry_for_url(url: str, api_key: str | None = None,
+                        timeout_s: float = 10.0) -> dict[str, Any]:
+    """A server the launcher did not start, as a node.json entry: its `/server_info` (or
+    `/get_server_info`) read by workers/server_info.py and combined as `launcher up` combines
+    a ready server's (`read_server`, here with no log).
+
+    Raises NodeError when the server cannot be read, or is not SGLang: then the one line says
+    what advise reads and what the server answered instead.
+    """
+    answers: list[httpx.Response] = []
+
+    async def note(response: httpx.Response) -> None:
+        answers.append(response)
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=_auth(api_key),
+                                     event_hooks={"response": [note]}) as client:
+            info = await fetch_server_info(client, url)
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        key = " (a wrong or missing --api-key?)" if status in (401, 403) else ""
+        raise NodeError(f"{url}: {exc.request.url.path} answered {status}{key}") from exc
+    except httpx.HTTPError as exc:
+        raise NodeError(f"{url}: cannot read {SERVER_INFO_PATHS[0]}: "
+                        f"{describe_error(exc)}") from exc
+    if info is None:
+        raise NodeError(f"{url} is not an SGLang server: advise reads SGLang's "
+                        f"{' or '.join(SERVER_INFO_PATHS)}, and {_answered(answers)}")
+    return entry_from_server_info(url, info)
+
+
+def entry_from_server_info(url: str, info: ServerInfo) -> dict[str, Any]:
+    """The node.json entry `advise` reads, for a server known only by its `/server_info`."""
+    reading = read_server(info, fold((), url))
+    # The memory fraction the server resolved (its default included), as if passed.
+    mfs = as_float(info.args.get("mem_fraction_static"))
+    return {"gpu": None, "url": url, "state": "ready",
+            "argv": ["--mem-fraction-static", str(mfs)] if mfs is not None else [],
+            "capacity": asdict(reading)}
+
+
+def _answered(answers: Sequence[httpx.Response]) -> str:
+    """What a server that is not SGLang answered to the server-info paths, in a few words."""
+    if not answers:
+        return "it answered nothing"
+    said = []
+    for r in answers:
+        kind = r.headers.get("content-type", "").partition(";")[0]
+        said.append(f"{r.request.url.path} with {r.status_code}"
+                    + (f" {kind}" if kind and r.status_code == 200 else ""))
+    server = answers[-1].headers.get("server")
+    return "it answered " + " and ".join(said) + (f" (server: {server})" if server else "")
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
 
 def _sample(text: str) -> dict[str, float]:
     """One `/metrics` page (workers.readings.parse_metrics) in advise's terms; `kv_usage` is the
@@ -218,8 +300,7 @@ async def observe(url: str, window_s: float, interval_s: float,
                   api_key: str | None = None) -> Observed:
     """Sample `/metrics` every `interval_s` for `window_s`; means of what answered."""
     rows: list[Mapping[str, float]] = []
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=_auth(api_key)) as client:
         loop = asyncio.get_running_loop()
         end = loop.time() + window_s
         while True:

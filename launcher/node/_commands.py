@@ -6,6 +6,7 @@
     python -m launcher restart --rolling -- --max-running-requests 64
     python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
     python -m launcher advise [--json]   # what binds each GPU, flags to try, predictions
+    python -m launcher advise --url http://10.0.0.5:30000   # any SGLang server
     python -m launcher tune [--dry-run]  # apply the advice one GPU at a time while a job runs
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError, PortBusyError
-from launcher.node._advise import Observed, advise, observe
+from launcher.node._advise import Observed, advise, entry_for_url, observe
 from launcher.node._args import Profile, flag_value, load_profile
 from launcher.node._errors import NodeError, NoGpuError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
@@ -235,41 +236,74 @@ def cmd_status(argv: Sequence[str]) -> int:
 
 
 def cmd_advise(argv: Sequence[str]) -> int:
-    """Sample each ready GPU's server over a window and say what binds it and what to try."""
+    """Sample each ready GPU's server (or each --url) over a window and say what binds it and
+    what to try."""
     p = CommandParser(
         prog="python -m launcher advise",
-        description="Per GPU: the limit that binds its server, how full its pools are, and "
-                    "the flags to try with the predicted running requests and tokens/s.",
+        description="Per GPU, or per SGLang server given by --url: the limit that binds it, how "
+                    "full its pools are, and the flags to try with the predicted running "
+                    "requests and tokens/s.",
         epilog="examples:\n  python -m launcher advise\n  python -m launcher advise --gpus 0,1 "
-               "--window 60 --json")
+               "--window 60 --json\n  python -m launcher advise --url http://10.0.0.5:30000 "
+               "--window 10")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                    help="the launcher's run directory (node.json)")
-    p.add_argument("--gpus", help="only these GPUs (default: all)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpus", help="only these GPUs (default: all)")
+    where.add_argument("--url", action="append", metavar="URL",
+                       help="an SGLang server started without the launcher (repeatable); "
+                            "node.json is not read")
+    p.add_argument("--api-key", default=os.environ.get("SGLANG_API_KEY"),
+                   help="the servers' API key (default: $SGLANG_API_KEY, which keeps it out of "
+                        "ps)")
     p.add_argument("--window", type=float, default=30.0, help="seconds of /metrics samples")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
-    p.add_argument("--json", action="store_true", help="one JSON object per GPU, in a list")
+    p.add_argument("--json", action="store_true", help="one JSON object per server, in a list")
     args = p.parse_args(list(argv))
-    state = read_state(args.run_dir)
-    if state is None:
-        raise NodeError(f"no {STATE_FILE} in {args.run_dir}: `launcher up` has not run here "
-                        "(or pass --run-dir)")
-    wanted = set(parse_gpu_spec(args.gpus)) if args.gpus else None
-    entries = [g for g in state.get("gpus", [])
-               if g.get("state") == "ready" and (wanted is None or g["gpu"] in wanted)]
-    if not entries:
-        raise NodeError("no ready GPU to advise on (see `launcher status`)")
-    api_key = os.environ.get("SGLANG_API_KEY")  # node.json keeps the key redacted
+    if args.url:
+        urls = [_base_url(u) for u in args.url]
+
+        async def read_urls() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(entry_for_url(u, args.api_key) for u in urls)))
+
+        entries = asyncio.run(read_urls())
+    else:
+        entries = _ready_entries(args.run_dir, args.gpus)
 
     async def sample_all() -> list[Observed]:
         return list(await asyncio.gather(*(
-            observe(str(g["url"]), args.window, args.interval, api_key) for g in entries)))
+            observe(str(g["url"]), args.window, args.interval, args.api_key) for g in entries)))
 
     advice = [advise(g, o) for g, o in zip(entries, asyncio.run(sample_all()), strict=True)]
+    for a in advice:
+        if a.samples == 0:
+            print(f"advise: {a.name}: no /metrics sample answered in {args.window:g} s (SGLang "
+                  "serves it with --enable-metrics): the advice is from its capacity alone",
+                  file=sys.stderr)
     if args.json:
         print(json.dumps([a.to_json() for a in advice], indent=1))
     else:
         print("\n".join(a.line() for a in advice))
     return EXIT_OK
+
+
+def _ready_entries(run_dir: Path, gpus: str | None) -> list[dict[str, Any]]:
+    """node.json's ready GPUs (only those of `gpus` when given)."""
+    state = read_state(run_dir)
+    if state is None:
+        raise NodeError(f"no {STATE_FILE} in {run_dir}: `launcher up` has not run here "
+                        "(or pass --run-dir, or --url for a server started without it)")
+    wanted = set(parse_gpu_spec(gpus)) if gpus else None
+    entries = [g for g in state.get("gpus", [])
+               if g.get("state") == "ready" and (wanted is None or g["gpu"] in wanted)]
+    if not entries:
+        raise NodeError("no ready GPU to advise on (see `launcher status`)")
+    return entries
+
+
+def _base_url(url: str) -> str:
+    """`host:port` or a URL, as the base URL the endpoints hang from."""
+    return (url if "://" in url else f"http://{url}").rstrip("/")
 
 
 def cmd_restart(argv: Sequence[str]) -> int:
