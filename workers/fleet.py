@@ -112,6 +112,9 @@ def fleet_rows(
             "registry_age_s": entry.get("age_s"),
             "in_flight": entry.get("in_flight"),
             "limit": entry.get("limit"),
+            # What the server is and how the limit was found (workers/servers).
+            "server_kind": entry.get("server_kind"),
+            "capacity_source": entry.get("capacity_source"),
             **live,
             "job_prompts_done": int(mine.get("prompts_done", 0)),
             "job_prompts_failed": int(mine.get("prompts_failed", 0)),

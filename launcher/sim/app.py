@@ -1,6 +1,9 @@
 """The FastAPI app: SGLang's routes, status codes and error bodies.
 
-As in docs/reference/sglang.md#endpoints.
+As in docs/reference/sglang.md#endpoints. With --flavor vllm the routes are vLLM 0.11.0's
+OpenAI server's (`/health`, `/ping`, `/version`, `/v1/models`, `/v1/chat/completions`,
+`/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
+`/v1/chat/completions`); any other path is FastAPI's 404 (docs/development/simulator.md).
 
 Handlers take the raw Request and return Responses built with orjson: FastAPI's body
 parsing and response_model machinery would cost more than the whole simulated request.
@@ -37,14 +40,21 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer KEY` on every route but health, readiness and metrics."""
+    """`Authorization: Bearer KEY` on every route but health, readiness and metrics (vLLM:
+    on the `/v1` routes only)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, flavor: str = "sglang") -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.flavor = flavor
+
+    def _guarded(self, path: str) -> bool:
+        if self.flavor == "vllm":
+            return path.startswith("/v1")
+        return not path.startswith(OPEN_PREFIXES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(OPEN_PREFIXES):
+        if scope["type"] == "http" and self._guarded(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 await _json({"error": "Unauthorized"}, 401)(scope, receive, send)
@@ -53,12 +63,13 @@ class ApiKeyMiddleware:
 
 
 def create_app(sim: Simulator) -> FastAPI:
-    """The app serving `sim`."""
+    """The app serving `sim`, with the routes of its flavour."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    flavor = sim.cfg.flavor
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        err = protocol.validation_error(list(exc.errors()))
+        err = protocol.validation_error(list(exc.errors()), flavor)
         return Response(err.body, status_code=err.status, media_type=JSON)
 
     async def health(request: Request) -> Response:
@@ -66,11 +77,43 @@ def create_app(sim: Simulator) -> FastAPI:
             return Response(status_code=503)
         if sim.cfg.health_latency:
             await asyncio.sleep(sim.cfg.health_latency)
+        if flavor == "strict":  # transformers serve answers a small JSON body
+            return _json({"status": "ok"})
         return Response(status_code=200)
 
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/health_generate", health, methods=["GET"])
-    app.add_api_route("/ready", health, methods=["GET"])
+
+    @app.get("/v1/models")
+    async def _models() -> Response:
+        return _json({"object": "list", "data": [info.model_card(sim)]})
+
+    @app.post("/v1/chat/completions")
+    async def _chat(request: Request) -> Response:
+        return await chat_completions(sim, request)
+
+    if flavor == "vllm":
+        app.add_api_route("/ping", health, methods=["GET", "POST"])
+
+        @app.get("/version")
+        async def _version() -> Response:
+            return _json({"version": sim.cfg.vllm_version})
+    elif flavor == "sglang":
+        app.add_api_route("/health_generate", health, methods=["GET"])
+        app.add_api_route("/ready", health, methods=["GET"])
+        _add_sglang_routes(app, sim)
+
+    if sim.metrics is not None:
+        metrics = sim.metrics
+
+        @app.get("/metrics")
+        async def _metrics() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _add_sglang_routes(app: FastAPI, sim: Simulator) -> None:
+    """SGLang's own routes beyond the OpenAI ones (docs/reference/sglang.md#endpoints)."""
 
     @app.get("/model_info")
     @app.get("/get_model_info")
@@ -82,10 +125,6 @@ def create_app(sim: Simulator) -> FastAPI:
     async def _server_info() -> Response:
         return _json(info.server_info(sim))
 
-    @app.get("/v1/models")
-    async def _models() -> Response:
-        return _json({"object": "list", "data": [info.model_card(sim)]})
-
     @app.get("/v1/models/{model:path}")
     async def _model(model: str) -> Response:
         if model != sim.cfg.served_name:
@@ -93,10 +132,6 @@ def create_app(sim: Simulator) -> FastAPI:
                                     "type": "invalid_request_error", "param": "model",
                                     "code": "model_not_found"}}, 404)
         return _json(info.model_card(sim))
-
-    @app.post("/v1/chat/completions")
-    async def _chat(request: Request) -> Response:
-        return await chat_completions(sim, request)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def _generate(request: Request) -> Response:
@@ -120,14 +155,6 @@ def create_app(sim: Simulator) -> FastAPI:
         busy = bool(sim.scheduler.running or sim.scheduler.waiting)
         return Response(FLUSHED, status_code=400 if busy else 200)
 
-    if sim.cfg.enable_metrics:
-        @app.get("/metrics")
-        async def _metrics() -> Response:
-            assert sim.metrics is not None
-            return Response(sim.metrics.render(), media_type=CONTENT_TYPE)
-
-    return app
-
 
 class FastPath:
     """Serves the two generation routes straight from ASGI, everything else via FastAPI.
@@ -140,8 +167,9 @@ class FastPath:
     def __init__(self, sim: Simulator, app: ASGIApp) -> None:
         self.app = app
         self.routes: dict[tuple[str, str], Callable[[Simulator, Request], Awaitable[Response]]]
-        self.routes = {("POST", "/v1/chat/completions"): chat_completions,
-                       ("POST", "/generate"): generate, ("PUT", "/generate"): generate}
+        self.routes = {("POST", "/v1/chat/completions"): chat_completions}
+        if sim.cfg.flavor == "sglang":
+            self.routes |= {("POST", "/generate"): generate, ("PUT", "/generate"): generate}
         self.sim = sim
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,9 +181,9 @@ class FastPath:
             response = await handler(self.sim, Request(scope, receive))
         except Exception as exc:  # what SGLang's serving_base answers for a surprise
             log.exception("unexpected error in %s", scope["path"])
-            response = Response(protocol.error_body(f"Internal server error: {exc}",
-                                                    "InternalServerError", 500),
-                                status_code=500, media_type=JSON)
+            err = protocol.flavor_error(self.sim.cfg.flavor, 500,
+                                        f"Internal server error: {exc}", "InternalServerError")
+            response = Response(err.body, status_code=500, media_type=JSON)
         await response(scope, receive, send)
 
 
@@ -163,5 +191,5 @@ def asgi_app(sim: Simulator) -> ASGIApp:
     """What uvicorn serves: the FastAPI app behind the fast path (and the API key check)."""
     app: ASGIApp = FastPath(sim, create_app(sim))
     if sim.cfg.api_key:
-        app = ApiKeyMiddleware(app, sim.cfg.api_key)
+        app = ApiKeyMiddleware(app, sim.cfg.api_key, sim.cfg.flavor)
     return app

@@ -4,6 +4,10 @@ Streaming answers open (send headers) only once the first token exists, as SGLan
 kick-started generator does, so a queued streaming request waits without a response. Tokens
 are then written in batches: one SSE chunk per token, all chunks due since the last wake
 in one write, waking at most every STREAM_TICK seconds.
+
+The other flavours (--flavor vllm, strict) change what is checked and how the answer reads
+(docs/development/simulator.md#other-engines), never the scheduling. An --abort-rate draw
+plans an abort at a token; it ends there as /abort_request would have ended it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from launcher.sim import protocol, responses, tokenizer
-from launcher.sim.protocol import ChatRequest, RequestError, bad_request, error_body
-from launcher.sim.responses import ChatView, ChunkWriter
+from launcher.sim.protocol import ChatRequest, RequestError, bad_request, flavor_error
+from launcher.sim.responses import ChatView
 from launcher.sim.scheduler import QueueFullError, SimRequest
 from launcher.sim.simulator import Simulator
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
@@ -40,14 +44,17 @@ class ChatJob:
 
 
 def thinking_requested(sim: Simulator, req: ChatRequest) -> bool:
-    """Qwen3's template thinks unless told not to; thinking-off mode ignores the request."""
+    """Qwen3's template thinks unless told not to; thinking-off mode ignores the request.
+
+    Only SGLang maps `reasoning_effort: "none"` to thinking off; vLLM hands it to the chat
+    template, which Qwen3's ignores, and transformers serve drops it."""
     if sim.cfg.mode == "thinking-off":
         return False
     kwargs = {**(sim.cfg.default_chat_template_kwargs or {}), **(req.chat_template_kwargs or {})}
     for key in ("enable_thinking", "thinking"):
         if key in kwargs:
             return bool(kwargs[key])
-    return req.reasoning_effort != "none"
+    return sim.cfg.flavor != "sglang" or req.reasoning_effort != "none"
 
 
 def _first_rid(rid: str | list[str] | None) -> str | None:
@@ -64,55 +71,120 @@ def _tools(req: ChatRequest) -> tuple[tuple[dict[str, Any], ...], Any]:
     return tools, choice
 
 
+def _check_model(sim: Simulator, req: ChatRequest) -> None:
+    """SGLang echoes any model name; vLLM answers 404 and the pinned strict server 400."""
+    cfg = sim.cfg
+    if cfg.flavor == "sglang" or "model" not in req.model_fields_set:
+        return
+    if cfg.flavor == "vllm" and req.model != cfg.served_name:
+        raise flavor_error("vllm", 404, f"The model `{req.model}` does not exist.",
+                           "NotFoundError")
+    if cfg.flavor == "strict" and req.model != cfg.served_name:
+        raise flavor_error("strict", 400, f"Server is pinned to '{cfg.served_name}'; "
+                           f"requested '{req.model}'.", "BadRequestError")
+
+
+def _check_context(sim: Simulator, prompt_tokens: int, max_new: int | None,
+                   fail_prompt: bool) -> tuple[int, int | None]:
+    """(prompt tokens, max_new_tokens) once the context checks of the flavour pass."""
+    cfg, flavor = sim.cfg, sim.cfg.flavor
+    try:
+        if fail_prompt:
+            prompt_tokens += cfg.context_len
+        if flavor == "vllm":
+            protocol.check_context_vllm(prompt_tokens, max_new, cfg.context_len)
+            return prompt_tokens, max_new
+        if fail_prompt:
+            raise protocol.input_too_long(prompt_tokens, cfg.context_len)
+        return protocol.check_context(prompt_tokens, max_new, cfg.context_len,
+                                      cfg.allow_auto_truncate)
+    except protocol.ContextLengthError as exc:
+        # vLLM reports preprocessing errors as f"{e} {e.__cause__}": a trailing " None"
+        message = f"{exc} None" if flavor == "vllm" else str(exc)
+        raise bad_request(message, flavor) from exc
+
+
+def _simulated_failure(flavor: str) -> RequestError:
+    """--fail-rate's 500: SGLang's and vLLM's handlers answer JSON; the strict server's
+    unhandled exception is Starlette's plain text."""
+    if flavor == "strict":
+        return RequestError(500, b"Internal Server Error")
+    type_ = "Internal Server Error" if flavor == "vllm" else "InternalServerError"
+    return flavor_error(flavor, 500, "Internal server error: simulated failure (--fail-rate)",
+                        type_)
+
+
+def _identity(sim: Simulator, req: ChatRequest, given_rid: str | None) -> tuple[str, str]:
+    """(response id, model echoed) in the flavour's manner."""
+    cfg = sim.cfg
+    if cfg.flavor == "vllm":
+        return "chatcmpl-" + (given_rid or uuid.uuid4().hex), cfg.served_name
+    if cfg.flavor == "strict":  # transformers serve names a Hub model by its revision
+        name = cfg.served_name
+        return str(uuid.uuid4()), name if "@" in name else name + "@main"
+    return given_rid or uuid.uuid4().hex, req.model
+
+
+def _view(sim: Simulator, req: ChatRequest, rid: str, model: str, prompt_tokens: int,
+          thinking: bool) -> ChatView:
+    cfg = sim.cfg
+    parser = cfg.reasoning_parser is not None
+    # vLLM splits whenever a parser runs (it has no separate_reasoning); strict never does
+    split = {"sglang": parser and req.separate_reasoning, "vllm": parser, "strict": False}
+    return ChatView(rid=rid, created=int(time.time()), model=model, prompt_tokens=prompt_tokens,
+                    reasoning_on=split[cfg.flavor], count_reasoning=parser and thinking,
+                    include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                    cache_report=cfg.enable_cache_report, flavor=cfg.flavor,
+                    show_reasoning=req.include_reasoning or cfg.flavor != "vllm",
+                    reasoning_field=cfg.vllm_reasoning_field if cfg.flavor == "vllm"
+                    else "reasoning_content")
+
+
 def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     """Validate like SGLang's serving_chat + tokenizer manager, then plan and queue."""
-    cfg = sim.cfg
+    cfg, flavor = sim.cfg, sim.cfg.flavor
+    _check_model(sim, req)
+    if flavor == "strict":  # transformers serve ignores these (UNUSED_CHAT_COMPLETION_FIELDS)
+        req = req.model_copy(update={"tool_choice": "auto", "stream_options": None})
     if not req.messages:
-        raise bad_request("Messages cannot be empty.")
-    if cfg.context_length is not None and (req.max_completion_tokens or 0) > cfg.context_length:
+        raise bad_request("Messages cannot be empty.", flavor)
+    if flavor == "sglang" and cfg.context_length is not None \
+            and (req.max_completion_tokens or 0) > cfg.context_length:
         raise bad_request(f"max_completion_tokens is too large: {req.max_completion_tokens}."
                           f"This model supports at most {cfg.context_length} completion tokens.")
     texts = [tokenizer.content_text(m.content) for m in req.messages]
     thinking = thinking_requested(sim, req)
     tools, choice = _tools(req)
     prompt_tokens = tokenizer.chat_prompt_tokens(texts, [t["function"] for t in tools], thinking)
-    given_rid = _first_rid(req.rid)
+    given_rid = req.request_id if flavor == "vllm" else _first_rid(req.rid)
     index = sim.count_request()
-    try:
-        if sim.fail_prompt_hit(given_rid, texts):
-            raise protocol.input_too_long(cfg.context_len + prompt_tokens, cfg.context_len)
-        prompt_tokens, max_new = protocol.check_context(
-            prompt_tokens, req.max_completion_tokens or req.max_tokens, cfg.context_len,
-            cfg.allow_auto_truncate)
-    except protocol.ContextLengthError as exc:
-        raise bad_request(str(exc)) from exc
+    prompt_tokens, max_new = _check_context(sim, prompt_tokens,
+                                            req.max_completion_tokens or req.max_tokens,
+                                            sim.fail_prompt_hit(given_rid, texts))
     key = "\x00".join(f"{m.role}\x01{t}" for m, t in zip(req.messages, texts, strict=True))
     key_bytes = (key + "\x02" + ",".join(t["function"]["name"] for t in tools)).encode()
     if sim.should_fail(key_bytes, index):
-        raise RequestError(500, error_body("Internal server error: simulated failure "
-                                           "(--fail-rate)", "InternalServerError", 500))
+        raise _simulated_failure(flavor)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    # SGLang leaves room for one more token; vLLM's get_max_tokens fills the context
+    room = cfg.context_len - prompt_tokens - (1 if flavor == "sglang" else 0)
     plan = plan_output(TextRequest(
         key=key_bytes, seed=cfg.seed, mean_tokens=cfg.mean_output_tokens,
-        sigma=cfg.output_sigma,
-        limit=max_new if max_new is not None else cfg.context_len - prompt_tokens - 1,
+        sigma=cfg.output_sigma, limit=max_new if max_new is not None else room,
         thinking=thinking, tools=tools, tool_choice=choice, tool_rate=cfg.tool_call_rate,
-        parse_tools=cfg.tool_call_parser is not None,
+        parse_tools=cfg.tool_call_parser is not None and flavor != "strict",
         boilerplate_rate=cfg.boilerplate_rate if cfg.mode == "thinking-off" else 0.0,
         ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, stop=stop))
-    rid = given_rid or uuid.uuid4().hex
-    sreq = SimRequest(rid, prompt_tokens, plan.n_tokens, req.stream, sim.scheduler.loop)
+    rid, model = _identity(sim, req, given_rid)
+    abort_at = sim.abort_point(key_bytes, index, plan.n_tokens)
+    sreq = SimRequest(rid, prompt_tokens, plan.n_tokens if abort_at is None else abort_at,
+                      req.stream, sim.scheduler.loop, abort_planned=abort_at is not None)
+    sreq.finish_reason = "length" if plan.finish == "length" else "stop"
     try:
         sim.scheduler.submit(sreq)
     except QueueFullError as exc:
-        raise RequestError(503, error_body(str(exc), "503", 503)) from exc
-    parser = cfg.reasoning_parser is not None
-    view = ChatView(rid=rid, created=int(time.time()), model=req.model,
-                    prompt_tokens=prompt_tokens, reasoning_on=parser and req.separate_reasoning,
-                    count_reasoning=parser and thinking,
-                    include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                    cache_report=cfg.enable_cache_report)
-    return ChatJob(sreq, plan, view)
+        raise flavor_error(flavor, 503, str(exc), "503") from exc
+    return ChatJob(sreq, plan, _view(sim, req, rid, model, prompt_tokens, thinking))
 
 
 async def chat_completions(sim: Simulator, request: Request) -> Response:
@@ -120,7 +192,8 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
     sim.enter()
     job: ChatJob | None = None
     try:
-        req = protocol.parse_chat(request.headers.get("content-type"), await request.body())
+        req = protocol.parse_chat(request.headers.get("content-type"), await request.body(),
+                                  sim.cfg.flavor)
         job = prepare(sim, req)
         if req.stream:
             return await _open_stream(sim, job, request)
@@ -129,7 +202,8 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
                                    job.sreq.aborted)
         return Response(body, media_type=JSON)
     except RequestError as err:
-        return Response(err.body, status_code=err.status, media_type=JSON)
+        media = JSON if err.body.startswith(b"{") else "text/plain; charset=utf-8"
+        return Response(err.body, status_code=err.status, media_type=media)
     finally:
         if job is None or not job.sreq.streaming:
             sim.leave()
@@ -159,7 +233,7 @@ async def _open_stream(sim: Simulator, job: ChatJob, request: Request) -> Respon
 
 async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:
     sreq, plan, loop = job.sreq, job.plan, sim.scheduler.loop
-    writer = ChunkWriter(job.view)
+    writer = responses.chunk_writer(job.view)
     sent = 0
     out = [writer.role()]
     try:
@@ -170,7 +244,7 @@ async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:
                 out.append(writer.tokens(plan, sent, upto))
                 sent = upto
             if done:
-                out += _closing(writer, job)
+                out += writer.closing(plan, sreq.completion_tokens, sreq.aborted)
                 yield b"".join(out)
                 return
             yield b"".join(out)
@@ -180,16 +254,3 @@ async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:
     finally:
         _release(sim, job)
 
-
-def _closing(writer: ChunkWriter, job: ChatJob) -> list[bytes]:
-    plan, sreq = job.plan, job.sreq
-    out = []
-    _, _, calls = responses.split_output(plan, sreq.completion_tokens, job.view,
-                                         complete=not sreq.aborted)
-    if calls:
-        out.append(writer.tools(calls))
-    out.append(writer.finish(*responses.finish_of(plan, sreq.aborted)))
-    if job.view.include_usage:
-        out.append(writer.usage(plan, sreq.completion_tokens))
-    out.append(responses.DONE)
-    return out

@@ -23,6 +23,9 @@ from launcher.sim.errors import SimError
 PROG = "sglang serve"  # argparse errors read exactly like SGLang's (`usage: sglang serve ...`)
 DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json max_position_embeddings
 LOG_FORMATS = ("r", "2026-01", "2025-10", "2025-07", "2025-06")
+# Which server's HTTP API is imitated (docs/development/simulator.md#other-engines): SGLang,
+# vLLM's OpenAI-compatible server, or a strict OpenAI-schema server like `transformers serve`.
+FLAVORS = ("sglang", "vllm", "strict")
 NONE_WORDS = ("none", "")  # `--reasoning-parser none` turns a sim default parser off
 
 
@@ -149,6 +152,16 @@ class SimConfig:
     force_shutdown: bool = _opt(False, "SIGTERM exits at once (env SGL_FORCE_SHUTDOWN=1)",
                                 action="store_true")
     sglang_version: str = _opt("0.5.23", "the `version` /server_info reports")
+    flavor: str = _opt("sglang", "whose HTTP API to imitate: sglang, vllm (vLLM 0.11.0's OpenAI "
+                       "server) or strict (an OpenAI-schema server like `transformers serve`)",
+                       choices=FLAVORS)
+    abort_rate: float = _opt(0.0, "share of chat requests that end early with finish_reason "
+                             "abort (HTTP 200, partial output)", type=float)
+    vllm_version: str = _opt("0.11.0", "the `version` /version reports (--flavor vllm)")
+    # vLLM 0.11.0 names it reasoning_content; later releases renamed it reasoning (PR 27752)
+    vllm_reasoning_field: str = _opt(
+        "reasoning_content", "message field of the separated reasoning (--flavor vllm)",
+        choices=("reasoning_content", "reasoning"))
 
     def __post_init__(self) -> None:
         positive = {"speed": self.speed, "decode_tps": self.decode_tps,
@@ -157,7 +170,7 @@ class SimConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        for name in ("fail_rate", "boilerplate_rate", "tool_call_rate"):
+        for name in ("fail_rate", "abort_rate", "boilerplate_rate", "tool_call_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1]")
         if self.step_ms_per_request < 0:
@@ -209,6 +222,10 @@ class SimConfig:
         ns = parser.parse_args(argv)
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
         values["fail_prompt"] = tuple(ns.fail_prompt or ())
+        if ns.max_num_seqs is not None:
+            if values["flavor"] != "vllm":  # SGLang has no such flag: it exits 2 on it
+                parser.error("unrecognized arguments: --max-num-seqs (only with --flavor vllm)")
+            values["max_running_requests"] = ns.max_num_seqs
         env = os.environ if environ is None else environ
         if not values["force_shutdown"]:
             values["force_shutdown"] = env.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true")
@@ -233,4 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(*flags, dest=f.name, help=f.metadata["help"], **kw)
     parser.add_argument("--disable-metrics", dest="enable_metrics", action="store_false",
                         help="no /metrics endpoint (404), as SGLang without --enable-metrics")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="vLLM's name of --max-running-requests (--flavor vllm only)")
     return parser

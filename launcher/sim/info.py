@@ -1,7 +1,13 @@
-"""The bodies of /server_info, /model_info and /v1/models (docs/reference/sglang.md §4.2-4.4)."""
+"""The bodies of /server_info, /model_info and /v1/models (docs/reference/sglang.md §4.2-4.4).
+
+With --flavor vllm or strict, /v1/models lists vLLM 0.11.0's ModelCard or transformers serve's
+pinned-model entry instead (docs/development/simulator.md#other-engines).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from typing import Any
 
@@ -100,7 +106,34 @@ def model_info(sim: Simulator) -> dict[str, Any]:
 
 
 def model_card(sim: Simulator) -> dict[str, Any]:
-    """One /v1/models entry."""
+    """One /v1/models entry, in the flavour's shape."""
+    if sim.cfg.flavor == "vllm":
+        return _vllm_model_card(sim)
+    if sim.cfg.flavor == "strict":
+        return _strict_model_card(sim)
     name = sim.cfg.served_name
     return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
             "root": name, "parent": None, "max_model_len": sim.cfg.context_len}
+
+
+def _vllm_model_card(sim: Simulator) -> dict[str, Any]:
+    """vLLM 0.11.0's ModelCard: `root` is the model path, one default ModelPermission."""
+    cfg, now = sim.cfg, int(time.time())
+    perm_id = hashlib.blake2b(cfg.served_name.encode(), digest_size=16).hexdigest()
+    permission = {"id": f"modelperm-{perm_id}", "object": "model_permission", "created": now,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}
+    return {"id": cfg.served_name, "object": "model", "created": now, "owned_by": "vllm",
+            "root": cfg.model_path, "parent": None, "max_model_len": cfg.context_len,
+            "permission": [permission]}
+
+
+def _strict_model_card(sim: Simulator) -> dict[str, Any]:
+    """transformers serve's entry for the model it is pinned to (`model_owner`: the Hub
+    organization, "local" for a path, "" for a bare name)."""
+    name = sim.cfg.served_name
+    repo = name.split("@", 1)[0]
+    owner = "local" if os.path.exists(repo) else repo.split("/")[0] if "/" in repo else ""
+    return {"owned_by": owner, "id": name, "object": "model", "created": 0,
+            "status": {"value": "loaded"}}

@@ -1,4 +1,4 @@
-"""`/metrics`: SGLang's Prometheus families over one private registry.
+"""`/metrics`: SGLang's Prometheus families over one private registry (or vLLM's).
 
 As in docs/reference/sglang.md#metrics.
 
@@ -6,11 +6,16 @@ Counters and histograms are updated when a request ends; gauges are read from th
 at scrape time, so a scrape always sees the current `num_running_reqs`. Every sample carries
 `model_name` (the served name); scheduler gauges add `engine_type, tp_rank, pp_rank,
 moe_ep_rank`, tokenizer metrics add `engine_type` and `is_streaming`.
+
+With --flavor vllm the families are vLLM 0.11.0's (`vllm/v1/metrics/loggers.py`
+PrometheusStatLogger), labelled `model_name` and `engine` ("0", one engine core); the strict
+flavour has no /metrics at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -139,3 +144,128 @@ class SimMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+# vLLM 0.11.0's buckets (PrometheusStatLogger)
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_FINISH_REASONS = ("stop", "length", "abort")  # vllm.v1.engine.FinishReason
+
+
+def _buckets_1_2_5(max_value: int) -> tuple[float, ...]:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(out)
+            out.append(float(mantissa * scale))
+        scale *= 10
+
+
+class Metrics(Protocol):
+    """What the simulator feeds and /metrics reads, whichever engine's families it has."""
+
+    def observe(self, req: SimRequest, now: float) -> None:
+        """Count a finished (or aborted) request."""
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+
+
+class _VllmGauges(Collector):
+    """vLLM's scheduler gauges, read when scraped."""
+
+    def __init__(self, cfg: SimConfig, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.labels = {"model_name": cfg.served_name, "engine": "0"}
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.scheduler.stats(self.scheduler.now())
+        for name, doc, value in (
+                ("num_requests_running", "Number of requests in model execution batches.",
+                 stats.running),
+                ("num_requests_waiting", "Number of requests waiting to be processed.",
+                 stats.queued),
+                ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                 max(stats.token_usage, stats.mamba_usage))):
+            family = GaugeMetricFamily("vllm:" + name, doc, labels=list(self.labels))
+            family.add_metric(list(self.labels.values()), float(value))
+            yield family
+
+
+class VllmMetrics:
+    """vLLM 0.11.0's families (the ones a scraper of vLLM reads), fed when a request ends."""
+
+    def __init__(self, cfg: SimConfig, scheduler: Scheduler) -> None:
+        self.registry = reg = CollectorRegistry(auto_describe=False)
+        names = ["model_name", "engine"]
+        base = (cfg.served_name, "0")
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter("vllm:" + name, doc, names, registry=reg)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram("vllm:" + name, doc, names, buckets=buckets, registry=reg)
+
+        counter("num_preemptions", "Cumulative number of preemption from the engine.")\
+            .labels(*base)
+        self._prompt = counter("prompt_tokens", "Number of prefill tokens processed.")\
+            .labels(*base)
+        self._generation = counter("generation_tokens", "Number of generation tokens processed.")\
+            .labels(*base)
+        self._cache_queries = counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")\
+            .labels(*base)
+        counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")\
+            .labels(*base)
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          [*names, "finished_reason"], registry=reg)
+        self._success = {r: success.labels(*base, r) for r in VLLM_FINISH_REASONS}
+        token_buckets = _buckets_1_2_5(cfg.context_len)
+        self._prompt_hist = histogram("request_prompt_tokens",
+                                      "Number of prefill tokens processed.", token_buckets)\
+            .labels(*base)
+        self._generation_hist = histogram("request_generation_tokens",
+                                          "Number of generation tokens processed.",
+                                          token_buckets).labels(*base)
+        self._ttft = histogram("time_to_first_token_seconds",
+                               "Histogram of time to first token in seconds.",
+                               VLLM_TTFT_BUCKETS).labels(*base)
+        self._e2e = histogram("e2e_request_latency_seconds",
+                              "Histogram of e2e request latency in seconds.",
+                              VLLM_LATENCY_BUCKETS).labels(*base)
+        self._queue = histogram("request_queue_time_seconds",
+                                "Histogram of time spent in WAITING phase for request.",
+                                VLLM_LATENCY_BUCKETS).labels(*base)
+        reg.register(_VllmGauges(cfg, scheduler))
+
+    def observe(self, req: SimRequest, now: float) -> None:
+        """Count a finished (or aborted) request under its finished_reason."""
+        self._prompt.inc(req.input_tokens)
+        self._cache_queries.inc(req.input_tokens)
+        self._generation.inc(req.completion_tokens)
+        self._success["abort" if req.aborted else req.finish_reason].inc()
+        self._prompt_hist.observe(req.input_tokens)
+        self._generation_hist.observe(req.completion_tokens)
+        self._e2e.observe(now - req.arrival)
+        if req.admitted_at is not None:
+            self._queue.observe(req.admitted_at - req.arrival)
+            if req.completion_tokens:
+                self._ttft.observe(req.first_token_at() - req.arrival)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+def build_metrics(cfg: SimConfig, capacity: Capacity, scheduler: Scheduler) -> Metrics | None:
+    """The flavour's metrics, or None where /metrics is off or absent (strict)."""
+    if not cfg.enable_metrics or cfg.flavor == "strict":
+        return None
+    if cfg.flavor == "vllm":
+        return VllmMetrics(cfg, scheduler)
+    return SimMetrics(cfg, capacity, scheduler)

@@ -1,6 +1,7 @@
-"""Request models and error bodies with SGLang's exact shapes.
+"""Request models and error bodies with SGLang's exact shapes (and the other flavours').
 
-As in docs/reference/sglang.md#chat-request and docs/reference/sglang.md#errors.
+As in docs/reference/sglang.md#chat-request and docs/reference/sglang.md#errors; the vLLM
+and strict shapes are described in docs/development/simulator.md#other-engines.
 
 The chat model keeps SGLang's field names, types and defaults for every field the simulator
 reads; unknown fields are ignored, as in SGLang (no `extra="forbid"`). Validation errors are
@@ -12,6 +13,7 @@ those name SGLang's own source file, so the simulator leaves them out.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Literal
 
@@ -25,6 +27,17 @@ ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminde
 MEDIA_TYPE_ERROR = [{"loc": ["header", "content-type"],
                      "msg": "Unsupported Media Type: Only 'application/json' is allowed",
                      "type": "value_error"}]
+# OpenAI's chat-completion request fields (openai 2.x), for when the `openai` package that
+# transformers serve reads them from is not installed (strict_fields).
+OPENAI_CHAT_FIELDS = frozenset((
+    "messages", "model", "audio", "frequency_penalty", "function_call", "functions",
+    "logit_bias", "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities",
+    "n", "parallel_tool_calls", "prediction", "presence_penalty", "reasoning_effort",
+    "response_format", "seed", "service_tier", "stop", "store", "stream", "stream_options",
+    "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "web_search_options",
+    "prompt_cache_key", "safety_identifier", "verbosity"))
+# What transformers serve accepts beyond OpenAI's schema (TransformersCompletionCreateParams).
+TRANSFORMERS_CHAT_FIELDS = frozenset(("generation_config", "seed", "chat_template_kwargs"))
 
 
 class Message(BaseModel):
@@ -85,7 +98,10 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The fields of SGLang's ChatCompletionRequest that change what the simulator does."""
+    """The fields of SGLang's ChatCompletionRequest that change what the simulator does.
+
+    Two are vLLM's only (`include_reasoning`, `request_id`); SGLang ignores them as unknown.
+    """
 
     messages: list[Message]
     model: str = "default"
@@ -120,6 +136,8 @@ class ChatRequest(BaseModel):
     rid: str | list[str] | None = None
     return_meta_info: bool = False
     priority: int | None = None
+    include_reasoning: bool = True
+    request_id: str | None = None
 
 
 class RequestError(SimError):
@@ -137,27 +155,49 @@ def error_body(message: str, type_: str, code: int) -> bytes:
                          "code": code})
 
 
-def bad_request(message: str) -> RequestError:
+def flavor_error(flavor: str, status: int, message: str, type_: str) -> RequestError:
+    """An error answer of the chat route, in the shape of `flavor`'s server.
+
+    sglang: SGLang's ErrorResponse (error_body). vllm: what vLLM 0.11.0's
+    `create_error_response` returns, `{"error": {"message", "type", "param", "code"}}`.
+    strict: FastAPI's HTTPException, `{"detail": message}`, as transformers serve raises.
+    """
+    if flavor == "vllm":
+        body = orjson.dumps({"error": {"message": message, "type": type_, "param": None,
+                                       "code": status}})
+    elif flavor == "strict":
+        body = orjson.dumps({"detail": message})
+    else:
+        body = error_body(message, type_, status)
+    return RequestError(status, body)
+
+
+def bad_request(message: str, flavor: str = "sglang") -> RequestError:
     """A 400 of type BadRequestError (context length and `_validate_request` failures)."""
-    return RequestError(400, error_body(message, "BadRequestError", 400))
+    return flavor_error(flavor, 400, message, "BadRequestError")
 
 
-def validation_error(errors: list[Any]) -> RequestError:
-    """The 400 SGLang's RequestValidationError handler returns (type "Bad Request")."""
+def validation_error(errors: list[Any], flavor: str = "sglang") -> RequestError:
+    """The answer to a malformed body: SGLang's and vLLM's RequestValidationError handlers
+    build one message, `"<str(exc)> <exc.errors()>"`, with type "Bad Request" (400); the
+    strict server keeps FastAPI's default, 422 `{"detail": [errors]}`."""
+    if flavor == "strict":
+        return RequestError(422, orjson.dumps({"detail": errors}))
     exc_str = str(RequestValidationError(errors))
     errors_str = str(errors)
     message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
-    return RequestError(400, error_body(message, "Bad Request", 400))
+    return flavor_error(flavor, 400, message, "Bad Request")
 
 
-def parse_json_body(content_type: str | None, body: bytes, check_media_type: bool) -> Any:
+def parse_json_body(content_type: str | None, body: bytes, check_media_type: bool,
+                    flavor: str = "sglang") -> Any:
     """The decoded body, or the RequestError FastAPI + SGLang would answer with."""
     media_type = (content_type or "").lower().split(";", maxsplit=1)[0]
     if check_media_type and media_type != "application/json":
-        raise validation_error(MEDIA_TYPE_ERROR)
+        raise validation_error(MEDIA_TYPE_ERROR, flavor)
     if not body:
         raise validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required",
-                                 "input": None}])
+                                 "input": None}], flavor)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -166,22 +206,57 @@ def parse_json_body(content_type: str | None, body: bytes, check_media_type: boo
         except json.JSONDecodeError as exc:
             raise validation_error([{"type": "json_invalid", "loc": ("body", exc.pos),
                                      "msg": "JSON decode error", "input": {},
-                                     "ctx": {"error": exc.msg}}]) from exc
+                                     "ctx": {"error": exc.msg}}], flavor) from exc
         except ValueError as exc:  # undecodable bytes: FastAPI's generic HTTPException
-            raise RequestError(400, error_body("There was an error parsing the body", "400",
-                                               400)) from exc
+            raise flavor_error(flavor, 400, "There was an error parsing the body",
+                               "400") from exc
 
 
-def parse_chat(content_type: str | None, body: bytes) -> ChatRequest:
-    """Validate a /v1/chat/completions body as SGLang + FastAPI do."""
-    data = parse_json_body(content_type, body, check_media_type=True)
+@functools.cache
+def strict_fields() -> frozenset[str]:
+    """The request fields the strict flavour accepts: OpenAI's chat-completion schema plus
+    transformers serve's own. Read from the installed `openai` package, as transformers
+    serve reads them, so a newer schema is followed; OPENAI_CHAT_FIELDS stands in without it.
+    """
+    try:
+        # imported here: openai is a test-only dependency, and only the strict flavour asks
+        from openai.types.chat.completion_create_params import (
+            CompletionCreateParamsStreaming,
+        )
+    except ImportError:
+        openai_fields = OPENAI_CHAT_FIELDS
+    else:
+        openai_fields = frozenset(CompletionCreateParamsStreaming.__annotations__)
+    return openai_fields | TRANSFORMERS_CHAT_FIELDS
+
+
+def check_strict_fields(data: dict[str, Any]) -> None:
+    """transformers serve's `_validate_request`: any field outside its schema is a 422."""
+    unexpected = set(data) - strict_fields()
+    if unexpected:
+        detail = f"Unexpected fields in the request: {unexpected}"
+        raise RequestError(422, orjson.dumps({"detail": detail}))
+
+
+def parse_chat(content_type: str | None, body: bytes, flavor: str = "sglang") -> ChatRequest:
+    """Validate a /v1/chat/completions body as `flavor`'s server (SGLang + FastAPI) does."""
+    data = parse_json_body(content_type, body, check_media_type=flavor != "strict",
+                           flavor=flavor)
+    if flavor == "strict":
+        if not isinstance(data, dict):  # the handler's `body: dict` parameter
+            raise validation_error([{"type": "dict_type", "loc": ("body",),
+                                     "msg": "Input should be a valid dictionary",
+                                     "input": data}], flavor)
+        check_strict_fields(data)
+    if flavor != "sglang" and isinstance(data, dict) and data.get("model", "") is None:
+        del data["model"]  # optional in vLLM's and OpenAI's schemas, a str in SGLang's
     if isinstance(data, dict) and data.get("tool_choice") is None:
         data["tool_choice"] = "none" if data.get("tools") is None else "auto"
     try:
         return ChatRequest.model_validate(data, from_attributes=True)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise validation_error(errors) from exc
+        raise validation_error(errors, flavor) from exc
 
 
 class ContextLengthError(SimError, ValueError):
@@ -192,6 +267,20 @@ def input_too_long(input_tokens: int, context_len: int) -> ContextLengthError:
     """SGLang's message for a prompt at or over the context length."""
     return ContextLengthError(f"The input ({input_tokens} tokens) is longer than the model's "
                               f"context length ({context_len} tokens).")
+
+
+def check_context_vllm(input_tokens: int, max_new: int | None, context_len: int) -> None:
+    """vLLM 0.11.0's `_validate_input` for a chat request (serving_engine.py)."""
+    if input_tokens >= context_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {context_len} tokens. However, your "
+            f"request has {input_tokens} input tokens. Please reduce the length of the input "
+            "messages.")
+    if max_new is not None and input_tokens + max_new > context_len:
+        raise ContextLengthError(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_new}. This model's "
+            f"maximum context length is {context_len} tokens and your request has "
+            f"{input_tokens} input tokens ({max_new} > {context_len} - {input_tokens}).")
 
 
 def check_context(input_tokens: int, max_new: int | None, context_len: int,

@@ -71,7 +71,8 @@ async def _bring_up(sim: Simulator) -> None:
     cfg, loop = sim.cfg, asyncio.get_running_loop()
     if cfg.startup_delay:
         await asyncio.sleep(cfg.startup_delay)
-    if not cfg.skip_server_warmup:
+    # vLLM and transformers serve send no warmup request through their own API
+    if not cfg.skip_server_warmup and cfg.flavor == "sglang":
         # SGLang's warmup: "The capital city of France is" (6 tokens), max_new_tokens 8
         warmup = SimRequest("warmup", 6, 8, False, loop)
         sim.scheduler.submit(warmup)

@@ -21,7 +21,7 @@ from fastapi import Request
 from launcher.sim import logs
 from launcher.sim.capacity import Capacity, plan_capacity
 from launcher.sim.config import SimConfig
-from launcher.sim.metrics import SimMetrics
+from launcher.sim.metrics import Metrics, build_metrics
 from launcher.sim.scheduler import Scheduler, SimRequest
 
 log = logging.getLogger("launcher.sim.server")
@@ -47,8 +47,7 @@ class Simulator:
         self.cfg = cfg
         self.capacity: Capacity = plan_capacity(cfg)
         self.scheduler = Scheduler(cfg, self.capacity, on_finish=self._on_finish)
-        self.metrics = SimMetrics(cfg, self.capacity, self.scheduler) if cfg.enable_metrics \
-            else None
+        self.metrics: Metrics | None = build_metrics(cfg, self.capacity, self.scheduler)
         self.status = Status.STARTING
         self.started_at = time.time()
         self.startup_seconds = 0.0
@@ -115,6 +114,16 @@ class Simulator:
     def should_fail(self, key: bytes, index: int) -> bool:
         """--fail-rate: the request number is part of the draw, so a retry can succeed."""
         return self.cfg.fail_rate > 0 and self.draw(key, index) < self.cfg.fail_rate
+
+    def abort_point(self, key: bytes, index: int, n_tokens: int) -> int | None:
+        """--abort-rate: the token count at which this request is aborted, or None.
+
+        Drawn like --fail-rate (content, seed, request number); the point is uniform over
+        the planned output, so an abort may come before the first token."""
+        rate = self.cfg.abort_rate
+        if not rate or self.draw(key + b"|abort", index) >= rate:
+            return None
+        return int(self.draw(key + b"|abort-at", index) * n_tokens)
 
     def fail_prompt_hit(self, rid: str | None, texts: list[str]) -> bool:
         """--fail-prompt: a marker in the rid prefix or any message makes the prompt too long."""

@@ -152,6 +152,15 @@ def rows(results: dict[str, Any]) -> list[Row]:
                        f" pairs {each})", "≤ 1.02", ratio <= 1.02))
         out.append(Row("   first request; requests/s and running ÷ slots 10-90%; drain 90-100%",
                        f"fleetgen {_split(fgs)}; script {_split(scs)}", "-", None))
+    eng = results.get("engines")
+    for flavor, run in ((eng or {}).get("runs") or {}).items():
+        exact = run["duplicates"] == 0 and run["exported"] == run["prompts"] and not run["failed"]
+        out.append(Row(f"10. {flavor} server, no setting: slots busy (steady 10-80% of answers)",
+                       f"{_f(run['busy'], 3)}  (limit {run['limit']}: {run['how']}; "
+                       f"{run['exported']:,}/{run['prompts']:,} exported once, {run['failed']} "
+                       f"failed; {run['wall_s']:.0f}s)",
+                       f"≥ {eng['target']:.2f}, exactly once",
+                       run["busy"] >= eng["target"] and exact))
     for name, error in (results.get("errors") or {}).items():
         out.append(Row(f"{name}: failed", error.splitlines()[0][:90], "-", False))
     return out
