@@ -65,11 +65,12 @@ class QueueWatch:
             self.limit = min(MAX_LIMIT, self.capacity + self._margin(self.capacity))
             self.how = (f"/metrics: {self.capacity} running while {int(waiting)} waited; "
                         f"keeping {self.limit} in flight")
-        elif saturated and waiting == 0:
+        elif saturated and waiting == 0 and running > 0:
             grown = self.limit * 2 if self.capacity is None else self.limit + max(1, self.limit // 8)
             self.limit = min(MAX_LIMIT, grown)
             if self.capacity is None:
-                self.how = f"/metrics: all {int(running)} sent run at once; growing to {self.limit}"
+                self.how = (f"/metrics: {int(running)} running, none waiting; growing to "
+                            f"{self.limit}")
         return self.limit
 
 
