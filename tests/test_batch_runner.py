@@ -39,6 +39,8 @@ class FakeServer:
     """Stands in for workers.client.ServerClient: answers at once, refuses BAD, logs sends."""
 
     sent: ClassVar[list[str]] = []  # what the test reads: one list for every instance
+    # The models `/v1/models` lists (SGLang's /server_info names none here).
+    models: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, base_url: str, **_: Any) -> None:
         self.base_url = base_url
@@ -59,7 +61,7 @@ class FakeServer:
         return True
 
     async def detect(self) -> Server:
-        return Server(KINDS["sglang"], info=parse_server_info({
+        return Server(KINDS["sglang"], FakeServer.models, info=parse_server_info({
             "max_running_requests": 4,
             "internal_states": [{"effective_max_running_requests_per_dp": 4}]}))
 
@@ -123,7 +125,7 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
     monkeypatch.setattr("workers.engine.ServerClient", FakeServer)
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
-    FakeServer.sent = []
+    FakeServer.sent, FakeServer.models = [], ()
     ledger = RecordingLedger(redis_client, events)
     make_job(ledger, JOB, str(tmp_path / "out"), prompts=len(PROMPTS), batch_size=len(PROMPTS))
     rows = [{"id": p, "line": i + 1, "body": {"messages": [{"role": "user", "content": p}]}}
@@ -198,3 +200,15 @@ def test_a_batch_leased_by_another_worker_is_left_untouched(
     assert runner.run(JOB, BATCH).status == "owned-elsewhere"
     assert FakeServer.sent == [] and events.names() == []
     assert runner.ledger.lease_token(JOB, BATCH) == "w1@other/t"
+
+
+def test_a_server_with_several_models_pauses_a_job_that_names_none_and_sends_nothing(
+        runner: BatchRunner, events: Events) -> None:
+    FakeServer.models = ("qwen-8b", "qwen-32b")
+    runner.engine.run(runner.engine.refresh_capacity())  # as the next periodic reading would
+    assert runner.run(JOB, BATCH).status == "handed-back"
+    assert FakeServer.sent == [] and events.names() == ["release"]
+    state, reason = runner.ledger.job_state(JOB)
+    assert state == "paused"
+    assert reason == ("model: the server serves 2 models (qwen-8b, qwen-32b) and the job names "
+                      "none: cancel it and enqueue the prompts as a new job with --model NAME")

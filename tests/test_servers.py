@@ -46,7 +46,7 @@ def test_a_generic_server_gets_nothing_beyond_openais_schema_and_its_only_model(
 
 def test_a_server_with_several_models_and_a_job_naming_none_is_refused_with_the_list() -> None:
     server = Server(KINDS["vllm"], ("a", "b"))
-    with pytest.raises(ModelChoiceError, match=r"serves 2 models \(a, b\).*--model"):
+    with pytest.raises(ModelChoiceError, match=r"serves 2 models \(a, b\).*--model NAME"):
         server.prepare(STORED, thinking=True)
     assert server.prepare({**STORED, "model": "b"}, thinking=True)["model"] == "b"
 

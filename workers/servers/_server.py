@@ -72,7 +72,8 @@ class Server:
         """Why a request that names no model cannot be sent here, or None."""
         if self.model is None and len(self.models) > 1:
             return (f"the server serves {len(self.models)} models ({', '.join(self.models)}) "
-                    "and the job names none: enqueue it again with --model NAME")
+                    "and the job names none: cancel it and enqueue the prompts as a new job with "
+                    "--model NAME")
         return None
 
     def describe(self) -> str:
