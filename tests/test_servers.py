@@ -59,6 +59,21 @@ def test_a_refused_field_fleetgen_added_is_dropped_and_remembered() -> None:
     assert "separate_reasoning" not in again
     assert again["chat_template_kwargs"] == {"enable_thinking": True}
     assert server.learn(422, STRICT_422, again, STORED) is None  # nothing new: the prompt's
+    assert not server.resend(again, STORED, thinking=True)
+
+
+def test_a_request_refused_before_another_taught_the_same_is_sent_again_quietly() -> None:
+    server = Server(KINDS["sglang"])
+    first, second = (server.prepare(STORED, thinking=True) for _ in range(2))
+    assert server.learn(422, STRICT_422, first, STORED) is not None
+    assert server.learn(422, STRICT_422, second, STORED) is None  # said once
+    assert server.resend(second, STORED, thinking=True)
+    pinned = Server(KINDS["openai"])
+    first, second = (pinned.prepare(STORED, thinking=True) for _ in range(2))
+    message = "HTTP 400: Server is pinned to '/m'; requested 'default'."
+    assert pinned.learn(400, message, first, STORED) is not None
+    assert pinned.learn(400, message, second, STORED) is None
+    assert pinned.resend(second, STORED, thinking=True)
 
 
 def test_a_refused_field_of_the_prompt_line_itself_is_not_dropped() -> None:
@@ -153,3 +168,18 @@ def test_an_aborted_answer_is_not_read_as_reasoning_split_and_a_think_block_is()
     vllm = {"choices": [{"finish_reason": "stop", "message": {
         "content": "A.", "reasoning": "because"}}], "usage": {}}
     assert result_record("q", 1, vllm, 0.1, origin)["reasoning_content"] == "because"
+
+
+def test_answers_to_requests_sent_before_the_limit_changed_do_not_judge_it() -> None:
+    clock = [1.0]
+    control = Gradient(start=4, now=lambda: clock[0])
+    while control.on_answer(0.3, 300, saturated=True, sent_at=0.0) is None:
+        pass
+    assert control.limit == 8  # doubled at 1.0
+    # Slow answers still coming back from before the doubling: they say nothing of 8.
+    for _ in range(20):
+        assert control.on_answer(30.0, 300, saturated=True, sent_at=0.5) is None
+    assert control.limit == 8
+    while control.on_answer(0.3, 300, saturated=True, sent_at=1.5) is None:
+        pass
+    assert control.limit == 16

@@ -315,12 +315,13 @@ class Engine:
         self.limiter.resize()
         metrics.set_server_capacity(self.worker, self.server_url, self.capacity.effective, limit)
 
-    def observe_answer(self, latency_s: float, output_tokens: int) -> None:
-        """One answer's latency and length, for a server whose capacity is measured."""
+    def observe_answer(self, sent_at: float, latency_s: float, output_tokens: int) -> None:
+        """One answer's send time (monotonic), latency and length, for a server whose capacity
+        is measured."""
         control = self.control
         if isinstance(control, Gradient):
             saturated = self.limiter.waiting > 0 or self.limiter.active >= self.limiter.limit
-            limit = control.on_answer(latency_s, output_tokens, saturated)
+            limit = control.on_answer(latency_s, output_tokens, saturated, sent_at)
             if limit is not None:
                 self._controlled(limit)
 

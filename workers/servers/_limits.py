@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Callable
 
 # Limits the controllers start from: small enough for a CPU server, large enough that a GPU
@@ -38,8 +39,8 @@ MAX_LIMIT = 8192
 TOLERANCE = 2.0
 # During the first doubling, latency per token within this factor of the best is "flat".
 FLAT = 1.25
-# A window of the gradient controller: this many answers at least (at most WINDOW_MAX),
-# about half the limit, so each judgement covers answers of many lengths.
+# A window of the gradient controller: WINDOW_MIN answers while the limit doubles, then about
+# half the limit (at most WINDOW_MAX), so each judgement covers answers of many lengths.
 WINDOW_MIN, WINDOW_MAX = 4, 64
 # QueueWatch remembers the running count of this many ticks with a queue (a scheduler admits
 # at step boundaries, so one tick may catch a slot between two requests).
@@ -77,29 +78,46 @@ class QueueWatch:
 class Gradient:
     """The limit from latency per output token (no capacity endpoint, no load metrics)."""
 
-    def __init__(self, start: int = GRADIENT_START) -> None:
+    def __init__(self, start: int = GRADIENT_START,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self.limit = start
+        self._now = now
         self.best: float | None = None  # seconds per output token, the lowest window
         self.last: float | None = None
         self._slow_start = True
+        # When the limit last changed: only answers to requests sent since judge it (the
+        # answers still coming back were sent under the old limit).
+        self._since = -math.inf
         self._latency = 0.0
         self._tokens = 0
         self._answers = 0
         self._saturated = 0
         self.how = f"measuring: starting at {start} (the server states no capacity)"
 
-    def on_answer(self, latency_s: float, output_tokens: int, saturated: bool) -> int | None:
-        """One answer; returns the new limit when its window closes, else None."""
+    def on_answer(self, latency_s: float, output_tokens: int, saturated: bool,
+                  sent_at: float = math.inf) -> int | None:
+        """One answer to a request sent at `sent_at` (the clock `now` is read on); returns the
+        new limit when its window closes, else None."""
+        if sent_at < self._since:
+            return None
         self._latency += latency_s
         self._tokens += max(1, output_tokens)
         self._answers += 1
         self._saturated += saturated
-        if self._answers < min(WINDOW_MAX, max(WINDOW_MIN, self.limit // 2)):
+        # While doubling, a few answers judge each step (the first answers after a step are
+        # the shortest, and a server far below its capacity gives each token the same time
+        # whatever their length); then about half the limit, to cover answers of every length.
+        need = WINDOW_MIN if self._slow_start else min(WINDOW_MAX, max(WINDOW_MIN, self.limit // 2))
+        if self._answers < need:
             return None
         per_token = self._latency / self._tokens
         busy = self._saturated * 2 >= self._answers
         self._latency, self._tokens, self._answers, self._saturated = 0.0, 0, 0, 0
-        return self._judge(per_token, busy)
+        before = self.limit
+        limit = self._judge(per_token, busy)
+        if limit != before:
+            self._since = self._now()
+        return limit
 
     def _judge(self, per_token: float, busy: bool) -> int:
         self.last = per_token

@@ -103,11 +103,14 @@ class Server:
               stored: dict[str, Any]) -> str | None:
         """Learn from a 400/422 that refused what fleetgen added on its own (never a field of
         the prompt line's): the fields it names are dropped, a model it is pinned to is used.
-        Returns what changed (for one log line), or None when the refusal is the prompt's."""
+        Returns what changed (for one log line), or None when nothing new was learned: then
+        `resend` tells whether the refusal was still fleetgen's (a request sent before another
+        one taught the same thing)."""
         if status not in (400, 422):
             return None
         pinned = _PINNED.search(message)
-        if pinned and "model" not in stored and sent.get("model") != pinned.group(1):
+        if (pinned and "model" not in stored and sent.get("model") != pinned.group(1)
+                and self.pinned != pinned.group(1)):
             self.pinned = pinned.group(1)
             return f"uses model {self.pinned!r}, the one it is pinned to"
         ours = [name for name in self._added[True] if name in message and name not in stored]
@@ -116,6 +119,13 @@ class Server:
             self.__post_init__()
             return f"refuses {', '.join(ours)}: no longer sent"
         return None
+
+    def resend(self, sent: dict[str, Any], stored: dict[str, Any], *, thinking: bool) -> bool:
+        """Whether a refused request would now be sent otherwise (what was learned since)."""
+        try:
+            return self.prepare(stored, thinking=thinking) != sent
+        except ModelChoiceError:
+            return False
 
     def _fields(self, thinking: bool) -> dict[str, Any]:
         return {k: v for k, v in self.kind.added_fields(thinking).items() if k not in self.refused}
