@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "restart": ("launcher.node", "main",
                 "restart servers, --rolling one at a time with new arguments"),
     "advise": ("launcher.node", "main",
-               "per GPU (or --url, any SGLang server): what binds it and which flags to try"),
+               "what binds a GPU or an SGLang --url; flags to try"),
     "tune": ("launcher.node", "main",
              "try the advice on one GPU at a time during a job"),
     "sim": ("launcher.sim.cli", "main",

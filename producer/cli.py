@@ -138,6 +138,9 @@ def build_parser() -> CommandParser:
         if name == "resume":
             p.add_argument("--accept-quality", action="store_true",
                            help="go on although the quality canary paused the job")
+            p.add_argument("--accept-failures", action="store_true",
+                           help="after a failure breaker pause: keep its failed prompts as "
+                           "failures (not sent again) and stop pausing the job for that cause")
     p = command("export", "write one dataset with every input id exactly once",
                 "distill-v1 --to distill-v1.out.jsonl",
                 "distill-v1 --to distill-v1.parquet --format parquet --partial")
@@ -372,9 +375,19 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from producer import control
     from workers.app import app
 
-    count = control.resume(Ledger.connect(settings), app, args.job,
-                           accept_quality=args.accept_quality)
-    print(f"job {args.job} running; re-dispatched {count:,} batches")
+    # A breaker pause waits for the job's batches to stop; a dead worker's lease lapses in
+    # a lease period.
+    r = control.resume(Ledger.connect(settings), app, args.job,
+                       accept_quality=args.accept_quality, accept_failures=args.accept_failures,
+                       wait_s=settings.lease_ttl_s)
+    if r.cause is None:
+        print(f"job {args.job} running; re-dispatched {r.batches:,} batches")
+    elif r.accepted:
+        print(f"job {args.job} running; prompts that failed with {r.cause!r} stay failures and "
+              f"no longer pause it; re-dispatched {r.batches:,} batches")
+    else:
+        print(f"job {args.job} running; sending again {r.resent:,} prompts that failed with "
+              f"{r.cause!r}; re-dispatched {r.batches:,} batches")
     return RET_OK
 
 

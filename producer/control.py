@@ -3,25 +3,30 @@
 Pause and cancel stop new batches from starting (workers ack and drop their deliveries);
 running batches of a paused job finish, those of a cancelled job stop at their next heartbeat
 with their finished prompts kept in the checkpoint. Resume re-dispatches every batch that is
-neither done, nor running, nor waiting in the broker.
+neither done, nor running, nor waiting in the broker; after a failure breaker pause it first
+sends the prompts that failed with the breaker's cause again (workers/breaker.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from celery import Celery
+from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
-from workers import keys
+from workers import breaker, keys
 from workers.dispatch import dispatch
 from workers.errors import JobError
 from workers.job import JobManifest
 from workers.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.reconciler import broker_batches
+from workers.records import is_failure
+from workers.retry import backoff
 from workers.sink import Sink, iter_jsonl, open_sink
 
 
@@ -44,8 +49,26 @@ def _created(ledger: Ledger, job: str) -> JobManifest:
     return manifest
 
 
-def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = False) -> int:
-    """Set the job running again and re-dispatch what nobody is working on; returns that count."""
+@dataclass
+class Resumed:
+    """What `resume` did."""
+
+    batches: int  # dispatched again
+    cause: str | None = None  # the failure breaker's cause, when it had paused the job
+    resent: int = 0  # prompts that failed with it, sent again
+    accepted: bool = False  # --accept-failures: they stay failures
+
+
+def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = False,
+           accept_failures: bool = False, wait_s: float = 30.0) -> Resumed:
+    """Set the job running again and re-dispatch what nobody is working on.
+
+    A job the failure breaker paused first gets back the prompts that failed with its cause:
+    once no batch of it runs (waiting up to `wait_s`, JobError past it), they leave the
+    checkpoints of batches not written yet, whose next run sends them again, and those of
+    written batches go out in new batches (`requeue_failed`). With `accept_failures` they stay
+    failures, and the breaker no longer trips on that cause for the job.
+    """
     manifest = _created(ledger, job)
     state, reason = ledger.job_state(job)
     if state == STATE_PAUSED and reason.startswith("quality:") and not accept_quality:
@@ -53,10 +76,76 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
             f"job {job} was paused by the quality canary ({reason}); look at the examples in "
             f"`python -m producer status {job}`, then resume with --accept-quality to go on anyway"
         )
+    cause = None
+    if state == STATE_PAUSED and reason.startswith(breaker.REASON_PREFIX):
+        raw = ledger.r.hget(keys.job(job), "breaker_cause")
+        cause = raw.decode() if isinstance(raw, bytes) else None
+    resent: set[str] = set()
+    if cause is not None and accept_failures:
+        accepted = breaker.accepted_causes(ledger.r.hget(keys.job(job), "breaker_accepted"))
+        ledger.r.hset(keys.job(job), "breaker_accepted", orjson.dumps(sorted({*accepted, cause})))
+    elif cause is not None:
+        _wait_idle(ledger, job, wait_s)
+        resent = _resend_checkpointed(ledger, manifest, cause)
     if accept_quality:
         ledger.r.hset(keys.job(job), "quality_accepted", time.time())
+    if cause is not None:
+        # A fresh window: the old outcomes are settled, either way.
+        with ledger.r.pipeline() as p:
+            p.delete(keys.job_part(job, "outcomes"))
+            p.hdel(keys.job(job), "breaker_cause", "breaker_example")
+            p.execute()
     ledger.set_state(job, STATE_RUNNING)
-    return redispatch_idle(ledger, app, job, manifest.queue)
+    resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
+    if cause is not None and not accept_failures:
+        resumed.resent += requeue_failed(
+            ledger, app, job, keep=lambda error: (breaker.outcome(error) == cause
+                                                  and error["custom_id"] not in resent)).prompts
+    resumed.batches = redispatch_idle(ledger, app, job, manifest.queue)
+    return resumed
+
+
+def _wait_idle(ledger: Ledger, job: str, wait_s: float) -> None:
+    """Until no live worker holds a batch of the paused job (its batches finish the requests
+    they have in flight, then go back); JobError past `wait_s`, with nothing changed."""
+    def held() -> list[str]:
+        return sorted(b for b in ledger.running_batches(job) if ledger.lease_alive(job, b))
+
+    try:
+        Retrying(retry=retry_if_result(bool), stop=stop_before_delay(wait_s),
+                 wait=backoff(0.1, 1.0))(held)
+    except RetryError as exc:
+        still = exc.last_attempt.result()
+        raise JobError(
+            f"job {job}: {len(still)} batches still run after {wait_s:.0f}s ({', '.join(still[:5])}"
+            f"{', ...' if len(still) > 5 else ''}): they finish the requests they have at the "
+            "servers, then stop. Nothing was changed: run resume again once `status` shows "
+            "0 running") from None
+
+
+def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> set[str]:
+    """Take the prompts that failed with `cause` out of the checkpoints of batches not written
+    yet, so that their next run sends them again; returns their ids."""
+    job = manifest.name
+    done = ledger.done_batches(job)
+    sink: Sink | None = None
+    ids: set[str] = set()
+    for batch in ledger.all_batches(job):
+        if batch in done:
+            continue
+        failed = [r for r in ledger.load_checkpoint(job, batch).values()
+                  if is_failure(r) and breaker.outcome(r) == cause]
+        if not failed:
+            continue
+        sink = sink or open_sink(manifest.output)
+        if sink.exists(keys.sink_result(job, batch)):
+            # Written, its worker gone before recording it: the batch's next run records it
+            # from the sink, and its failures go out in new batches with the written ones.
+            continue
+        if ledger.drop_failures(job, batch, failed) is None:
+            raise JobError(f"job {job}: batch {batch} started while resume ran; run resume again")
+        ids.update(r["custom_id"] for r in failed)
+    return ids
 
 
 def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
@@ -73,14 +162,18 @@ class RequeueReport:
     batches: int
 
 
-def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None = None) -> RequeueReport:
-    """Send failed prompts again as new batches (e.g. after raising the context length).
+def requeue_failed(
+    ledger: Ledger, app: Celery, job: str, batch_size: int | None = None,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> RequeueReport:
+    """Send failed prompts again as new batches (e.g. after raising the context length); with
+    `keep`, only those whose latest error line it keeps.
 
     Their earlier error lines stay in the sink; export keeps each prompt's latest outcome.
     """
     manifest = _created(ledger, job)
     sink = open_sink(manifest.output)
-    failed = _failed_ids(sink, job)
+    failed = _failed_ids(sink, job, keep)
     # Prompts of an earlier round that has not been written yet are requeued already.
     done = ledger.done_batches(job)
     for batch in sorted(b for b in ledger.all_batches(job) if b.startswith("r") and b not in done):
@@ -114,14 +207,16 @@ def requeue_failed(ledger: Ledger, app: Celery, job: str, batch_size: int | None
     return RequeueReport(len(rows), len(batches))
 
 
-def _failed_ids(sink: Sink, job: str) -> dict[str, str]:
-    """Id -> error code of the ids whose latest outcome is a failure (a later success clears
-    an earlier error; errors objects are read in key order, so a later round's error wins)."""
-    failed = {err["custom_id"]: err["error"]["code"]
+def _failed_ids(sink: Sink, job: str,
+                keep: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, str]:
+    """Id -> error code of the ids whose latest outcome is a failure that `keep` keeps (a later
+    success clears an earlier error; errors objects are read in key order, so a later round's
+    error wins)."""
+    latest = {err["custom_id"]: (err["error"]["code"], keep is None or keep(err))
               for err in iter_jsonl(sink, keys.sink_errors_prefix(job))}
     for res in iter_jsonl(sink, keys.sink_results_prefix(job)):
-        failed.pop(res["id"], None)
-    return failed
+        latest.pop(res["id"], None)
+    return {pid: code for pid, (code, kept) in latest.items() if kept}
 
 
 def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[dict[str, Any]]:

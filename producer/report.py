@@ -5,11 +5,15 @@ Nothing is measured anew; the page shows what fleetgen already holds:
 - the job's status (`job_status`, Redis): counts, rates, tokens, finish reasons, failures by
   code, what the quality canary saw and whether it paused the job;
 - `fg:job:{job}:worker_minutes` (written by each worker's checkpoints): prompts and output
-  tokens per worker per minute, the throughput over time of each GPU;
+  tokens per worker per minute, the throughput over time of each GPU, each minute over the
+  seconds of it the job's clock ran (`jobview.per_second`, the clock of `status`);
 - the worker registry (`fg:workers`): each server's running requests against its capacity
   as its worker last registered them (a snapshot taken when the report is made);
 - the sink's `results/` and `errors/` objects: latency and output length of each answer, and
   one example message per failure code (at most `max_batches` batches are read).
+
+The summary's rates are `status`'s own figures, labelled: totals of all GPUs, over the job's
+clock or the recent window; the per-GPU figures are the same totals per worker.
 
 The plots are matplotlib figures embedded as base64 PNG: the file opens anywhere, offline.
 
@@ -30,10 +34,12 @@ from typing import Any
 
 from producer.status import format_duration
 from workers import keys
-from workers.ledger import Ledger
+from workers.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
 from workers.records import is_failure
 from workers.sink import Sink, batch_records, open_sink
 
+# The job's clock stopped: the rates stay put (workers/jobview.py `_clock_end`).
+STOPPED = ("done", STATE_PAUSED, STATE_CANCELLED)
 # Reading every result object of a million-prompt job would take minutes; the distributions
 # need far fewer answers than that.
 DEFAULT_MAX_BATCHES = 400
@@ -115,9 +121,11 @@ def render_html(status: Mapping[str, Any], answers: Answers,
     tokens = s["tokens"]
     rate = s["rate"]
     figures = [
-        ("Throughput per GPU", throughput_plot(minutes),
-         "Prompts and output tokens finished per second, per worker, by minute "
-         "(the workers' checkpoint counters)."),
+        ("Throughput per GPU", throughput_plot(throughput_series(minutes, rate)),
+         "Prompts and output tokens finished per second, per worker (one GPU each), by minute of "
+         "the job (the workers' checkpoint counters): each minute's count over the seconds the "
+         "job's clock ran in it, so a part-minute (the job's first, its last, this one) is not "
+         "divided by 60. A minute's rates of all GPUs add up to the job's total rate."),
         ("Running vs capacity per server", capacity_plot(servers),
          "Requests each server was running and its capacity (effective max_running_requests), "
          "as its worker last registered them; a snapshot at the report's time."),
@@ -134,10 +142,9 @@ def render_html(status: Mapping[str, Any], answers: Answers,
         ("failed", f"{s['failed']:,}"),
         ("not finished", f"{s['total'] - s['done'] - s['failed']:,}"),
         ("batches", f"{s['batches']['done']:,} of {s['batches']['total']:,} written"),
-        ("elapsed", format_duration(s["elapsed_s"])),
-        ("prompts/s", f"{rate['prompts_per_s_all']:.2f} overall, "
-                      f"{rate['prompts_per_s_5m']:.2f} last 5 min"),
-        ("output tokens/s", f"{rate['output_tokens_per_s_all']:,.0f} overall"),
+        ("elapsed", _span(s["elapsed_s"]) + (" (the clock stopped)" if s["state"] in STOPPED
+                                              else "")),
+        *rates_summary(s),
         ("tokens", f"in {tokens['input']:,}, out {tokens['output']:,}, "
                    f"avg out {tokens['avg_output'] or 0:,.0f}"),
         ("empty answers", f"{s['empty_content']:,}"),
@@ -151,7 +158,34 @@ def render_html(status: Mapping[str, Any], answers: Answers,
         job=_e(s["job"]), made=_e(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
         summary=rows, sections=sections, canary=canary_html(s),
         failures=failures_html(s["errors"], answers.failure_examples),
-        workers=workers_html(s["workers"]))
+        workers=workers_html(s["workers"], s["elapsed_s"]))
+
+
+def rates_summary(status: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rate rows: `status`'s figures, each labelled total or per GPU and with its
+    window (the job's clock, or the recent window that ends now)."""
+    rate, gpus = status["rate"], _gpus(status["workers"])
+    clock = f"over the job's {_span(status['elapsed_s'])}"
+    recent = f"over the last {_span(rate['window_s'])}"
+    per_gpu = (f" = {rate['output_tokens_per_s_all'] / gpus:,.0f} per GPU on average"
+               if gpus > 1 else "")
+    return [
+        ("prompts/s", f"{rate['prompts_per_s_all']:,.2f} total {clock}; "
+                      f"{rate['prompts_per_s_5m']:,.2f} total {recent}"),
+        ("output tokens/s", f"{rate['output_tokens_per_s_all']:,.0f} total of {gpus} GPU"
+                            f"{'s' if gpus != 1 else ''} {clock}{per_gpu}; "
+                            f"{rate['output_tokens_per_s_5m']:,.0f} total {recent}"),
+    ]
+
+
+def _gpus(workers: Mapping[str, Mapping[str, float]]) -> int:
+    """Workers (one GPU each) that finished a prompt of the job."""
+    return sum(1 for w in workers.values() if w.get("prompts_done") or w.get("prompts_failed"))
+
+
+def _span(seconds: float) -> str:
+    """`2.5 s` under a minute (a short job's rate hangs on it), else `4m09s`."""
+    return f"{seconds:.1f} s" if seconds < 60 else format_duration(seconds)
 
 
 def canary_html(status: Mapping[str, Any]) -> str:
@@ -183,16 +217,23 @@ def failures_html(errors: Mapping[str, int], examples: Mapping[str, str]) -> str
     return f"<table><tr><th>code</th><th>prompts</th><th>example</th></tr>{rows}</table>"
 
 
-def workers_html(workers: Mapping[str, Mapping[str, float]]) -> str:
+def workers_html(workers: Mapping[str, Mapping[str, float]], elapsed_s: float) -> str:
     if not workers:
         return "<p>No worker has finished a prompt of this job.</p>"
+    from workers.fleet import fleet_rows  # here, as in build_report: it brings httpx
+
+    # Per GPU over the job's clock: the `job tok/s` column of `status`, by the same code.
+    per_s = {row["worker"]: row["job_output_tokens_per_s"]
+             for row in fleet_rows({}, {}, workers, elapsed_s)}
     rows = "\n".join(
         f"<tr><td>{_e(name)}</td><td class=num>{int(w.get('prompts_done', 0)):,}</td>"
         f"<td class=num>{int(w.get('prompts_failed', 0)):,}</td>"
         f"<td class=num>{int(w.get('output_tokens', 0)):,}</td>"
+        f"<td class=num>{per_s[name] or 0:,.0f}</td>"
         f"<td class=num>{int(w.get('batches_done', 0)):,}</td></tr>"
         for name, w in sorted(workers.items()))
     return ("<table><tr><th>worker</th><th>done</th><th>failed</th><th>out tokens</th>"
+            "<th>out tokens/s (this GPU, over the job's clock)</th>"
             f"<th>batches</th></tr>{rows}</table>")
 
 
@@ -227,29 +268,43 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
-def throughput_plot(minutes: Mapping[str, Mapping[int, Mapping[str, float]]]) -> str:
+Series = dict[str, list[tuple[int, float, float]]]
+
+
+def throughput_series(minutes: Mapping[str, Mapping[int, Mapping[str, float]]],
+                      rate: Mapping[str, Any]) -> Series:
+    """worker -> (minute of the job, prompts/s, output tokens/s) of this GPU, each minute over
+    the seconds of it on the job's clock (`jobview.per_second`, the clock `status` reports)."""
+    from workers.jobview import per_second
+
+    first = min((m for per in minutes.values() for m in per), default=0)
+    out: Series = {}
+    for worker, per in sorted(minutes.items()):
+        span = {m: per.get(m, {"prompts": 0.0, "tokens": 0.0}) for m in range(first, max(per) + 1)}
+        rates = per_second(span, rate["clock_start"], rate["clock_end"])
+        out[worker] = [(m - first, r["prompts"], r["tokens"]) for m, r in sorted(rates.items())]
+    return out
+
+
+def throughput_plot(series: Series) -> str:
     fig, axes = _figure(1, 2)
     (prompts_ax, tokens_ax) = axes[0]
-    if not minutes:
+    if not series:
         # Also a job whose workers predate the per-worker minute counters.
         _empty(prompts_ax, "no per-GPU counts recorded")
         _empty(tokens_ax, "no per-GPU counts recorded")
-    first = min((m for per in minutes.values() for m in per), default=0)
-    for worker, per in sorted(minutes.items()):
-        span = range(first, max(per) + 1)
-        x = [m - first for m in span]
-        prompts_ax.plot(x, [per.get(m, {}).get("prompts", 0.0) / 60 for m in span],
-                        marker="o", label=worker)
-        tokens_ax.plot(x, [per.get(m, {}).get("tokens", 0.0) / 60 for m in span],
-                       marker="o", label=worker)
+    for worker, points in series.items():
+        x = [p[0] for p in points]
+        prompts_ax.plot(x, [p[1] for p in points], marker="o", label=worker)
+        tokens_ax.plot(x, [p[2] for p in points], marker="o", label=worker)
     from matplotlib.ticker import MaxNLocator
 
     for ax, what in ((prompts_ax, "prompts/s"), (tokens_ax, "output tokens/s")):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{what} per GPU")
         ax.set_xlabel("minute of the job")
-        ax.set_ylabel(what)
-        if minutes:
+        ax.set_ylabel(f"{what} of one GPU")
+        if series:
             ax.legend(fontsize="small")
     return _png(fig)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.ledger import STATE_RUNNING
+from workers.ledger import STATE_CREATING, STATE_RUNNING
 
 
 def render(status: dict[str, Any]) -> str:
@@ -19,6 +19,7 @@ def render(status: dict[str, Any]) -> str:
         *_render_stalled(s.get("stalled")),
         *_render_progress(s),
         *_render_quality(s),
+        *_render_breaker(s),
     ]
     if s["errors"]:
         lines.append("  errors    " + ", ".join(f"{k} {v:,}" for k, v in s["errors"].items()))
@@ -73,16 +74,18 @@ def _render_progress(s: dict[str, Any]) -> list[str]:
         eta = format_duration(s["eta_s"])
     else:
         eta = s["state"] if s["state"] != STATE_RUNNING else "unknown"
+    # A done, paused or cancelled job's clock stopped (workers/jobview.py `_clock_end`).
+    stopped = " (stopped)" if s["state"] not in (STATE_RUNNING, STATE_CREATING) else ""
     waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
     return [
         (f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
          f"  failed {s['failed']:,}  checkpointed {s['checkpointed']:,}"
          f"  in flight {s['in_flight']:,}  in hand {s['in_hand'] - s['in_flight']:,}  {waiting}"),
         f"  batches   {b['done']:,}/{b['total']:,} done, {b['running']:,} running, {b['queued']:,} queued",
-        (f"  rate      last 5 min {r['prompts_per_s_5m']:,.2f} prompts/s,"
+        (f"  rate      last {format_duration(r['window_s'])} {r['prompts_per_s_5m']:,.2f} prompts/s,"
          f" {r['output_tokens_per_s_5m']:,.0f} out tok/s;  overall {r['prompts_per_s_all']:,.2f}"
-         f" prompts/s, {r['output_tokens_per_s_all']:,.0f} out tok/s"),
-        f"  time      elapsed {format_duration(s['elapsed_s'])}   ETA {eta}",
+         f" prompts/s, {r['output_tokens_per_s_all']:,.0f} out tok/s (all GPUs)"),
+        f"  time      elapsed {format_duration(s['elapsed_s'])}{stopped}   ETA {eta}",
         (f"  tokens    in {t['input']:,}  out {t['output']:,}  avg out {t['avg_output'] or 0:,.0f}"
          f"  reasoning share {100 * (t['reasoning_share'] or 0):.0f}%"),
         "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s["finish_reasons"].items()) or "-")
@@ -113,6 +116,24 @@ def _render_quality(s: dict[str, Any]) -> list[str]:
                      f"{', cut at max_tokens' if ex.get('length') else ''})")
     if not q["accepted"] and s["state"] == "paused":
         lines.append(f"            go on anyway: python -m producer resume {s['job']} --accept-quality")
+    return lines
+
+
+def _render_breaker(s: dict[str, Any]) -> list[str]:
+    b = s.get("breaker")
+    if not b:
+        return []
+    lines = []
+    if b["cause"] and s["state"] == "paused":
+        lines.append("  failures  the failure breaker paused the job; example:")
+        if b["example"]:
+            ex = b["example"]
+            lines.append(f"            {ex['id']}: {ex['message'][:200]} ({ex['code']})")
+        lines += [f"            fix the cause, then send them again: python -m producer resume "
+                  f"{s['job']}",
+                  f"            or keep them as failures: python -m producer resume {s['job']} "
+                  "--accept-failures"]
+    lines += [f"  failures  accepted, not pausing the job: {cause}" for cause in b["accepted"]]
     return lines
 
 
@@ -160,6 +181,9 @@ def render_fleet(rows: list[dict[str, Any]]) -> list[str]:
             f"  {row['worker'][:22]:<22} {row['worker_state']:<12} {server[:22]:<22} {live} |"
             f" {row['job_prompts_done']:>8,} {_num(row['job_output_tokens_per_s']):>9}"
         )
+    lines += [f"  {row['worker']}: {row['server_kind']}; {_num(row.get('limit'))} in flight at "
+              f"most ({row['capacity_source']})"
+              for row in rows if row.get("server_kind") and row.get("capacity_source")]
     return lines
 
 

@@ -3,6 +3,8 @@
 A real job (a simulated server, a worker, one poisoned prompt that fails) runs to the end;
 the report is written, then rendered by Chromium: its DOM must show the job's own numbers and
 a screenshot of it must not be blank. The page must need nothing but itself (plots embedded).
+Its rates are `status`'s, labelled, and its per-GPU chart agrees with them (a fast test on the
+ledger alone).
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ import html
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
+import workers.ledger
+from producer.report import build_report, throughput_series, worker_minutes
 from tests.browser import Browser
-from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
-
-pytestmark = pytest.mark.e2e
+from tests.stack import Stack, chat_rows, make_job, wait_job_done, write_jsonl
+from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
+from workers.ledger import Ledger
+from workers.records import Origin, counters, result_record, written_counts
 
 FAST = ("--max-running-requests", "8", "--decode-tps", "80", "--mean-output-tokens", "200",
         "--speed", "50")
@@ -34,6 +41,7 @@ def summary(dom: str) -> dict[str, str]:
             re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table.group(1))}
 
 
+@pytest.mark.e2e
 def test_the_report_is_one_html_page_that_shows_the_jobs_numbers_in_a_browser(
     stack: Stack, chromium: Browser, tmp_path: Path, redis_client: Any
 ) -> None:
@@ -69,6 +77,7 @@ def test_the_report_is_one_html_page_that_shows_the_jobs_numbers_in_a_browser(
     shutil.copy(shot, "/tmp/fleetgen-report.png")  # for a human to look at
 
 
+@pytest.mark.e2e
 def test_the_report_of_a_job_no_worker_took_yet_refuses_to_replace_a_file_without_force(
     stack: Stack, tmp_path: Path, redis_client: Any
 ) -> None:
@@ -84,3 +93,53 @@ def test_the_report_of_a_job_no_worker_took_yet_refuses_to_replace_a_file_withou
     made = stack.producer("report", "small", "--to", str(page), "--force")
     assert "job small [running], 0 done, 0 failed of 3" in made.stdout
     assert "<h1>Job small</h1>" in page.read_text()
+
+
+def answer_batch(ledger: Ledger, job: str, batch: str, worker: str, minute: int,
+                 prompts: int) -> list[dict[str, Any]]:
+    """`prompts` answers of 100 output tokens checkpointed by `worker` in `minute` (the workers'
+    own script, so every counter moves as a worker moves it); their records."""
+    origin, records = Origin("http://127.0.0.1:30000", worker, 1), []
+    response = {"choices": [{"finish_reason": "stop", "message": {"content": "An answer."}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 100}}
+    for i in range(prompts):
+        record = result_record(f"{batch}-{i}", i, response, 0.5, origin)
+        entry = Entry(job, batch, record["id"], orjson.dumps(record),
+                      counters(record, thinking=False), b"")
+        script_keys, args = group_arguments(job, [entry], worker, minute, window=0)
+        ledger.r.register_script(RECORD_GROUP)(keys=script_keys, args=args)
+        records.append(record)
+    return records
+
+
+def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_gpu(
+    redis_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As users saw it: a job of 2.5 s on two GPUs read 1,600 tok/s in the header and 33 per
+    # GPU in the chart (each minute's tokens over 60 s, though the job ran 2.5 s of it).
+    ledger = Ledger(redis_client)
+    manifest = make_job(ledger, "brief", str(tmp_path / "out"), prompts=40, batch_size=20)
+    started = 1_800_000_010.0  # 10 s into a minute
+    with monkeypatch.context() as m:
+        m.setattr(workers.ledger, "time", SimpleNamespace(time=lambda: started))
+        ledger.activate(manifest)
+    for batch, worker in (("b000001", "gpu0@a"), ("b000002", "gpu1@b")):
+        records = answer_batch(ledger, "brief", batch, worker, int(started // 60), 20)
+        ledger.finish_batch("brief", batch, written_counts(records), worker, [],
+                            now=started + 2.5)
+    report = build_report(ledger, "brief", now=started + 3600)
+    status, rate = report.status, report.status["rate"]
+    assert (status["state"], status["elapsed_s"]) == ("done", 2.5)
+    assert rate["output_tokens_per_s_all"] == 40 * 100 / 2.5
+    # The chart: per GPU, the minute over the 2.5 s the job ran in it; together, the total.
+    series = throughput_series(worker_minutes(ledger, "brief"), rate)
+    assert series == {"gpu0@a": [(0, 8.0, 800.0)], "gpu1@b": [(0, 8.0, 800.0)]}
+    assert sum(points[0][2] for points in series.values()) == rate["output_tokens_per_s_all"]
+    rows = summary(report.html)
+    assert rows["elapsed"] == "2.5 s (the clock stopped)"
+    assert rows["output tokens/s"] == ("1,600 total of 2 GPUs over the job's 2.5 s = 800 per "
+                                       "GPU on average; 0 total over the last 5m10s")
+    assert rows["prompts/s"] == "16.00 total over the job's 2.5 s; 0.00 total over the last 5m10s"
+    assert "A minute&#x27;s rates of all GPUs add up to the job&#x27;s total rate." in report.html
+    # The workers table: each GPU's rate over the job's clock, as `status` shows it.
+    assert report.html.count("<td class=num>800</td>") == 2

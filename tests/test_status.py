@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from workers import keys, progress
 from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
 from workers.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
 from workers.jobview import job_status
-from workers.ledger import STATE_PAUSED, Ledger
+from workers.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from workers.readings import ServerReading, parse_metrics, read_server
 from workers.records import Origin, counters, error_record, result_record, written_counts
 
@@ -44,13 +45,14 @@ STABLE_FIELDS = {
     "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
-    "worker_errors", "stalled",
+    "worker_errors", "stalled", "breaker",
 }
 FLEET_FIELDS = {
     "worker", "host", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
     "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
     "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
-    "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s",
+    "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s", "server_kind",
+    "capacity_source",
 }
 
 
@@ -142,12 +144,15 @@ def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledge
     # Started 600 s ago: 64 answered in 600 s; 24 in the last five minutes.
     assert s["elapsed_s"] == 600
     assert s["rate"]["prompts_per_s_all"] == pytest.approx(64 / 600, abs=1e-3)
-    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(24 / 300, abs=1e-3)
+    # The job went on in the last minute after 7 idle ones: its recent window starts there.
+    assert s["rate"]["window_s"] == 60
+    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(24 / 60, abs=1e-3)
     # 22 of those 24 are answers of 100 tokens (2 were failures).
-    assert s["rate"]["output_tokens_per_s_5m"] == pytest.approx(22 * 100 / 300, abs=0.1)
+    assert s["rate"]["output_tokens_per_s_5m"] == pytest.approx(22 * 100 / 60, abs=0.1)
     assert s["rate"]["output_tokens_per_s_all"] == pytest.approx(62 * 100 / 600, abs=0.1)
-    # 36 prompts are not answered yet.
-    assert s["eta_s"] == round(36 / (24 / 300))
+    # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the recent rate,
+    # then one mean answer time (0.5 s).
+    assert s["eta_s"] == math.ceil(32 / (24 / 60) + 0.5)
     assert s["tokens"] == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
                            "reasoning_share": 0.6}
     assert s["finish_reasons"] == {"length": 3, "stop": 59}
@@ -162,8 +167,9 @@ def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
     text = render(job_status(ledger, "half", NOW))
     assert ("60/100 (60.0%)  done 58  failed 2  checkpointed 4  in flight 0  in hand 6  "
             "queued 30") in text
-    assert "last 5 min 0.08 prompts/s, 7 out tok/s;  overall 0.11 prompts/s, 10 out tok/s" in text
-    assert "elapsed 10m00s   ETA 7m30s" in text
+    assert ("last 1m00s 0.40 prompts/s, 37 out tok/s;  overall 0.11 prompts/s, 10 out tok/s "
+            "(all GPUs)") in text
+    assert "elapsed 10m00s   ETA 1m31s" in text
     assert "avg out 100  reasoning share 60%" in text
     assert "finish    length 3, stop 59" in text and "context_length_exceeded 2" in text
     assert "written   6.0 KB" in text
@@ -445,6 +451,11 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     assert table["gpu0@n"] == ["ready", host, "0/16", "24", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
     assert table["gpu1@n"][0] == "server-down" and table["gpu1@n"][2:] == ["down", "|", "0", "0"]
     assert table["gpu3@n"][:3] == ["lost", host, "0/16"]
+    register(ledger, "gpu0@n", url, server_kind="sglang 0.5.23, model 'm'")
+    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
+    assert ("  gpu0@n: sglang 0.5.23, model 'm'; 11 in flight at most "
+            "(internal_states[0].effective_max_running_requests_per_dp)"
+            in render_fleet(list(rows.values())))
 
 
 def test_hung_servers_are_read_side_by_side_and_each_costs_the_deadline_at_most() -> None:
@@ -654,3 +665,125 @@ def test_other_nodes_servers_are_read_live_at_their_published_address_and_groupe
     lines = render_fleet(read_fleet(ledger.r, {}, elapsed_s=60.0))
     nodes = [line.split()[1] for line in lines if line.split()[0] == "node"]
     assert sorted(nodes) == sorted(["far-node", socket.gethostname()])
+
+
+def answer_taking(worker: Worker, job: str, batch: str, minute: int, latency_s: float) -> None:
+    """An answer of 100 tokens, as Worker.answer writes it, that took `latency_s` to come."""
+    worker.count += 1
+    response = {"choices": [{"finish_reason": "stop", "message": {"content": "An answer."}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 100}}
+    worker._put(job, batch, minute, result_record(f"{batch}-{worker.count}", 1, response,
+                                                  latency_s, worker.origin))
+
+
+@contextlib.contextmanager
+def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
+    """The ledger's clock reads `now` (what set_state and activate stamp)."""
+    from types import SimpleNamespace
+
+    import workers.ledger
+
+    with monkeypatch.context() as m:
+        m.setattr(workers.ledger, "time", SimpleNamespace(time=lambda: now))
+        yield
+
+
+def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: Ledger) -> None:
+    # As users saw it: 8 batches written, 4 running with 49 of 50 answered each. The 4 left
+    # are the slow ones, in flight; the old ETA (4 unanswered / 20 prompts/s) read 0m00s.
+    make_job(ledger, "tail", "/tmp/out", prompts=600, batch_size=50, created_at=NOW - 30)
+    w = Worker(ledger, "gpu0@a")
+    for i in range(1, 13):
+        batch = keys.batch_id(i)
+        if i > 8:
+            ledger.acquire("tail", batch, "token", 30)
+        for _ in range(50 if i <= 8 else 49):
+            answer_taking(w, "tail", batch, MINUTE - 1, latency_s=6.0)
+        if i <= 8:
+            w.finish_batch("tail", batch, MINUTE - 1)
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, in_flight=4)
+    s = job_status(ledger, "tail", NOW)
+    assert (s["done"], s["checkpointed"], s["in_flight"]) == (400, 196, 4)
+    assert (s["rate"]["window_s"], s["rate"]["mean_answer_s"]) == (30, 6.0)
+    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(596 / 30, abs=1e-3)
+    # Nothing left to send: the last 4 need about one mean answer time, then their batches
+    # are written. The formula of docs/guides/status.md:
+    assert s["eta_s"] == math.ceil((600 - 400 - 196 - 4) / (596 / 30) + 6.0) == 6
+    assert "ETA 0m06s" in render(s)
+    # All answered, 4 batches not written yet: still not 0 until they are.
+    for i in range(9, 13):
+        answer_taking(w, "tail", keys.batch_id(i), MINUTE, latency_s=6.0)
+    s = job_status(ledger, "tail", NOW + 1)
+    assert (s["done"], s["checkpointed"], s["eta_s"]) == (400, 200, 1)
+    for i in range(9, 13):
+        w.finish_batch("tail", keys.batch_id(i), MINUTE)
+    assert job_status(ledger, "tail", NOW + 61)["eta_s"] == 0
+
+
+def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "back", "/tmp/out", prompts=1000, batch_size=50, created_at=NOW - 1200)
+    w = Worker(ledger, "gpu0@a")
+    # 200 answers in the job's first minute, then nothing for 18 minutes.
+    for i in range(1, 5):
+        for _ in range(50):
+            w.answer("back", keys.batch_id(i), MINUTE - 20)
+        w.finish_batch("back", keys.batch_id(i), MINUTE - 20)
+    # Back, nothing answered yet: unknown, not 800 prompts at the lifetime 0.17 prompts/s.
+    s = job_status(ledger, "back", NOW + 5)
+    assert (s["rate"]["prompts_per_s_5m"], s["eta_s"]) == (0, None)
+    assert "ETA unknown" in render(s)
+    # 60 answers in the 30 s since: 2 prompts/s, not 60 over the 5 min window (0.18/s, ETA 68 min).
+    for i in (5, 6):
+        ledger.acquire("back", keys.batch_id(i), "token", 30)
+        for _ in range(30):
+            w.answer("back", keys.batch_id(i), MINUTE)
+    s = job_status(ledger, "back", NOW + 30)
+    assert (s["rate"]["window_s"], s["rate"]["prompts_per_s_5m"]) == (30, 2.0)
+    assert s["eta_s"] == math.ceil(740 / 2.0 + 0.5) == 371
+    # The overall rate is since the job started, the outage included.
+    assert s["rate"]["prompts_per_s_all"] == pytest.approx(260 / 1230, abs=1e-3)
+    assert "last 0m30s 2.00 prompts/s" in render(s)
+
+
+def test_a_cancelled_jobs_rate_does_not_drift_after_it_stopped(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.control import cancel
+
+    half_done_job(ledger)  # started at NOW - 600, its last batch written at NOW
+    with ledger_time(monkeypatch, NOW + 100):
+        cancel(ledger, "half")
+    at_stop, later = job_status(ledger, "half", NOW + 100), job_status(ledger, "half", NOW + 7200)
+    assert at_stop["elapsed_s"] == later["elapsed_s"] == 700
+    assert (later["rate"]["prompts_per_s_all"], later["rate"]["output_tokens_per_s_all"]) == (
+        at_stop["rate"]["prompts_per_s_all"], at_stop["rate"]["output_tokens_per_s_all"])
+    assert later["rate"]["prompts_per_s_all"] == pytest.approx(64 / 700, abs=1e-3)
+    assert later["rate"]["clock_end"] == NOW + 100 and later["eta_s"] is None
+    assert "elapsed 11m40s (stopped)   ETA cancelled" in render(later)
+
+
+def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.control import pause
+
+    half_done_job(ledger)
+    with ledger_time(monkeypatch, NOW + 100):
+        pause(ledger, "half")
+    assert job_status(ledger, "half", NOW + 3600)["elapsed_s"] == 700
+    # b000007, running at the pause, finishes its requests and is written after it (NOW + 120):
+    # the clock stops at that write.
+    w = Worker(ledger, "gpu0@a")
+    for _ in range(6):
+        w.answer("half", "b000007", MINUTE + 1)
+    w.finish_batch("half", "b000007", MINUTE + 1)
+    paused = job_status(ledger, "half", NOW + 3600)
+    assert (paused["elapsed_s"], paused["eta_s"]) == (720, None)
+    # Resumed (what `resume` sets last): the clock runs from the job's start again, the paused
+    # time included; nothing answered lately, so no ETA yet rather than a lifetime average.
+    with ledger_time(monkeypatch, NOW + 3600):
+        ledger.set_state("half", STATE_RUNNING)
+    resumed = job_status(ledger, "half", NOW + 3630)
+    assert (resumed["state"], resumed["elapsed_s"], resumed["eta_s"]) == ("running", 4230, None)

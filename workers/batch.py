@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from workers import keys, metrics
+from workers import breaker, keys, metrics
 from workers.checkpoints import CheckpointWriter, Entry
 from workers.engine import Engine
 from workers.errors import (
@@ -26,6 +26,7 @@ from workers.errors import (
     JobError,
     JobNotRunningError,
     LeaseLostError,
+    ModelChoiceError,
     RetryableError,
     ServerDownError,
     SinkError,
@@ -91,8 +92,11 @@ class BatchRunner:
 
     async def _register(self) -> tuple[Any, QualityWatch, CheckpointWriter]:
         quality = QualityWatch(self.engine.redis)
+        failures = breaker.Breaker(self.engine.redis, breaker.Limits.of(self.settings),
+                                   quality.trip)
         writer = CheckpointWriter(self.engine.redis, self.engine.worker, quality.judge,
-                                  quality.window, self.settings.checkpoint_window_s)
+                                  quality.window, self.settings.checkpoint_window_s,
+                                  failures.judge, failures.kept)
         return self.engine.redis.register_script(RENEW_LEASE), quality, writer
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
@@ -225,7 +229,12 @@ class BatchRunner:
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
-            new = self.engine.run(self._generate(manifest, batch, todo, heartbeat, origin))
+            try:
+                new = self.engine.run(self._generate(manifest, batch, todo, heartbeat, origin))
+            except ModelChoiceError as exc:
+                # Every prompt would fail the same way: stop the job where an operator sees it.
+                self.ledger.set_state(job, STATE_PAUSED, f"model: {exc}")
+                raise
             finished.update(new)
         self._write(manifest, sink, batch, prompts, finished)
         failed = sum(1 for r in finished.values() if is_failure(r))
@@ -322,7 +331,7 @@ class BatchRunner:
     ) -> None:
         sent = [False]
         try:
-            record, queue_wait = await self._generate_one(manifest.name, prompt, origin, sent)
+            record, queue_wait = await self._generate_one(manifest, prompt, origin, sent)
         except _Held:
             return
         finally:
@@ -333,7 +342,7 @@ class BatchRunner:
         await self._checkpoint(manifest, batch, prompt, record)
 
     async def _generate_one(
-        self, job: str, prompt: Prompt, origin: Origin, sent: list[bool]
+        self, manifest: JobManifest, prompt: Prompt, origin: Origin, sent: list[bool]
     ) -> tuple[dict[str, Any], float]:
         """The prompt's final record (an answer or a failure) and its time waiting for a slot.
 
@@ -347,7 +356,7 @@ class BatchRunner:
         async def one_try() -> tuple[dict[str, Any], float]:
             nonlocal tries
             tries += 1
-            return await self._send(job, prompt, origin, sent, waits)
+            return await self._send(manifest, prompt, origin, sent, waits)
 
         try:
             response, latency = await with_attempts(
@@ -359,12 +368,19 @@ class BatchRunner:
         return result_record(prompt.id, prompt.line, response, latency, origin), sum(waits)
 
     async def _send(
-        self, job: str, prompt: Prompt, origin: Origin, sent: list[bool], waits: list[float]
+        self, manifest: JobManifest, prompt: Prompt, origin: Origin, sent: list[bool],
+        waits: list[float],
     ) -> tuple[dict[str, Any], float]:
         """One try: a slot, the request, its answer and latency; a server found down is waited
-        for (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S) and the request sent again."""
+        for (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S) and the request sent again. A
+        refusal of what fleetgen added on its own (a field, the model name) is learned and the
+        request sent again at once, spending nothing."""
+        job = manifest.name
+        thinking = manifest.params.thinking_of(prompt.body)
         while True:
             try:
+                server = await self.engine.connected(self.settings.server_down_wait_s)
+                body = server.prepare(prompt.body, thinking=thinking)
                 waited = time.monotonic()
                 async with self.engine.limiter:
                     if job in self._quality.held or self.engine.draining:
@@ -376,10 +392,19 @@ class BatchRunner:
                     waits.append(start - waited)
                     metrics.request_started(job, origin.worker, origin.server)
                     try:
-                        response = await self.engine.client.chat(prompt.body)
+                        response = await self.engine.client.chat(body)
                     finally:
                         metrics.request_ended(job, origin.worker, origin.server)
-                return response, time.monotonic() - start
+                latency = time.monotonic() - start
+                self.engine.observe_answer(start, latency, _output_tokens(response))
+                return response, latency
+            except BadRequestError as exc:
+                learned = server.learn(exc.status, exc.message, body, prompt.body)
+                if learned is not None:
+                    log.warning("worker %s: %s %s (it answered %s)", self.engine.worker,
+                                self.engine.server_url, learned, exc.message[:200])
+                elif not server.resend(body, prompt.body, thinking=thinking):
+                    raise
             except ServerDownError:
                 # Not the prompt's fault: wait for the server, spend no attempt. Until it is
                 # back the prompt counts as unsent and the worker takes no new batch (gate.py).
@@ -392,12 +417,19 @@ class BatchRunner:
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
     ) -> None:
-        thinking = bool((prompt.body.get("chat_template_kwargs") or {}).get("enable_thinking"))
+        thinking = manifest.params.thinking_of(prompt.body)
         await self._checkpoints.add(Entry(
             job=manifest.name, batch=batch, prompt_id=prompt.id, record=orjson.dumps(record),
             counters=counters(record, thinking=thinking),
             fact=self._quality.fact(manifest.name, record, thinking),
+            outcome=breaker.outcome(record),
         ))
+
+
+def _output_tokens(response: dict[str, Any]) -> int:
+    usage = response.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else 0
 
 
 def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:

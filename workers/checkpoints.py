@@ -6,9 +6,11 @@ worker's CPU (tests/perf figure 5). `CheckpointWriter.add` queues a record and w
 finished while the previous call was out goes in the next one (group commit), so under load
 a call carries tens of records and an idle worker still commits each at once.
 
-The script adds each record once (HSETNX). Counters, the per-worker and per-minute tallies and
-the canary's window move only for a first copy, so a prompt re-run after a crash, or a group
-retried after a Redis blip, is never counted twice.
+The script adds each record once (HSETNX). Counters, the per-worker and per-minute tallies,
+the canary's window and the failure breaker's window move only for a first copy, so a prompt
+re-run after a crash, or a group retried after a Redis blip, is never counted twice. A group
+that recorded a failure gets the breaker's window back in the same reply, so the breaker
+judges it (and holds the job) without another round trip while failures pour in.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class Entry:
     record: bytes
     counters: dict[str, float]
     fact: bytes  # the canary's sample of the answer (canary.sample), JSON
+    # The failure breaker's token (breaker.outcome): "" for an answer, the cause of a failure;
+    # None: the breaker does not count it.
+    outcome: str | None = None
 
 
 @dataclass
@@ -50,15 +55,28 @@ class _Pending:
     done: asyncio.Future[bool] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class Outcomes:
+    """What the script read for the failure breaker after a group that recorded a failure."""
+
+    state: bytes | None  # the job's state
+    accepted: bytes | None  # its `breaker_accepted` causes (JSON)
+    window: list[bytes]  # its outcomes, newest first
+
+
 # Called with (job, canary_seen before the group, after it) once per group that moved it.
 Judge = Callable[[str, int, int], Awaitable[None]]
+# Called with (job, the group's first copies that failed, the window after the group) once
+# per group that has any.
+FailureJudge = Callable[[str, list[Entry], Outcomes], Awaitable[None]]
 
 
 class CheckpointWriter:
     """Group commit of per-prompt records for one worker process (lives on its loop)."""
 
     def __init__(self, redis: aioredis.Redis, worker: str, judge: Judge,
-                 canary_window: Callable[[str], int], window_s: float = 0.0) -> None:
+                 canary_window: Callable[[str], int], window_s: float = 0.0,
+                 judge_failures: FailureJudge | None = None, outcomes_kept: int = 0) -> None:
         self._script = redis.register_script(RECORD_GROUP)
         # Wait this long before each call so it carries more prompts (fewer Redis calls; a
         # crash loses at most this much finished work, which is generated again).
@@ -66,6 +84,9 @@ class CheckpointWriter:
         self._worker = worker
         self._judge = judge
         self._canary_window = canary_window
+        # The failure breaker's judge, and the outcomes a job's window keeps (0: none).
+        self._judge_failures = judge_failures
+        self._outcomes_kept = outcomes_kept if judge_failures is not None else 0
         self._queue: list[_Pending] = []
         self._flushing: asyncio.Task[None] | None = None
 
@@ -95,7 +116,7 @@ class CheckpointWriter:
             window = self._canary_window(job)
             minute = int(time.time() // 60)
             script_keys, args = group_arguments(job, [p.entry for p in items], self._worker,
-                                                minute, window)
+                                                minute, window, self._outcomes_kept)
             reply = await on_redis_async(
                 f"job {job}: checkpoint {len(items)} prompts",
                 lambda: self._script(keys=script_keys, args=args),
@@ -107,10 +128,19 @@ class CheckpointWriter:
             if not isinstance(exc, Exception):
                 raise
             return
-        seen, firsts = int(reply[0]), [bool(x) for x in reply[1:]]
+        seen, firsts = int(reply[0]), [bool(x) for x in reply[1:1 + len(items)]]
         for p, first in zip(items, firsts, strict=True):
             if not p.done.done():
                 p.done.set_result(first)
+        failed = [p.entry for p, first in zip(items, firsts, strict=True)
+                  if first and p.entry.outcome]
+        breaker = reply[1 + len(items):]
+        if failed and breaker and self._judge_failures is not None:
+            try:
+                await self._judge_failures(job, failed, Outcomes(breaker[0], breaker[1],
+                                                                 list(breaker[2:])))
+            except REDIS_ERRORS as exc:  # the next group with a failure judges the window again
+                log.info("job %s: failure breaker skipped a group (%s)", job, exc)
         new = sum(firsts)
         if window and new:
             try:
@@ -120,18 +150,21 @@ class CheckpointWriter:
 
 
 def group_arguments(job: str, entries: list[Entry], worker: str, minute: int,
-                    window: int) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of RECORD_GROUP for one job's entries (window 0: no canary)."""
+                    window: int, outcomes_kept: int = 0) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of RECORD_GROUP for one job's entries (window 0: no canary;
+    outcomes_kept 0: no failure breaker)."""
     script_keys = [keys.job_part(job, "stats"), keys.job_part(job, "workers"),
                    keys.job_part(job, "minutes"), keys.job_part(job, "recent"), keys.job(job),
-                   keys.job_part(job, "worker_minutes")]
+                   keys.job_part(job, "worker_minutes"), keys.job_part(job, "outcomes")]
     index: dict[str, int] = {}
-    args: list[Any] = [worker, str(minute), window]
+    args: list[Any] = [worker, str(minute), window, outcomes_kept]
     for e in entries:
         if e.batch not in index:
             script_keys.append(keys.checkpoint(job, e.batch))
             index[e.batch] = len(script_keys)
-        args += [index[e.batch], e.prompt_id, e.record, e.fact, len(e.counters)]
+        counted = e.outcome is not None
+        args += [index[e.batch], e.prompt_id, e.record, e.fact, int(counted),
+                 e.outcome if counted else "", len(e.counters)]
         for name, value in e.counters.items():
             args += [name, value]
     return script_keys, args

@@ -7,23 +7,33 @@ table. It lives with the workers because their reconciler writes progress.json; 
 prints it (producer/status.py `render`).
 
     status = job_status(ledger, "distill-v1", live=True)
+
+The clock, the rates and the ETA are spelled out in docs/guides/status.md ("rate", "time");
+`per_second` turns per-minute tallies into rates on that clock (the report's per-GPU chart).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from workers import keys
+from workers.breaker import accepted_causes
 from workers.canary import Thresholds
 from workers.creation import creation_holder
 from workers.fleet import read_fleet, registry
 from workers.job import JobManifest, batch_sizes
-from workers.ledger import STATE_CREATING, STATE_RUNNING, Ledger
+from workers.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
+# The recent window spans at least this many mean answer times, and so must a stretch of whole
+# minutes without an answer to count as idle: a job of long answers on few slots goes whole
+# minutes without one while every slot is busy.
+ANSWER_TIMES = 2
 STATE_DONE = "done"
 # Work waiting, nothing running and nothing written for this long: the job is stalled
 # (a live worker takes a queued batch within a second).
@@ -58,8 +68,9 @@ def job_status(
     in_flight = min(in_hand, _sent(entries))
     waiting = remaining - checkpointed - in_hand
     times = _times(ledger, job, manifest.created_at)
-    clock = _clock(_minutes(ledger, job), times, now, finished)
-    rate = _rates(clock, answered, stats.get("output_tokens", 0.0))
+    answer_s = _mean_answer_s(stats)
+    clock = _clock(_minutes(ledger, job), times, now, state, answer_s)
+    rate = _rates(clock, answered, stats.get("output_tokens", 0.0), answer_s)
     workers = _workers(ledger, job)
     worker_errors = _worker_errors(entries, now)
     queued = waiting if state == STATE_RUNNING else 0
@@ -81,7 +92,7 @@ def job_status(
                     "running": len(running), "queued": len(ledger.queued_batches(job))},
         "elapsed_s": round(clock["elapsed"], 1),
         "rate": rate,
-        "eta_s": _eta(remaining - checkpointed, state, rate),
+        "eta_s": _eta(remaining, remaining - checkpointed, in_flight, state, clock, answer_s),
         "tokens": _tokens(stats, int(stats.get("prompts_done", 0))),
         "finish_reasons": _prefixed(stats, "finish_"),
         "errors": _prefixed(written, "error_"),
@@ -90,6 +101,7 @@ def job_status(
         "workers": workers,
         "canary": _canary(ledger, job, manifest),
         "quality": _quality(ledger, job),
+        "breaker": _breaker(ledger, job),
         "worker_errors": worker_errors,
         "stalled": _stalled(manifest, entries, worker_errors, queued, len(running), times, now),
         "fleet": read_fleet(ledger.r, workers, clock["elapsed"], now=now)
@@ -135,9 +147,12 @@ def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:
 
 
 def _times(ledger: Ledger, job: str, created_at: float) -> dict[str, float]:
-    """When the job started running (enqueue finished) and when its last batch was written."""
-    started, last_write = ledger.r.hmget(keys.job(job), "started_at", "last_write_at")
-    return {"started": float(started or created_at), "last_write": float(last_write or 0.0)}
+    """When the job started running (enqueue finished), when its last batch was written, and
+    when its state last changed (`updated`: for a paused or cancelled job, when it stopped)."""
+    started, last_write, changed = ledger.r.hmget(
+        keys.job(job), "started_at", "last_write_at", "updated")
+    return {"started": float(started or created_at), "last_write": float(last_write or 0.0),
+            "changed": float(changed or 0.0)}
 
 
 def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str | None:
@@ -154,38 +169,112 @@ def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str |
 
 
 def _clock(
-    minutes: dict[int, dict[str, float]], times: dict[str, float], now: float, finished: bool
+    minutes: dict[int, dict[str, float]], times: dict[str, float], now: float, state: str,
+    answer_s: float,
 ) -> dict[str, float]:
-    """Elapsed seconds (from the job's start; a finished job's clock stops at its last write,
-    so its overall rate stays put) and the last-5-minutes window with what it produced."""
+    """The job's clock (start, end, elapsed) and its recent window (seconds, and the prompts
+    answered and output tokens written in it)."""
     start = times["started"]
-    end = times["last_write"] if finished and times["last_write"] else now
-    elapsed = max(0.1, end - start)
-    first = int((now - RATE_WINDOW_S) // 60)
-    recent = [v for m, v in minutes.items() if m >= first]
-    # The window covers whole minute buckets: from the start of the oldest one picked.
-    window = max(1.0, min(now - first * 60.0, now - start))
-    return {"elapsed": elapsed, "window": window,
+    end = _clock_end(times, now, state)
+    since = _window_start(minutes, start, now, answer_s)
+    recent = [v for m, v in minutes.items() if m >= since // 60]
+    return {"start": start, "end": end, "elapsed": max(0.0, end - start),
+            # At least a second: a worker's clock a little ahead must not make a huge rate.
+            "window": max(1.0, now - since),
             "prompts": sum(v["prompts"] for v in recent), "tokens": sum(v["tokens"] for v in recent)}
 
 
-def _rates(clock: dict[str, float], finished: int, output_tokens: float) -> dict[str, float]:
+def _clock_end(times: dict[str, float], now: float, state: str) -> float:
+    """Now while the job runs; a done job's last batch write; a paused or cancelled job's
+    stop (or its last write, when a batch running at the stop was written after it)."""
+    if state == STATE_DONE:
+        return times["last_write"] or now
+    if state in (STATE_PAUSED, STATE_CANCELLED) and times["changed"]:
+        return min(now, max(times["changed"], times["last_write"]))
+    return now
+
+
+def _window_start(
+    minutes: dict[int, dict[str, float]], start: float, now: float, answer_s: float,
+) -> float:
+    """Where the recent window begins: RATE_WINDOW_S (or ANSWER_TIMES mean answer times, if
+    longer) before now, in whole minutes; not before the job started, nor before the end of
+    its last idle stretch (whole minutes without an answer, at least a minute and at least
+    ANSWER_TIMES mean answer times: an outage, a pause), so that a job going again after one
+    is measured from the minute it went on."""
+    span = max(RATE_WINDOW_S, ANSWER_TIMES * answer_s)
+    first = max(int((now - span) // 60), int(start // 60))
+    idle_enough = max(60.0, ANSWER_TIMES * answer_s)
+    answered, idle = False, 0
+    for minute in range(int(now // 60), first - 1, -1):
+        if minutes.get(minute, {}).get("prompts"):
+            answered, idle = True, 0
+        elif answered:  # a whole minute (a newer one has answers) with none
+            idle += 1
+            if idle * 60 >= idle_enough:
+                first = minute + idle
+                break
+    return max(start, first * 60.0)
+
+
+def _mean_answer_s(stats: dict[str, float]) -> float:
+    """Seconds one answer took on average (its request to its server, the try that answered)."""
+    done = stats.get("prompts_done", 0.0)
+    return stats.get("latency_s", 0.0) / done if done else 0.0
+
+
+def _rates(
+    clock: dict[str, float], answered: int, output_tokens: float, answer_s: float,
+) -> dict[str, float]:
+    """Every figure is the job's total (all its GPUs); `_5m` over the recent window, `_all`
+    over the job's clock."""
+    elapsed = clock["elapsed"]
     return {
         "prompts_per_s_5m": round(clock["prompts"] / clock["window"], 3),
-        "prompts_per_s_all": round(finished / clock["elapsed"], 3),
+        "prompts_per_s_all": round(answered / elapsed, 3) if elapsed else 0.0,
         "output_tokens_per_s_5m": round(clock["tokens"] / clock["window"], 1),
-        "output_tokens_per_s_all": round(output_tokens / clock["elapsed"], 1),
+        "output_tokens_per_s_all": round(output_tokens / elapsed, 1) if elapsed else 0.0,
+        "window_s": round(clock["window"], 1),
+        "mean_answer_s": round(answer_s, 2),
+        "clock_start": clock["start"],
+        "clock_end": clock["end"],
     }
 
 
-def _eta(remaining: int, state: str, rate: dict[str, float]) -> int | None:
-    """Seconds to go at the recent rate (overall if nothing finished lately); None if stalled."""
-    if not remaining:
+def per_second(
+    tallies: Mapping[int, Mapping[str, float]], start: float, end: float,
+) -> dict[int, dict[str, float]]:
+    """Unix minute -> each tally per second of that minute the job's clock ran (`start` to
+    `end`): a whole minute counts 60 s, the job's first and last only their part. A minute
+    outside the clock has no rate and is left out.
+
+        per_second({m: {"prompts": 12.0, "tokens": 900.0}}, rate["clock_start"], rate["clock_end"])
+    """
+    out = {}
+    for minute, tally in tallies.items():
+        seconds = min(end, minute * 60.0 + 60.0) - max(start, minute * 60.0)
+        if seconds > 0:
+            out[minute] = {k: v / seconds for k, v in tally.items()}
+    return out
+
+
+def _eta(
+    unwritten: int, unanswered: int, in_flight: int, state: str, clock: dict[str, float],
+    answer_s: float,
+) -> int | None:
+    """Seconds until every prompt is written: the prompts not sent yet at the recent rate (a
+    slot frees for each answer), then one mean answer time for the last of them; at least 1 s
+    while a prompt is unwritten. None while the job does not run or answered nothing lately."""
+    if not unwritten:
         return 0
-    per_s = rate["prompts_per_s_5m"] or rate["prompts_per_s_all"]
-    if state != STATE_RUNNING or per_s <= 0:
+    if state != STATE_RUNNING:
         return None
-    return round(remaining / per_s)
+    if not unanswered:
+        return 1  # every prompt answered: their last batches are being written
+    per_s = clock["prompts"] / clock["window"]
+    if per_s <= 0:
+        return None
+    return max(1, math.ceil((unanswered - in_flight) / per_s + answer_s))
 
 
 def _tokens(stats: dict[str, float], done: int) -> dict[str, Any]:
@@ -281,3 +370,15 @@ def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
         return None
     return {"examples": orjson.loads(examples), "detected_after": int(seen or 0),
             "accepted": accepted is not None}
+
+
+def _breaker(ledger: Ledger, job: str) -> dict[str, Any] | None:
+    """The failure breaker's trip while it holds the job (cause and one example failure),
+    and the causes `resume --accept-failures` accepted; None if it never tripped."""
+    cause, example, accepted = ledger.r.hmget(
+        keys.job(job), "breaker_cause", "breaker_example", "breaker_accepted")
+    if cause is None and accepted is None:
+        return None
+    return {"cause": cause.decode() if isinstance(cause, bytes) else cause,
+            "example": orjson.loads(example) if example else None,
+            "accepted": accepted_causes(accepted)}

@@ -21,6 +21,8 @@ Redis (the ledger, rebuildable from the sink):
                                         GPU (`producer report`'s throughput over time)
     fg:job:{job}:failures        list   latest failure reasons (capped), newest first
     fg:job:{job}:recent          list   the canary's window of recent answers
+    fg:job:{job}:outcomes        list   the failure breaker's window, newest first: "" per
+                                        answer, the cause per failure (workers/breaker.py)
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
     fg:job:{job}:extra           set    batches made by `requeue --failed`
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)

@@ -38,6 +38,9 @@ RENEW_LEASE = resources.files("workers").joinpath("renew_lease.lua").read_text(e
 _RELEASE = resources.files("workers").joinpath("release_lease.lua").read_text(encoding="utf-8")
 # Records a written batch once: only the first call counts its prompts.
 _FINISH = resources.files("workers").joinpath("finish_batch.lua").read_text(encoding="utf-8")
+# Takes failures out of an unleased batch's checkpoint, with what they added to the counters.
+_DROP_FAILURES = resources.files("workers").joinpath("drop_failures.lua").read_text(
+    encoding="utf-8")
 
 
 class Ledger:
@@ -47,6 +50,7 @@ class Ledger:
         self.r = client
         self._release = client.register_script(_RELEASE)
         self._finish = client.register_script(_FINISH)
+        self._drop_failures = client.register_script(_DROP_FAILURES)
 
     @classmethod
     def from_url(cls, url: str, client_name: str | None = None,
@@ -202,6 +206,21 @@ class Ledger:
     def load_checkpoint(self, name: str, batch: str) -> dict[str, dict[str, Any]]:
         raw = self.r.hgetall(keys.checkpoint(name, batch))
         return {k.decode(): orjson.loads(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def drop_failures(self, name: str, batch: str,
+                      failures: Iterable[dict[str, Any]]) -> int | None:
+        """Take these failure records out of the batch's checkpoint, so that its next run sends
+        them again, and take back what they added to the live counters; returns how many were
+        taken out. None, with nothing changed, while someone holds the batch's lease."""
+        args: list[Any] = []
+        for record in failures:
+            args += [record["custom_id"], record["error"]["code"], record["worker"]]
+        if not args:
+            return 0
+        taken = int(self._drop_failures(
+            keys=[keys.checkpoint(name, batch), keys.lease(name, batch),
+                  keys.job_part(name, "stats"), keys.job_part(name, "workers")], args=args))
+        return None if taken < 0 else taken
 
     # Completion
 

@@ -24,6 +24,11 @@ CANARY_EVERY = 10
 # A job with fewer prompts than the canary's min_completions is judged once, at its last
 # answer, on all its answers, if it has at least this many (fewer say nothing either way).
 END_MIN_ANSWERS = 10
+# A job this worker has just paused stays held here this long whatever a state read says: a
+# read sent before the pause reached Redis (a batch starting, a heartbeat) may still answer
+# `running` a few milliseconds later, and a server refusing prompts at once would fail them
+# all until the next heartbeat. Short enough that no `resume` comes within it.
+TRIPPED_HOLD_S = 0.5
 
 
 class QualityWatch:
@@ -34,6 +39,8 @@ class QualityWatch:
         self._prompts: dict[str, int] = {}
         # Jobs seen paused: their batches send no new request.
         self.held: set[str] = set()
+        # Jobs this worker paused itself: held at least until then (monotonic clock).
+        self._tripped: dict[str, float] = {}
 
     def watch(self, job: str, spec: dict[str, Any] | None, prompts: int) -> None:
         """A batch of `job` (of `prompts` prompts) starts here, the job is running: use its
@@ -44,8 +51,14 @@ class QualityWatch:
     def hold(self, job: str, paused: bool) -> None:
         if paused:
             self.held.add(job)
-        else:
+        elif time.monotonic() >= self._tripped.get(job, 0.0):
             self.held.discard(job)
+
+    def trip(self, job: str) -> None:
+        """This worker pauses the job itself (the canary, the failure breaker): hold it here
+        at once, and for TRIPPED_HOLD_S against state reads that left before the pause."""
+        self._tripped[job] = time.monotonic() + TRIPPED_HOLD_S
+        self.hold(job, True)
 
     def window(self, job: str) -> int:
         """Answers the job's canary keeps (0: the canary is off, feed it nothing)."""
@@ -87,7 +100,7 @@ class QualityWatch:
         if verdict is None:
             return
         log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)
-        self.hold(job, True)
+        self.trip(job)
         await r.hset(keys.job(job), mapping={
             "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
             "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,

@@ -70,6 +70,13 @@ class Settings:
     lost_message_grace_s: float = 120.0
     # Worker deaths a batch may cause before it is failed (a poison batch must not loop).
     batch_max_attempts: int = 5
+    # The failure breaker (workers/breaker.py) pauses a job whose newest `streak` outcomes are
+    # failures with one cause, or one of whose causes makes `share` of its last `window`
+    # outcomes. A prompt's own 4xx (too long, bad input) comes alone: 20 in a row is a server
+    # refusing them all, found after 20 prompts instead of a whole dataset. 0 turns it off.
+    breaker_streak: int = 20
+    breaker_window: int = 50
+    breaker_share: float = 0.9
     # Sink writes retried through an S3 outage for this long before the batch is given up.
     sink_retry_deadline_s: float = 600.0
     # A job whose output this worker cannot write is left to other workers this long, then
@@ -115,6 +122,12 @@ class Settings:
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise SettingsError(f"FLEETGEN_{f.name.upper()} must be >= 0, got {value}")
+        if not 0 < self.breaker_share <= 1:
+            raise SettingsError(f"FLEETGEN_BREAKER_SHARE must be above 0 and at most 1, got "
+                                f"{self.breaker_share}")
+        if self.breaker_streak and self.breaker_window < 1:
+            raise SettingsError("FLEETGEN_BREAKER_WINDOW must be >= 1 while the breaker is on "
+                                "(FLEETGEN_BREAKER_STREAK > 0)")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 

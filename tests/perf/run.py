@@ -7,6 +7,8 @@
     python -m tests.perf --only export --export-baseline main   # figure 7, before and after
     python -m tests.perf --only timings           # figure 8: how soon things happen
     python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
+    python -m tests.perf --only engines           # figure 10: vLLM and strict servers, no setting
+    python -m tests.perf real-engine --mode dry         # a real server (real_engine.py)
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -32,9 +34,11 @@ from launcher.services import RedisServer, S3Server
 from tests.perf import (
     capacity,
     crash,
+    engines,
     enqueue_cost,
     export_cost,
     overhead,
+    real_engine,
     report,
     saturation,
     short,
@@ -45,7 +49,10 @@ from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
 BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings",
-              "short")
+              "short", "engines")
+# Commands beside the suite, each with its own flags, processes and results folder:
+# `python -m tests.perf real-engine --help`.
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main}
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class Suite:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
-            "timings": self.timings, "short": self.short}
+            "timings": self.timings, "short": self.short, "engines": self.engines}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -202,13 +209,20 @@ class Suite:
         self.results["timings"] = timings.run_timings(folder, self.redis.url).as_dict()
 
 
+    def engines(self) -> None:
+        self.results["engines"] = engines.run_engines(self.tmp / "engines", self.redis.url)
+
     def short(self) -> None:
         self.results["short"] = short.run_pairs(self.tmp / "short", self.redis.url,
                                                 self.cfg.short_pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the suite; exit 0 when every figure met its target, 1 otherwise."""
+    """Run the suite (or a command of COMMANDS); exit 0 when every figure met its target, 1
+    otherwise."""
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in COMMANDS:
+        return COMMANDS[args[0]](args[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(argv)
     started = time.monotonic()
