@@ -14,7 +14,7 @@ them all):
   concurrency filter, judged on latency per output token (answers differ 100x in length, so
   latency per request says nothing). Below the server's capacity more requests cost little
   latency per token; past it they queue, and latency per token grows in proportion. The limit
-  doubles while latency per token stays near the best seen, then grows by sqrt(limit) per
+  doubles while latency per token stays within FLAT of the best seen, then grows by sqrt(limit) per
   window, and shrinks in proportion once latency per token exceeds TOLERANCE times the best.
   So it settles between one and TOLERANCE times the server's capacity: a few requests queue
   at the server, none of its slots idles, and an offline job loses nothing by that queue.
@@ -33,12 +33,14 @@ from collections.abc import Callable
 # Limits the controllers start from: small enough for a CPU server, large enough that a GPU
 # server's slots fill within a few windows.
 QUEUE_WATCH_START = 8
-GRADIENT_START = 4
+GRADIENT_START = 8
 MAX_LIMIT = 8192
 # Latency per output token this many times the best seen means requests queue at the server.
 TOLERANCE = 2.0
-# During the first doubling, latency per token within this factor of the best is "flat".
-FLAT = 1.25
+# While doubling, latency per token within this factor of the best is "flat": a GPU server
+# bound by its per-step overhead gives each token ~1.25x the time at 16 requests as at 4, and
+# about the same at 128.
+FLAT = 1.5
 # A window of the gradient controller: WINDOW_MIN answers while the limit doubles, then about
 # half the limit (at most WINDOW_MAX), so each judgement covers answers of many lengths.
 WINDOW_MIN, WINDOW_MAX = 4, 64
