@@ -79,6 +79,15 @@ def test_batches_above_the_largest_cuda_graph_are_named() -> None:
                     Observed(samples=2, running=64, queue=5))
     assert advice.binding == "cuda-graph"
     assert advice.flags == ("--cuda-graph-max-bs-decode", "64")
+    assert "%" not in advice.line()  # the step model cannot say what graphs save: no +0%
+
+
+def test_graphs_smaller_than_the_cap_are_not_advised_while_fewer_run() -> None:
+    # The quick start's simulator may run 4,505 at once with graphs up to 4,096; with 40
+    # running no batch is ever above the graphs.
+    advice = advise(entry("request", 4505, 4505, graph_bs=4096),
+                    Observed(samples=2, running=40, queue=5))
+    assert advice.binding != "cuda-graph" and "--cuda-graph-max-bs-decode" not in advice.flags
 
 
 def test_the_prediction_follows_the_step_cost_of_memory_bound_decode() -> None:

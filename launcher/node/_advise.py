@@ -156,7 +156,9 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
                        f"{n}{pools}); more concurrency needs more work")
     mfs = _float(flag_value(argv, "--mem-fraction-static"))
     flags: list[str] = []
-    if graph_bs is not None and n > graph_bs:
+    # Only a batch that really runs above the graphs' size pays for it; the step model does
+    # not say how much graphs save, so this advice names no gain.
+    if graph_bs is not None and n > graph_bs and (obs.running is None or obs.running > graph_bs):
         binding, target = "cuda-graph", n
         flags = ["--cuda-graph-max-bs-decode", str(n)]
         if isinstance(cap_info.get("version"), str):  # spelled as that release takes it
@@ -186,6 +188,8 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
     rejected = check_args(flags, version) if isinstance(version, str) else []
     if rejected:  # an older release lacks the flag: say so rather than advise a failing start
         return verdict(binding, f"{why}; no flag to offer: {rejected[0]}")
+    if binding == "cuda-graph":
+        return verdict(binding, why, flags)
     predicted = None
     if obs.tokens_per_s is not None:
         predicted = obs.tokens_per_s * relative_throughput(target, n)
