@@ -46,7 +46,7 @@ class ChildProcess:
                  with_parent: bool = True) -> None:
         """Start `argv`. `header` is written to the log first (a line saying what starts);
         `with_parent=False` lets the child outlive the thread that started it (a test that
-        starts workers from a helper thread)."""
+        starts workers from a helper thread, the stack `launcher demo --keep` leaves up)."""
         parent = os.getpid()
 
         def die_with_parent_or_exit() -> None:

@@ -3,7 +3,9 @@
 Starts the Procfile stack under honcho (embedded Valkey, SeaweedFS, two simulated GPU servers,
 two GPU workers, Flower), enqueues the bundled sample of ~200 mixed prompts, waits for the job,
 prints its summary, exports it to a local file (./demo-output/JOB.jsonl), then stops everything
-and says what to do next with that file: nothing it suggests needs the stopped stack.
+and says what to do next with that file: nothing it suggests needs the stopped stack. With
+--keep the stack outlives the demo (honcho in its own session, its pid in STATE/demo.pid) and
+the demo says where Flower is and how to stop it.
 
 Ports: the Procfile's defaults, or a block from --port-base (DemoPorts).
 
@@ -15,7 +17,9 @@ names, so none is typed, printed or passed on a command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
 import signal
 import sys
 import time
@@ -32,6 +36,8 @@ SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
 # Where .env's relative paths point (the Procfile's data dir); --state-dir moves it.
 DEFAULT_STATE = Path(".fleetgen")
 EXPORT_DIR = Path("demo-output")
+# A kept stack's honcho pid, in the state dir: how to stop it, and who holds the ports.
+PID_FILE = "demo.pid"
 # The files .env names for the embedded servers' secrets (relative to the clone).
 SECRET_FILES = ("FLEETGEN_REDIS_PASSWORD_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 # S3 sits at base+10: SeaweedFS takes 9 ports from there (and one 10008 above), the rest below.
@@ -140,17 +146,24 @@ def main(argv: list[str]) -> int:
     if not (ROOT / "Procfile").exists():
         print(f"demo: no Procfile in {ROOT}; run the demo from a clone of fleetgen", file=sys.stderr)
         return 2
+    # Before the stack starts: a typo in the path must not cost a minute of start-up.
+    if not args.input.is_file():
+        print(f"demo: --input {args.input}: no such file", file=sys.stderr)
+        return 2
     try:
         ports = DemoPorts() if args.port_base is None else DemoPorts.from_base(args.port_base)
     except ValueError as exc:
         parser.error(str(exc))
+    state = (args.state_dir or ROOT / DEFAULT_STATE).resolve()
     busy = [f"{name} ({', '.join(map(str, numbers))})" for name, numbers in ports.taken().items()
             if not all(port_is_free(port) for port in numbers)]
     if busy:
-        print(f"demo: ports in use: {'; '.join(busy)}; is another stack running? "
-              "(--port-base B moves them all)", file=sys.stderr)
+        kept = kept_stack(state)
+        print(f"demo: ports in use: {'; '.join(busy)}; "
+              + (f"a stack kept by `demo --keep` runs (honcho pid {kept}): stop it with "
+                 f"`kill {kept}`, or --port-base B moves them all" if kept else
+                 "is another stack running? (--port-base B moves them all)"), file=sys.stderr)
         return 2
-    state = (args.state_dir or ROOT / DEFAULT_STATE).resolve()
     env = stack_env(ports, state)
     make_secrets(env)
     for name in FOREIGN_AWS:
@@ -159,42 +172,85 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     log_path = state / "demo.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    honcho = _start_stack(env, log_path, state)
+    honcho = _start_stack(env, log_path, state, keep=args.keep)
     # SIGTERM (e.g. from `timeout`) must still stop the stack: turn it into an exception.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    keep = args.keep
     try:
         _wait_ready(honcho, log_path)
         print(f"stack up in {time.monotonic() - started:.1f}s  "
               f"(Flower: http://{HOST}:{ports.flower}, log: {log_path})")
-        code = _run_job(args)
+        code = _run_job(args, honcho.pid if keep else None)
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo: {exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         print("demo: interrupted; stopping the stack", file=sys.stderr)
-        code = 130
+        code, keep = 130, False
     finally:
-        if not args.keep:
+        if not keep:
             _stop(honcho)
+            (state / PID_FILE).unlink(missing_ok=True)
+    if keep and honcho.alive():
+        print(kept_text(honcho.pid, ports, state))
     print(f"demo wall time {time.monotonic() - started:.1f}s")
     return code
+
+
+def kept_stack(state: Path) -> int | None:
+    """The pid of the honcho a `demo --keep` left running with this state dir, if it runs."""
+    try:
+        pid = int((state / PID_FILE).read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def kept_text(pid: int, ports: DemoPorts, state: Path) -> str:
+    """What a kept stack offers, and how to stop it."""
+    python, env_file = python_command(), shlex.quote(_shown_path(state / "demo.env"))
+    return "\n".join([
+        f"\nthe stack keeps running (honcho pid {pid}, log {_shown_path(state / 'demo.log')}):",
+        f"  Flower: http://{HOST}:{ports.flower}",
+        f"  set -a; . {env_file}; set +a   # then {python} -m producer status JOB",
+        f"  stop it: kill {pid}   # honcho stops every process of the stack",
+    ])
+
+
+def python_command() -> str:
+    """This interpreter as the user would type it: relative to the working directory when it
+    lies below it (`.venv/bin/python`), else its absolute path; a bare `python` may be another
+    one, without fleetgen."""
+    shown = _shown_path(Path(sys.executable))
+    return shlex.quote(shown if "/" in shown else f"./{shown}")
+
+
+def _shown_path(path: Path) -> str:
+    with contextlib.suppress(ValueError):
+        return str(path.absolute().relative_to(Path.cwd()))
+    return str(path)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_stack(env: dict[str, str], log_path: Path, state: Path) -> ChildProcess:
+def _start_stack(env: dict[str, str], log_path: Path, state: Path, keep: bool) -> ChildProcess:
     """honcho on the Procfile with `env` as its env file: honcho lets an env file override the
-    environment it was given, and the repository's .env names the default ports."""
+    environment it was given, and the repository's .env names the default ports. `keep`: it
+    outlives the demo (no parent-death signal), its pid written to STATE/demo.pid."""
     honcho = str(Path(sys.executable).with_name("honcho"))
     env_file = state / "demo.env"
     env_file.write_text("".join(f"{k}={_quoted(v)}\n" for k, v in env.items()
                                 if k.startswith("STACK_") or k in read_env_file(ROOT / ".env")
                                 or k in DemoPorts().env()))
     log_path.unlink(missing_ok=True)  # this run's output only
-    return ChildProcess([honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(env_file)],
-                        log_path, env=env, cwd=ROOT)
+    child = ChildProcess([honcho, "start", "-f", str(ROOT / "Procfile"), "-e", str(env_file)],
+                         log_path, env=env, cwd=ROOT, with_parent=not keep)
+    if keep:
+        (state / PID_FILE).write_text(f"{child.pid}\n")
+    return child
 
 
 def _wait_ready(honcho: ChildProcess, log_path: Path) -> None:
@@ -213,7 +269,8 @@ def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _run_job(args: argparse.Namespace) -> int:
+def _run_job(args: argparse.Namespace, kept: int | None) -> int:
+    """Enqueue, follow and export the job; `kept` is the kept stack's honcho pid."""
     from producer.cli import main as producer_main
     from producer.status import render
     from workers.jobview import job_status
@@ -250,9 +307,11 @@ def _run_job(args: argparse.Namespace) -> int:
     if code != 0:
         return code
     print(f"\nexported: {exported}")
-    print("what next (the stack stops now; these need only that file):")
+    print("what next (" + ("the stack stops now" if kept is None else f"the stack keeps "
+                          f"running: kill {kept} stops it") + "; these need only that file):")
     print(f"  head -n 2 {exported}   # an answer per line, each input id once")
-    print("  python -m launcher demo --input my-prompts.jsonl   # the same with your own prompts")
+    print(f"  {python_command()} -m launcher demo --input my-prompts.jsonl   # the same with your "
+          "own prompts")
     print("  docs/getting-started/own-data.md: run the stack yourself and keep it running")
     return 0 if status["failed"] == 0 else 1
 

@@ -75,7 +75,7 @@ class Report:
 
 def read_answers(sink: Sink, job: str, batches: Iterable[str], max_batches: int) -> Answers:
     """Latency, length and finish reason of the answers in the first `max_batches` batches."""
-    names = sorted(batches)
+    names = sorted(batches, key=keys.batch_order)
     answers = Answers(batches_total=len(names))
     for batch in names[:max_batches]:
         for record in batch_records(sink, job, batch):
@@ -202,10 +202,24 @@ def canary_html(status: Mapping[str, Any]) -> str:
         lines += [f"example: {example}" for example in quality["examples"][:5]]
     elif canary.get("enabled"):
         lines.append("It never paused the job.")
-    extra = {k: v for k, v in canary.items()
-             if k not in ("enabled", "answers_seen", "min_completions")}
-    lines += [f"{k}: {v}" for k, v in extra.items()]
+    if canary.get("enabled"):
+        lines += _canary_end_words(canary)
     return "\n".join(f"<p>{_e(line)}</p>" for line in lines)
+
+
+def _canary_end_words(canary: Mapping[str, Any]) -> list[str]:
+    """The end-of-job judgement in words (status's `judged_at_end` and `end_verdict`)."""
+    end = canary.get("end_verdict")
+    if end:
+        if not end.get("judged"):
+            return [f"At the job's end it had {end['answers']:,} answers, too few to judge."]
+        verdict = end.get("verdict")
+        return [f"It judged all {end['answers']:,} answers at the job's end: "
+                + (verdict if verdict else "healthy.")]
+    if canary.get("judged_at_end"):
+        return [f"The job has fewer than {canary['min_completions']:,} prompts: it is judged "
+                "once, at its end (not yet)."]
+    return []
 
 
 def failures_html(errors: Mapping[str, int], examples: Mapping[str, str]) -> str:
@@ -293,6 +307,9 @@ def throughput_plot(series: Series) -> str:
         # Also a job whose workers predate the per-worker minute counters.
         _empty(prompts_ax, "no per-GPU counts recorded")
         _empty(tokens_ax, "no per-GPU counts recorded")
+    elif all(len(points) == 1 for points in series.values()):
+        # A job within one minute is one point per GPU: a line of one dot says nothing.
+        return _one_minute_bars(fig, prompts_ax, tokens_ax, series)
     for worker, points in series.items():
         x = [p[0] for p in points]
         prompts_ax.plot(x, [p[1] for p in points], marker="o", label=worker)
@@ -306,6 +323,17 @@ def throughput_plot(series: Series) -> str:
         ax.set_ylabel(f"{what} of one GPU")
         if series:
             ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def _one_minute_bars(fig: Any, prompts_ax: Any, tokens_ax: Any, series: Series) -> str:
+    """One bar per GPU: its rate over the job's only minute."""
+    names = list(series)
+    for ax, index, what in ((prompts_ax, 1, "prompts/s"), (tokens_ax, 2, "output tokens/s")):
+        ax.bar(names, [series[n][0][index] for n in names], color="#3b6fb6")
+        ax.set_title(f"{what} per GPU (the job ran within one minute)")
+        ax.set_ylabel(f"{what} of one GPU")
+        ax.tick_params(axis="x", labelrotation=20)
     return _png(fig)
 
 

@@ -105,3 +105,15 @@ def test_each_console_script_the_package_declares_is_the_one_the_docs_use() -> N
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("scripts", {})
     docs = " ".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert [name for name in scripts if name not in docs] == []
+
+
+def test_the_simulators_usage_names_the_command_the_user_typed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`launcher sim --help` said `usage: sglang serve`, a command the user never typed."""
+    code, out, _ = run(launcher_cli.main, ["sim", "--help"], capsys)
+    assert code == 0 and out.startswith("usage: python -m launcher sim ")
+    code, _, err = run(launcher_cli.main, ["sim", "--no-such-flag"], capsys)
+    assert code == 2
+    assert err.startswith("usage: python -m launcher sim ")
+    assert "python -m launcher sim: error: unrecognized arguments: --no-such-flag" in err

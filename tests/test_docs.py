@@ -326,6 +326,98 @@ def test_every_sglang_section_number_in_the_code_exists_in_the_contract() -> Non
     assert [(name, n) for name, n in cited if n not in numbered] == []
 
 
+# --- what a new user looked for (tests/test_new_user.py checks the code) --------------------
+
+README = ROOT / "README.md"
+GETTING_STARTED = ("getting-started/demo.md", "getting-started/own-data.md",
+                   "getting-started/gpu-node.md", "getting-started/several-nodes.md")
+
+
+def shell_lines(text: str) -> list[str]:
+    """The lines of the text's ```sh blocks, continuation lines joined."""
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.DOTALL)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+
+
+def quick_start() -> list[str]:
+    readme = README.read_text(encoding="utf-8")
+    return shell_lines(readme.split("## Quick start on your own data", 1)[1].split("\n## ", 1)[0])
+
+
+def test_the_readme_quick_start_shows_each_port_and_the_workers_name() -> None:
+    """Item 3: with :30000 taken, the quick start's worker silently used another stack's
+    server; item 8: without `-n gpu0@%h` a second GPU's worker was refused."""
+    lines = quick_start()
+    sim = next(line for line in lines if "launcher sim" in line)
+    assert "--port 30000" in sim
+    worker = next(line for line in lines if "celery" in line)
+    assert worker.startswith("SGLANG_URL=http://127.0.0.1:30000 ")
+    assert "-A workers worker -Q gpu0 -n gpu0@%h" in worker
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    assert "says which process holds it and exits; move it with `--port`" in readme
+
+
+def test_every_celery_command_a_user_may_copy_names_the_app() -> None:
+    """Item 8: `celery worker -Q gpu0` without `-A` retried amqp://localhost for minutes."""
+    texts = [README.read_text(encoding="utf-8"), *(page(doc) for doc in GETTING_STARTED)]
+    commands = [line for text in texts for line in shell_lines(text)
+                if re.search(r"\bcelery (\S+ )*(worker|flower)\b", line)]
+    assert commands
+    assert [line for line in commands if "-A workers" not in line] == []
+    own_data = " ".join(page("getting-started/own-data.md").split())
+    assert "Always type `-A workers`: without it" in own_data
+    assert "retries a broker at `amqp://localhost` for minutes" in own_data
+
+
+def test_the_demo_page_says_keep_leaves_the_stack_up_and_how_to_stop_it() -> None:
+    text = " ".join(page("getting-started/demo.md").split())
+    assert "With `--keep`, the stack stays up after the demo exits" in text
+    assert "its pid is in `.fleetgen/demo.pid`" in text
+    assert "stop it: kill 48213" in text and "Flower: http://127.0.0.1:5555" in text
+    assert ".venv/bin/python -m launcher demo --input my-prompts.jsonl" in text
+    assert "An `--input` file that does not exist is refused before anything starts." in text
+
+
+def test_the_walkthrough_says_what_to_do_about_a_taken_port_and_another_directory() -> None:
+    text = " ".join(page("getting-started/own-data.md").split())
+    assert "error: port 30000 on 127.0.0.1 is in use by pid 4242" in text
+    assert "give the worker of step 4 the same one in `SGLANG_URL`" in text
+    assert "else in the clone (where `.env` names it), so a command run from another " \
+           "directory finds it too" in text
+
+
+def test_the_gpu_node_guide_answers_a_new_users_questions() -> None:
+    """Item 11: the dry run, --gpus' default, busy GPUs, the ports of two launchers on one
+    host, the SGLang range, and Redis 6379 against 6389."""
+    text = " ".join(page("getting-started/gpu-node.md").split())
+    assert "python -m launcher up --gpus 0-6 --workers --model /dev/shm/Qwen3.6-27B --dry-run" \
+        in text
+    assert "`--gpus` defaults to every GPU `nvidia-smi` lists (with `--sim`: GPU 0 only)" in text
+    assert "## Are my GPUs busy?" in page("getting-started/gpu-node.md")
+    assert "python -m producer status distill-v1" in text and "run/max" in text
+    assert "curl -s http://127.0.0.1:9400/metrics" in text
+    assert "its worker's Prometheus `/metrics` on `9400+(B-30000)+i`" in text
+    assert "`--base-port 31000` (metrics 9400+*i* and 10400+*i*)" in text
+    assert "A supported SGLang: **0.5.15 up to (not including) 0.6**" in text
+    assert '"sglang>=0.5.15,<0.6"' in (ROOT / "pyproject.toml").read_text()
+    assert "**Redis port.**" in text and "listens on `6389` instead" in text
+    assert "6389" in (ROOT / "docker/control.yaml").read_text()
+
+
+def test_several_nodes_has_an_add_a_node_checklist() -> None:
+    text = page("getting-started/several-nodes.md")
+    checklist = text.split("### Adding node 2: a checklist", 1)[1].split("\n### ", 1)[0]
+    steps = re.findall(r"^\d+\. \*\*(.+?)\*\*", checklist, re.MULTILINE)
+    assert steps == ["Reach the shared services.", "The same settings as node 1.", "Install",
+                     "Dry run:", "Start", "Check"]
+
+
+def test_the_input_format_page_tells_the_typo_hint_and_the_canary_demo_file() -> None:
+    text = " ".join(page("guides/input-format.md").split())
+    assert "`promt: unknown field; did you mean 'prompt'?`" in text
+    assert "`--canary-demo` caps them at 512 and 256 tokens instead" in text
+
+
 # --- the one-machine walkthrough ------------------------------------------------------------
 
 WALKTHROUGH = "getting-started/own-data.md"

@@ -646,3 +646,28 @@ def test_reported_errors_hold_kilobytes_of_their_lines_not_megabytes(tmp_path: P
 def test_no_prompts_says_why(lines: int, rejected: int, shown: int, why: str) -> None:
     first = [InputError("f.jsonl", n + 1, "line", "bad") for n in range(shown)]
     assert str(NoPrompts("f.jsonl", lines, rejected, first)) == f"f.jsonl: no prompts ({why})"
+
+
+MISSPELT_FIELDS: list[tuple[str, Any, str, str]] = [
+    ("beside an id", {"id": "q1", "promt": "Explain"}, "promt", "prompt"),
+    ("alone", {"promt": "Explain"}, "promt", "prompt"),
+    ("messages", {"id": "q1", "mesages": HI}, "mesages", "messages"),
+    ("an OpenAI Batch field", openai_line() | {"bdy": {}}, "bdy", "body"),
+]
+
+
+@pytest.mark.parametrize(("line", "field", "meant"), [case[1:] for case in MISSPELT_FIELDS],
+                         ids=[case[0] for case in MISSPELT_FIELDS])
+def test_a_misspelt_field_names_the_field_it_likely_meant(
+    tmp_path: Path, line: Any, field: str, meant: str
+) -> None:
+    """`promt: unknown field` left the user to find the typo."""
+    error = the_only_error(write_jsonl(tmp_path, GOOD, line))
+    assert error.field == field
+    assert error.message.startswith(f"unknown field; did you mean {meant!r}? ")
+
+
+def test_a_field_like_no_known_one_gets_no_guess(tmp_path: Path) -> None:
+    error = the_only_error(write_jsonl(tmp_path, GOOD, {"id": "q1", "prompt": "x", "colour": 1}))
+    assert error.field == "colour"
+    assert error.message == "unknown field; a prompt line has id, messages, prompt, tools, sampling"

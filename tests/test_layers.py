@@ -44,10 +44,12 @@ def test_the_simulator_loads_no_celery_and_nothing_of_fleetgen() -> None:
 def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_helpers() -> None:
     # Of workers, only what every command shares and reads no environment: the command-line
     # style, the one function that masks secrets, the error types, the one reader of a
-    # server's info and /metrics (advise samples servers through it) and the server kinds
-    # whose gauges that reader knows.
+    # server's info and /metrics (advise samples servers through it), the server kinds
+    # whose gauges that reader knows, and the worker's metrics page (the launcher gives each
+    # worker its port) with the names it is built on.
     shared = {"workers", "workers.commandline", "workers.redact", "workers.server_info",
-              "workers.readings", "workers.errors", "workers.servers"}
+              "workers.readings", "workers.errors", "workers.servers", "workers.metrics",
+              "workers.keys"}
     for module in ("launcher.node", "launcher.logs"):
         loaded = {m for m in _loaded_by(module) if not m.startswith("workers.servers._")}
         assert loaded <= shared, module
@@ -66,7 +68,7 @@ def test_sim_help_works_with_a_malformed_redis_url() -> None:
     done = subprocess.run([sys.executable, "-m", "launcher", "sim", "--help"], cwd=ROOT,
                           env=BAD_ENV, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: sglang serve")
+    assert done.stdout.startswith("usage: python -m launcher sim")
     assert done.stderr == ""
 
 

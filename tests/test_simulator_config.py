@@ -33,7 +33,7 @@ def test_force_shutdown_comes_from_the_flag_or_sglangs_env_var() -> None:
                                   ["--mamba-radix-cache-strategy", "sometimes"]])
 def test_bad_flags_exit_2_like_argparse(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("usage: sglang serve")
+    assert capsys.readouterr().err.startswith("usage: python -m launcher sim")
 
 
 def test_the_docs_describe_every_flag() -> None:

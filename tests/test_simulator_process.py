@@ -120,5 +120,5 @@ def test_unknown_flags_exit_2_with_sglangs_usage() -> None:
     result = subprocess.run([sys.executable, "-m", "launcher", "sim", "--no-such-flag"],
                             cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
-    assert result.stderr.startswith("usage: sglang serve")
+    assert result.stderr.startswith("usage: python -m launcher sim")
     assert "unrecognized arguments: --no-such-flag" in result.stderr

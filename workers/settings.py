@@ -8,6 +8,7 @@ their flags through `dataclasses.replace`.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -22,10 +23,17 @@ from workers.redact import redact
 # `celery -A workers worker` run there finds both without configuration.
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
 EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
+# The clone (an editable install's source tree). The repository's `.env` names the password
+# file relatively; loaded in another directory (`cd ~ && celery -A workers flower`), that name
+# is resolved here when the working directory has no such file (locate_secret_file).
+PROJECT_DIR = Path(__file__).resolve().parent.parent
 # The Sentinels' name for the master when REDIS_URL is `sentinel://...` (workers/redisconn.py).
 REDIS_MASTER_NAME = "mymaster"
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
+# A finished job's Redis keys last a week: time to look at it and export it after a weekend,
+# while a fleet running thousands of jobs keeps a bounded Redis. The sink keeps everything.
+JOB_RETENTION_S = 7 * 86400.0
 # FLEETGEN_REDIS_PASSWORD_FILE may name a file that is not there yet: the Procfile starts the
 # embedded Redis, which writes it at its first start, together with the processes that read it.
 PASSWORD_FILE_WAIT_S = 15.0
@@ -94,6 +102,9 @@ class Settings:
     # max_running_requests: near a job's end every batch may be waiting on one long answer,
     # and a worker at the ceiling leaves slots idle while batches wait in the queue.
     batch_concurrency: int = 128
+    # How long a finished (done or cancelled) job's Redis keys are kept, in seconds; the env
+    # takes a duration too (`7d`, `12h`).
+    job_retention: float = JOB_RETENTION_S
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -128,6 +139,9 @@ class Settings:
         if self.breaker_streak and self.breaker_window < 1:
             raise SettingsError("FLEETGEN_BREAKER_WINDOW must be >= 1 while the breaker is on "
                                 "(FLEETGEN_BREAKER_STREAK > 0)")
+        if self.job_retention < 1:
+            raise SettingsError(f"FLEETGEN_JOB_RETENTION must be at least 1 second, got "
+                                f"{self.job_retention:g}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 
@@ -146,15 +160,17 @@ class Settings:
             name = f"FLEETGEN_{f.name.upper()}"
             if name not in env or f.name in ("extra",):
                 continue
-            kwargs[f.name] = _coerce(name, env[name], f.type)
+            kwargs[f.name] = (parse_duration(name, env[name]) if f.name in _DURATIONS
+                              else _coerce(name, env[name], f.type))
         if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
             kwargs["redis_url"] = with_password(
                 str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
-                read_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"]), PASSWORD_FILE_WAIT_S))
-        elif "redis_url" not in kwargs and EMBEDDED_REDIS_PASSWORD_FILE.is_file():
+                read_secret_file(locate_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"])),
+                                 PASSWORD_FILE_WAIT_S))
+        elif "redis_url" not in kwargs and (
+                embedded := locate_secret_file(EMBEDDED_REDIS_PASSWORD_FILE)).is_file():
             # The embedded Valkey's own default: a bare command next to it needs no setting.
-            kwargs["redis_url"] = with_password(
-                EMBEDDED_REDIS_URL, read_secret_file(EMBEDDED_REDIS_PASSWORD_FILE))
+            kwargs["redis_url"] = with_password(EMBEDDED_REDIS_URL, read_secret_file(embedded))
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def redis_endpoints(self) -> list[tuple[str, int]]:
@@ -194,6 +210,18 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def locate_secret_file(path: Path) -> Path:
+    """Where a secret file named by a relative path lives: in the working directory if it is
+    there, else in the clone whose `.env` names it (PROJECT_DIR) if it is there, else the
+    working directory's (absolute, so an error names the file looked for)."""
+    if path.is_absolute() or path.exists():
+        return path.absolute()
+    in_project = PROJECT_DIR / path
+    if (PROJECT_DIR / ".env").is_file() and in_project.exists():
+        return in_project
+    return path.absolute()
+
+
 def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
     """The secret held in `path` (surrounding whitespace dropped), waiting up to `wait_s` for
     the file to appear; SettingsError naming the file (never its content) if it cannot be read.
@@ -213,6 +241,21 @@ def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
         if not secret:
             raise SettingsError(f"{path}: the secret file is empty")
         return secret
+
+
+# Settings the environment may give as a duration (`7d`) besides seconds.
+_DURATIONS = ("job_retention",)
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$")
+
+
+def parse_duration(name: str, raw: str) -> float:
+    """Seconds in `raw`: a number of seconds, or one with a unit s, m, h, d or w (`7d`)."""
+    match = _DURATION.match(raw.lower())
+    if match is None:
+        raise SettingsError(f"{name}={raw!r} is not a duration: seconds, or a number with "
+                            "s, m, h, d or w (e.g. 7d)")
+    return float(match[1]) * _UNITS[match[2]]
 
 
 def _coerce(name: str, raw: str, type_: object) -> object:

@@ -156,15 +156,16 @@ def cmd_up(argv: Sequence[str]) -> int:
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
                     dict(os.environ), assume_command=args.dry_run, host=args.host)
     specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
+    metrics = {g: plan.metrics_port(g) for g in gpus} if args.workers else {}
     if args.dry_run:
         workers = {g: plan.worker_spec(g, specs[g]) for g in gpus} if args.workers else {}
         print(render_dry_run(plan, specs, workers))
         try:
-            check_ports(specs)
+            check_ports(specs, metrics)
         except PortBusyError as exc:
             print(f"warning: {exc}")
         return EXIT_OK
-    check_ports(specs)
+    check_ports(specs, metrics)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
                   else None) for g in gpus]
     # SGLang logs its own --api-key (upstream): a new run dir is private to this user.

@@ -33,6 +33,7 @@ from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
 from launcher.ports import HOST, port_is_free
+from workers.metrics import METRICS_BASE_PORT
 from workers.redact import redact_argv
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
@@ -44,6 +45,10 @@ DEFAULT_BASE_PORT = 30000
 # (docs/reference/sglang.md#process).
 NCCL_OFFSET = 1000
 RANDOM_NCCL_RANGE = range(22000, 30000)
+# A worker's /metrics port moves with --base-port, as its server's does: GPU N's worker takes
+# 9400+N at the default base and 9400+(BASE-30000)+N otherwise, so two `launcher up` on one
+# host (--base-port 30000 and 31000) take 9400+N and 10400+N, not both 9400+N.
+METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
 
 
@@ -71,6 +76,25 @@ class NodePlan:
         if self.sim:
             return NEWEST_SGLANG
         return self.profile.sglang_version or installed_sglang_version() or NEWEST_SGLANG
+
+    def version_text(self) -> str:
+        """Which SGLang the flags are spelled for, and where that version came from."""
+        if self.sim:
+            return f"simulator (flags of sglang {NEWEST_SGLANG})"
+        if self.profile.sglang_version:
+            return f"sglang {self.profile.sglang_version} (the profile's sglang_version)"
+        installed = installed_sglang_version()
+        if installed:
+            return f"sglang {installed} (installed)"
+        return (f"SGLang is not installed here: flags spelled and checked for sglang "
+                f"{NEWEST_SGLANG}, the newest release the flags table was made from")
+
+    def metrics_port(self, gpu: int) -> int | None:
+        """GPU `gpu`'s worker's /metrics port (METRICS_OFFSET); None when the environment
+        turns the workers' metrics off (FLEETGEN_METRICS_PORT=0)."""
+        if self.env.get("FLEETGEN_METRICS_PORT") == "0":
+            return None
+        return self.base_port + METRICS_OFFSET + gpu
 
     def server_spec(self, gpu: int) -> LaunchSpec:
         """GPU `gpu`'s server: merged arguments, adapted flag names, ports, environment."""
@@ -102,8 +126,11 @@ class NodePlan:
         """GPU `gpu`'s Celery worker, pointed at its server."""
         argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}",
                 "-n", f"gpu{gpu}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
-        return LaunchSpec(f"worker{gpu}", argv, {**self.env, "SGLANG_URL": server.url},
-                          self.log_dir / f"worker_gpu{gpu}.log")
+        env = {**self.env, "SGLANG_URL": server.url}
+        metrics = self.metrics_port(gpu)
+        if metrics is not None:
+            env["FLEETGEN_METRICS_PORT"] = str(metrics)
+        return LaunchSpec(f"worker{gpu}", argv, env, self.log_dir / f"worker_gpu{gpu}.log")
 
 
 def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]:
@@ -140,8 +167,7 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
     and the GPU pinning; the argv is exactly the one `up` executes, flags renamed for the
     SGLang version in use.
     """
-    lines = [f"sglang {plan.version}" + (" (simulator)" if plan.sim else "")
-             + f", {len(specs)} GPU(s), logs in {plan.log_dir}"]
+    lines = [f"{plan.version_text()}, {len(specs)} GPU(s), logs in {plan.log_dir}"]
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
         lines.append(f"gpu{gpu}: http {spec.url}, nccl port {(spec.port or 0) + NCCL_OFFSET}, "
@@ -155,13 +181,28 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
             lines += [f"  warning: {p}" for p in check_args(server_args, plan.version)]
         if gpu in workers:
             worker = workers[gpu]
+            metrics = worker.env.get("FLEETGEN_METRICS_PORT")
             lines.append(f"  worker SGLANG_URL={worker.env['SGLANG_URL']} "
+                         + (f"FLEETGEN_METRICS_PORT={metrics} " if metrics else "")
                          + shlex.join(worker.argv))
     return "\n".join(lines)
 
 
-def check_ports(specs: Mapping[int, LaunchSpec]) -> None:
-    """Every HTTP and NCCL port must be free now; raise PortBusyError naming the first taken."""
+def check_ports(specs: Mapping[int, LaunchSpec],
+                metrics: Mapping[int, int | None] | None = None) -> None:
+    """Every HTTP and NCCL port, and each worker's /metrics port in `metrics` (GPU -> port),
+    must be free now; raise PortBusyError naming the first taken."""
+    for gpu, port in (metrics or {}).items():
+        if port is None:
+            continue
+        if not 1024 <= port < 65536:
+            raise PortBusyError(f"GPU {gpu}: its worker's metrics port {port} (9400+N moved "
+                                "with --base-port) is out of range; pass a --base-port of "
+                                f"{DEFAULT_BASE_PORT - METRICS_BASE_PORT + 1024} or more")
+        if not port_is_free(port):
+            raise PortBusyError(f"GPU {gpu}: its worker's metrics port {port} is already in "
+                                "use (another node's launcher on this host?); pass another "
+                                "--base-port")
     for gpu, spec in specs.items():
         assert spec.port is not None
         for role, port in (("HTTP", spec.port), ("NCCL", spec.port + NCCL_OFFSET)):

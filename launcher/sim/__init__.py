@@ -5,6 +5,7 @@ Everything it raises on purpose has one root:
     SimError                  errors.py
       ConfigError             a flag or profile value the simulator cannot use (config.py)
       SimStartupError         a simulated start-up failure, or the server thread stopped (server.py)
+      PortInUseError          --port is taken by another process, named (port.py)
       RequestError            an HTTP error answer, status and body as SGLang sends it (protocol.py)
       ContextLengthError      the input is longer than the context (protocol.py)
       QueueFullError          --max-queued-requests reached (scheduler.py)

@@ -7,7 +7,7 @@ from launcher.sim.server import run
 
 
 def main(argv: list[str]) -> int:
-    """Run the simulator; argparse errors exit 2 with `usage: sglang serve ...`, like SGLang."""
+    """Run the simulator; argparse errors exit 2 with `usage: python -m launcher sim ...`."""
     try:
         config = SimConfig.from_argv(argv)
     except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)

@@ -20,7 +20,9 @@ from typing import Any
 
 from launcher.sim.errors import SimError
 
-PROG = "sglang serve"  # argparse errors read exactly like SGLang's (`usage: sglang serve ...`)
+# The command a user types: `--help` and a flag error name it. The flags are SGLang's, and
+# a flag error still exits 2 as SGLang's argparse does.
+PROG = "python -m launcher sim"
 DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json max_position_embeddings
 LOG_FORMATS = ("r", "2026-01", "2025-10", "2025-07", "2025-06")
 # Which server's HTTP API is imitated (docs/development/simulator.md#other-engines): SGLang,

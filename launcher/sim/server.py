@@ -27,12 +27,14 @@ from launcher.sim import logs, startup
 from launcher.sim.app import asgi_app
 from launcher.sim.config import SimConfig
 from launcher.sim.errors import SimError
+from launcher.sim.port import PortInUseError, check_port
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator, Status
 
 log = logging.getLogger("launcher.sim.server")
 DRAIN_LOG_SECONDS = 5.0  # SGLang's sigterm watchdog reports the remaining requests this often
 READY_TIMEOUT = 15.0  # seconds serve_in_thread waits beyond the configured delays
+EXIT_PORT_IN_USE = 3  # uvicorn's own code for a port it could not bind
 
 
 class SimStartupError(SimError, RuntimeError):
@@ -144,7 +146,13 @@ def _kill_self() -> None:
 
 
 def run(config: SimConfig, argv: list[str] | None = None) -> int:
-    """Run a simulator in this process until SIGTERM/SIGINT; returns the exit code."""
+    """Run a simulator in this process until SIGTERM/SIGINT; returns the exit code (3, one
+    line on stderr, when its port is taken: before any start-up line)."""
+    try:
+        check_port(config.host, config.port)
+    except PortInUseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PORT_IN_USE
     logging.config.dictConfig(logs.logging_config(config.log_level, config.log_level_http,
                                                   config.tp_prefix or config.tp_size > 1))
     sim = Simulator(config)

@@ -73,6 +73,10 @@ def _record(raw: bytes, line: int, ids: IdIndex) -> PromptRecord:
     elif any(key in obj for key in _CHAT_FIELDS):
         id_field, body = "id", _chat_body(obj)
     else:
+        for key in obj:  # a misspelt "prompt" says so, not only that no prompt was found
+            if _close_field(key, (*_CHAT_FIELDS, *_OPENAI_FIELDS)):
+                raise _Invalid(key, _unknown_field(key, (*_CHAT_FIELDS, *_OPENAI_FIELDS), "a "
+                               'prompt line has "messages" or "prompt", or is an OpenAI Batch line'))
         raise _Invalid("line", 'no prompt: expected "messages", "prompt" or an OpenAI Batch line')
     prompt_id = _given_id(obj, id_field)
     if prompt_id is None:
@@ -123,8 +127,11 @@ def _given_id(obj: dict[str, Any], field: str) -> str | None:
 def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
     for key in obj:
         if key not in _CHAT_FIELDS:
-            hint = ' (sampling params go under "sampling")' if key in SAMPLING_PARAMS else ""
-            raise _Invalid(key, f"unknown field{hint}; a prompt line has {', '.join(_CHAT_FIELDS)}")
+            if key in SAMPLING_PARAMS:
+                raise _Invalid(key, 'unknown field (sampling params go under "sampling"); a '
+                               f"prompt line has {', '.join(_CHAT_FIELDS)}")
+            raise _Invalid(key, _unknown_field(key, _CHAT_FIELDS,
+                                               f"a prompt line has {', '.join(_CHAT_FIELDS)}"))
     if "prompt" in obj:
         if "messages" in obj:
             raise _Invalid("prompt", 'give either "prompt" or "messages", not both')
@@ -152,9 +159,8 @@ def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
 def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
     for key in obj:
         if key not in _OPENAI_FIELDS:
-            raise _Invalid(
-                key, f"unknown field; an OpenAI Batch line has {', '.join(_OPENAI_FIELDS)}"
-            )
+            raise _Invalid(key, _unknown_field(
+                key, _OPENAI_FIELDS, f"an OpenAI Batch line has {', '.join(_OPENAI_FIELDS)}"))
     for key in _OPENAI_FIELDS:
         if key not in obj:
             raise _Invalid(key, f"missing; an OpenAI Batch line needs {', '.join(_OPENAI_FIELDS)}")
@@ -234,6 +240,17 @@ def _checked_sampling(params: dict[str, Any], field: str) -> dict[str, Any]:
             raise _Invalid(f"{field}.{key}", f"expected {rule[1]}; got {_show(value)}")
         checked[key] = value
     return checked
+
+
+def _close_field(key: str, known: tuple[str, ...]) -> str | None:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown_field(key: str, known: tuple[str, ...], shape: str) -> str:
+    """`promt` -> "unknown field; did you mean 'prompt'? ...": a typo names its likely field."""
+    close = _close_field(key, known)
+    return f"unknown field; did you mean {close!r}? {shape}" if close else f"unknown field; {shape}"
 
 
 def _unknown_param(key: str) -> str:

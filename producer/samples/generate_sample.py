@@ -4,6 +4,12 @@ Usage::
 
     python -m producer.samples.generate_sample          # rewrites producer/samples/sample.jsonl
     python -m producer.samples.generate_sample --lines 1000000 --out /tmp/big.jsonl  # ~1 KB lines
+    python -m producer.samples.generate_sample --lines 5000 --out /tmp/capped.jsonl --canary-demo
+
+The bulk lines leave `max_tokens` at the job's default (16,384) or set it as large, so a
+thinking model has room to answer and the job stays healthy. `--canary-demo` caps them at
+512 and 256 tokens instead: a thinking model spends those on thinking, the answers come back
+empty, and the quality canary pauses the job (what it is there to show).
 """
 
 import argparse
@@ -15,12 +21,21 @@ from typing import Any
 import orjson
 
 from producer.samples import SAMPLE_PATH
+from workers.job import DEFAULT_MAX_TOKENS
 
 SEED = 20240611
 SAMPLE_MIX = {"plain": 50, "chat": 70, "tools": 45, "openai": 35}  # lines of each kind: 200
 BULK_LINE_BYTES = 1000  # roughly; the benchmark target is "~1 KB lines"
 _BULK_ENVELOPE_BYTES = 250  # a bulk line's JSON around its user text: id, system prompt, params
 _WRITE_BATCH = 10_000  # lines joined per write: fewer syscalls, bounded memory
+# max_tokens of the bulk lines that set one (sampling object, OpenAI Batch body): the job's
+# default, room for a long thinking answer. --canary-demo: caps a thinking model spends on
+# thinking alone, so most answers come back empty and the canary pauses the job.
+BULK_MAX_TOKENS = (DEFAULT_MAX_TOKENS, DEFAULT_MAX_TOKENS)
+CANARY_DEMO_MAX_TOKENS = (512, 256)
+CANARY_DEMO_NOTE = ("these lines cap max_tokens at 512 and 256: a thinking model spends them on "
+                    "thinking, and the quality canary pauses the job (--canary-demo; leave it "
+                    "out for a healthy job)")
 
 Json = dict[str, Any]
 
@@ -242,8 +257,10 @@ def sample_lines(seed: int = SEED) -> Iterator[Json]:
         yield line
 
 
-def bulk_lines(count: int, seed: int = SEED) -> Iterator[bytes]:
-    """Yield ``count`` distinct JSONL lines of about BULK_LINE_BYTES each, in all three shapes."""
+def bulk_lines(count: int, seed: int = SEED,
+               max_tokens: tuple[int, int] = BULK_MAX_TOKENS) -> Iterator[bytes]:
+    """Yield ``count`` distinct JSONL lines of about BULK_LINE_BYTES each, in all three shapes;
+    ``max_tokens`` is (chat lines' sampling, OpenAI Batch lines' body)."""
     rng = random.Random(seed)
     turns = [turn for _, script in CONVERSATIONS for turn in script]
     words = " ".join(_fill(rng, p) for p in PLAIN_PROMPTS + turns).split()
@@ -252,11 +269,12 @@ def bulk_lines(count: int, seed: int = SEED) -> Iterator[bytes]:
         text = f"Request {n}: {texts[n % len(texts)]}"
         messages = [{"role": "system", "content": SYSTEM_PROMPTS[n % 5]}, _user(text)]
         if n % 10 < 6:
-            line: Json = {"id": f"bulk-{n}", "messages": messages, "sampling": {"max_tokens": 512}}
+            sampling = {"max_tokens": max_tokens[0]}
+            line: Json = {"id": f"bulk-{n}", "messages": messages, "sampling": sampling}
         elif n % 10 < 8:
             line = {"prompt": text}  # no id: exercises the content-hash path
         else:
-            body = {"model": "default", "messages": messages, "max_tokens": 256}
+            body = {"model": "default", "messages": messages, "max_tokens": max_tokens[1]}
             line = _batch_line(f"bulk-{n}", body)
         yield orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
@@ -266,9 +284,11 @@ def write_sample(path: str | Path = SAMPLE_PATH, seed: int = SEED) -> int:
     return _write(path, (orjson.dumps(line) + b"\n" for line in sample_lines(seed)))
 
 
-def write_bulk(path: str | Path, count: int, seed: int = SEED) -> int:
-    """Write ``count`` synthetic ~1 KB prompt lines to ``path`` and return ``count``."""
-    return _write(path, bulk_lines(count, seed))
+def write_bulk(path: str | Path, count: int, seed: int = SEED, canary_demo: bool = False) -> int:
+    """Write ``count`` synthetic ~1 KB prompt lines to ``path`` and return ``count``; with
+    ``canary_demo``, lines the quality canary pauses (CANARY_DEMO_MAX_TOKENS)."""
+    caps = CANARY_DEMO_MAX_TOKENS if canary_demo else BULK_MAX_TOKENS
+    return _write(path, bulk_lines(count, seed, caps))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,14 +296,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, help="write this many ~1 KB synthetic lines")
     parser.add_argument("--out", type=Path, help=f"output path (default: {SAMPLE_PATH})")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--canary-demo", action="store_true",
+                        help="with --lines: cap max_tokens at 512/256, so a thinking model's "
+                        "answers come back empty and the quality canary pauses the job")
     args = parser.parse_args(argv)
     if args.lines is None:
+        if args.canary_demo:
+            parser.error("--canary-demo needs --lines")
         written = write_sample(args.out or SAMPLE_PATH, args.seed)
     elif args.out is None:
         parser.error("--lines needs --out")
     else:
-        written = write_bulk(args.out, args.lines, args.seed)
+        written = write_bulk(args.out, args.lines, args.seed, canary_demo=args.canary_demo)
     print(f"wrote {written} lines to {args.out or SAMPLE_PATH}")
+    if args.canary_demo:
+        print(f"note: {CANARY_DEMO_NOTE}")
     return 0
 
 
