@@ -431,8 +431,12 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     register(ledger, "gpu1@n", f"http://127.0.0.1:{free_port()}", state="server-down")
     register(ledger, "gpu2@n", black_hole)
     register(ledger, "gpu3@n", url, age_s=LOST_AFTER_S + 5)
+    # Lost and never part of this job (an earlier demo's worker): not listed.
+    register(ledger, "gpu4@old", url, age_s=LOST_AFTER_S + 5)
     rows = {r["worker"]: r for r in read_fleet(
-        ledger.r, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000}}, elapsed_s=60.0)}
+        ledger.r, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000},
+                   "gpu3@n": {"prompts_done": 0}}, elapsed_s=60.0)}
+    assert "gpu4@old" not in rows
     live = rows["gpu0@n"]
     assert set(live) == FLEET_FIELDS
     assert (live["worker_state"], live["server_state"]) == ("ready", "up")

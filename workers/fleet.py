@@ -92,7 +92,9 @@ def fleet_rows(
     listed as `lost`.
     """
     rows = []
-    names = set(workers) | set(job_workers)
+    # A lost worker that did nothing for this job (another job's, an earlier demo's) is not
+    # this job's business.
+    names = {n for n, e in workers.items() if e.get("state") != "lost"} | set(job_workers)
     for name in sorted(names, key=lambda n: (str(workers.get(n, {}).get("host") or ""), n)):
         entry = workers.get(name, {})
         server = entry.get("server")
