@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 import redis
@@ -36,9 +36,16 @@ from workers import keys
 from workers.canary import Thresholds
 from workers.commandline import CommandParser
 from workers.errors import FleetgenError, JobError
-from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, GenerationParams
-from workers.ledger import Ledger
+from workers.job import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    GenerationParams,
+    JobManifest,
+)
+from workers.ledger import STATE_RUNNING, Ledger
 from workers.redact import redact
+from workers.retry import REDIS_ERRORS
 from workers.settings import Settings, SettingsError
 from workers.sink import open_sink
 
@@ -64,6 +71,7 @@ EPILOG = """examples:
   python -m producer status distill-v1 --json         # the same figures for machines
   python -m producer jobs
   python -m producer report distill-v1                 # one HTML page: plots and figures
+  python -m producer rebuild distill-v1 --output s3://bucket/runs   # after Redis lost its data
 
 `python -m producer COMMAND --help` shows a command's flags, defaults and an example.
 """
@@ -143,7 +151,8 @@ def build_parser() -> CommandParser:
                            "failures (not sent again) and stop pausing the job for that cause")
     p = command("export", "write one dataset with every input id exactly once",
                 "distill-v1 --to distill-v1.out.jsonl",
-                "distill-v1 --to distill-v1.parquet --format parquet --partial")
+                "distill-v1 --to distill-v1.parquet --format parquet --partial",
+                "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
     p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, required=True, help="file to write (never the job's input)")
     p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format")
@@ -152,6 +161,16 @@ def build_parser() -> CommandParser:
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
     p.add_argument("--json", action="store_true",
                    help="print the reconcile as one JSON object (other messages go to stderr)")
+    p.add_argument("--output", default=None, metavar="URI",
+                   help="the job's output: when Redis does not know the job (it lost its data), "
+                   "the export reads the sink there alone")
+    p = command("rebuild", "rebuild a job's ledger in Redis from its output (after Redis lost "
+                "its data): what is done, its counts and requeue rounds; the rest runs again",
+                "distill-v1 --output s3://bucket/runs", "distill-v1")
+    p.add_argument("job", help="the job's name")
+    p.add_argument("--output", default=None, metavar="URI",
+                   help="the job's output (needed when Redis does not know the job; default: "
+                   "the output Redis has for it)")
     p = command("report", "write one HTML page of a job: throughput per GPU, capacity, latency, "
                 "lengths, finish reasons, failures, canary",
                 "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
@@ -201,10 +220,14 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         try:
             report = enqueue(request, Ledger.connect(settings), app, _progress(path))
         except InputErrors as exc:
+            if sys.stderr.isatty():
+                print(file=sys.stderr)  # off the progress bar's line
             print(str(exc), file=sys.stderr)
             print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
             return RET_BAD_INPUT
         except NoPrompts as exc:
+            if sys.stderr.isatty():
+                print(file=sys.stderr)
             if exc.rejects:
                 print(str(InputErrors(exc.rejects, exc.rejected)), file=sys.stderr)
             raise CommandError(str(exc), RET_BAD_INPUT) from None
@@ -220,6 +243,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     verb = "resumed" if report.resumed else "created"
     print(f"job {report.job} {verb}: {report.prompts:,} prompts in {report.batches:,} batches "
           f"-> queue {request.queue}, output {output}")
+    if report.rebuilt is not None:
+        print(f"  Redis did not know the job: its ledger was rebuilt from {report.rebuilt.where}")
+        for line in report.rebuilt.lines():
+            print(f"    {line}")
     if report.uploaded or report.already_stored:
         print(f"  stored {report.uploaded:,} batch inputs"
               + (f" ({report.already_stored:,} were stored by an earlier run)"
@@ -327,19 +354,52 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     from workers.jobview import job_status
 
     ledger = Ledger.connect(settings)
-    names = ledger.job_names()
-    if not names:
+    active = ledger.active_job_names()
+    # One filed both ways for a moment (enqueue run again on a finished job) shows once.
+    finished = [row for row in _finished_rows(ledger, time.time()) if row[0] not in active]
+    if not active and not finished:
         print("no jobs")
         return RET_OK
     print(f"{'job':<32} {'state':<10} {'done':>10} {'failed':>8} {'total':>10} {'progress':>8}"
           f" {'prompts/s':>9} {'ETA':>8}  reason")
-    for name in names:
+    for name in active:
         s = job_status(ledger, name)
         pct = 100.0 * (s["done"] + s["failed"]) / max(1, s["total"])
         eta = "-" if s["eta_s"] is None else format_duration(s["eta_s"])
         print(f"{name:<32} {s['state']:<10} {s['done']:>10,} {s['failed']:>8,} {s['total']:>10,}"
               f" {pct:>7.1f}% {s['rate']['prompts_per_s_5m']:>9.2f} {eta:>8}  {s['reason'] or ''}")
+    for name, state, done, failed, total, reason in finished:
+        pct = 100.0 * (done + failed) / max(1, total)
+        print(f"{name:<32} {state:<10} {done:>10,} {failed:>8,} {total:>10,} {pct:>7.1f}%"
+              f" {'-':>9} {'-':>8}  {reason}")
     return RET_OK
+
+
+def _finished_rows(ledger: Ledger, now: float) -> list[tuple[str, str, int, int, int, str]]:
+    """(name, state, done, failed, total, reason) of each finished job not expired yet, newest
+    first, read in one round trip: nothing moves in them, so no job view is needed."""
+    from producer.status import format_duration
+    from workers.jobview import STATE_DONE
+    from workers.ledger import STATE_CANCELLED
+
+    finished = sorted(ledger.finished_jobs().items(), key=lambda item: -item[1])
+    with ledger.r.pipeline(transaction=False) as p:
+        for name, _ in finished:
+            p.hmget(keys.job(name), "manifest", "state", "reason")
+            p.hmget(keys.job_part(name, "written"), "prompts_done", "prompts_failed")
+        replies = p.execute()
+    rows = []
+    for (name, at), (manifest, state, reason), written in zip(
+            finished, replies[::2], replies[1::2], strict=True):
+        if manifest is None:
+            continue  # expired: it leaves the index when the next job finishes
+        shown = STATE_CANCELLED if state == STATE_CANCELLED.encode() else STATE_DONE
+        why = f"finished {format_duration(max(0.0, now - at))} ago"
+        if reason:
+            why += f"; {reason.decode()}"
+        rows.append((name, shown, int(float(written[0] or 0)), int(float(written[1] or 0)),
+                     int(orjson.loads(manifest)["prompts"]), why))
+    return rows
 
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
@@ -350,7 +410,8 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     if report.prompts == 0:
         print("Nothing to do: no failed prompts")
     else:
-        print(f"job {args.job}: requeued {report.prompts:,} failed prompts in {report.batches} batches")
+        print(f"job {args.job}: requeued {report.prompts:,} failed prompts in {report.batches} batches"
+              f" (round {keys.round_name(report.round)})")
     return RET_OK
 
 
@@ -392,28 +453,22 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.jobview import job_status
+    from producer import sinkview
 
-    ledger = Ledger.connect(settings)
-    manifest = ledger.load_job(args.job)
-    quality = job_status(ledger, args.job)["quality"]
-    if quality and not quality["accepted"] and not args.partial:
-        # All its batches may be written (a small job is judged at its end): still not a
-        # dataset to hand on without a look.
-        raise CommandError(
-            f"job {args.job} failed its quality check ({ledger.job_state(args.job)[1]}); look at "
-            f"the examples (`python -m producer status {args.job}`), then `python -m producer "
-            f"resume {args.job} --accept-quality` to export it, or pass --partial")
+    out = sys.stderr if args.json else sys.stdout
+    manifest, ledger = _exported_job(args, settings, out)
+    if ledger is not None:
+        _check_quality(ledger, args)
     problem = export.target_problem(args.to, manifest.input, force=args.force)
     if problem:
         raise CommandError(problem)
     sink = open_sink(manifest.output)
-    layout = export.survey(sink, args.job)
-    report = export.Reconcile.of(manifest, layout)
+    layout = sinkview.survey(sink, args.job)
+    report = sinkview.Reconcile.of(manifest, layout)
     written: int | None = None
-    with closing(export.outcomes(sink, manifest, layout, report)) as rows:
+    with closing(sinkview.outcomes(sink, manifest, layout, report)) as rows:
         if not (args.partial or layout.finished(manifest)):
-            export.drain(rows)  # it will be refused: count, write nothing
+            sinkview.drain(rows)  # it will be refused: count, write nothing
         else:
             with export.Staged(args.to, force=args.force) as staged:
                 written = export.write(staged.tmp, args.format, rows,
@@ -425,7 +480,6 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         print(orjson.dumps({**report.as_dict(), "written": written}).decode(), flush=True)
     else:
         print(f"reconcile: {report.line()}", flush=True)
-    out = sys.stderr if args.json else sys.stdout
     shortfall = report.problem()
     if shortfall and not args.partial:
         reason, fix = shortfall
@@ -434,6 +488,96 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         print(f"note: {shortfall[0]}; exported what exists, {report.missing:,} prompts missing",
               file=out)
     print(f"wrote {written or 0:,} lines to {args.to} ({args.format})", file=out)
+    return RET_OK
+
+
+def _exported_job(args: argparse.Namespace, settings: Settings,
+                  out: TextIO) -> tuple[JobManifest, Ledger | None]:
+    """The job's manifest, and the ledger if Redis knows the job. With --output, a job Redis
+    does not know (or a Redis that cannot be reached) is read from the sink alone."""
+    if args.output is None:
+        ledger = Ledger.connect(settings)
+        if not ledger.job_exists(args.job):
+            raise CommandError(
+                f"no job named {args.job!r} in Redis; if Redis lost its data, `python -m "
+                f"producer export {args.job} --to {args.to} --output URI` reads the job's output "
+                f"alone (and `python -m producer rebuild {args.job} --output URI` rebuilds it)")
+        return ledger.load_job(args.job), ledger
+    try:
+        ledger = Ledger.connect(settings)
+        if ledger.job_exists(args.job):
+            manifest = ledger.load_job(args.job)
+            _same_output(args.job, manifest.output, args.output)
+            return manifest, ledger
+        why = "Redis does not know the job"
+    except REDIS_ERRORS as exc:
+        why = f"Redis cannot be reached ({redact(exc)})"
+    manifest = _stored_manifest(args.job, args.output)
+    print(f"note: {why}: read from {args.output} alone (the quality canary's verdict, kept in "
+          "Redis, is not checked)", file=out)
+    return manifest, None
+
+
+def _check_quality(ledger: Ledger, args: argparse.Namespace) -> None:
+    from workers.jobview import job_status
+
+    quality = job_status(ledger, args.job)["quality"]
+    if quality and not quality["accepted"] and not args.partial:
+        # All its batches may be written (a small job is judged at its end): still not a
+        # dataset to hand on without a look.
+        state, reason = ledger.job_state(args.job)
+        why = reason if reason.startswith("quality:") else (
+            f"the canary paused it after {quality['detected_after']} answers; it is {state} "
+            f"now: {reason}")
+        raise CommandError(
+            f"job {args.job} failed its quality check ({why}); look at "
+            f"the examples (`python -m producer status {args.job}`), then `python -m producer "
+            f"resume {args.job} --accept-quality` to export it, or pass --partial")
+
+
+def _same_output(job: str, known: str, given: str) -> None:
+    if known.rstrip("/") != given.rstrip("/"):
+        raise CommandError(f"job {job} writes to {known}, not {given}")
+
+
+def _stored_manifest(job: str, output: str) -> JobManifest:
+    from producer.sinkview import stored_manifest
+
+    sink = open_sink(output)
+    manifest = stored_manifest(sink, job)
+    if manifest is None:
+        raise CommandError(f"no job {job} in {output}: {sink.describe(keys.sink_manifest(job))} "
+                           "does not exist")
+    return manifest
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from producer import control
+    from producer.rebuild import rebuild
+    from workers.app import app
+    from workers.creation import JOB_LOCK_WAIT_S, job_lock
+
+    ledger = Ledger.connect(settings)
+    output = args.output
+    if ledger.job_exists(args.job):
+        known = ledger.load_job(args.job).output
+        if output is not None:
+            _same_output(args.job, known, output)
+        output = known
+    elif output is None:
+        raise CommandError(f"Redis does not know job {args.job}: name its output, "
+                           f"`python -m producer rebuild {args.job} --output URI`", RET_BAD_INPUT)
+    manifest = _stored_manifest(args.job, output)
+    with job_lock(ledger, args.job, "rebuild", wait_s=JOB_LOCK_WAIT_S):
+        rebuilt = rebuild(ledger, manifest, open_sink(manifest.output))
+        running = manifest.complete and ledger.job_state(args.job)[0] == STATE_RUNNING
+        dispatched = (control.redispatch_idle(ledger, app, args.job, manifest.queue)
+                      if running else 0)
+    print(f"job {args.job} rebuilt from {rebuilt.where}")
+    for line in rebuilt.lines():
+        print(f"  {line}")
+    if running:
+        print(f"  re-dispatched {dispatched:,} batches")
     return RET_OK
 
 
@@ -447,7 +591,7 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_batches < 1:
         raise CommandError("--max-batches must be >= 1", RET_BAD_INPUT)
     if importlib.util.find_spec("matplotlib") is None:
-        raise CommandError("report draws with matplotlib: pip install 'fleetgen[perf]'")
+        raise CommandError("report draws with matplotlib: pip install -e '.[perf]'")
     page = report.build_report(ledger, args.job, args.max_batches)
     with export.Staged(to, force=args.force) as staged:
         staged.tmp.write_text(page.html, encoding="utf-8")
@@ -468,6 +612,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "cancel": cmd_cancel,
     "resume": cmd_resume,
     "export": cmd_export,
+    "rebuild": cmd_rebuild,
     "report": cmd_report,
 }
 

@@ -5,6 +5,11 @@ running batches of a paused job finish, those of a cancelled job stop at their n
 with their finished prompts kept in the checkpoint. Resume re-dispatches every batch that is
 neither done, nor running, nor waiting in the broker; after a failure breaker pause it first
 sends the prompts that failed with the breaker's cause again (workers/breaker.py).
+
+`requeue --failed` finds the failed prompts in the job's one reading (producer/sinkview.py, as
+`export` does), numbers its round past every round the ledger or the sink knows, and holds the
+job's lock (workers/creation.py) from the reading to the round's record, so two requeues at once
+cannot send the same prompts twice.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +25,10 @@ import orjson
 from celery import Celery
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
+from producer import sinkview
+from producer.rebuild import count_written
 from workers import breaker, keys
+from workers.creation import JOB_LOCK_WAIT_S, job_lock
 from workers.dispatch import dispatch
 from workers.errors import JobError
 from workers.job import JobManifest
@@ -80,27 +89,32 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
     if state == STATE_PAUSED and reason.startswith(breaker.REASON_PREFIX):
         raw = ledger.r.hget(keys.job(job), "breaker_cause")
         cause = raw.decode() if isinstance(raw, bytes) else None
-    resent: set[str] = set()
-    if cause is not None and accept_failures:
-        accepted = breaker.accepted_causes(ledger.r.hget(keys.job(job), "breaker_accepted"))
-        ledger.r.hset(keys.job(job), "breaker_accepted", orjson.dumps(sorted({*accepted, cause})))
-    elif cause is not None:
-        _wait_idle(ledger, job, wait_s)
-        resent = _resend_checkpointed(ledger, manifest, cause)
-    if accept_quality:
-        ledger.r.hset(keys.job(job), "quality_accepted", time.time())
-    if cause is not None:
-        # A fresh window: the old outcomes are settled, either way.
-        with ledger.r.pipeline() as p:
-            p.delete(keys.job_part(job, "outcomes"))
-            p.hdel(keys.job(job), "breaker_cause", "breaker_example")
-            p.execute()
-    ledger.set_state(job, STATE_RUNNING)
-    resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
-    if cause is not None and not accept_failures:
-        resumed.resent += requeue_failed(
-            ledger, app, job, keep=lambda error: (breaker.outcome(error) == cause
-                                                  and error["custom_id"] not in resent)).prompts
+    resend = cause is not None and not accept_failures
+    # Sending failures again is a requeue: it holds the job's lock as `requeue_failed` does.
+    with job_lock(ledger, job, "resume", wait_s=JOB_LOCK_WAIT_S) if resend else nullcontext():
+        resent: set[str] = set()
+        if cause is not None and accept_failures:
+            accepted = breaker.accepted_causes(ledger.r.hget(keys.job(job), "breaker_accepted"))
+            ledger.r.hset(keys.job(job), "breaker_accepted",
+                          orjson.dumps(sorted({*accepted, cause})))
+        elif cause is not None:
+            _wait_idle(ledger, job, wait_s)
+            resent = _resend_checkpointed(ledger, manifest, cause)
+        if accept_quality:
+            ledger.r.hset(keys.job(job), "quality_accepted", time.time())
+        if cause is not None:
+            # A fresh window: the old outcomes are settled, either way.
+            with ledger.r.pipeline() as p:
+                p.delete(keys.job_part(job, "outcomes"))
+                p.hdel(keys.job(job), "breaker_cause", "breaker_example")
+                p.execute()
+        ledger.set_state(job, STATE_RUNNING)
+        resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
+        if resend:
+            resumed.resent += _requeue(
+                ledger, app, job, None, keep=lambda error: (breaker.outcome(error) == cause
+                                                            and error["custom_id"] not in resent)
+            ).prompts
     resumed.batches = redispatch_idle(ledger, app, job, manifest.queue)
     return resumed
 
@@ -160,6 +174,7 @@ def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
 class RequeueReport:
     prompts: int
     batches: int
+    round: int = 0  # its number (0: nothing requeued)
 
 
 def requeue_failed(
@@ -167,56 +182,59 @@ def requeue_failed(
     keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> RequeueReport:
     """Send failed prompts again as new batches (e.g. after raising the context length); with
-    `keep`, only those whose latest error line it keeps.
+    `keep`, only those whose newest error line it keeps.
 
-    Their earlier error lines stay in the sink; export keeps each prompt's latest outcome.
+    Holds the job's lock: a second requeue meanwhile waits, then finds these prompts requeued
+    already. Their earlier error lines stay in the sink; export keeps each prompt's newest
+    outcome.
     """
+    with job_lock(ledger, job, "requeue", wait_s=JOB_LOCK_WAIT_S):
+        return _requeue(ledger, app, job, batch_size, keep)
+
+
+def _requeue(
+    ledger: Ledger, app: Celery, job: str, batch_size: int | None,
+    keep: Callable[[dict[str, Any]], bool] | None,
+) -> RequeueReport:
+    """`requeue_failed` under the job's lock."""
     manifest = _created(ledger, job)
     sink = open_sink(manifest.output)
-    failed = _failed_ids(sink, job, keep)
-    # Prompts of an earlier round that has not been written yet are requeued already.
-    done = ledger.done_batches(job)
-    for batch in sorted(b for b in ledger.all_batches(job) if b.startswith("r") and b not in done):
-        for row in iter_jsonl(sink, keys.sink_input(job, batch)):
-            failed.pop(row["id"], None)
+    failed: dict[str, str] = {}  # id -> the code of its newest outcome, a failure
+
+    def collect(record: dict[str, Any]) -> None:
+        if is_failure(record) and (keep is None or keep(record)):
+            failed[record["custom_id"]] = record["error"]["code"]
+
+    # The job's one reading: a prompt of a requeue batch not written yet has no outcome (its
+    # round will give it one), so it is not requeued twice.
+    layout, _ = sinkview.read(sink, manifest, collect)
+    known = set(ledger.all_batches(job))
+    unknown = [b for b in layout.requeue if b not in known]
+    if unknown:
+        raise JobError(
+            f"job {job}: the output holds requeue batches the ledger does not know "
+            f"({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): a requeue "
+            f"stopped half way, or Redis lost writes. Run `python -m producer rebuild {job}`, "
+            "then requeue again")
+    # Written batches the ledger has not counted yet are counted first, so that taking their
+    # failures out of the figures below never takes out what was never added.
+    count_written(ledger, sink, job, layout.done)
     if not failed:
         return RequeueReport(0, 0)
     size = batch_size or manifest.batch_size
-    round_no = int(ledger.r.hincrby(keys.job(job), "requeue_rounds", 1))
+    round_no = ledger.next_round(job, layout.last_round)
     rows = _input_rows(sink, job, failed)
     batches: list[str] = []
     for start in range(0, len(rows), size):
-        batch = f"r{round_no:02d}-{start // size + 1:06d}"
+        batch = keys.requeue_batch_id(round_no, start // size + 1)
         chunk = rows[start:start + size]
         sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
         batches.append(batch)
-    by_code = Counter(failed[row["id"]] for row in rows)
-    with ledger.r.pipeline() as p:
-        p.sadd(keys.job_part(job, "extra"), *batches)
-        # They leave the failed figures until their new batches are written; live and
-        # written counters move together so `checkpointed` stays right.
-        for part in ("stats", "written"):
-            p.hincrbyfloat(keys.job_part(job, part), "prompts_failed", -len(rows))
-            for code, n in by_code.items():
-                p.hincrbyfloat(keys.job_part(job, part), f"error_{code}", -n)
-        p.hincrbyfloat(keys.job_part(job, "stats"), "prompts_requeued", len(rows))
-        p.execute()
+    ledger.record_round(job, batches, Counter(failed[row["id"]] for row in rows))
     if ledger.job_state(job)[0] == STATE_CANCELLED:
         ledger.set_state(job, STATE_RUNNING)
     dispatch(app, ledger, job, batches, manifest.queue)
-    return RequeueReport(len(rows), len(batches))
-
-
-def _failed_ids(sink: Sink, job: str,
-                keep: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, str]:
-    """Id -> error code of the ids whose latest outcome is a failure that `keep` keeps (a later
-    success clears an earlier error; errors objects are read in key order, so a later round's
-    error wins)."""
-    latest = {err["custom_id"]: (err["error"]["code"], keep is None or keep(err))
-              for err in iter_jsonl(sink, keys.sink_errors_prefix(job))}
-    for res in iter_jsonl(sink, keys.sink_results_prefix(job)):
-        latest.pop(res["id"], None)
-    return {pid: code for pid, (code, kept) in latest.items() if kept}
+    return RequeueReport(len(rows), len(batches), round_no)
 
 
 def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ Creating a job is a transaction a user can interrupt:
    object written — and the job is set `running` and its batches are queued.
 Batch boundaries are a pure function of the file and the batch size, so running the same
 command again resumes: an interrupted creation uploads exactly the inputs still missing, and a
-running job re-queues only batches that are neither done nor waiting.
+running job re-queues only batches that are neither done nor waiting. A job Redis lost (its
+manifest is in the sink) has its ledger rebuilt from the sink first (producer/rebuild.py): its
+requeue rounds run again too, and the report says what was rebuilt.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
@@ -34,6 +36,8 @@ from producer.inputs import (
     read_prompts,
     validate_file,
 )
+from producer.rebuild import Rebuilt, count_written, rebuild
+from producer.sinkview import stored_manifest
 from workers import keys
 from workers.creation import creation_lock
 from workers.dispatch import dispatch
@@ -47,8 +51,7 @@ from workers.job import (
     validate_job_name,
 )
 from workers.ledger import Ledger
-from workers.records import written_counts
-from workers.sink import Sink, batch_records, open_sink
+from workers.sink import Sink, location, open_sink
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class EnqueueReport:
     rejects_at: str | None = None
     resumed: bool = False
     notes: list[str] = field(default_factory=list)
+    rebuilt: Rebuilt | None = None  # Redis did not know the job: its ledger, from the sink
 
 
 def default_batch_size(prompts: int) -> int:
@@ -123,16 +127,17 @@ def _enqueue(
     req: EnqueueRequest, ledger: Ledger, app: Celery,
     progress: Callable[[int, int], None] | None, report: EnqueueReport,
 ) -> None:
+    sink = open_sink(req.output)
+    _check_output(req.job, req.output, ledger, sink)
     rejects = Rejects()
     on_error = rejects if req.skip_invalid else None
     summary = validate_file(req.path, progress=progress, on_error=on_error, name=req.input_name)
     if summary.prompts == 0:
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
-    sink = open_sink(req.output)
     with creation_lock(ledger, req.job):
-        existing = (ledger.load_job(req.job) if ledger.job_exists(req.job)
-                    else _manifest_from(sink, req.job))
+        known = ledger.job_exists(req.job)
+        existing = ledger.load_job(req.job) if known else stored_manifest(sink, req.job)
         report.resumed = existing is not None
         if existing is not None:
             manifest = _check_resume(existing, req, summary.sha256, report)
@@ -157,9 +162,12 @@ def _enqueue(
             report.rejected = rejects.count
             report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
             rejects.upload(sink, f"{req.job}/rejects.jsonl")
-        if manifest.complete:
-            # Redis may have lost the job (it is rebuilt from the sink's manifest).
+        if manifest.complete and known:
             ledger.save_job(manifest)
+            pending = _pending_batches(manifest, sink, ledger, report)
+        elif manifest.complete:
+            # Redis lost the job: its ledger is rebuilt from the sink, requeue rounds included.
+            report.rebuilt = rebuild(ledger, manifest, sink)
             pending = _pending_batches(manifest, sink, ledger, report)
         else:
             manifest = _store_inputs(req, manifest, sink, ledger, report, progress)
@@ -173,9 +181,43 @@ def _enqueue(
         report.enqueued += dispatch(app, ledger, manifest.name, pending, manifest.queue)
 
 
-def _manifest_from(sink: Sink, job: str) -> JobManifest | None:
-    raw = sink.get(keys.sink_manifest(job))
-    return JobManifest.from_json(raw) if raw else None
+def _check_output(job: str, output: str, ledger: Ledger, sink: Sink) -> None:
+    """JobError unless the job's folder `{output}/{job}/` and every other job's lie apart: a job
+    inside another's folder would have its objects read as that job's (a job `results` in job
+    A's folder is A's results). The others are the jobs Redis knows and any job whose
+    manifest.json is in the output's folder or one above it."""
+    mine = location(output) + job + "/"
+    for name, theirs in _job_folders(ledger):
+        if name == job:
+            continue
+        if mine.startswith(theirs):
+            raise JobError(f"--output {output} puts job {job!r} at {mine}, inside job {name!r} "
+                           f"at {theirs}; choose an --output outside every job's folder")
+        if theirs.startswith(mine):
+            raise JobError(f"--output {output} puts job {job!r} at {mine}, around job {name!r} "
+                           f"at {theirs}; choose another --output or --job")
+    for where, raw in sink.manifests_above():
+        try:
+            other = JobManifest.from_json(raw)
+        except (JobError, orjson.JSONDecodeError):
+            continue  # some other tool's manifest.json
+        folder = PurePosixPath(where).parent
+        if other.name == folder.name:
+            raise JobError(f"--output {output} puts job {job!r} at {mine}, inside job "
+                           f"{other.name!r} at {where.removesuffix(keys.SINK_MANIFEST)} (its "
+                           "manifest.json is there); choose an --output outside every job's folder")
+
+
+def _job_folders(ledger: Ledger) -> Iterator[tuple[str, str]]:
+    """(name, `{output}/{job}/` as `location` spells it) of every job Redis holds."""
+    names = ledger.job_names()
+    with ledger.r.pipeline(transaction=False) as p:
+        for name in names:
+            p.hget(keys.job(name), "manifest")
+        manifests: list[bytes | None] = p.execute()
+    for name, raw in zip(names, manifests, strict=True):
+        if raw is not None:
+            yield name, location(orjson.loads(raw)["output"]) + name + "/"
 
 
 def _check_resume(
@@ -254,15 +296,10 @@ def _pending_batches(
 ) -> list[str]:
     """The job's batches that are neither done (in the sink) nor waiting (queued, running)."""
     job = manifest.name
-    done = ledger.done_batches(job)
-    in_sink = {
-        Path(k).stem for k in sink.list_keys(keys.sink_results_prefix(job)) if k.endswith(".jsonl")
-    }
-    for batch in sorted(in_sink - done):
-        # Redis lost it: the sink is the truth; its counts come from its objects.
-        counts = written_counts(batch_records(sink, job, batch))
-        ledger.finish_batch(job, batch, counts, "", [])
-    done |= in_sink
+    in_sink = {Path(k).stem for k in sink.list_keys(keys.sink_results_prefix(job))
+               if k.endswith(".jsonl") and keys.is_batch(Path(k).stem)}
+    # Written but not recorded (Redis lost it, or its worker died first): counted from the sink.
+    done = count_written(ledger, sink, job, in_sink)
     waiting = set(ledger.queued_batches(job)) | set(ledger.running_batches(job))
     pending = []
     for batch in ledger.all_batches(job):

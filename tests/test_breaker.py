@@ -398,7 +398,7 @@ FAULTS = {
     # A 500 for every request: each prompt fails once its tries are spent. The trip comes
     # within the first batch of 40, which goes back unwritten: resume takes the failures out
     # of its checkpoint, so that its next run sends them again.
-    "errors": (("--fail-rate", "1"), 40,
+    "server-errors": (("--fail-rate", "1"), 40,
                "server_error: HTTP N: Internal server error: simulated failure (--fail-rate)",
                "HTTP 500: Internal server error: simulated failure"),
 }

@@ -72,7 +72,7 @@ class Job:
     def requeue(self, ids: list[str], *, fail: Iterable[str] = (), run: bool = True,
                 round_no: int | None = None) -> str:
         self.rounds = round_no or self.rounds + 1
-        batch = f"r{self.rounds:02d}-{1:06d}"
+        batch = keys.requeue_batch_id(self.rounds, 1)
         self._put_input(batch, ids)
         if run:
             self._outcomes(batch, ids, set(fail))

@@ -158,3 +158,32 @@ def test_a_job_that_is_not_running_is_left_alone(ledger: Ledger, reconciler: Rec
     for _ in range(2):
         assert sum(reconciler.reconcile_once().values()) == 0
     assert waiting(ledger) == set()
+
+
+def test_a_redis_outage_is_one_line_when_it_goes_and_one_when_it_is_back(
+        celery_app: Any, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from launcher.ports import free_port
+
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", reconcile_interval_s=0.02)
+    rec = Reconciler(celery_app, settings, "test")
+    rounds = []
+    real = rec._take_turn
+
+    def counted() -> bool:
+        rounds.append(1)
+        if len(rounds) == 6:  # Redis comes back: point the ledger at the real one
+            rec.ledger.r = redis.Redis.from_url(redis_url)
+        return real()
+
+    rec._take_turn = counted  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="workers.reconciler"):
+        rec.start()
+        deadline = time.monotonic() + 60
+        while len(rounds) < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rec.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(rounds) >= 8
+    assert sum("Redis unreachable" in line for line in lines) == 1, lines
+    assert sum("Redis is back" in line for line in lines) == 1, lines
+    assert not any(r.exc_info for r in caplog.records)

@@ -254,10 +254,13 @@ class Engine:
     async def refresh_capacity(self) -> ServerCapacity:
         """Find what the server is and how many requests to keep in flight there."""
         found = await self.client.detect()
+        first = self.server is None
         server = self._adopt(found)
         capacity = self._capacity(server)
         if self.control is not None:  # measured: the controller moves the limit, not this
             self._controlled(self.control.limit)
+            if first:
+                await self._register()  # `status` says what the server is from now on
             return capacity
         if self.capacity is None or (capacity.effective, capacity.source) != (
                 self.capacity.effective, self.capacity.source):
@@ -270,6 +273,8 @@ class Engine:
         await self.limiter.set_limit(self.limit_for(capacity))
         metrics.set_server_capacity(self.worker, self.server_url, capacity.effective,
                                     self.limit_for(capacity))
+        if first:
+            await self._register()
         return capacity
 
     def _adopt(self, found: Server) -> Server:

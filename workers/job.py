@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from workers.errors import JobError
-from workers.keys import JOB_NAME
+from workers.keys import JOB_ENTRIES, JOB_NAME
 
 # A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
 # a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.
@@ -107,7 +107,8 @@ class JobManifest:
     complete: bool = True
 
     def __post_init__(self) -> None:
-        validate_job_name(self.name)
+        # A job named before JOB_ENTRIES were refused stays readable.
+        validate_job_name(self.name, new=False)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -128,11 +129,20 @@ class JobManifest:
 TAPER = 2
 
 
-def validate_job_name(name: str) -> str:
+def validate_job_name(name: str, *, new: bool = True) -> str:
+    """`name`, or JobError saying why a job cannot have it; a `new` job may not be named like
+    what every job keeps in its folder either (`results`: its folder inside another job's
+    output would be taken for that job's results)."""
     if not JOB_NAME.match(name):
         raise JobError(
             f"job name {name!r}: use letters, digits, '.', '_' or '-' (at most 128), "
             "starting with a letter or digit"
+        )
+    if new and name.lower() in JOB_ENTRIES:
+        raise JobError(
+            f"job name {name!r}: every job keeps its own {name!r} in {{output}}/{{job}}/, so a "
+            f"job of that name could be taken for part of another; choose another name "
+            f"(not one of {', '.join(JOB_ENTRIES)})"
         )
     return name
 

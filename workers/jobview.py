@@ -129,9 +129,9 @@ def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -
 
 def _batch_len(plan: list[int], size: int, batch: str) -> int:
     """Prompts in an enqueued batch `bNNNNNN`; a requeue batch (`rNN-NNNNNN`) counts as full."""
-    if not batch.startswith("b"):
+    if keys.requeue_round(batch) is not None:
         return size
-    index = int(batch[1:] or 0)
+    index = keys.batch_order(batch)[1]
     return plan[index - 1] if 0 < index <= len(plan) else 0
 
 

@@ -1,7 +1,10 @@
 """Every Redis key, queue name and sink key fleetgen uses, spelled once.
 
 Redis (the ledger, rebuildable from the sink):
-    fg:jobs                      set    job names
+    fg:jobs                      set    jobs not finished (creating, running, paused): what
+                                        the reconciler walks
+    fg:jobs:finished             zset   finished jobs (done, cancelled) -> when they finished;
+                                        their keys expire FLEETGEN_JOB_RETENTION after it
     fg:workers                   hash   worker -> its server, state, capacity, in flight
     fg:job:{job}                 hash   manifest (json), state, reason, created/updated
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
@@ -14,7 +17,9 @@ Redis (the ledger, rebuildable from the sink):
                                         (answers, tokens, finish reasons, bytes ...)
     fg:job:{job}:written         hash   what the sink holds: prompts done, failed, failed by
                                         code; moved once per written batch (export's figures)
-    fg:job:{job}:enqueue         string lock held by the enqueue creating or resuming the job
+    fg:job:{job}:enqueue         string the job's lock (named when only enqueue took it): held
+                                        by the enqueue creating or resuming the job, a
+                                        `requeue`, a `rebuild` (workers/creation.py)
     fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
     fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
     fg:job:{job}:worker_minutes  hash   "{worker}|{minute}|prompts|tokens" -> done in it, per
@@ -24,13 +29,18 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:outcomes        list   the failure breaker's window, newest first: "" per
                                         answer, the cause per failure (workers/breaker.py)
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
+    fg:job:{job}:progress_mark   string what the last progress.json of a stopped job said
     fg:job:{job}:extra           set    batches made by `requeue --failed`
+    (in fg:job:{job}: requeue_rounds, the number of the job's last requeue round)
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
     fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
     fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
                                         Redis connection at the last reconciler round
 Sink, under {output}/{job}/:
-    manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl
+    manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl,
+    rejects.jsonl, progress.json (JOB_ENTRIES)
+Batches: `b000001` ... in input order (enqueue), `r01-000001` ... for requeue round 1; rounds
+past 99 have more digits (`r100-000001`), so batches are ordered by `batch_order`, never by name.
 """
 
 from __future__ import annotations
@@ -56,6 +66,18 @@ def broker_lists(queue: str) -> list[str]:
     return [queue if p == 0 else f"{queue}\x06\x16{p}" for p in _PRIORITY_STEPS]
 
 JOBS = f"{PREFIX}:jobs"
+FINISHED_JOBS = f"{PREFIX}:jobs:finished"
+# The parts of a job that live as long as it does, all expiring together once it finishes
+# (Ledger.settle; its unfinished batches' checkpoints too). `enqueue` and `progress_due` are
+# left out: they expire on their own, and must never be made to last.
+JOB_PARTS = ("queued", "running", "done", "attempts", "causes", "stats", "written", "workers",
+             "minutes", "worker_minutes", "failures", "recent", "outcomes", "extra",
+             "progress_mark")
+# What every job keeps under `{output}/{job}/`: no job may be named like one of them, or its
+# folder could be taken for part of another job's (a `results` job inside a job's output).
+SINK_MANIFEST = "manifest.json"
+JOB_ENTRIES = (SINK_MANIFEST, "inputs", "results", "errors", "rejects.jsonl",
+               "progress.json", ".fleetgen")
 # hash: worker node name -> json {server, state, capacity, in_flight, updated}
 WORKERS = f"{PREFIX}:workers"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
@@ -88,6 +110,11 @@ def job_part(name: str, part: str) -> str:
     return f"{PREFIX}:job:{name}:{part}"
 
 
+def job_keys(name: str) -> list[str]:
+    """The job's hash and every part of JOB_PARTS: what expires when it finishes."""
+    return [job(name)] + [job_part(name, part) for part in JOB_PARTS]
+
+
 def checkpoint(name: str, batch: str) -> str:
     return f"{PREFIX}:ckpt:{name}:{batch}"
 
@@ -100,8 +127,42 @@ def batch_id(index: int) -> str:
     return f"b{index:06d}"
 
 
+# `requeue --failed` round N's batches; N has at least two digits and as many as it needs.
+_REQUEUE_BATCH = re.compile(r"^r(\d+)-(\d+)$")
+_BASE_BATCH = re.compile(r"^b(\d+)$")
+
+
+def round_name(round_no: int) -> str:
+    """Requeue round `round_no` (from 1) as its batch names begin: `r01`, ..., `r100`."""
+    return f"r{round_no:02d}"
+
+
+def requeue_batch_id(round_no: int, index: int) -> str:
+    """The `index`th batch (from 1) of requeue round `round_no`."""
+    return f"{round_name(round_no)}-{index:06d}"
+
+
+def requeue_round(batch: str) -> int | None:
+    """The requeue round a batch belongs to; None for a batch enqueue made (or no batch)."""
+    match = _REQUEUE_BATCH.match(batch)
+    return int(match[1]) if match else None
+
+
+def batch_order(batch: str) -> tuple[int, int]:
+    """Sort key of a job's batches: enqueued ones (round 0) in input order, then each requeue
+    round by its number. By name, `r100-` would come before `r99-`."""
+    match = _REQUEUE_BATCH.match(batch) or _BASE_BATCH.match(batch)
+    if match is None:
+        raise ValueError(f"{batch!r} is not a batch name")
+    return (int(match[1]), int(match[2])) if match.re is _REQUEUE_BATCH else (0, int(match[1]))
+
+
+def is_batch(name: str) -> bool:
+    return bool(_REQUEUE_BATCH.match(name) or _BASE_BATCH.match(name))
+
+
 def sink_manifest(name: str) -> str:
-    return f"{name}/manifest.json"
+    return f"{name}/{SINK_MANIFEST}"
 
 
 def sink_input(name: str, batch: str) -> str:

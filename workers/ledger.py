@@ -1,8 +1,10 @@
 """The Redis ledger: job manifests, batch states, leases, checkpoints and counters.
 
 A batch moves `queued -> running -> done`; `running` means a worker holds its lease. The ledger
-is bookkeeping for speed and visibility: the sink decides what is done, and `rebuild_done`
-reconstructs the done set from it.
+is bookkeeping for speed and visibility: the sink decides what is done, and `restore` puts back
+what a reading of the sink found (producer/rebuild.py) when Redis lost it or it is in doubt.
+A finished job (done or cancelled) leaves the active jobs for the finished index, and its keys
+expire FLEETGEN_JOB_RETENTION after it finished (`settle`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import redis
 from workers import keys, redisconn
 from workers.errors import JobError
 from workers.job import JobManifest
-from workers.settings import REDIS_MASTER_NAME, Settings
+from workers.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
 # the job until enqueue sets it `running` (after the last input and the final manifest).
@@ -27,6 +29,8 @@ STATE_RUNNING = "running"
 STATE_PAUSED = "paused"
 STATE_CANCELLED = "cancelled"
 JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
+# The job hash's field numbering `requeue --failed` rounds: the last round's number.
+ROUNDS = "requeue_rounds"
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
 
@@ -41,43 +45,44 @@ _FINISH = resources.files("workers").joinpath("finish_batch.lua").read_text(enco
 # Takes failures out of an unleased batch's checkpoint, with what they added to the counters.
 _DROP_FAILURES = resources.files("workers").joinpath("drop_failures.lua").read_text(
     encoding="utf-8")
+# Files a job under the active or the finished jobs, its keys lasting or expiring to match.
+_SETTLE = resources.files("workers").joinpath("settle_job.lua").read_text(encoding="utf-8")
+# What `settle` found the job to be.
+FINISHED, ACTIVE, GONE = "finished", "active", "gone"
 
 
 class Ledger:
     """Synchronous ledger operations on one Redis connection pool."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, job_retention: float = JOB_RETENTION_S) -> None:
         self.r = client
+        self.job_retention = job_retention
+        self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
         self._finish = client.register_script(_FINISH)
         self._drop_failures = client.register_script(_DROP_FAILURES)
 
     @classmethod
     def from_url(cls, url: str, client_name: str | None = None,
-                 master_name: str = REDIS_MASTER_NAME) -> Ledger:
+                 master_name: str = REDIS_MASTER_NAME,
+                 job_retention: float = JOB_RETENTION_S) -> Ledger:
         """A ledger on the Redis `url` names: a server, or the master of Sentinels."""
         return cls(redisconn.client(
             url, master_name, socket_timeout=30, socket_connect_timeout=5,
-            health_check_interval=10, client_name=client_name))
+            health_check_interval=10, client_name=client_name), job_retention)
 
     @classmethod
     def connect(cls, settings: Settings, client_name: str | None = None) -> Ledger:
-        return cls.from_url(settings.redis_url, client_name, settings.redis_master_name)
+        return cls.from_url(settings.redis_url, client_name, settings.redis_master_name,
+                            settings.job_retention)
 
     # Jobs
 
     def save_job(self, manifest: JobManifest) -> None:
         """Store the manifest. An incomplete one (enqueue still storing inputs) puts the job in
         `creating`; a complete one leaves the state as it is (`running` if it had none)."""
-        now = time.time()
         with self.r.pipeline() as p:
-            p.sadd(keys.JOBS, manifest.name)
-            p.hset(keys.job(manifest.name), mapping={"manifest": manifest.to_json(), "updated": now})
-            if manifest.complete:
-                p.hsetnx(keys.job(manifest.name), "state", STATE_RUNNING)
-                p.hsetnx(keys.job(manifest.name), "started_at", manifest.created_at)
-            else:
-                p.hset(keys.job(manifest.name), "state", STATE_CREATING)
+            _save_job(p, manifest)
             p.execute()
 
     def activate(self, manifest: JobManifest) -> None:
@@ -93,19 +98,64 @@ class Ledger:
     def load_job(self, name: str) -> JobManifest:
         raw = self.r.hget(keys.job(name), "manifest")
         if raw is None:
-            raise JobError(f"no job named {name!r} in {self._where()}")
+            raise JobError(f"no job named {name!r} in {self._where()} (if Redis lost its data, "
+                           f"`python -m producer rebuild {name} --output URI` rebuilds the job "
+                           "from its output)")
         return JobManifest.from_json(raw)
 
     def job_exists(self, name: str) -> bool:
         return bool(self.r.hexists(keys.job(name), "manifest"))
 
     def job_names(self) -> list[str]:
+        """Every job Redis holds: the active ones and the finished ones not expired yet."""
+        finished = list(self.finished_jobs())
+        with self.r.pipeline(transaction=False) as p:
+            for name in finished:
+                p.exists(keys.job(name))
+            kept = [name for name, there in zip(finished, p.execute(), strict=True) if there]
+        return sorted(set(self.active_job_names()) | set(kept))
+
+    def active_job_names(self) -> list[str]:
+        """Jobs not finished (creating, running, paused): what the reconciler walks."""
         return sorted(n.decode() for n in self.r.smembers(keys.JOBS))  # type: ignore[union-attr]
+
+    def finished_jobs(self, since: float = 0.0) -> dict[str, float]:
+        """Finished jobs (done, cancelled) -> when they finished, those since `since`, oldest
+        first. One whose keys expired may stay listed until the next job finishes."""
+        pairs: Any = self.r.zrangebyscore(keys.FINISHED_JOBS, since, "+inf", withscores=True)
+        return {member.decode(): float(score) for member, score in pairs}
+
+    def settle(self, name: str, now: float | None = None) -> str:
+        """File the job under the active or the finished jobs by its state: FINISHED (cancelled,
+        or running with every batch done, the job view's `done`), ACTIVE, or GONE (no such job).
+
+        The one place a job's keys get their expiry: a finished job's keys and its unfinished
+        batches' checkpoints expire `job_retention` after it first finished; a job that runs
+        again (resume, `requeue --failed`) keeps them for good again. Idempotent: calling it
+        again sets the same expiry. Called where a job may finish or start again (a batch
+        recorded, a state set, batches queued) and by the reconciler for every active job."""
+        now = time.time() if now is None else now
+        raw: Any = self._settle(
+            keys=[keys.JOBS, keys.FINISHED_JOBS, keys.job_part(name, "done"),
+                  keys.job_part(name, "extra"), *keys.job_keys(name)],
+            args=[name, repr(now), repr(float(self.job_retention))])
+        found: str = raw[0].decode()
+        value = int(raw[1])
+        if found == FINISHED or value:
+            with self.r.pipeline(transaction=False) as p:
+                for batch in set(self.all_batches(name)) - self.done_batches(name):
+                    if found == FINISHED:
+                        p.pexpireat(keys.checkpoint(name, batch), value)
+                    else:
+                        p.persist(keys.checkpoint(name, batch))
+                p.execute()
+        return found
 
     def all_batches(self, name: str) -> list[str]:
         """The job's enqueued batches plus those made by `requeue --failed`."""
         manifest = self.load_job(name)
-        extra = sorted(b.decode() for b in self.r.smembers(keys.job_part(name, "extra")))  # type: ignore[union-attr]
+        extra = sorted((b.decode() for b in self.r.smembers(keys.job_part(name, "extra"))),  # type: ignore[union-attr]
+                       key=keys.batch_order)
         return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
 
     def job_state(self, name: str) -> tuple[str, str]:
@@ -118,6 +168,7 @@ class Ledger:
         self.r.hset(
             keys.job(name), mapping={"state": state, "reason": reason, "updated": time.time()}
         )
+        self.settle(name)
 
     def _where(self) -> str:
         kw = self.r.connection_pool.connection_kwargs
@@ -130,6 +181,8 @@ class Ledger:
         mapping = {b: now for b in batches}
         if mapping:
             self.r.zadd(keys.job_part(name, "queued"), mapping)
+            # Work queued for a finished job (`requeue --failed` of a done one) runs it again.
+            self.settle(name)
 
     def unqueue(self, name: str, batch: str) -> None:
         self.r.zrem(keys.job_part(name, "queued"), batch)
@@ -246,7 +299,68 @@ class Ledger:
                 if worker:
                     p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|batches_done", 1)
                 p.execute()
+            # Its last batch finishes the job.
+            self.settle(name)
         return first
+
+    # Requeue rounds and the ledger rebuilt from the sink
+
+    def next_round(self, name: str, after: int) -> int:
+        """Number the job's next requeue round: one past its last in the ledger and `after`
+        (the last the sink holds), so a round name is never used twice. The caller holds the
+        job's lock (workers/creation.py)."""
+        last = int(self.r.hget(keys.job(name), ROUNDS) or 0)
+        number = max(last, after) + 1
+        self.r.hset(keys.job(name), ROUNDS, number)
+        return number
+
+    def record_round(self, name: str, batches: list[str], failed_by_code: Mapping[str, int]) -> None:
+        """Add a requeue round's batches to the job, their prompts out of the failed figures
+        until the new batches are written; live and written counters move together, so
+        `checkpointed` stays right."""
+        requeued = sum(failed_by_code.values())
+        with self.r.pipeline() as p:
+            p.sadd(keys.job_part(name, "extra"), *batches)
+            for part in ("stats", "written"):
+                p.hincrbyfloat(keys.job_part(name, part), "prompts_failed", -requeued)
+                for code, n in failed_by_code.items():
+                    p.hincrbyfloat(keys.job_part(name, part), f"error_{code}", -n)
+            p.hincrbyfloat(keys.job_part(name, "stats"), "prompts_requeued", requeued)
+            p.execute()
+
+    def restore(self, manifest: JobManifest, *, done: Iterable[str], rounds: Iterable[str],
+                last_round: int, written: Mapping[str, float], live: Mapping[str, float]) -> None:
+        """Replace what the ledger says about the job's written work with what a reading of
+        its sink found (producer/rebuild.py), in one transaction: the manifest (a job that had
+        no state runs), the done set, the written counters, the requeue batches and the round
+        counter (never lowered), and the live counters' tallies of prompts, failures, tokens
+        and finish reasons. Work in hand (queued and running batches, leases, checkpoints) stays
+        as it is. The caller holds the job's lock."""
+        name = manifest.name
+        stats = keys.job_part(name, "stats")
+        # Codes and finish reasons the reading did not find must not linger at their old value.
+        fields: list[bytes] = self.r.hkeys(stats)  # type: ignore[assignment]
+        stale = [f for f in fields if f.startswith((b"error_", b"finish_"))]
+        last = int(self.r.hget(keys.job(name), ROUNDS) or 0)
+        done, rounds = list(done), list(rounds)
+        counted: dict[Any, float] = dict(written)
+        tallied: dict[Any, float] = dict(live)
+        with self.r.pipeline() as p:
+            _save_job(p, manifest)
+            p.delete(keys.job_part(name, "done"), keys.job_part(name, "written"),
+                     keys.job_part(name, "extra"))
+            if done:
+                p.sadd(keys.job_part(name, "done"), *done)
+            if rounds:
+                p.sadd(keys.job_part(name, "extra"), *rounds)
+            if counted:
+                p.hset(keys.job_part(name, "written"), mapping=counted)
+            if stale:
+                p.hdel(stats, *stale)
+            if tallied:
+                p.hset(stats, mapping=tallied)
+            p.hset(keys.job(name), ROUNDS, max(last, last_round))
+            p.execute()
 
     def stats(self, name: str) -> dict[str, float]:
         """Live counters, moved by each prompt as it reaches the checkpoint."""
@@ -266,6 +380,17 @@ class Ledger:
 
     def _floats(self, key: str) -> dict[str, float]:
         return _decoded(self.r.hgetall(key))
+
+
+def _save_job(p: redis.client.Pipeline, manifest: JobManifest) -> None:
+    now = time.time()
+    p.sadd(keys.JOBS, manifest.name)
+    p.hset(keys.job(manifest.name), mapping={"manifest": manifest.to_json(), "updated": now})
+    if manifest.complete:
+        p.hsetnx(keys.job(manifest.name), "state", STATE_RUNNING)
+        p.hsetnx(keys.job(manifest.name), "started_at", manifest.created_at)
+    else:
+        p.hset(keys.job(manifest.name), "state", STATE_CREATING)
 
 
 def _decoded(raw: Any) -> dict[str, float]:

@@ -21,6 +21,8 @@ and thread-safe:
 
 Every family is named `fleetgen_*` and labelled `job`, `worker` (the Celery node name, as
 in Flower) and `server` (the SGLang URL); README "metrics" lists them with a scrape config.
+A finished job's series are removed (`forget_job`, from the reconciler's round), so a worker
+that runs thousands of jobs serves the active ones' series, not every job's it ever ran.
 """
 
 from __future__ import annotations
@@ -62,16 +64,19 @@ QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120,
 BATCH_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 2700, 3600, 7200, 14400)
 
 LABELS = ("job", "worker", "server")
+DONE_LABELS = (*LABELS, "finish_reason")
+FAILED_LABELS = (*LABELS, "reason")
+BATCH_LABELS = (*LABELS, "status")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 
 PROMPTS_DONE = Counter(
     "fleetgen_prompts_done", "Prompts answered, by the server's finish_reason.",
-    (*LABELS, "finish_reason"), registry=REGISTRY)
+    DONE_LABELS, registry=REGISTRY)
 PROMPTS_FAILED = Counter(
     "fleetgen_prompts_failed", "Prompts given up on, by error code (records.error_code).",
-    (*LABELS, "reason"), registry=REGISTRY)
+    FAILED_LABELS, registry=REGISTRY)
 INPUT_TOKENS = Counter(
     "fleetgen_input_tokens", "Prompt tokens of answered prompts (usage.prompt_tokens).",
     LABELS, registry=REGISTRY)
@@ -93,7 +98,7 @@ IN_FLIGHT = Gauge(
     LABELS, registry=REGISTRY)
 BATCH_DURATION = Histogram(
     "fleetgen_batch_duration_seconds", "Wall time of one batch delivery, by how it ended.",
-    (*LABELS, "status"), buckets=BATCH_BUCKETS, registry=REGISTRY)
+    BATCH_LABELS, buckets=BATCH_BUCKETS, registry=REGISTRY)
 SERVER_CAPACITY = Gauge(
     "fleetgen_server_max_running_requests",
     "Requests the server runs at once, as it reports it (effective max_running_requests).",
@@ -102,6 +107,11 @@ IN_FLIGHT_LIMIT = Gauge(
     "fleetgen_worker_max_in_flight_requests",
     "The worker's cap on requests in flight: server capacity plus the queue margin.",
     ("worker", "server"), registry=REGISTRY)
+# The families labelled by job, with their label names: what `forget_job` removes.
+_BY_JOB: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
+    (PROMPTS_DONE, DONE_LABELS), (PROMPTS_FAILED, FAILED_LABELS), (INPUT_TOKENS, LABELS),
+    (OUTPUT_TOKENS, LABELS), (REASONING_TOKENS, LABELS), (REQUEST_LATENCY, LABELS),
+    (QUEUE_WAIT, LABELS), (IN_FLIGHT, LABELS), (BATCH_DURATION, BATCH_LABELS))
 
 
 class ExporterError(FleetgenError):
@@ -194,7 +204,7 @@ class _Answered(NamedTuple):
 
 
 # `.labels()` takes a lock and builds a key on every call, and a prompt made six of them:
-# looked up once per job and kept (no series is ever removed).
+# looked up once per job and kept until `forget_job` removes the job's series.
 @functools.cache
 def _sent(job: str, worker: str, server: str) -> _Sent:
     return _Sent(IN_FLIGHT.labels(job, worker, server), QUEUE_WAIT.labels(job, worker, server))
@@ -251,6 +261,31 @@ def request_ended(job: str, worker: str, server: str) -> None:
 def batch_finished(job: str, worker: str, server: str, *, duration_s: float, status: str) -> None:
     """Record one batch delivery's wall time; `status` is Outcome.status (done, stopped ...)."""
     BATCH_DURATION.labels(job, worker, server, status).observe(duration_s)
+
+
+def job_series() -> set[str]:
+    """The jobs this process serves series of."""
+    return {values[0] for family, names in _BY_JOB for values in _label_values(family, names)}
+
+
+def forget_job(job: str) -> None:
+    """Remove every series labelled with `job` (it finished). A request still in flight for it
+    counts on a detached child, which nothing serves."""
+    for family, names in _BY_JOB:
+        for values in _label_values(family, names):
+            if values[0] == job:
+                family.remove(*values)
+    # The cached children of every job go: the others are found again (`.labels()` returns
+    # the same child), the finished job's are not kept alive.
+    _sent.cache_clear()
+    _answered.cache_clear()
+
+
+def _label_values(family: Counter | Gauge | Histogram, names: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The label values of each series of `family` (a histogram's `le` and suffixes aside)."""
+    return {tuple(sample.labels[n] for n in names)
+            for metric in family.collect() for sample in metric.samples
+            if all(n in sample.labels for n in names)}
 
 
 def set_server_capacity(worker: str, server: str, effective: int, limit: int) -> None:

@@ -13,6 +13,10 @@ that is running:
   message was lost (a BRPOP in flight during a crash, a Redis restart) -> dispatch it again.
 Duplicates this may create are harmless: leases stop concurrent copies and the sink's
 create-if-absent write makes a late copy a no-op.
+
+A round walks the active jobs only (`fg:jobs`), plus the jobs finished in the last
+FINISHED_GRACE_S: a fleet's thousands of finished jobs cost it nothing. Each round, in every
+worker, the series of jobs finished before that leave the worker's /metrics.
 """
 
 from __future__ import annotations
@@ -26,13 +30,18 @@ import orjson
 import redis
 from celery import Celery
 
-from workers import keys
+from workers import keys, metrics
 from workers.dispatch import dispatch, parse_task_id
-from workers.ledger import STATE_RUNNING, Ledger
+from workers.ledger import ACTIVE, STATE_RUNNING, Ledger
 from workers.progress import write_progress
+from workers.retry import REDIS_ERRORS
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
+# A finished job is still visited this long: its last progress.json (state done) may wait a
+# minute for the once-a-minute gate, and its metric series stay for the scrapes that read their
+# last values (Prometheus scrapes every minute by default).
+FINISHED_GRACE_S = 180.0
 
 
 class Reconciler:
@@ -55,13 +64,27 @@ class Reconciler:
         self._thread.join(timeout=5)
 
     def _loop(self) -> None:
+        # Since when Redis has been out of reach: one line when it goes, one when it is back.
+        down_since: float | None = None
         while not self._stop.wait(self.settings.reconcile_interval_s):
             try:
                 if self._take_turn():
                     self.reconcile_once()
+                self.forget_finished_series()
+            except REDIS_ERRORS as exc:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("reconciler %s: Redis unreachable (%s); trying every %.0fs, "
+                                "quiet until it is back", self.owner, exc,
+                                self.settings.reconcile_interval_s)
+                continue
             except Exception:
                 log.exception("reconciler %s: round failed; next round in %.0fs",
                               self.owner, self.settings.reconcile_interval_s)
+            if down_since is not None:
+                log.warning("reconciler %s: Redis is back after %.0fs", self.owner,
+                            time.monotonic() - down_since)
+                down_since = None
 
     def _take_turn(self) -> bool:
         ttl = int(self.settings.reconcile_interval_s * 1000 * 0.9)
@@ -77,8 +100,18 @@ class Reconciler:
         previous = {raw.decode() for raw in self.ledger.r.smembers(keys.OWNERLESS)}  # type: ignore[union-attr]
         ownerless: set[str] = set()
         liveness: dict[str, bool] | None = None  # read once per round, when first needed
-        for job in self.ledger.job_names():
+        for job in self.ledger.finished_jobs(since=now - FINISHED_GRACE_S):
+            if self.ledger.job_exists(job):
+                write_progress(self.ledger, job, now, settings=self.settings)
+            # Again: writing progress.json (or a straggler's last checkpoint) after the job
+            # finished made keys that do not expire yet.
+            self.ledger.settle(job, now)
+        for job in self.ledger.active_job_names():
             write_progress(self.ledger, job, now, settings=self.settings)
+            # A job whose finish nobody filed (a crash between its last batch and the filing,
+            # a ledger older than the finished index) leaves the active jobs here.
+            if self.ledger.settle(job, now) != ACTIVE:
+                continue
             state, _ = self.ledger.job_state(job)
             if state != STATE_RUNNING:
                 continue
@@ -133,6 +166,23 @@ class Reconciler:
                 p.pexpire(keys.OWNERLESS, int(3000 * self.settings.reconcile_interval_s))
             p.execute()
         return counts
+
+    def forget_finished_series(self, now: float | None = None) -> list[str]:
+        """Drop this worker's metric series of jobs finished more than FINISHED_GRACE_S ago (or
+        gone from Redis); returns those jobs. Each worker does it for its own /metrics."""
+        seen = metrics.job_series()
+        if not seen:
+            return []
+        now = time.time() if now is None else now
+        kept = (set(self.ledger.active_job_names())
+                | set(self.ledger.finished_jobs(since=now - FINISHED_GRACE_S)))
+        gone = sorted(seen - kept)
+        for job in gone:
+            metrics.forget_job(job)
+        if gone:
+            log.info("metrics: %s: dropped the series of %d finished jobs: %s", self.owner,
+                     len(gone), ", ".join(gone[:5]))
+        return gone
 
     def _owner_liveness(self) -> dict[str, bool]:
         """Each worker that names its Redis connections -> whether one is open right now.

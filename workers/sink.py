@@ -6,6 +6,11 @@ temp file hard-linked into place), so a late duplicate writer is a no-op, never 
 
     sink = open_sink("s3://bucket/runs")     # or "/data/runs", "file:///data/runs"
     sink.put_new("job/results/b000001.jsonl", data)  -> True (written) | False (already there)
+    sink.list_keys("job/results/")  -> "job/results/b000001.jsonl", ...
+
+Both sinks list one level, in key order: `list_keys("job/results/")` never shows what lies in
+a folder (an S3 prefix) below it, so the two agree, and nothing inside `results/` is read as
+the job's batches but its own objects.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Sink(Protocol):
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str) -> Iterator[str]: ...
     def describe(self, key: str) -> str: ...
+    def manifests_above(self) -> Iterator[tuple[str, bytes]]: ...
 
 
 def open_sink(uri: str, *, addressing_style: str = "path") -> Sink:
@@ -56,12 +62,28 @@ def open_sink(uri: str, *, addressing_style: str = "path") -> Sink:
     raise SinkError(f"{uri}: unsupported output scheme {parsed.scheme!r} (use s3:// or a folder)")
 
 
+def location(uri: str) -> str:
+    """The output `uri` in one spelling, ending in `/`, to tell whether two outputs overlap:
+    `s3://bucket/prefix/`, or a folder's absolute path (`~`, `..` and symlinks resolved)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        prefix = parsed.path.strip("/")
+        return f"s3://{parsed.netloc}/{prefix}/" if prefix else f"s3://{parsed.netloc}/"
+    if parsed.scheme not in ("", "file"):
+        return uri.rstrip("/") + "/"
+    return _folder(parsed.path if parsed.scheme else uri).as_posix().rstrip("/") + "/"
+
+
+def _folder(path: str) -> Path:
+    return Path(path).expanduser().resolve()
+
+
 class LocalSink:
     """A folder. Create-if-absent is `link(2)`, which fails atomically when the name exists."""
 
     def __init__(self, uri: str, root: Path) -> None:
         self.uri = uri
-        self.root = root.expanduser().resolve()
+        self.root = _folder(str(root))
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -119,8 +141,9 @@ class LocalSink:
         return self._path(key).exists()
 
     def list_keys(self, prefix: str) -> Iterator[str]:
+        """The files of `prefix`'s folder whose key starts with `prefix` (one level)."""
         base = self._path(prefix)
-        folder = base if prefix.endswith("/") else base.parent
+        folder = base if prefix.endswith("/") or not prefix else base.parent
         if not folder.is_dir():
             return
         for path in sorted(folder.iterdir()):
@@ -130,6 +153,18 @@ class LocalSink:
 
     def describe(self, key: str) -> str:
         return str(self._path(key))
+
+    def manifests_above(self) -> Iterator[tuple[str, bytes]]:
+        """Each `manifest.json` in this folder and every folder above it, nearest first, as
+        (path, bytes); one that cannot be read is passed over. A job's manifest there means this
+        output lies inside that job's folder."""
+        for folder in (self.root, *self.root.parents):
+            path = folder / keys.SINK_MANIFEST
+            try:
+                data = path.read_bytes()
+            except OSError:  # none there, a folder of that name, or not ours to read
+                continue
+            yield str(path), data
 
 
 class S3Sink:
@@ -227,18 +262,41 @@ class S3Sink:
             raise SinkError(f"{self.describe(key)}: {exc}") from exc
 
     def list_keys(self, prefix: str) -> Iterator[str]:
+        """The objects whose key starts with `prefix` and has no `/` after it (one level, as
+        a folder lists: what lies below is in CommonPrefixes, not read)."""
         try:
             pages = self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._key(prefix)
+                Bucket=self.bucket, Prefix=self._key(prefix), Delimiter="/"
             )
             for page in pages:
                 for obj in page.get("Contents", []):
-                    yield obj["Key"][len(self.prefix) :]
+                    # A console's "folder" marker (`prefix/`) is no object of ours.
+                    if not obj["Key"].endswith("/"):
+                        yield obj["Key"][len(self.prefix) :]
         except Exception as exc:
             raise SinkError(f"{self.describe(prefix)}: {_message(exc)}") from exc
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
+
+    def manifests_above(self) -> Iterator[tuple[str, bytes]]:
+        """Each `manifest.json` at this prefix and every prefix above it up to the bucket,
+        nearest first, as (s3 URI, bytes); one missing or these credentials may not read is
+        passed over."""
+        from botocore.exceptions import ClientError
+
+        parts = self.prefix.strip("/").split("/") if self.prefix else []
+        for depth in range(len(parts), -1, -1):
+            key = "/".join([*parts[:depth], keys.SINK_MANIFEST])
+            try:
+                body: bytes = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            except ClientError as exc:
+                if _status(exc) in (403, 404):
+                    continue
+                raise SinkError(f"s3://{self.bucket}/{key}: {_message(exc)}") from exc
+            except Exception as exc:
+                raise SinkError(f"s3://{self.bucket}/{key}: {exc}") from exc
+            yield f"s3://{self.bucket}/{key}", body
 
 
 def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
