@@ -12,7 +12,7 @@
       WorkerStoppingError    this worker is shutting down: hand the batch back, spend no attempt
       JobError               unknown job, bad job state or manifest
         JobNotRunningError   a batch of a paused or cancelled job was dropped
-        JobBusyError         another enqueue of the same job is running
+        JobBusyError         another command holds the job's lock (enqueue, requeue, rebuild)
         ModelChoiceError     the server serves several models and the job names none
       SettingsError          an environment variable fleetgen cannot use (settings.py)
       WorkerConfigError      the worker cannot tell which server to use (runtime.py)
@@ -71,7 +71,7 @@ class JobNotRunningError(JobError):
 
 
 class JobBusyError(JobError):
-    """Another enqueue of the same job is running."""
+    """Another command holds the job's lock (an enqueue, a requeue, a rebuild)."""
 
 
 class ModelChoiceError(JobError):
