@@ -183,3 +183,18 @@ def test_answers_to_requests_sent_before_the_limit_changed_do_not_judge_it() -> 
     while control.on_answer(0.3, 300, saturated=True, sent_at=1.5) is None:
         pass
     assert control.limit == 16
+
+
+def test_one_lucky_window_does_not_stop_the_doubling() -> None:
+    control = Gradient(start=8)
+    # The first window is a lucky one: against it the next ones look 1.45-1.55x slower.
+    per_token = [0.055, 0.085, 0.08, 0.082, 0.085]
+    for value in per_token:
+        while control.on_answer(value * 100, 100, saturated=True) is None:
+            pass
+    assert control.limit == 8 * 2 ** len(per_token)
+    # Two windows above 1.5x in a row end it.
+    for value in (0.09, 0.09):
+        while control.on_answer(value * 100, 100, saturated=True) is None:
+            pass
+    assert control.limit < 8 * 2 ** (len(per_token) + 2)

@@ -85,6 +85,10 @@ class Gradient:
         self.limit = start
         self._now = now
         self.best: float | None = None  # seconds per output token, the lowest window
+        # Whether the last doubling's window was already above FLAT: doubling ends at the
+        # second such window in a row, so one lucky baseline window of a few short answers
+        # does not end it early.
+        self._rose = False
         self.last: float | None = None
         self._slow_start = True
         # When the limit last changed: only answers to requests sent since judge it (the
@@ -128,7 +132,8 @@ class Gradient:
         if ratio > TOLERANCE:
             self._slow_start = False
             self.limit = max(1, int(self.limit * max(0.5, TOLERANCE / ratio)))
-        elif busy and self._slow_start and ratio < FLAT:
+        elif busy and self._slow_start and (ratio < FLAT or not self._rose):
+            self._rose = ratio >= FLAT
             self.limit = min(MAX_LIMIT, self.limit * 2)
         elif busy:
             self._slow_start = False
