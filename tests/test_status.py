@@ -791,3 +791,19 @@ def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
         ledger.set_state("half", STATE_RUNNING)
     resumed = job_status(ledger, "half", NOW + 3630)
     assert (resumed["state"], resumed["elapsed_s"], resumed["eta_s"]) == ("running", 4230, None)
+
+
+def test_exporting_a_cancelled_job_the_canary_held_says_the_canary_held_it(
+    ledger: Ledger, cli_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from producer.cli import main
+
+    half_done_job(ledger, output=str(tmp_path / "out"))
+    ledger.r.hset(keys.job("half"), mapping={
+        "state": "cancelled", "reason": "cancelled by user", "quality_seen": 200,
+        "quality_examples": orjson.dumps([{"id": "p1", "content": "", "output_tokens": 3,
+                                           "length": False}])})
+    assert main(["export", "half", "--to", str(tmp_path / "half.jsonl")]) != 0
+    err = capsys.readouterr().err
+    assert "failed its quality check (the canary paused it after 200 answers; it is " \
+           "cancelled now: cancelled by user)" in err, err
