@@ -51,8 +51,8 @@ from workers.sink import open_sink
 
 # The job view and the control verbs (`producer.control`, `producer.status`, `workers.jobview`)
 # are imported by the commands that use them: they bring httpx, the reconciler and the fleet
-# reader, ~0.25 s that `enqueue` would otherwise spend before its first batch is queued (perf
-# figure 9 times a job from the enqueue command to its first request).
+# reader, ~0.25 s that `enqueue` would otherwise spend before its first batch is queued (a
+# short job is timed from the enqueue command to its first request).
 
 RET_OK = 0
 RET_ERROR = 1

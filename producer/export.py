@@ -72,7 +72,7 @@ PARQUET_COLUMNS = {
 }
 # A row group is written when its text reaches this size (or ROW_GROUP_ROWS rows). Peak RSS
 # is about 100 MB + 5 x this (columns, their Arrow copy, the encoded chunk): 16 MB gives
-# ~175 MB and row groups of a few thousand answers (tests/perf figure 7).
+# ~175 MB and row groups of a few thousand answers (the export benchmark of tests/perf).
 ROW_GROUP_BYTES = 16 << 20
 ROW_GROUP_ROWS = 65_536
 

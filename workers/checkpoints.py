@@ -2,7 +2,7 @@
 
 A finished prompt's record must reach Redis before the worker moves on (a crash then loses
 only requests in flight), but one script call per prompt made Redis round trips half of a
-worker's CPU (tests/perf figure 5). `CheckpointWriter.add` queues a record and waits; whatever
+worker's CPU against an instant server. `CheckpointWriter.add` queues a record and waits; whatever
 finished while the previous call was out goes in the next one (group commit), so under load
 a call carries tens of records and an idle worker still commits each at once.
 

@@ -52,7 +52,7 @@ class ServerClient:
         # aiohttp's pool, not httpcore 1.0.9's: httpcore rescans every connection on each
         # request event (O(requests x connections)) and cost 2.5-3.4 ms of worker CPU per
         # prompt at the 44 requests a 40-slot server keeps in flight, aiohttp's 1.2-1.7 ms on
-        # the same box (docs/development/performance.md, figure 5). limit=0: the worker's
+        # the same box (docs/development/performance.md, worker overhead). limit=0: the worker's
         # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
         # would cap a server that runs more at once).
         transport = _aiohttp_transport()
@@ -60,8 +60,8 @@ class ServerClient:
                                        transport=transport, cookies=_NoCookies())
         # A chat request is built once per prompt from parts made here: an absolute URL parsed
         # once and fixed headers. `client.post` would re-parse and merge both (and the
-        # cookies, and the timeout) for every prompt: ~10% of the worker's CPU at figure 5's
-        # rate. `send` still applies the client's timeout, auth and transport. Only our own
+        # cookies, and the timeout) for every prompt: ~10% of the worker's CPU against an
+        # instant server. `send` still applies the client's timeout, auth and transport. Only our own
         # headers: httpx's defaults (Accept, Accept-Encoding, User-Agent) are what aiohttp
         # adds anyway, and each header passed down is converted twice (~3% of the worker).
         self._chat_url = httpx.URL(self.base_url + CHAT_PATH)

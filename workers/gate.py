@@ -27,7 +27,7 @@ CHECK_EVERY_S = 0.05
 # Unsent prompts a worker keeps in reserve: what its server takes in this long. Fetching the
 # next batch (broker delivery, input read, checkpoint read) takes ~0.2 s; a larger reserve
 # only leaves more prompts stranded on one worker when the queue runs dry at the job's end,
-# while other GPUs idle (tests/perf figure 2).
+# while other GPUs idle (the job's tail in tests/perf).
 RESERVE_S = 1.0
 # The sending rate is measured over this window.
 RATE_WINDOW_S = 3.0

@@ -103,7 +103,7 @@ async def with_attempts(
 
     The first try runs before any tenacity state exists: nearly every prompt is answered at
     once, and building the retry state for each of them cost ~9% of the worker's CPU at
-    figure 5's rate. A failed first try becomes tenacity's first, so waits, logs and the
+    an instant server's rate. A failed first try becomes tenacity's first, so waits, logs and the
     limit are as if tenacity had made it."""
     try:
         return await call()

@@ -47,7 +47,7 @@ def tune_gc() -> None:
     reference cycle (the response and its stream), which only the collector frees. At Python's
     defaults a collection ran every ~10 prompts and the older generations kept re-scanning the
     ~90,000 objects that Celery and the imports leave behind: 3.1 s of a 20,000-prompt run,
-    13% of the worker's CPU (tests/perf figure 5). What exists at ready is frozen (never scanned
+    13% of the worker's CPU against an instant server. What exists at ready is frozen (never scanned
     again) and the young generation waits for 10,000 allocations: 1.3 s. The price is garbage
     kept a little longer: the responses of the ~150 prompts between two collections, ~20 MB
     when answers are 32k tokens.
