@@ -13,7 +13,7 @@ from pathlib import Path
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
-from workers import keys, redisconn
+from workers import broker, keys, redisconn
 from workers.settings import Settings
 
 settings = Settings.from_env()
@@ -22,6 +22,9 @@ settings = Settings.from_env()
 # CELERY_APP=workers) has imported this module: point it at the installed package's defaults so
 # `celery -A workers flower` loads them from any directory. --conf or FLOWER_CONF still win.
 os.environ.setdefault("FLOWER_CONF", str(Path(__file__).with_name("flowerconfig.py")))
+
+# kombu's Redis channels fail like the lost connection they are once it is gone (broker.py).
+broker.install()
 
 app = Celery("fleetgen", include=["workers.tasks"])
 app.conf.update(
@@ -57,8 +60,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     # One process per GPU; its batches share one request limiter and the gate (gate.py) takes
     # the next batch when the prompts in hand run low. Threads, not prefork: the batches must
-    # share one event loop, and one process survives Redis outages (the 5.7.0 -c>=2 prefork
-    # crash, docs/development/delivery.md#pool; the chaos test kills Redis under this layout).
+    # share one event loop (docs/development/delivery.md#pool; the chaos test kills Redis under
+    # this layout).
     worker_pool="threads",
     worker_concurrency=settings.batch_concurrency,
     task_default_queue=keys.SHARED_QUEUE,
