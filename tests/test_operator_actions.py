@@ -58,19 +58,19 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fleetgen import keys
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
+from fleetgen.retry import REDIS_ERRORS
 from launcher.services import RedisServer, S3Server, wait_until
 from tests.stack import PYTHON, ROOT, Proc, Stack, chat_rows, write_jsonl
-from workers import keys
-from workers.jobview import job_status
-from workers.ledger import Ledger
-from workers.retry import REDIS_ERRORS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 # Failures of prompts never sent to a server (`tries == 0`) that the docs name: a batch whose
 # workers died holding it more than FLEETGEN_BATCH_MAX_ATTEMPTS times has its unsent prompts
 # failed with code batch_attempts_exhausted, "not sent: batch B was started N times and never
-# finished ..." (README, "Attempts"; workers/records.py). Nothing else may fail a prompt unsent.
+# finished ..." (README, "Attempts"; fleetgen/records.py). Nothing else may fail a prompt unsent.
 UNSENT_FAILURE_CODES = frozenset({"batch_attempts_exhausted"})
 INTERRUPTED = re.compile(r"was started (\d+) times and never finished")
 # Reasons a prompt that reached a server may fail for here: the poison marker's context 400,
