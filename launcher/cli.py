@@ -6,7 +6,7 @@
     redis, s3             launcher.services  the embedded dev services (Valkey, SeaweedFS)
     demo                  launcher.demo      the whole stack on this machine, with a sample job
 
-Each command is a function `(argv: list[str]) -> int` with its own parser (workers/commandline.py:
+Each command is a function `(argv: list[str]) -> int` with its own parser (fleetgen/commandline.py:
 one style for every command); this file only picks the command, so commands stay independent and
 are tested through their own functions.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from workers.commandline import CommandParser
+from fleetgen.commandline import CommandParser
 
 # command -> (module, function, one-line help). Modules are imported lazily: `launcher sim`
 # must not pay for the supervisor, and `launcher redis` must not pay for FastAPI.

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.commandline import CommandParser
 from launcher.child import ChildProcess
 from launcher.ports import HOST, port_is_free
 from launcher.services import S3Ports, redis_password, s3_credentials, wait_until
-from workers.commandline import CommandParser
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
@@ -271,11 +271,11 @@ def _quoted(value: str) -> str:
 
 def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     """Enqueue, follow and export the job; `kept` is the kept stack's honcho pid."""
+    from fleetgen.jobview import job_status
+    from fleetgen.ledger import Ledger
+    from fleetgen.settings import Settings
     from producer.cli import main as producer_main
     from producer.status import render
-    from workers.jobview import job_status
-    from workers.ledger import Ledger
-    from workers.settings import Settings
 
     job = args.job or time.strftime("demo-%Y%m%d-%H%M%S")
     output = os.environ.get("FLEETGEN_OUTPUT", "s3://fleetgen/runs")

@@ -1,7 +1,7 @@
 """fleetgen's producer: `python -m producer enqueue|status|export|...` (producer/cli.py).
 
-Its errors hang from fleetgen's root, `workers.errors.FleetgenError` (the shared tree in
-workers/errors.py); those it adds:
+Its errors hang from fleetgen's root, `fleetgen.errors.FleetgenError` (the shared tree in
+fleetgen/errors.py); those it adds:
 
     FleetgenError
       CommandError        a command could not do what was asked (cli.py); printed as one line

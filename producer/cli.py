@@ -20,6 +20,22 @@ from typing import Any, TextIO
 import orjson
 import redis
 
+from fleetgen import broker, keys
+from fleetgen.canary import Thresholds
+from fleetgen.commandline import CommandParser
+from fleetgen.errors import FleetgenError, JobError
+from fleetgen.job import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    GenerationParams,
+    JobManifest,
+)
+from fleetgen.ledger import STATE_RUNNING, Ledger
+from fleetgen.redact import redact
+from fleetgen.retry import REDIS_ERRORS
+from fleetgen.settings import Settings, SettingsError
+from fleetgen.sink import open_sink
 from producer import export, report
 from producer.enqueue import (
     MAX_DEFAULT_BATCH,
@@ -32,24 +48,8 @@ from producer.enqueue import (
 )
 from producer.export import FORMATS
 from producer.inputs import InputErrors, NoPrompts
-from workers import keys
-from workers.canary import Thresholds
-from workers.commandline import CommandParser
-from workers.errors import FleetgenError, JobError
-from workers.job import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_P,
-    GenerationParams,
-    JobManifest,
-)
-from workers.ledger import STATE_RUNNING, Ledger
-from workers.redact import redact
-from workers.retry import REDIS_ERRORS
-from workers.settings import Settings, SettingsError
-from workers.sink import open_sink
 
-# The job view and the control verbs (`producer.control`, `producer.status`, `workers.jobview`)
+# The job view and the control verbs (`producer.control`, `producer.status`, `fleetgen.jobview`)
 # are imported by the commands that use them: they bring httpx, the reconciler and the fleet
 # reader, ~0.25 s that `enqueue` would otherwise spend before its first batch is queued (a
 # short job is timed from the enqueue command to its first request).
@@ -184,7 +184,7 @@ def build_parser() -> CommandParser:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.app import app
+    app = broker.make_app(settings)
 
     from_stdin = str(args.input) == STDIN
     if args.queue != keys.SHARED_QUEUE and not keys.GPU_QUEUE.match(args.queue):
@@ -323,8 +323,8 @@ def _progress(path: Path) -> Callable[[int, int], None]:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from fleetgen.jobview import job_status
     from producer.status import render
-    from workers.jobview import job_status
 
     ledger = Ledger.connect(settings)
     ledger.load_job(args.job)
@@ -350,8 +350,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    from fleetgen.jobview import job_status
     from producer.status import format_duration
-    from workers.jobview import job_status
 
     ledger = Ledger.connect(settings)
     active = ledger.active_job_names()
@@ -378,9 +378,9 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
 def _finished_rows(ledger: Ledger, now: float) -> list[tuple[str, str, int, int, int, str]]:
     """(name, state, done, failed, total, reason) of each finished job not expired yet, newest
     first, read in one round trip: nothing moves in them, so no job view is needed."""
+    from fleetgen.jobview import STATE_DONE
+    from fleetgen.ledger import STATE_CANCELLED
     from producer.status import format_duration
-    from workers.jobview import STATE_DONE
-    from workers.ledger import STATE_CANCELLED
 
     finished = sorted(ledger.finished_jobs().items(), key=lambda item: -item[1])
     with ledger.r.pipeline(transaction=False) as p:
@@ -404,7 +404,7 @@ def _finished_rows(ledger: Ledger, now: float) -> list[tuple[str, str, int, int,
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     from producer import control
-    from workers.app import app
+    app = broker.make_app(settings)
 
     report = control.requeue_failed(Ledger.connect(settings), app, args.job, args.batch_size)
     if report.prompts == 0:
@@ -434,7 +434,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from producer import control
-    from workers.app import app
+    app = broker.make_app(settings)
 
     # A breaker pause waits for the job's batches to stop; a dead worker's lease lapses in
     # a lease period.
@@ -519,7 +519,7 @@ def _exported_job(args: argparse.Namespace, settings: Settings,
 
 
 def _check_quality(ledger: Ledger, args: argparse.Namespace) -> None:
-    from workers.jobview import job_status
+    from fleetgen.jobview import job_status
 
     quality = job_status(ledger, args.job)["quality"]
     if quality and not quality["accepted"] and not args.partial:
@@ -554,8 +554,8 @@ def _stored_manifest(job: str, output: str) -> JobManifest:
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from producer import control
     from producer.rebuild import rebuild
-    from workers.app import app
-    from workers.creation import JOB_LOCK_WAIT_S, job_lock
+    app = broker.make_app(settings)
+    from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 
     ledger = Ledger.connect(settings)
     output = args.output

@@ -4,11 +4,11 @@ Pause and cancel stop new batches from starting (workers ack and drop their deli
 running batches of a paused job finish, those of a cancelled job stop at their next heartbeat
 with their finished prompts kept in the checkpoint. Resume re-dispatches every batch that is
 neither done, nor running, nor waiting in the broker; after a failure breaker pause it first
-sends the prompts that failed with the breaker's cause again (workers/breaker.py).
+sends the prompts that failed with the breaker's cause again (fleetgen/breaker.py).
 
 `requeue --failed` finds the failed prompts in the job's one reading (producer/sinkview.py, as
 `export` does), numbers its round past every round the ledger or the sink knows, and holds the
-job's lock (workers/creation.py) from the reading to the round's record, so two requeues at once
+job's lock (fleetgen/creation.py) from the reading to the round's record, so two requeues at once
 cannot send the same prompts twice.
 """
 
@@ -25,18 +25,17 @@ import orjson
 from celery import Celery
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
+from fleetgen import breaker, keys
+from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
+from fleetgen.dispatch import broker_batches, dispatch
+from fleetgen.errors import JobError
+from fleetgen.job import JobManifest
+from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.records import is_failure
+from fleetgen.retry import backoff
+from fleetgen.sink import Sink, iter_jsonl, open_sink
 from producer import sinkview
 from producer.rebuild import count_written
-from workers import breaker, keys
-from workers.creation import JOB_LOCK_WAIT_S, job_lock
-from workers.dispatch import dispatch
-from workers.errors import JobError
-from workers.job import JobManifest
-from workers.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
-from workers.reconciler import broker_batches
-from workers.records import is_failure
-from workers.retry import backoff
-from workers.sink import Sink, iter_jsonl, open_sink
 
 
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:

@@ -29,6 +29,20 @@ from typing import Any
 import orjson
 from celery import Celery
 
+from fleetgen import keys
+from fleetgen.creation import creation_lock
+from fleetgen.dispatch import dispatch
+from fleetgen.errors import JobError
+from fleetgen.job import (
+    TAPER,
+    GenerationParams,
+    InputInfo,
+    JobManifest,
+    batch_sizes,
+    validate_job_name,
+)
+from fleetgen.ledger import Ledger
+from fleetgen.sink import Sink, location, open_sink
 from producer.inputs import (
     NoPrompts,
     PromptRecord,
@@ -38,20 +52,6 @@ from producer.inputs import (
 )
 from producer.rebuild import Rebuilt, count_written, rebuild
 from producer.sinkview import stored_manifest
-from workers import keys
-from workers.creation import creation_lock
-from workers.dispatch import dispatch
-from workers.errors import JobError
-from workers.job import (
-    TAPER,
-    GenerationParams,
-    InputInfo,
-    JobManifest,
-    batch_sizes,
-    validate_job_name,
-)
-from workers.ledger import Ledger
-from workers.sink import Sink, location, open_sink
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any, Self
 
 import orjson
 
-from workers.job import InputInfo
-from workers.records import is_failure
+from fleetgen.job import InputInfo
+from fleetgen.records import is_failure
 
 FORMATS = ("jsonl", "openai", "parquet")
 

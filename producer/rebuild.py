@@ -33,12 +33,12 @@ from typing import Any
 
 import orjson
 
+from fleetgen import keys
+from fleetgen.job import JobManifest
+from fleetgen.ledger import Ledger
+from fleetgen.records import counters, written_counts
+from fleetgen.sink import Sink, batch_records
 from producer import sinkview
-from workers import keys
-from workers.job import JobManifest
-from workers.ledger import Ledger
-from workers.records import counters, written_counts
-from workers.sink import Sink, batch_records
 
 
 @dataclass

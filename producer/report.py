@@ -32,13 +32,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetgen import keys
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
+from fleetgen.records import is_failure
+from fleetgen.sink import Sink, batch_records, open_sink
 from producer.status import format_duration
-from workers import keys
-from workers.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
-from workers.records import is_failure
-from workers.sink import Sink, batch_records, open_sink
 
-# The job's clock stopped: the rates stay put (workers/jobview.py `_clock_end`).
+# The job's clock stopped: the rates stay put (fleetgen/jobview.py `_clock_end`).
 STOPPED = ("done", STATE_PAUSED, STATE_CANCELLED)
 # Reading every result object of a million-prompt job would take minutes; the distributions
 # need far fewer answers than that.
@@ -99,8 +99,8 @@ def build_report(ledger: Ledger, job: str, max_batches: int = DEFAULT_MAX_BATCHE
                  now: float | None = None) -> Report:
     # Imported here: the producer's command line loads this module for its defaults, and the
     # job view brings httpx and the fleet reader, ~0.2 s before `enqueue` queues anything.
-    from workers.fleet import registry
-    from workers.jobview import job_status
+    from fleetgen.fleet import registry
+    from fleetgen.jobview import job_status
 
     now = time.time() if now is None else now
     status = job_status(ledger, job, now=now)
@@ -234,7 +234,7 @@ def failures_html(errors: Mapping[str, int], examples: Mapping[str, str]) -> str
 def workers_html(workers: Mapping[str, Mapping[str, float]], elapsed_s: float) -> str:
     if not workers:
         return "<p>No worker has finished a prompt of this job.</p>"
-    from workers.fleet import fleet_rows  # here, as in build_report: it brings httpx
+    from fleetgen.fleet import fleet_rows  # here, as in build_report: it brings httpx
 
     # Per GPU over the job's clock: the `job tok/s` column of `status`, by the same code.
     per_s = {row["worker"]: row["job_output_tokens_per_s"]
@@ -289,7 +289,7 @@ def throughput_series(minutes: Mapping[str, Mapping[int, Mapping[str, float]]],
                       rate: Mapping[str, Any]) -> Series:
     """worker -> (minute of the job, prompts/s, output tokens/s) of this GPU, each minute over
     the seconds of it on the job's clock (`jobview.per_second`, the clock `status` reports)."""
-    from workers.jobview import per_second
+    from fleetgen.jobview import per_second
 
     first = min((m for per in minutes.values() for m in per), default=0)
     out: Series = {}

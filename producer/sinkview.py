@@ -38,10 +38,10 @@ from typing import Any, Self
 
 import orjson
 
-from workers import keys
-from workers.job import JobManifest
-from workers.records import is_failure
-from workers.sink import Sink, batch_records
+from fleetgen import keys
+from fleetgen.job import JobManifest
+from fleetgen.records import is_failure
+from fleetgen.sink import Sink, batch_records
 
 MISSING_EXAMPLES = 20
 

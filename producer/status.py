@@ -1,4 +1,4 @@
-"""`producer status` for people: the job view (workers/jobview.py) as a screenful of text.
+"""`producer status` for people: the job view (fleetgen/jobview.py) as a screenful of text.
 
     status = job_status(ledger, "distill-v1", live=True)
     print(render(status))
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.ledger import STATE_CREATING, STATE_RUNNING
+from fleetgen.ledger import STATE_CREATING, STATE_RUNNING
 
 
 def render(status: dict[str, Any]) -> str:
@@ -74,7 +74,7 @@ def _render_progress(s: dict[str, Any]) -> list[str]:
         eta = format_duration(s["eta_s"])
     else:
         eta = s["state"] if s["state"] != STATE_RUNNING else "unknown"
-    # A done, paused or cancelled job's clock stopped (workers/jobview.py `_clock_end`).
+    # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`).
     stopped = " (stopped)" if s["state"] not in (STATE_RUNNING, STATE_CREATING) else ""
     waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
     return [

@@ -269,7 +269,7 @@ class Cluster:
 
 def leases_held(r: Any, job: str, host: str) -> set[str]:
     """Batches of `job` whose lease a worker of `host` holds (lease values: `worker/token`)."""
-    from workers import keys
+    from fleetgen import keys
 
     held = set()
     for key in r.scan_iter(match=f"{keys.PREFIX}:lease:{job}:*"):

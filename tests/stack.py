@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import orjson
 
+from fleetgen import keys
+from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.ledger import Ledger
+from fleetgen.retry import REDIS_ERRORS
 from launcher.child import ChildProcess
 from launcher.ports import free_port
 from launcher.services import wait_until
-from workers import keys
-from workers.job import GenerationParams, InputInfo, JobManifest
-from workers.ledger import Ledger
-from workers.retry import REDIS_ERRORS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -231,8 +231,8 @@ def read_results(folder: Path, job: str) -> tuple[list[dict[str, Any]], list[dic
 
 
 def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    from workers.jobview import job_status
-    from workers.ledger import Ledger
+    from fleetgen.jobview import job_status
+    from fleetgen.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     deadline = time.monotonic() + timeout
@@ -258,7 +258,7 @@ def iter_ids(rows: list[dict[str, Any]]) -> Iterator[str]:
 
 def queue_depth(r: Any, queue: str) -> int:
     """Messages waiting in a broker queue, over all its priority lists."""
-    from workers import keys
+    from fleetgen import keys
 
     return sum(int(r.llen(name)) for name in keys.broker_lists(queue))
 

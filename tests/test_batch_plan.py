@@ -7,7 +7,7 @@ from dataclasses import asdict
 import orjson
 import pytest
 
-from workers.job import TAPER, GenerationParams, InputInfo, JobManifest, batch_sizes
+from fleetgen.job import TAPER, GenerationParams, InputInfo, JobManifest, batch_sizes
 
 
 @pytest.mark.parametrize(("prompts", "size"), [(5000, 79), (500, 48), (60, 10), (1, 48), (0, 48),

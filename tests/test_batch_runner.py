@@ -18,16 +18,16 @@ import httpx
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.errors import BadRequestError
+from fleetgen.ledger import Ledger
+from fleetgen.server_info import parse_server_info
+from fleetgen.servers import KINDS, Server
+from fleetgen.settings import Settings
+from fleetgen.sink import LocalSink, open_sink
 from tests.stack import make_job
-from workers import keys
 from workers.batch import BatchRunner
 from workers.engine import Engine
-from workers.errors import BadRequestError
-from workers.ledger import Ledger
-from workers.server_info import parse_server_info
-from workers.servers import KINDS, Server
-from workers.settings import Settings
-from workers.sink import LocalSink, open_sink
 
 JOB = "order"
 BATCH = keys.batch_id(1)

@@ -1,4 +1,4 @@
-"""The failure breaker (workers/breaker.py): a job whose prompts keep failing for one reason
+"""The failure breaker (fleetgen/breaker.py): a job whose prompts keep failing for one reason
 pauses itself, and `resume` sends those prompts again.
 
 Fast: the cause of a failure, the trip rules over synthetic windows, the record group feeding
@@ -20,18 +20,13 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from launcher.services import wait_until
-from producer import control
-from producer.status import render
-from tests.stack import Stack, make_job, write_jsonl
-from workers import keys
-from workers.breaker import Breaker, Limits, Trip, cause, outcome, verdict
-from workers.checkpoints import RECORD_GROUP, CheckpointWriter, Entry, Outcomes, group_arguments
-from workers.errors import JobError
-from workers.jobview import job_status
-from workers.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
-from workers.quality import TRIPPED_HOLD_S, QualityWatch
-from workers.records import (
+from fleetgen import keys
+from fleetgen.breaker import Breaker, Limits, Trip, cause, outcome, verdict
+from fleetgen.checkpoints import RECORD_GROUP, CheckpointWriter, Entry, Outcomes, group_arguments
+from fleetgen.errors import JobError
+from fleetgen.jobview import job_status
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
     counters,
@@ -39,8 +34,13 @@ from workers.records import (
     result_record,
     written_counts,
 )
-from workers.settings import Settings, SettingsError
-from workers.sink import open_sink
+from fleetgen.settings import Settings, SettingsError
+from fleetgen.sink import open_sink
+from launcher.services import wait_until
+from producer import control
+from producer.status import render
+from tests.stack import Stack, make_job, write_jsonl
+from workers.quality import TRIPPED_HOLD_S, QualityWatch
 
 LIMITS = Limits(streak=20, window=50, share=0.9)
 ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.dispatch import dispatch
-from workers.ledger import Ledger
+from fleetgen.dispatch import dispatch
+from fleetgen.ledger import Ledger
 from workers.reconciler import broker_batches
 
 

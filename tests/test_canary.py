@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from fleetgen.canary import Thresholds, content_digest, evaluate, sample
+from fleetgen.errors import JobError
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
-from workers.canary import Thresholds, content_digest, evaluate, sample
-from workers.errors import JobError
-from workers.jobview import job_status
-from workers.ledger import Ledger
 from workers.quality import CANARY_EVERY
 
 K = Thresholds().min_completions

@@ -21,12 +21,12 @@ import httpx
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.job import batch_sizes
+from fleetgen.ledger import Ledger
+from fleetgen.retry import REDIS_ERRORS
 from launcher.services import RedisServer, S3Server
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
-from workers import keys
-from workers.job import batch_sizes
-from workers.ledger import Ledger
-from workers.retry import REDIS_ERRORS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 

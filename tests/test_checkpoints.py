@@ -1,4 +1,4 @@
-"""Group-committed checkpoints (workers/checkpoints.py) on a real Redis."""
+"""Group-committed checkpoints (fleetgen/checkpoints.py) on a real Redis."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from workers import keys
-from workers.checkpoints import CheckpointWriter, Entry
+from fleetgen import keys
+from fleetgen.checkpoints import CheckpointWriter, Entry
 
 JOB = "cp-job"
 

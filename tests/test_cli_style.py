@@ -1,4 +1,4 @@
-"""Both command lines in one style (workers/commandline.py), as a user meets them.
+"""Both command lines in one style (fleetgen/commandline.py), as a user meets them.
 
 What a new operator hit: `python -m launcher --help` was a hand-written list, a typo in a
 subcommand's flag printed the top-level usage, `enqueue --help` showed no defaults, and
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetgen.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from launcher import cli as launcher_cli
 from producer import cli as producer_cli
-from workers.job import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCER_COMMANDS = sorted(producer_cli.COMMANDS)

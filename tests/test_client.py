@@ -16,9 +16,9 @@ import orjson
 import pytest
 from sim_helpers import chat_body, free_port, running_sim
 
+from fleetgen.errors import BadRequestError, RetryableError, ServerDownError
+from fleetgen.server_info import server_capacity
 from workers.client import ServerClient
-from workers.errors import BadRequestError, RetryableError, ServerDownError
-from workers.server_info import server_capacity
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -17,12 +17,12 @@ import orjson
 import pytest
 import redis
 
+from fleetgen import keys
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from tests.cluster import BUCKET, Cluster, leases_held
 from tests.stack import chat_rows, write_jsonl
-from workers import keys
-from workers.jobview import job_status
-from workers.ledger import Ledger
 
 # Three nodes of five processes each on a CI machine of two cores: minutes, not seconds.
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]

@@ -4,7 +4,7 @@
 - every flag of `python -m producer` and `python -m launcher` (read from their argparse
   parsers) has a table row in its command's section of docs/reference/cli.md; the
   simulator's flags are checked against its own page by tests/test_simulator_config.py;
-- every setting of workers/settings.py and every FLEETGEN_* name in the code is in
+- every setting of fleetgen/settings.py and every FLEETGEN_* name in the code is in
   docs/reference/configuration.md;
 - every fleetgen_* metric of workers/metrics.py is in docs/reference/metrics.md, and the page
   lists no metric the code lacks;
@@ -32,10 +32,10 @@ from typing import IO, Any, NoReturn
 
 import pytest
 
+from fleetgen.settings import ENV_DOC, Settings
 from launcher import cli as launcher_cli
 from producer import cli as producer_cli
 from workers import metrics
-from workers.settings import ENV_DOC, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.job import MAX_TOKENS_LIMIT
 from producer.cli import RET_BROKEN_PIPE, main
 from producer.inputs import REJECT_RAW_CHARS
 from tests.stack import PYTHON, ROOT, chat_rows, iter_ids, queue_depth, write_jsonl
-from workers import keys
-from workers.job import MAX_TOKENS_LIMIT
 
 
 @pytest.fixture

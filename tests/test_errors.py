@@ -12,10 +12,10 @@ import launcher
 import launcher.sim
 import producer
 import workers
+from fleetgen import errors as worker_errors
+from fleetgen.errors import FleetgenError
 from launcher.errors import LauncherError
 from launcher.sim import SimError
-from workers import errors as worker_errors
-from workers.errors import FleetgenError
 
 # Not errors: Ctrl-C carried out of an enqueue with its report (producer/__init__.py says so).
 NOT_ERRORS = {"EnqueueInterrupted"}

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetgen.server_info import parse_server_info
 from launcher.logs import CapacityFacts, capacity_from_server_info, read_capacity
 from launcher.logs import explain as main
-from workers.server_info import parse_server_info
 
 ROOT = Path(__file__).resolve().parents[1]
 MAMBA_REASON = ("asked 128, got 16: 80 Mamba slots / 5 per request (extra_buffer); "

@@ -17,14 +17,14 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.errors import SinkError
+from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.ledger import Ledger
+from fleetgen.records import Origin, error_record, result_record
+from fleetgen.sink import LocalSink, Sink, open_sink
 from producer import export
 from producer.cli import main
-from workers import keys
-from workers.errors import SinkError
-from workers.job import GenerationParams, InputInfo, JobManifest
-from workers.ledger import Ledger
-from workers.records import Origin, error_record, result_record
-from workers.sink import LocalSink, Sink, open_sink
 
 ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)
 CONTEXT = "maximum context length is 40960"

@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from producer import control
 from tests.browser import Browser
@@ -29,8 +31,6 @@ from tests.stack import (
     wait_healthy,
     write_jsonl,
 )
-from workers import keys
-from workers.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 

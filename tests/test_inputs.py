@@ -8,6 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen.errors import JobError
+from fleetgen.job import MAX_TOKENS_LIMIT, GenerationParams
+from fleetgen.sink import open_sink
 from producer.inputs import (
     REJECT_RAW_CHARS,
     SAMPLING_PARAMS,
@@ -23,9 +26,6 @@ from producer.inputs import (
 )
 from producer.samples import SAMPLE_PATH
 from producer.samples.generate_sample import write_bulk, write_sample
-from workers.errors import JobError
-from workers.job import MAX_TOKENS_LIMIT, GenerationParams
-from workers.sink import open_sink
 
 HI = [{"role": "user", "content": "hi"}]
 GOOD = {"id": "good", "messages": HI}

@@ -30,7 +30,7 @@ def _loaded_by(module: str) -> set[str]:
     """fleetgen's and Celery's modules that importing `module` loads, in a fresh interpreter."""
     script = (f"import sys, {module}\n"
               "print(sorted(m for m in sys.modules\n"
-              "             if m.partition('.')[0] in ('celery', 'kombu', 'workers', 'producer')))")
+              "             if m.partition('.')[0] in ('celery', 'kombu', 'fleetgen', 'workers', 'producer')))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -42,16 +42,15 @@ def test_the_simulator_loads_no_celery_and_nothing_of_fleetgen() -> None:
 
 
 def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_helpers() -> None:
-    # Of workers, only what every command shares and reads no environment: the command-line
-    # style, the one function that masks secrets, the error types, the one reader of a
-    # server's info and /metrics (advise samples servers through it), the server kinds
-    # whose gauges that reader knows, and the worker's metrics page (the launcher gives each
-    # worker its port) with the names it is built on.
-    shared = {"workers", "workers.commandline", "workers.redact", "workers.server_info",
-              "workers.readings", "workers.errors", "workers.servers", "workers.metrics",
-              "workers.keys"}
+    # Nothing of the worker; of the domain only what every command shares and reads no
+    # environment: the command-line style, the one function that masks secrets, the error
+    # types, the one reader of a server's info and /metrics (advise samples servers through
+    # it), the server kinds whose gauges that reader knows, and the names of queues and ports
+    # (the launcher gives each worker its metrics port).
+    shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact", "fleetgen.server_info",
+              "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys"}
     for module in ("launcher.node", "launcher.logs"):
-        loaded = {m for m in _loaded_by(module) if not m.startswith("workers.servers._")}
+        loaded = {m for m in _loaded_by(module) if not m.startswith("fleetgen.servers._")}
         assert loaded <= shared, module
 
 
@@ -74,7 +73,7 @@ def test_sim_help_works_with_a_malformed_redis_url() -> None:
 
 def test_importing_the_packages_builds_no_celery_app_and_reads_no_environment() -> None:
     script = ("import sys, workers, producer, launcher, launcher.sim\n"
-              "import workers.ledger, workers.sink, workers.job, workers.keys, producer.inputs\n"
+              "import fleetgen.ledger, fleetgen.sink, fleetgen.job, fleetgen.keys, producer.inputs\n"
               "print('workers.app' in sys.modules, 'celery' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=BAD_ENV,
                           capture_output=True, text=True, timeout=120, check=False)
@@ -93,7 +92,7 @@ def test_celery_finds_the_app_under_the_package_name() -> None:
 
 
 def test_the_reconciler_writes_progress_json_without_loading_the_producer() -> None:
-    script = ("import sys, workers.reconciler, workers.progress\n"
+    script = ("import sys, workers.reconciler, fleetgen.progress\n"
               "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'producer'))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)

@@ -1,5 +1,5 @@
 """The ledger's scripts on a real Valkey, without workers: leases, attempts, refunds, a batch
-recorded once, and a prompt counted once (workers/ledger.py, workers/checkpoints.py).
+recorded once, and a prompt counted once (fleetgen/ledger.py, fleetgen/checkpoints.py).
 
 These are the invariants the end-to-end tests rely on ("every prompt exactly once, and status
 tells the truth"), each checked directly in milliseconds.
@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from workers import keys
-from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
-from workers.ledger import Ledger
+from fleetgen import keys
+from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.ledger import Ledger
 
 JOB = "led"
 
@@ -98,7 +98,7 @@ def test_a_batch_is_recorded_once_however_often_it_is_finished(ledger: Ledger) -
 def test_finish_keeps_only_the_latest_failure_reasons(ledger: Ledger,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     reasons = [orjson.dumps({"batch": "b1", "id": f"p{i}"}) for i in range(5)]
-    monkeypatch.setattr("workers.ledger.FAILURES_KEPT", 3)
+    monkeypatch.setattr("fleetgen.ledger.FAILURES_KEPT", 3)
     ledger.finish_batch(JOB, "b1", {"prompts_failed": 5.0}, "w0", reasons)
     kept = [orjson.loads(x)["id"] for x in ledger.r.lrange(keys.job_part(JOB, "failures"), 0, -1)]
     assert kept == ["p4", "p3", "p2"]

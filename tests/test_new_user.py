@@ -30,7 +30,10 @@ import pytest
 import redis
 from sim_helpers import running_sim
 
-import workers.settings
+import fleetgen.settings
+from fleetgen import canary
+from fleetgen.job import GenerationParams
+from fleetgen.settings import Settings, SettingsError
 from launcher import demo, node
 from launcher.demo import DemoPorts
 from launcher.errors import PortBusyError
@@ -40,9 +43,6 @@ from producer import report
 from producer.inputs import read_prompts
 from producer.samples import generate_sample
 from tests.stack import chat_rows, write_jsonl
-from workers import canary
-from workers.job import GenerationParams
-from workers.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD_FILE = ".fleetgen/redis/password"
@@ -125,7 +125,7 @@ def clone_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     shutil.copy(redis_server.credentials_file, clone / PASSWORD_FILE)
     home = tmp_path / "home"
     home.mkdir()
-    monkeypatch.setattr(workers.settings, "PROJECT_DIR", clone)
+    monkeypatch.setattr(fleetgen.settings, "PROJECT_DIR", clone)
     monkeypatch.chdir(home)
     return clone
 
@@ -156,8 +156,8 @@ def test_a_bare_command_in_another_directory_finds_the_embedded_redis_password(
 def test_a_password_file_found_nowhere_is_named_by_its_full_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(workers.settings, "PROJECT_DIR", tmp_path / "no-clone")
-    monkeypatch.setattr(workers.settings, "PASSWORD_FILE_WAIT_S", 0.0)
+    monkeypatch.setattr(fleetgen.settings, "PROJECT_DIR", tmp_path / "no-clone")
+    monkeypatch.setattr(fleetgen.settings, "PASSWORD_FILE_WAIT_S", 0.0)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SettingsError, match="no such secret file") as missing:
         Settings.from_env({"FLEETGEN_REDIS_PASSWORD_FILE": PASSWORD_FILE})

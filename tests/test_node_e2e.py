@@ -281,8 +281,8 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
          str(out_dir), "--batch-size", "25", "--no-canary"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
     assert enqueue.returncode == 0, enqueue.stderr
-    from workers.jobview import job_status
-    from workers.ledger import Ledger
+    from fleetgen.jobview import job_status
+    from fleetgen.ledger import Ledger
 
     ledger = Ledger(redis_client)
     wait_until(lambda: job_status(ledger, "crashy")["state"] == "done", 240, what="job done")
@@ -421,8 +421,8 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
     assert steps[-1]["kind"] == "rolled-out"
     n.wait(lambda s: (s.get("tune") or {}).get("state") == "done", 10, "tune log in node.json")
 
-    from workers.jobview import job_status
-    from workers.ledger import Ledger
+    from fleetgen.jobview import job_status
+    from fleetgen.ledger import Ledger
 
     wait_until(lambda: job_status(Ledger(redis_client), "tuned")["state"] == "done", 600,
                what="job done")

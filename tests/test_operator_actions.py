@@ -68,17 +68,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fleetgen import keys
+from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
+from fleetgen.errors import JobError, SinkError
+from fleetgen.jobview import job_status
+from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.records import is_failure
+from fleetgen.retry import REDIS_ERRORS
+from fleetgen.sink import Sink, batch_records, open_sink
 from launcher.services import RedisServer, S3Server, wait_until
 from producer import sinkview
 from tests.stack import PYTHON, ROOT, Proc, Stack, chat_rows, write_jsonl
-from workers import keys
-from workers.creation import JOB_LOCK_WAIT_S, job_lock
-from workers.errors import JobError, SinkError
-from workers.jobview import job_status
-from workers.ledger import ROUNDS, Ledger
-from workers.records import is_failure
-from workers.retry import REDIS_ERRORS
-from workers.sink import Sink, batch_records, open_sink
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 

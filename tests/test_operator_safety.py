@@ -16,18 +16,18 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.creation import creation_lock
+from fleetgen.job import GenerationParams, JobManifest
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
+from fleetgen.records import UNSENT_ATTEMPTS_EXHAUSTED
+from fleetgen.settings import Settings
 from launcher.services import S3Server, wait_until
 from producer import cli
 from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
 from tests.stack import Stack, chat_rows, iter_ids, queue_depth, wait_job_done, write_jsonl
-from workers import keys
-from workers.creation import creation_lock
-from workers.job import GenerationParams, JobManifest
-from workers.jobview import job_status
-from workers.ledger import Ledger
 from workers.reconciler import Reconciler
-from workers.records import UNSENT_ATTEMPTS_EXHAUSTED
-from workers.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +82,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     with pytest.raises(EnqueueInterrupted) as caught:
         enqueue(request, ledger, celery_app, Interrupt(after=1500))
     report = caught.value.report
-    batches = report.batches  # 300 of 10, the last eighth cut finer (workers.job.batch_sizes)
+    batches = report.batches  # 300 of 10, the last eighth cut finer (fleetgen.job.batch_sizes)
     assert batches > 300 and not report.complete
     assert 0 < report.uploaded < batches
 
@@ -290,7 +290,7 @@ def test_a_batch_delivered_during_an_s3_outage_waits_instead_of_failing(
 def test_redelivered_batches_are_taken_before_fresh_ones(
     stack: Stack, tmp_path: Path, ledger: Ledger, celery_app: Any,
 ) -> None:
-    from workers.dispatch import dispatch
+    from fleetgen.dispatch import dispatch
 
     src = write_jsonl(tmp_path / "p.jsonl", chat_rows(100))
     stack.producer("enqueue", str(src), "--job", "fresh", "--output", str(tmp_path / "out"),

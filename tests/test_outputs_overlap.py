@@ -1,4 +1,4 @@
-"""Outputs that cannot overlap (producer/enqueue.py `_check_output`, workers/sink.py): a job's
+"""Outputs that cannot overlap (producer/enqueue.py `_check_output`, fleetgen/sink.py): a job's
 folder `{output}/{job}/` may not lie inside another job's, nor hold one, nor be named like what
 every job keeps in its folder; and a folder and an S3 sink list the same keys, one level deep.
 
@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
+from fleetgen.records import Origin, error_record, result_record, written_counts
+from fleetgen.sink import Sink, location, open_sink
 from launcher.services import S3Server
 from producer.cli import RET_ERROR, RET_OK, main
 from tests.stack import chat_rows, write_jsonl
-from workers import keys
-from workers.ledger import Ledger
-from workers.records import Origin, error_record, result_record, written_counts
-from workers.sink import Sink, location, open_sink
 
 FAILED = 5
 

@@ -21,16 +21,16 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.errors import SinkUnusableError
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
+from fleetgen.sink import LocalSink
 from launcher.ports import free_port
 from launcher.services import wait_until
 from producer.status import render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
-from workers import keys
-from workers.errors import SinkUnusableError
-from workers.jobview import job_status
-from workers.ledger import Ledger
 from workers.preflight import SinkChecks
-from workers.sink import LocalSink
 
 pytestmark = pytest.mark.e2e
 

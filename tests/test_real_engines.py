@@ -16,9 +16,9 @@ import orjson
 import pytest
 from sim_helpers import running_sim
 
+from fleetgen.servers import KINDS, Server
 from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
 from workers.client import ServerClient
-from workers.servers import KINDS, Server
 
 PROMPTS = 120
 SIM = ("--max-running-requests", "6", "--mean-output-tokens", "200", "--log-level", "warning")

@@ -15,6 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.jobview import job_status
+from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.records import error_record
 from producer.cli import main
 from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
 from tests.test_requeue_rounds import (
@@ -25,10 +29,6 @@ from tests.test_requeue_rounds import (
     assert_status_is_the_export,
     exported,
 )
-from workers import keys
-from workers.jobview import job_status
-from workers.ledger import ROUNDS, Ledger
-from workers.records import error_record
 
 
 @pytest.fixture

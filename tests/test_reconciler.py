@@ -13,12 +13,12 @@ import orjson
 import pytest
 import redis
 
+from fleetgen import keys
+from fleetgen.dispatch import dispatch
+from fleetgen.ledger import STATE_PAUSED, Ledger
+from fleetgen.settings import Settings
 from tests.stack import make_job, queue_depth
-from workers import keys
-from workers.dispatch import dispatch
-from workers.ledger import STATE_PAUSED, Ledger
 from workers.reconciler import Reconciler, broker_batches
-from workers.settings import Settings
 
 JOB = "rec"
 B1, B2, B3 = keys.batch_id(1), keys.batch_id(2), keys.batch_id(3)

@@ -94,9 +94,9 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     early = stack.producer("export", "stop", "--to", str(tmp_path / "early.jsonl"), check=False)
     assert early.returncode == 1 and "is not finished" in early.stderr
     assert "cancelled" in stack.producer("cancel", "stop").stdout
+    from fleetgen.jobview import job_status
+    from fleetgen.ledger import Ledger
     from launcher.services import wait_until
-    from workers.jobview import job_status
-    from workers.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     wait_until(lambda: not ledger.running_batches("stop"), 60, what="running batches stopped")

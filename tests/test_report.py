@@ -19,13 +19,13 @@ from typing import Any
 import orjson
 import pytest
 
-import workers.ledger
+import fleetgen.ledger
+from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.ledger import Ledger
+from fleetgen.records import Origin, counters, result_record, written_counts
 from producer.report import build_report, throughput_series, worker_minutes
 from tests.browser import Browser
 from tests.stack import Stack, chat_rows, make_job, wait_job_done, write_jsonl
-from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
-from workers.ledger import Ledger
-from workers.records import Origin, counters, result_record, written_counts
 
 FAST = ("--max-running-requests", "8", "--decode-tps", "80", "--mean-output-tokens", "200",
         "--speed", "50")
@@ -121,7 +121,7 @@ def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_g
     manifest = make_job(ledger, "brief", str(tmp_path / "out"), prompts=40, batch_size=20)
     started = 1_800_000_010.0  # 10 s into a minute
     with monkeypatch.context() as m:
-        m.setattr(workers.ledger, "time", SimpleNamespace(time=lambda: started))
+        m.setattr(fleetgen.ledger, "time", SimpleNamespace(time=lambda: started))
         ledger.activate(manifest)
     for batch, worker in (("b000001", "gpu0@a"), ("b000002", "gpu1@b")):
         records = answer_batch(ledger, "brief", batch, worker, int(started // 60), 20)

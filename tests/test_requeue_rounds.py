@@ -17,17 +17,17 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.job import GenerationParams
+from fleetgen.jobview import job_status
+from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.records import Origin, error_record, is_failure, result_record, written_counts
+from fleetgen.sink import LocalSink, Sink, open_sink
 from launcher.services import wait_until
 from producer import control
 from producer.cli import main
 from producer.enqueue import EnqueueReport, EnqueueRequest, enqueue
 from tests.stack import chat_rows, write_jsonl
-from workers import keys
-from workers.job import GenerationParams
-from workers.jobview import job_status
-from workers.ledger import ROUNDS, Ledger
-from workers.records import Origin, error_record, is_failure, result_record, written_counts
-from workers.sink import LocalSink, Sink, open_sink
 
 ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)
 CONTEXT, SERVER = "context_length_exceeded", "server_error"
@@ -188,8 +188,8 @@ def test_two_requeues_at_once_send_each_failed_prompt_once(
             if "waits for the job's lock" in record.getMessage():
                 waiting.set()
 
-    caplog.set_level(logging.INFO, logger="workers.creation")
-    logger = logging.getLogger("workers.creation")
+    caplog.set_level(logging.INFO, logger="fleetgen.creation")
+    logger = logging.getLogger("fleetgen.creation")
     handler = Says(logging.INFO)
     logger.addHandler(handler)
     second: list[control.RequeueReport] = []
@@ -228,8 +228,8 @@ def test_two_requeues_at_once_send_each_failed_prompt_once(
 def test_a_requeue_waiting_for_a_lock_another_command_keeps_says_who_holds_it(
     ledger: Ledger, celery_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from workers import creation
-    from workers.errors import JobBusyError
+    from fleetgen import creation
+    from fleetgen.errors import JobBusyError
 
     job = SinkJob(ledger, celery_app, tmp_path)
     job.write_pending(fail={"p00003": CONTEXT})
@@ -245,7 +245,7 @@ def test_a_requeue_waiting_for_a_lock_another_command_keeps_says_who_holds_it(
 def test_a_round_stored_but_not_recorded_is_named_and_sends_nothing_twice(
     ledger: Ledger, celery_app: Any, tmp_path: Path,
 ) -> None:
-    from workers.errors import JobError
+    from fleetgen.errors import JobError
 
     job = SinkJob(ledger, celery_app, tmp_path)
     job.write_pending(fail={"p00003": CONTEXT})

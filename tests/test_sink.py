@@ -1,4 +1,4 @@
-"""The sink's contract (workers/sink.py) on a folder and on a real S3 (SeaweedFS): a write is
+"""The sink's contract (fleetgen/sink.py) on a folder and on a real S3 (SeaweedFS): a write is
 create-if-absent, a missing object reads as None, and every other failure is a SinkError
 naming the object, never a botocore or OS exception (the batch runner and export catch only
 SinkError, and a late duplicate writer must be a no-op, never an overwrite)."""
@@ -12,10 +12,10 @@ from typing import Any
 import boto3
 import pytest
 
+from fleetgen.errors import SinkError
+from fleetgen.retry import on_sink
+from fleetgen.sink import S3Sink, open_sink
 from launcher.services import S3Server
-from workers.errors import SinkError
-from workers.retry import on_sink
-from workers.sink import S3Sink, open_sink
 
 
 def test_a_folder_sink_writes_once_and_a_late_writer_is_a_no_op(tmp_path: Path) -> None:

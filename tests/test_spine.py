@@ -10,6 +10,8 @@ import httpx
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
 from tests.stack import (
     Stack,
     chat_rows,
@@ -19,8 +21,6 @@ from tests.stack import (
     wait_job_done,
     write_jsonl,
 )
-from workers import keys
-from workers.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +137,7 @@ def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
     ledger = Ledger(redis_client)
     for batch in ("b000001", "b000002", "b000003", "b000004", "b000005", "b000006"):
         ledger.unqueue("resume", batch)
-    from workers.dispatch import dispatch
+    from fleetgen.dispatch import dispatch
 
     dispatch(celery_app, ledger, "resume", ["b000002", "b000005"], keys.SHARED_QUEUE)
     worker = stack.worker(0, url)

@@ -23,18 +23,18 @@ import orjson
 import pytest
 from sim_helpers import VirtualClockLoop
 
+from fleetgen import keys, progress
+from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
+from fleetgen.jobview import job_status
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.readings import ServerReading, parse_metrics, read_server
+from fleetgen.records import Origin, counters, error_record, result_record, written_counts
 from launcher.ports import free_port
 from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
 from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks, write_jsonl
-from workers import keys, progress
-from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
-from workers.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
-from workers.jobview import job_status
-from workers.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
-from workers.readings import ServerReading, parse_metrics, read_server
-from workers.records import Origin, counters, error_record, result_record, written_counts
 
 NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
 MINUTE = int(NOW // 60)
@@ -631,8 +631,8 @@ def test_a_failing_progress_write_is_logged_and_never_raises(
 
 def test_a_worker_publishes_its_loopback_server_under_the_nodes_address_on_the_route_to_redis(
 ) -> None:
-    from workers.advertise import advertised_url, route_address
-    from workers.settings import Settings, SettingsError
+    from fleetgen.advertise import advertised_url, route_address
+    from fleetgen.settings import Settings, SettingsError
 
     local = "http://127.0.0.1:30001"
     assert advertised_url(local, Settings(advertise_host="10.213.0.11")) == "http://10.213.0.11:30001"
@@ -685,10 +685,10 @@ def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
     """The ledger's clock reads `now` (what set_state and activate stamp)."""
     from types import SimpleNamespace
 
-    import workers.ledger
+    import fleetgen.ledger
 
     with monkeypatch.context() as m:
-        m.setattr(workers.ledger, "time", SimpleNamespace(time=lambda: now))
+        m.setattr(fleetgen.ledger, "time", SimpleNamespace(time=lambda: now))
         yield
 
 

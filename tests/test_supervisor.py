@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from fleetgen.server_info import ServerInfo, parse_server_info
 from launcher import node
 from launcher.node import (
     Child,
@@ -51,7 +52,6 @@ from launcher.node import (
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
 from launcher.sim.simulator import Simulator
-from workers.server_info import ServerInfo, parse_server_info
 
 OOM_LINES = [
     "[2026-10-10 11:58:19] Scheduler hit an exception: Traceback (most recent call last):",

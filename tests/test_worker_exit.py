@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
-from workers import keys
-from workers.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 

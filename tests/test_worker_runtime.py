@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from fleetgen.settings import Settings
 from workers.engine import Limiter
 from workers.runtime import GC_GEN0_THRESHOLD, WorkerConfigError, server_url
-from workers.settings import Settings
 
 
 async def _holders(limiter: Limiter, names: list[str], entered: list[str],

@@ -1,5 +1,6 @@
-"""fleetgen workers: the shared domain (keys, ledger, sink, jobs, records, settings, errors) and
-the Celery GPU worker (`celery -A workers worker -Q gpu0`).
+"""The Celery worker (`celery -A workers worker -Q gpu0`): one process per server, taking
+batches from its queues, keeping its server full and writing what it answers to the sink.
+The job's state and every view of it are the domain's (the `fleetgen` package).
 
 Importing this package builds nothing and reads no environment: the Celery app is built the
 first time Celery (or a caller) asks for `workers.app`.
@@ -14,8 +15,8 @@ from typing import Any
 def __getattr__(name: str) -> Any:
     # `celery -A workers` looks up `workers.app`; only then is the app built (workers/app.py).
     if name == "app":
-        from workers.redact import redact
-        from workers.settings import SettingsError
+        from fleetgen.redact import redact
+        from fleetgen.settings import SettingsError
 
         try:
             from workers.app import app

@@ -18,10 +18,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from workers import breaker, keys, metrics
-from workers.checkpoints import CheckpointWriter, Entry
-from workers.engine import Engine
-from workers.errors import (
+from fleetgen import breaker, keys
+from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.errors import (
     BadRequestError,
     JobError,
     JobNotRunningError,
@@ -32,12 +31,9 @@ from workers.errors import (
     SinkError,
     WorkerStoppingError,
 )
-from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
-from workers.job import JobManifest
-from workers.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
-from workers.preflight import SinkChecks
-from workers.quality import QualityWatch
-from workers.records import (
+from fleetgen.job import JobManifest
+from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
     counters,
@@ -46,8 +42,13 @@ from workers.records import (
     result_record,
     written_counts,
 )
-from workers.retry import on_redis, on_sink, with_attempts
-from workers.sink import Sink, batch_records, open_sink
+from fleetgen.retry import on_redis, on_sink, with_attempts
+from fleetgen.sink import Sink, batch_records, open_sink
+from workers import metrics
+from workers.engine import Engine
+from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
+from workers.preflight import SinkChecks
+from workers.quality import QualityWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -346,7 +347,7 @@ class BatchRunner:
     ) -> tuple[dict[str, Any], float]:
         """The prompt's final record (an answer or a failure) and its time waiting for a slot.
 
-        Transient failures are tried again under the one backoff policy (workers/retry.py);
+        Transient failures are tried again under the one backoff policy (fleetgen/retry.py);
         a 4xx fails the prompt at once; a server that is down spends no attempt.
         """
         settings = self.settings

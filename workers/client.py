@@ -2,7 +2,7 @@
 (what kind it is, workers/servers finds out; the exchange is the same for all).
 
 httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors,
-HTTP statuses and answers that are not a finished generation become `workers.errors` types here
+HTTP statuses and answers that are not a finished generation become `fleetgen.errors` types here
 and nowhere else.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 import httpx
 import orjson
 
-from workers.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
-from workers.servers import Server, detect
+from fleetgen.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
+from fleetgen.servers import Server, detect
 
 log = logging.getLogger(__name__)
 

@@ -27,17 +27,19 @@ import orjson
 import redis.asyncio as aioredis
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
-from workers import keys, loops, metrics, redisconn
-from workers.advertise import advertised_url
+from fleetgen import keys, redisconn
+from fleetgen.advertise import advertised_url
+from fleetgen.errors import FleetgenError, ServerDownError
+from fleetgen.fleet import REGISTRY_BEAT_S
+from fleetgen.readings import parse_metrics, read_server_within
+from fleetgen.redact import redact
+from fleetgen.retry import REDIS_ERRORS, backoff
+from fleetgen.server_info import CONFIGURED, ServerCapacity, stated_capacity
+from fleetgen.servers import Server
+from fleetgen.settings import Settings
+from workers import loops, metrics
 from workers.client import ServerClient
-from workers.errors import FleetgenError, ServerDownError
-from workers.fleet import REGISTRY_BEAT_S
-from workers.readings import parse_metrics, read_server_within
-from workers.redact import redact
-from workers.retry import REDIS_ERRORS, backoff
-from workers.server_info import CONFIGURED, ServerCapacity, stated_capacity
-from workers.servers import Gradient, QueueWatch, Server
-from workers.settings import Settings
+from workers.limits import Gradient, QueueWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

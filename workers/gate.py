@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import bootsteps
 
-from workers import keys
+from fleetgen import keys
 from workers.runtime import runtime
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from workers import keys
-from workers.errors import JobError, LeaseLostError
-from workers.ledger import STATE_CANCELLED, STATE_PAUSED
-from workers.settings import Settings
+from fleetgen import keys
+from fleetgen.errors import JobError, LeaseLostError
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
+from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -44,13 +44,11 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
-from workers import keys
-from workers.errors import FleetgenError
+from fleetgen import keys
+from fleetgen.errors import FleetgenError
 
 log = logging.getLogger(__name__)
 
-# gpuN's worker serves on METRICS_BASE_PORT + N, next to its SGLang server on 30000 + N.
-METRICS_BASE_PORT = 9400
 DEFAULT_HOST = "127.0.0.1"
 
 # A cached short answer takes ~0.1 s; a 30k-token thinking answer under load can take hours.
@@ -184,7 +182,7 @@ def exporter_port(configured: int | None, queues: Iterable[str]) -> int | None:
     if configured is not None:
         return configured or None
     gpus = [int(m.group(1)) for q in queues if (m := keys.GPU_QUEUE.match(q))]
-    return METRICS_BASE_PORT + gpus[0] if len(gpus) == 1 else None
+    return keys.METRICS_BASE_PORT + gpus[0] if len(gpus) == 1 else None
 
 
 class _Sent(NamedTuple):

@@ -26,12 +26,12 @@ from typing import Any, NoReturn
 import orjson
 import redis
 
-from workers import keys, redisconn
-from workers.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
-from workers.redact import redact
-from workers.retry import REDIS_ERRORS
-from workers.settings import Settings
-from workers.sink import Sink
+from fleetgen import keys, redisconn
+from fleetgen.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
+from fleetgen.redact import redact
+from fleetgen.retry import REDIS_ERRORS
+from fleetgen.settings import Settings
+from fleetgen.sink import Sink
 
 log = logging.getLogger(__name__)
 

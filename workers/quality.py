@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from workers import canary, keys
-from workers.ledger import STATE_PAUSED, STATE_RUNNING
+from fleetgen import canary, keys
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING
 
 log = logging.getLogger(__name__)
 # After the first stretch, the window is judged once per this many answers (per job).

@@ -30,12 +30,13 @@ import orjson
 import redis
 from celery import Celery
 
-from workers import keys, metrics
-from workers.dispatch import dispatch, parse_task_id
-from workers.ledger import ACTIVE, STATE_RUNNING, Ledger
-from workers.progress import write_progress
-from workers.retry import REDIS_ERRORS
-from workers.settings import Settings
+from fleetgen import keys
+from fleetgen.dispatch import broker_batches, dispatch
+from fleetgen.ledger import ACTIVE, STATE_RUNNING, Ledger
+from fleetgen.progress import write_progress
+from fleetgen.retry import REDIS_ERRORS
+from fleetgen.settings import Settings
+from workers import metrics
 
 log = logging.getLogger(__name__)
 # A finished job is still visited this long: its last progress.json (state done) may wait a
@@ -243,38 +244,3 @@ class Reconciler:
     def broker_batches(self) -> set[tuple[str, str]]:
         return broker_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)
 
-
-def broker_batches(r: Any, *, grace_s: float) -> set[tuple[str, str]]:
-    """(job, batch) of every message waiting in a queue list or held unacked by a worker.
-
-    An unacked message delivered more than `grace_s` ago whose batch has no lease belongs to a
-    worker that died between taking it and leasing it; it does not count as waiting.
-    Only kombu's JSON envelope is read (`headers.id`, the task id), never the body, so the
-    task serializer does not matter; the layout does (see the kombu pin in pyproject.toml).
-    """
-    found: set[tuple[str, str]] = set()
-    for name in r.scan_iter(match="*", count=1000, _type="list"):
-        for raw in r.lrange(name, 0, -1):
-            _collect(found, raw)
-    now = time.time()
-    recent = {tag for tag, score in r.zrange("unacked_index", 0, -1, withscores=True)
-              if now - score < grace_s}
-    for tag, raw in r.hgetall("unacked").items():
-        if tag not in recent:
-            continue
-        try:
-            _collect(found, orjson.dumps(orjson.loads(raw)[0]))
-        except (orjson.JSONDecodeError, IndexError, TypeError):
-            continue
-    return found
-
-
-def _collect(found: set[tuple[str, str]], raw: Any) -> None:
-    try:
-        message = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return
-    task_id = (message.get("headers") or {}).get("id") if isinstance(message, dict) else None
-    parsed = parse_task_id(task_id) if isinstance(task_id, str) else None
-    if parsed:
-        found.add(parsed)

@@ -12,12 +12,12 @@ import logging
 import threading
 from typing import Any
 
-from workers import keys
+from fleetgen import keys
+from fleetgen.errors import FleetgenError
+from fleetgen.ledger import Ledger
+from fleetgen.settings import Settings
 from workers.batch import BatchRunner
 from workers.engine import Engine
-from workers.errors import FleetgenError
-from workers.ledger import Ledger
-from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 # Tracked allocations between two young-generation collections (Python's default is 700).

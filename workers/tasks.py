@@ -9,16 +9,17 @@ from typing import Any
 from celery import Task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
-from workers import keys, metrics, preflight
-from workers.app import app, settings
-from workers.dispatch import dispatch
-from workers.errors import (
+from fleetgen import keys
+from fleetgen.dispatch import dispatch
+from fleetgen.errors import (
     PreflightError,
     ServerDownError,
     SinkError,
     SinkUnusableError,
     WorkerStoppingError,
 )
+from workers import metrics, preflight
+from workers.app import app, settings
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime, server_url, tune_gc

@@ -13,8 +13,8 @@ import json
 import sys
 from collections.abc import Mapping
 
+from fleetgen.commandline import CommandParser
 from launcher.logs._report import read_log
-from workers.commandline import CommandParser
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 

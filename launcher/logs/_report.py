@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from fleetgen.server_info import as_int
 from launcher.logs._capacity import CapacityReading, facts_from_args, read_capacity
 from launcher.logs._parse import (
     CapWarning,
@@ -35,7 +36,6 @@ from launcher.logs._parse import (
     WeightsLoading,
     parse_line,
 )
-from workers.server_info import as_int
 
 # One server start and how each event folds into it.
 

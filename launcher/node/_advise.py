@@ -12,7 +12,7 @@ that ratio. The flags are a first candidate, not a proof: `launcher tune` tries 
 and keeps them only if they win.
 
 A server the launcher did not start has no node.json entry: `entry_for_url` reads its
-`/server_info` (workers/server_info.py) as `launcher up` reads a ready server's, into the same
+`/server_info` (fleetgen/server_info.py) as `launcher up` reads a ready server's, into the same
 entry, so the advice is the same.
 
     advice = advise(gpu_entry_from_node_json, observed)
@@ -32,13 +32,13 @@ from typing import Any
 
 import httpx
 
+from fleetgen.readings import describe_error, parse_metrics
+from fleetgen.server_info import SERVER_INFO_PATHS, ServerInfo, as_float, fetch_server_info
 from launcher.logs import fold
 from launcher.node._args import adapt_flags, flag_value
 from launcher.node._errors import NodeError
 from launcher.node._flags import check_args
 from launcher.node._watch import read_server
-from workers.readings import describe_error, parse_metrics
-from workers.server_info import SERVER_INFO_PATHS, ServerInfo, as_float, fetch_server_info
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
 STEP_MS, STEP_MS_PER_REQUEST = 11.0, 0.56
@@ -235,7 +235,7 @@ def _float(text: str | None) -> float | None:
 async def entry_for_url(url: str, api_key: str | None = None,
                         timeout_s: float = 10.0) -> dict[str, Any]:
     """A server the launcher did not start, as a node.json entry: its `/server_info` (or
-    `/get_server_info`) read by workers/server_info.py and combined as `launcher up` combines
+    `/get_server_info`) read by fleetgen/server_info.py and combined as `launcher up` combines
     a ready server's (`read_server`, here with no log).
 
     Raises NodeError when the server cannot be read, or is not SGLang: then the one line says
@@ -291,7 +291,7 @@ def _auth(api_key: str | None) -> dict[str, str]:
 
 
 def _sample(text: str) -> dict[str, float]:
-    """One `/metrics` page (workers.readings.parse_metrics) in advise's terms; `kv_usage` is the
+    """One `/metrics` page (fleetgen.readings.parse_metrics) in advise's terms; `kv_usage` is the
     KV pool alone where the server exports it, else its fullest pool."""
     gauges = parse_metrics(text)
     kv = gauges.get("full_token_usage", gauges.get("token_usage"))

@@ -11,7 +11,7 @@ Layers are merged flag by flag, later ones winning: profile `args` < `[gpu.N] ar
 arguments after `--` on the command line. SGLang renamed flags between releases (docs/reference/sglang.md#flags),
 so `adapt_flags` rewrites either spelling to the one the installed version accepts. Then
 `build_argv` adds the entry point, model, ports and the launcher's defaults. Wherever an argv is
-logged or published it goes through `workers.redact.redact_argv`, the one place secrets are masked.
+logged or published it goes through `fleetgen.redact.redact_argv`, the one place secrets are masked.
 
     profile = load_profile(Path("node.toml"))
     model, args = profile.for_gpu(3, cli_args=["--log-level", "info"])

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fleetgen.commandline import CommandParser
 from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advise, entry_for_url, observe
 from launcher.node._args import Profile, flag_value, load_profile
@@ -52,7 +53,6 @@ from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
 from launcher.node._tune import TUNE_FILE, cmd_tune
 from launcher.node._watch import HttpProbe
 from launcher.ports import HOST
-from workers.commandline import CommandParser
 
 log = logging.getLogger("launcher.node")
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.keys import METRICS_BASE_PORT
+from fleetgen.redact import redact_argv
 from launcher.errors import PortBusyError
 from launcher.node._args import (
     NEWEST_SGLANG,
@@ -33,8 +35,6 @@ from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
 from launcher.ports import HOST, port_is_free
-from workers.metrics import METRICS_BASE_PORT
-from workers.redact import redact_argv
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from fleetgen.redact import redact_argv
 from launcher.child import ChildProcess
 from launcher.errors import PortBusyError
 from launcher.node._clock import Clock
 from launcher.ports import HOST, port_is_free
-from workers.redact import redact_argv
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 

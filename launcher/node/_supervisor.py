@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fleetgen.redact import redact_argv
 from launcher.errors import LauncherError
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._errors import NodeError
 from launcher.node._process import LaunchSpec, ServerProcess, spawn, stop_process
 from launcher.node._watch import LogFollower, Probe, Reading, describe_exit, read_server, wait_ready
-from workers.redact import redact_argv
 
 # Named for the supervisor, not this module: log filters and readers rely on that name.
 log = logging.getLogger("launcher.supervisor")

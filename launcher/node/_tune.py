@@ -34,12 +34,12 @@ from typing import Any
 
 import httpx
 
+from fleetgen.commandline import CommandParser
 from launcher.node._advise import Observed, advise, observe
 from launcher.node._args import flag_value, split_flags
 from launcher.node._errors import NodeError
 from launcher.node._gpus import parse_gpu_spec
 from launcher.node._rundir import DEFAULT_RUN_DIR, REQUEST_FILE, pid_alive, read_state, write_json
-from workers.commandline import CommandParser
 
 TUNE_FILE = "tune.json"
 ACK_TIMEOUT_S = 10.0

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from fleetgen.commandline import CommandParser
+from fleetgen.redact import redact
+from fleetgen.settings import SettingsError
 from launcher.errors import LauncherError
 from launcher.ports import HOST
 from launcher.services._redis import RedisServer
 from launcher.services._s3 import S3Ports, S3Server
-from workers.commandline import CommandParser
-from workers.redact import redact
-from workers.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ POLL_SECONDS = 0.2
 class ServiceRun:
     """What `python -m launcher redis|s3` runs: its flags, resolved once (flag > default).
 
-    Not a second settings class: fleetgen's settings are `workers.settings.Settings`, which
+    Not a second settings class: fleetgen's settings are `fleetgen.settings.Settings`, which
     this command must not build (it would wait for the password file this very server
     writes). The S3 server's identity is boto3's own AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.
     """

@@ -1,4 +1,4 @@
-"""The errors a bad input raises, under fleetgen's root (workers.errors):
+"""The errors a bad input raises, under fleetgen's root (fleetgen.errors):
 
     FleetgenError
       InputError     one bad line: FILE:LINE: FIELD: what is wrong
@@ -6,7 +6,7 @@
       NoPrompts      the file holds no prompt at all
 """
 
-from workers.errors import FleetgenError
+from fleetgen.errors import FleetgenError
 
 # An error keeps at most this much of its line, so a few bad lines of megabytes each cost a few
 # kilobytes, not megabytes; it is also how much of the line a rejects file shows.

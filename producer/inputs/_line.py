@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
+from fleetgen.job import MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError
 from producer.inputs._ids import IdIndex, hash_id, id_problem
-from workers.job import MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 
 OPENAI_METHOD = "POST"
 OPENAI_URL = "/v1/chat/completions"

@@ -6,8 +6,8 @@ from typing import IO
 
 import orjson
 
+from fleetgen.sink import Sink
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError, InputErrors
-from workers.sink import Sink
 
 
 class Rejects:

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
+from fleetgen.job import DEFAULT_MAX_TOKENS
 from producer.samples import SAMPLE_PATH
-from workers.job import DEFAULT_MAX_TOKENS
 
 SEED = 20240611
 SAMPLE_MIX = {"plain": 50, "chat": 70, "tools": 45, "openai": 35}  # lines of each kind: 200

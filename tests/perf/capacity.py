@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
+from fleetgen.ledger import Ledger
 from tests.perf.fleet import Fleet, wait_job
 from tests.perf.sampler import SIM_FAMILIES, WORKER_FAMILIES, Sampler
 from tests.perf.workload import Workload
-from workers.ledger import Ledger
 
 JOB = "perf-capacity"
 REQUESTED = 128

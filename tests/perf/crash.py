@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 import orjson
 
+from fleetgen.ledger import Ledger
 from tests.perf.analysis import Requests
 from tests.perf.fleet import Fleet, dump_stacks, stuck_batches, wait_for, wait_job
 from tests.perf.sampler import SIM_FAMILIES, WORKER_FAMILIES, parse
 from tests.perf.workload import Workload
 from tests.stack import FAST_WORKER_ENV
-from workers.ledger import Ledger
 
 JOB = "perf-crash"
 FAST_LEASES = {k: v for k, v in FAST_WORKER_ENV.items() if k != "FLEETGEN_METRICS_PORT"}

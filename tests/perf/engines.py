@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
 from tests.perf.analysis import Requests
 from tests.perf.fleet import Fleet, wait_job
 from tests.perf.workload import Workload
-from workers import keys
-from workers.ledger import Ledger
 
 FLAVORS = ("sglang", "vllm", "strict")
 SLOTS = 24

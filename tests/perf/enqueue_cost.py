@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
+from fleetgen import keys
 from tests.stack import PYTHON, ROOT, queue_depth
-from workers import keys
 
 JOB = "perf-enqueue"
 

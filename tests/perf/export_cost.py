@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 import redis
 
+from fleetgen import keys
+from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.records import Origin, error_record, result_record
 from tests.stack import PYTHON, ROOT
-from workers import keys
-from workers.job import GenerationParams, InputInfo, JobManifest
-from workers.records import Origin, error_record, result_record
 
 JOB = "perf-export"
 BATCH = 256

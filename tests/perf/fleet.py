@@ -1,7 +1,7 @@
 """A benchmark fleet on this machine: recording simulators, Celery workers and the producer.
 
 Processes are started the way users start them (tests/stack.py's `Proc`), each logging to a
-file in the run's folder. Workers run with the production settings (workers/settings.py
+file in the run's folder. Workers run with the production settings (fleetgen/settings.py
 defaults), except where a benchmark says otherwise (the crash run shortens the lease).
 
     with Fleet(tmp, redis_url) as fleet:
@@ -22,12 +22,12 @@ from typing import Self
 
 import httpx
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
+from fleetgen.settings import Settings
 from launcher.ports import free_port
 from launcher.services import wait_until
 from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc, python_stacks
-from workers import keys
-from workers.ledger import Ledger
-from workers.settings import Settings
 
 _DEFAULTS = Settings()
 # tests/stack.py's fast-failure values, put back to what a production worker uses.

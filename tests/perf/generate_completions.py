@@ -7,7 +7,7 @@ It reads every prompt into memory, puts them in one shared queue and runs `--con
 coroutines per server, each taking the next prompt as soon as its previous answer is back, so
 no server ever waits while another still has work: the strongest simple script (no Redis, no
 checkpoints, no crash recovery). Answers are appended to `--output` as they arrive. The request
-body is the one fleetgen sends for the same line (workers/job.py `GenerationParams`).
+body is the one fleetgen sends for the same line (fleetgen/job.py `GenerationParams`).
 """
 
 from __future__ import annotations

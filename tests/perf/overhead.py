@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetgen.ledger import Ledger
 from tests.perf.fleet import Fleet, dump_stacks, stuck_batches, wait_job
 from tests.perf.sampler import SIM_FAMILIES, Sampler, Tick
 from tests.perf.workload import Workload
 from tests.stack import PYTHON
-from workers.ledger import Ledger
 
 JOB = "perf-overhead"
 PY_SPY = Path(PYTHON).with_name("py-spy")

@@ -2,7 +2,7 @@
 
 A Python process on a 2-core machine cannot send the traffic of 1,000 GPUs at 25 prompts/s
 (25,000 checkpoint calls a second), so the benchmark measures what each unit of a GPU's Redis
-traffic costs Redis, with fleetgen's own calls (workers/ledger.py, workers/checkpoints.py,
+traffic costs Redis, with fleetgen's own calls (fleetgen/ledger.py, fleetgen/checkpoints.py,
 the lease renewal script, the registry entry, `producer status`), and adds the units up for N
 GPUs. The units, per GPU:
 
@@ -38,12 +38,12 @@ from typing import Any
 import orjson
 import redis
 
+from fleetgen import keys
+from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.jobview import job_status
+from fleetgen.ledger import RENEW_LEASE, Ledger
 from launcher.services import RedisServer
-from workers import keys
-from workers.checkpoints import RECORD_GROUP, Entry, group_arguments
-from workers.job import GenerationParams, InputInfo, JobManifest
-from workers.jobview import job_status
-from workers.ledger import RENEW_LEASE, Ledger
 
 JOB = "perf-redis"
 OUT = Path("results/perf")

@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.ledger import Ledger
 from tests.perf.analysis import Requests, RunFigures, figures
 from tests.perf.fleet import Fleet, Sim, Worker, dump_stacks, stuck_batches, wait_job
 from tests.perf.sampler import SIM_FAMILIES, WORKER_FAMILIES, Sampler, Tick
 from tests.perf.workload import Workload
 from tests.stack import PYTHON, ROOT
-from workers.ledger import Ledger
 
 JOB = "perf-saturation"
 SCRIPT = ROOT / "tests" / "perf" / "generate_completions.py"

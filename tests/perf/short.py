@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetgen.ledger import Ledger
 from tests.perf.fleet import Fleet, wait_job
 from tests.perf.sampler import SIM_FAMILIES, Sampler, Tick
 from tests.perf.workload import Workload
 from tests.stack import PYTHON, ROOT
-from workers.ledger import Ledger
 
 JOB = "perf-short"
 SCRIPT = ROOT / "tests" / "perf" / "generate_completions.py"

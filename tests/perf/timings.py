@@ -28,10 +28,10 @@ from typing import Any
 
 import httpx
 
+from fleetgen import keys
+from fleetgen.ledger import Ledger
 from tests.perf.fleet import Fleet, wait_for
 from tests.stack import chat_rows, write_jsonl
-from workers import keys
-from workers.ledger import Ledger
 
 STARTS = 3
 SLOTS, FLOODED, ANSWER_TOKENS, DECODE_TPS, SPEED = 6, 60, 400, 86, 40

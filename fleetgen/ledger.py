@@ -17,10 +17,10 @@ from typing import Any
 import orjson
 import redis
 
-from workers import keys, redisconn
-from workers.errors import JobError
-from workers.job import JobManifest
-from workers.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
+from fleetgen import keys, redisconn
+from fleetgen.errors import JobError
+from fleetgen.job import JobManifest
+from fleetgen.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
 # the job until enqueue sets it `running` (after the last input and the final manifest).
@@ -37,16 +37,16 @@ FAILURES_KEPT = 200
 # The scripts live beside this module (package data: pyproject.toml); each file says what its
 # KEYS and ARGV are.
 # Extends a lease only for its owner (the batch runner's heartbeat runs it on its loop).
-RENEW_LEASE = resources.files("workers").joinpath("renew_lease.lua").read_text(encoding="utf-8")
+RENEW_LEASE = resources.files("fleetgen").joinpath("renew_lease.lua").read_text(encoding="utf-8")
 # Gives a lease back if still held, refunding the attempt if asked.
-_RELEASE = resources.files("workers").joinpath("release_lease.lua").read_text(encoding="utf-8")
+_RELEASE = resources.files("fleetgen").joinpath("release_lease.lua").read_text(encoding="utf-8")
 # Records a written batch once: only the first call counts its prompts.
-_FINISH = resources.files("workers").joinpath("finish_batch.lua").read_text(encoding="utf-8")
+_FINISH = resources.files("fleetgen").joinpath("finish_batch.lua").read_text(encoding="utf-8")
 # Takes failures out of an unleased batch's checkpoint, with what they added to the counters.
-_DROP_FAILURES = resources.files("workers").joinpath("drop_failures.lua").read_text(
+_DROP_FAILURES = resources.files("fleetgen").joinpath("drop_failures.lua").read_text(
     encoding="utf-8")
 # Files a job under the active or the finished jobs, its keys lasting or expiring to match.
-_SETTLE = resources.files("workers").joinpath("settle_job.lua").read_text(encoding="utf-8")
+_SETTLE = resources.files("fleetgen").joinpath("settle_job.lua").read_text(encoding="utf-8")
 # What `settle` found the job to be.
 FINISHED, ACTIVE, GONE = "finished", "active", "gone"
 
@@ -308,7 +308,7 @@ class Ledger:
     def next_round(self, name: str, after: int) -> int:
         """Number the job's next requeue round: one past its last in the ledger and `after`
         (the last the sink holds), so a round name is never used twice. The caller holds the
-        job's lock (workers/creation.py)."""
+        job's lock (fleetgen/creation.py)."""
         last = int(self.r.hget(keys.job(name), ROUNDS) or 0)
         number = max(last, after) + 1
         self.r.hset(keys.job(name), ROUNDS, number)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
-from workers.settings import Settings
+from fleetgen.settings import Settings
 
 # Hosts that name "this machine" only: meaningless, or wrong, anywhere else.
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""})

@@ -33,7 +33,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from workers.errors import RetryableError, SinkError
+from fleetgen.errors import RetryableError, SinkError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 its server info.
 
 Read by each worker for its own server (published in its registry entry, engine.py), and by
-`producer status` for servers on its own node (workers/fleet.py).
+`producer status` for servers on its own node (fleetgen/fleet.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.server_info import ServerInfo, fetch_server_info, stated_capacity
-from workers.servers import KINDS
+from fleetgen.server_info import ServerInfo, fetch_server_info, stated_capacity
+from fleetgen.servers import KINDS
 
 # Prometheus family -> (short name, how readings of several schedulers combine), over every
 # kind's gauges: the names of different engines never collide, so one page is read the same
@@ -61,7 +61,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None = None) -> ServerReading:
-    """`/metrics` and the server's info (workers/server_info.py) of one server; never raises
+    """`/metrics` and the server's info (fleetgen/server_info.py) of one server; never raises
     for a server that is down."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     metrics, info = await asyncio.gather(

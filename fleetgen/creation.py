@@ -3,7 +3,7 @@
 `producer enqueue` holds it while it creates or resumes a job, `requeue --failed` (and `resume`
 after a failure breaker pause) while it reads the job's failures and records a new round, and
 `rebuild` while it rewrites the ledger from the sink: two of them at once would requeue the same
-prompts twice, or count a round the other is recording. The job view (workers/jobview.py) names
+prompts twice, or count a round the other is recording. The job view (fleetgen/jobview.py) names
 the holder of a job still `creating`. The lock is redis-py's, with a `host:pid:nonce:command`
 token so a holder killed on this host (kill -9) is seen as gone at once; one killed on another
 host is waited out (LOCK_TTL_S).
@@ -29,10 +29,10 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
-from workers import keys
-from workers.errors import JobBusyError
-from workers.ledger import Ledger
-from workers.retry import REDIS_ERRORS, backoff
+from fleetgen import keys
+from fleetgen.errors import JobBusyError
+from fleetgen.ledger import Ledger
+from fleetgen.retry import REDIS_ERRORS, backoff
 
 log = logging.getLogger(__name__)
 

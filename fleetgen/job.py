@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from workers.errors import JobError
-from workers.keys import JOB_ENTRIES, JOB_NAME
+from fleetgen.errors import JobError
+from fleetgen.keys import JOB_ENTRIES, JOB_NAME
 
 # A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
 # a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.
@@ -94,7 +94,7 @@ class JobManifest:
     queue: str
     params: GenerationParams
     rejected: int = 0
-    # Quality canary thresholds (workers.canary.Thresholds as a dict); empty means defaults.
+    # Quality canary thresholds (fleetgen.canary.Thresholds as a dict); empty means defaults.
     canary: dict[str, Any] = field(default_factory=dict)
     # How the job's end is cut into smaller batches (batch_sizes): 0 not at all (the oldest
     # jobs), 1 (`true` in manifests before 2026-11-29) or TAPER. A job keeps its plan for life.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from workers.servers._kind import Combine, ServerKind
+from fleetgen.servers._kind import Combine, ServerKind
 
 
 class SGLang(ServerKind):

@@ -2,7 +2,7 @@
 
 Workers register in `fg:workers` every few seconds (workers/engine.py `_register`), with what
 their server said at that moment, the URL they use (`local_server`) and the URL other nodes can
-use (`server`, workers/advertise.py). `read_fleet` reads `/metrics` and `/server_info` live, all
+use (`server`, fleetgen/advertise.py). `read_fleet` reads `/metrics` and `/server_info` live, all
 at once and under one short deadline: this node's servers at their local URL (one that does not
 answer shows as `down` instead of stalling the view), other nodes' at their published URL. An
 other node's server that cannot be read from here (a `127.0.0.1` URL there is not this node's
@@ -32,9 +32,9 @@ import httpx
 import orjson
 import redis
 
-from workers import keys
-from workers.advertise import LOCAL_HOSTS
-from workers.readings import ServerReading, read_server_within
+from fleetgen import keys
+from fleetgen.advertise import LOCAL_HOSTS
+from fleetgen.readings import ServerReading, read_server_within
 
 # A dead server must not slow `status --watch` by more than about this much.
 FETCH_DEADLINE_S = 2.0

@@ -1,8 +1,8 @@
 """A job's progress in one view: counts, rate, ETA, tokens, finish reasons, quality, GPUs.
 
 `job_status` gathers the figures into one dict: the `producer status --json` form and what
-`progress.json` holds (workers/progress.py; field names are stable, new ones may be added).
-With `live=True` it also reads every registered server (workers/fleet.py) for the per-GPU
+`progress.json` holds (fleetgen/progress.py; field names are stable, new ones may be added).
+With `live=True` it also reads every registered server (fleetgen/fleet.py) for the per-GPU
 table. It lives with the workers because their reconciler writes progress.json; the producer
 prints it (producer/status.py `render`).
 
@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 
-from workers import keys
-from workers.breaker import accepted_causes
-from workers.canary import Thresholds
-from workers.creation import creation_holder
-from workers.fleet import read_fleet, registry
-from workers.job import JobManifest, batch_sizes
-from workers.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen import keys
+from fleetgen.breaker import accepted_causes
+from fleetgen.canary import Thresholds
+from fleetgen.creation import creation_holder
+from fleetgen.fleet import read_fleet, registry
+from fleetgen.job import JobManifest, batch_sizes
+from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 
 RATE_WINDOW_S = 300
 # The recent window spans at least this many mean answer times, and so must a stretch of whole

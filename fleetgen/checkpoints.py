@@ -25,13 +25,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from workers import keys
-from workers.retry import REDIS_ERRORS, on_redis_async
+from fleetgen import keys
+from fleetgen.retry import REDIS_ERRORS, on_redis_async
 
 log = logging.getLogger(__name__)
 
 # Adds a group of records, each once; its KEYS and ARGV are built by `group_arguments`.
-RECORD_GROUP = resources.files("workers").joinpath("record_group.lua").read_text(encoding="utf-8")
+RECORD_GROUP = resources.files("fleetgen").joinpath("record_group.lua").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

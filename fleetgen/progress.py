@@ -14,13 +14,13 @@ from typing import Any
 
 import orjson
 
-from workers import keys
-from workers.errors import SinkError
-from workers.fleet import read_fleet
-from workers.jobview import job_status
-from workers.ledger import STATE_RUNNING, Ledger
-from workers.settings import Settings
-from workers.sink import open_sink
+from fleetgen import keys
+from fleetgen.errors import SinkError
+from fleetgen.fleet import read_fleet
+from fleetgen.jobview import job_status
+from fleetgen.ledger import STATE_RUNNING, Ledger
+from fleetgen.settings import Settings
+from fleetgen.sink import open_sink
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60
@@ -61,7 +61,7 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
     mark = _fingerprint(status)
     if status["state"] != STATE_RUNNING and ledger.r.get(keys.job_part(job, "progress_mark")) == mark:
         return False
-    # Never with SGLANG_API_KEY: the servers' addresses come from Redis (workers/fleet.py).
+    # Never with SGLANG_API_KEY: the servers' addresses come from Redis (fleetgen/fleet.py).
     status["fleet"] = read_fleet(ledger.r, status["workers"], float(status["elapsed_s"]), now=now)
     style = settings.s3_addressing_style if settings else "path"
     sink = open_sink(status["output"], addressing_style=style)

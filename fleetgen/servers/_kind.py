@@ -3,7 +3,7 @@
 A kind says how a request is shaped for it (the fields beyond OpenAI's chat schema it takes),
 which `/metrics` gauges show its load, and nothing else: the HTTP exchange, the error mapping
 and the answer's reading are the same for every OpenAI-compatible server (workers/client.py,
-workers/records.py).
+fleetgen/records.py).
 """
 
 from __future__ import annotations

@@ -7,22 +7,21 @@ learns about one server.
       OpenAICompatible      _openai.py: anything else that speaks /v1/chat/completions
     Server, detect          _server.py: a server as found at first contact; request shaping;
                             what its refusals taught (fields it refuses, its pinned model)
-    QueueWatch, Gradient    _limits.py: the concurrency of a server that does not state it
+
+The worker, the operator's views and the launcher all read servers, so the kinds live in the
+domain; how many requests the worker keeps in flight is the worker's (workers/limits.py).
 """
 
-from workers.servers._kind import ServerKind
-from workers.servers._limits import Gradient, QueueWatch
-from workers.servers._openai import OpenAICompatible
-from workers.servers._server import KINDS, Server, detect
-from workers.servers._sglang import SGLang
-from workers.servers._vllm import VLLM
+from fleetgen.servers._kind import ServerKind
+from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._server import KINDS, Server, detect
+from fleetgen.servers._sglang import SGLang
+from fleetgen.servers._vllm import VLLM
 
 __all__ = [
     "KINDS",
     "VLLM",
-    "Gradient",
     "OpenAICompatible",
-    "QueueWatch",
     "SGLang",
     "Server",
     "ServerKind",

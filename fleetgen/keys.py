@@ -19,7 +19,7 @@ Redis (the ledger, rebuildable from the sink):
                                         code; moved once per written batch (export's figures)
     fg:job:{job}:enqueue         string the job's lock (named when only enqueue took it): held
                                         by the enqueue creating or resuming the job, a
-                                        `requeue`, a `rebuild` (workers/creation.py)
+                                        `requeue`, a `rebuild` (fleetgen/creation.py)
     fg:job:{job}:workers         hash   "{worker}|{counter}" -> value, per-GPU throughput
     fg:job:{job}:minutes         hash   unix minute -> prompts done in it (rate, ETA)
     fg:job:{job}:worker_minutes  hash   "{worker}|{minute}|prompts|tokens" -> done in it, per
@@ -27,7 +27,7 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:failures        list   latest failure reasons (capped), newest first
     fg:job:{job}:recent          list   the canary's window of recent answers
     fg:job:{job}:outcomes        list   the failure breaker's window, newest first: "" per
-                                        answer, the cause per failure (workers/breaker.py)
+                                        answer, the cause per failure (fleetgen/breaker.py)
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
     fg:job:{job}:progress_mark   string what the last progress.json of a stopped job said
     fg:job:{job}:extra           set    batches made by `requeue --failed`
@@ -51,6 +51,8 @@ PREFIX = "fg"
 # Every GPU worker consumes this queue besides its own gpuN queue, so fast GPUs take more work.
 SHARED_QUEUE = "fleetgen"
 GPU_QUEUE = re.compile(r"^gpu(\d+)$")
+# gpuN's worker serves its metrics on METRICS_BASE_PORT + N, next to its server on 30000 + N.
+METRICS_BASE_PORT = 9400
 TASK_RUN_BATCH = "fleetgen.run_batch"
 # Broker priorities (kombu on Redis: 0 is served first, one list per step of 0/3/6/9, and a
 # worker pops the highest priority of all its queues first). Re-dispatched work goes before

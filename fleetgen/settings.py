@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from workers.errors import FleetgenError
-from workers.redact import redact
+from fleetgen.errors import FleetgenError
+from fleetgen.redact import redact
 
 # The embedded Valkey of `python -m launcher redis` listens here, and keeps the password it
 # generates in this file (relative to where it was started); a bare `python -m producer` or
@@ -27,7 +27,7 @@ EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
 # file relatively; loaded in another directory (`cd ~ && celery -A workers flower`), that name
 # is resolved here when the working directory has no such file (locate_secret_file).
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-# The Sentinels' name for the master when REDIS_URL is `sentinel://...` (workers/redisconn.py).
+# The Sentinels' name for the master when REDIS_URL is `sentinel://...` (fleetgen/redisconn.py).
 REDIS_MASTER_NAME = "mymaster"
 # SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
 SGLANG_BASE_PORT = 30000
@@ -78,7 +78,7 @@ class Settings:
     lost_message_grace_s: float = 120.0
     # Worker deaths a batch may cause before it is failed (a poison batch must not loop).
     batch_max_attempts: int = 5
-    # The failure breaker (workers/breaker.py) pauses a job whose newest `streak` outcomes are
+    # The failure breaker (fleetgen/breaker.py) pauses a job whose newest `streak` outcomes are
     # failures with one cause, or one of whose causes makes `share` of its last `window`
     # outcomes. A prompt's own 4xx (too long, bad input) comes alone: 20 in a row is a server
     # refusing them all, found after 20 prompts instead of a whole dataset. 0 turns it off.
@@ -108,7 +108,7 @@ class Settings:
     # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
-    # The server URL this worker publishes for other nodes (workers/advertise.py): the whole
+    # The server URL this worker publishes for other nodes (fleetgen/advertise.py): the whole
     # URL, or the host put in place of a loopback one; unset means the address on the route
     # to Redis.
     advertise_url: str | None = None

@@ -34,11 +34,11 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from workers import keys
-from workers.checkpoints import Entry, Outcomes
-from workers.ledger import STATE_PAUSED, STATE_RUNNING
-from workers.records import is_failure
-from workers.settings import Settings
+from fleetgen import keys
+from fleetgen.checkpoints import Entry, Outcomes
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING
+from fleetgen.records import is_failure
+from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
 

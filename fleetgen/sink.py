@@ -25,8 +25,8 @@ from urllib.parse import urlparse
 
 import orjson
 
-from workers import keys
-from workers.errors import SinkError
+from fleetgen import keys
+from fleetgen.errors import SinkError
 
 T = TypeVar("T")
 

@@ -19,12 +19,12 @@ from typing import Any
 import httpx
 import orjson
 
-from workers.errors import ModelChoiceError
-from workers.server_info import ServerInfo, fetch_server_info
-from workers.servers._kind import ServerKind
-from workers.servers._openai import OpenAICompatible
-from workers.servers._sglang import SGLang
-from workers.servers._vllm import VLLM
+from fleetgen.errors import ModelChoiceError
+from fleetgen.server_info import ServerInfo, fetch_server_info
+from fleetgen.servers._kind import ServerKind
+from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._sglang import SGLang
+from fleetgen.servers._vllm import VLLM
 
 log = logging.getLogger(__name__)
 

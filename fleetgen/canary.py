@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from workers.errors import JobError
+from fleetgen.errors import JobError
 
 _DIGEST_CHARS = 300
 # Text normalized first; plain prose keeps ~85% of its characters when spacing is collapsed.
