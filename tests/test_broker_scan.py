@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgen.dispatch import dispatch
+from fleetgen.dispatch import broker_batches, dispatch
 from fleetgen.ledger import Ledger
-from workers.reconciler import broker_batches
 
 
 def test_batches_waiting_in_any_priority_list_or_held_unacked_are_found(

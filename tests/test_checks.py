@@ -32,7 +32,7 @@ def test_ruff_finds_nothing_in_the_repository() -> None:
 
 
 def test_mypy_strict_finds_nothing_in_the_packages() -> None:
-    done = run(tool("mypy"), "workers", "producer", "launcher")
+    done = run(tool("mypy"), "fleetgen", "workers", "producer", "launcher")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Success: no issues found" in done.stdout
 

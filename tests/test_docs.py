@@ -39,7 +39,7 @@ from workers import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PACKAGES = ("workers", "producer", "launcher")
+PACKAGES = ("fleetgen", "workers", "producer", "launcher")
 README_MAX_LINES = 200
 
 

@@ -291,7 +291,7 @@ def test_every_part_of_a_job_the_code_writes_expires_with_it() -> None:
     # These expire on their own, and must not be made to last.
     self_expiring = {"enqueue", "progress_due"}
     written = set()
-    for package in ("workers", "producer", "launcher"):
+    for package in ("fleetgen", "workers", "producer", "launcher"):
         for path in (ROOT / package).rglob("*.py"):
             written |= set(re.findall(r"job_part\([^,()]+,\s*\"(\w+)\"",
                                       path.read_text(encoding="utf-8")))

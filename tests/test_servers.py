@@ -11,7 +11,8 @@ from fleetgen.errors import ModelChoiceError
 from fleetgen.job import GenerationParams
 from fleetgen.records import Origin, result_record
 from fleetgen.server_info import parse_server_info
-from fleetgen.servers import KINDS, Gradient, QueueWatch, Server
+from fleetgen.servers import KINDS, Server
+from workers.limits import Gradient, QueueWatch
 
 STORED = GenerationParams().request_body({"messages": [{"role": "user", "content": "hi"}]})
 STRICT_422 = "HTTP 422: Unexpected fields in the request: {'separate_reasoning'}"

@@ -133,7 +133,7 @@ def checkout(revision: str, dest: Path) -> Path:
     """`producer` and `workers` of `revision` in `dest` (run with cwd=dest, they are imported
     before the installed tree)."""
     dest.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "archive", revision, "producer", "workers"], cwd=ROOT,
+    archive = subprocess.run(["git", "archive", revision, "producer", "fleetgen", "workers"], cwd=ROOT,
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest

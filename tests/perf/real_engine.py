@@ -1133,10 +1133,10 @@ def table(results: dict[str, Any]) -> str:
 
 def machine(cfg: Config) -> dict[str, Any]:
     """The harness's side and the code measured: the git commit where there is one, and a
-    digest of workers/ (a device's copy of the tree has no .git). The engine's versions come
-    with the model."""
+    digest of fleetgen/ and workers/ (a device's copy of the tree has no .git). The engine's
+    versions come with the model."""
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "workers").rglob("*")):
+    for path in sorted([*(ROOT / "fleetgen").rglob("*"), *(ROOT / "workers").rglob("*")]):
         if path.is_file() and path.suffix in (".py", ".lua"):
             digest.update(path.read_bytes())
     commit = ""

@@ -44,7 +44,7 @@ def machine() -> dict[str, Any]:
                  platform.processor())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "workers", "producer"],
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "fleetgen", "workers", "producer"],
                            cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
