@@ -29,7 +29,6 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
-from fleetgen import keys
 from fleetgen.errors import JobBusyError
 from fleetgen.ledger import Ledger
 from fleetgen.retry import REDIS_ERRORS, backoff
@@ -42,8 +41,9 @@ LOCK_TTL_S = 30.0
 # How long a requeue or a rebuild waits for the command holding the job's lock: a requeue reads
 # a 100,000-prompt job's outcomes in seconds, and a holder killed elsewhere lapses in LOCK_TTL_S.
 JOB_LOCK_WAIT_S = 2 * LOCK_TTL_S
-# The command in a token without one (an enqueue of before the lock was shared).
-_ENQUEUE = "enqueue"
+
+# The command name enqueue holds the lock under.
+ENQUEUE = "enqueue"
 
 
 @contextmanager
@@ -51,8 +51,7 @@ def job_lock(ledger: Ledger, job: str, command: str, *, wait_s: float = 0.0) -> 
     """Hold the job's lock for the block; JobBusyError if another command still holds it after
     `wait_s` seconds (0: at once)."""
     token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:{command}"
-    lock = ledger.r.lock(keys.job_part(job, "enqueue"), timeout=LOCK_TTL_S, blocking=False,
-                         thread_local=False)
+    lock = ledger.job_lock(job, LOCK_TTL_S)
     _acquire(ledger, lock, job, token, command, wait_s)
     stop = threading.Event()
 
@@ -81,7 +80,7 @@ def job_lock(ledger: Ledger, job: str, command: str, *, wait_s: float = 0.0) -> 
 def creation_lock(ledger: Ledger, job: str) -> contextlib.AbstractContextManager[None]:
     """The job's lock as enqueue takes it: at once or JobBusyError, never waiting (a second
     enqueue of a job being created says so instead of uploading after the first)."""
-    return job_lock(ledger, job, _ENQUEUE)
+    return job_lock(ledger, job, ENQUEUE)
 
 
 def _acquire(ledger: Ledger, lock: Lock, job: str, token: str, command: str,
@@ -105,7 +104,7 @@ def _acquire(ledger: Ledger, lock: Lock, job: str, token: str, command: str,
         except RetryError:
             held = _held(ledger, job)
     who, by = held or ("?", "?")
-    if by == _ENQUEUE and command == _ENQUEUE:
+    if by == ENQUEUE and command == ENQUEUE:
         text = f"job {job} is being created by another enqueue (host:pid {who})"
     else:
         text = f"job {job} is busy: {_describe(held)} holds its lock"
@@ -128,20 +127,19 @@ def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> s
 
 def _held(ledger: Ledger, job: str, *, clear_stale: bool = False) -> tuple[str, str] | None:
     """(`host:pid`, command) of the lock's live holder, or None."""
-    name = keys.job_part(job, "enqueue")
-    raw = ledger.r.get(name)
-    if not isinstance(raw, bytes):
+    raw = ledger.job_lock_token(job)
+    if raw is None:
         return None
     host, _, rest = raw.decode().partition(":")
     pid, _, rest = rest.partition(":")
-    command = rest.partition(":")[2] or _ENQUEUE
+    command = rest.partition(":")[2]
     if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
         return f"{host}:{pid}", command
     if clear_stale:
         # redis-py's compare-and-delete: only if the dead holder still has it (if it changed
         # hands meanwhile, the caller's next acquire decides).
         with contextlib.suppress(LockError):
-            ledger.r.lock(name, timeout=LOCK_TTL_S).do_release(raw)
+            ledger.release_job_lock(job, raw, LOCK_TTL_S)
     return None
 
 

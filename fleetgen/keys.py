@@ -6,7 +6,8 @@ Redis (the ledger, rebuildable from the sink):
     fg:jobs:finished             zset   finished jobs (done, cancelled) -> when they finished;
                                         their keys expire FLEETGEN_JOB_RETENTION after it
     fg:workers                   hash   worker -> its server, state, capacity, in flight
-    fg:job:{job}                 hash   manifest (json), state, reason, created/updated
+    fg:job:{job}                 hash   the job's fields, JOB_FIELDS below (manifest, state,
+                                        reason, clock, canary, quality, breaker, rounds)
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
     fg:job:{job}:running         zset   batch -> time its lease was taken
     fg:job:{job}:done            set    batches whose result object exists in the sink
@@ -31,7 +32,6 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:progress_due    string set for 60 s after progress.json was written
     fg:job:{job}:progress_mark   string what the last progress.json of a stopped job said
     fg:job:{job}:extra           set    batches made by `requeue --failed`
-    (in fg:job:{job}: requeue_rounds, the number of the job's last requeue round)
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
     fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
     fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
@@ -46,6 +46,8 @@ past 99 have more digits (`r100-000001`), so batches are ordered by `batch_order
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Literal, get_args
 
 PREFIX = "fg"
 # Every GPU worker consumes this queue besides its own gpuN queue, so fast GPUs take more work.
@@ -63,6 +65,22 @@ FRESH_PRIORITY = 6
 _PRIORITY_STEPS = (0, 3, 6, 9)
 
 
+# kombu's Redis transport: messages delivered to a worker and not acked yet (hash tag ->
+# [message, exchange, routing key]) and when each was delivered (zset tag -> time).
+BROKER_UNACKED = "unacked"
+BROKER_UNACKED_INDEX = "unacked_index"
+
+
+def task_id(job: str, batch: str, nonce: str) -> str:
+    """Task ids carry job and batch, so a broker scan can tell which batches are waiting."""
+    return f"{job}:{batch}:{nonce}"
+
+
+def parse_task_id(value: str) -> tuple[str, str] | None:
+    parts = value.rsplit(":", 2)
+    return (parts[0], parts[1]) if len(parts) == 3 else None
+
+
 def broker_lists(queue: str) -> list[str]:
     """The Redis lists that hold a queue's waiting messages, one per priority step."""
     return [queue if p == 0 else f"{queue}\x06\x16{p}" for p in _PRIORITY_STEPS]
@@ -72,9 +90,29 @@ FINISHED_JOBS = f"{PREFIX}:jobs:finished"
 # The parts of a job that live as long as it does, all expiring together once it finishes
 # (Ledger.settle; its unfinished batches' checkpoints too). `enqueue` and `progress_due` are
 # left out: they expire on their own, and must never be made to last.
-JOB_PARTS = ("queued", "running", "done", "attempts", "causes", "stats", "written", "workers",
-             "minutes", "worker_minutes", "failures", "recent", "outcomes", "extra",
-             "progress_mark")
+JobPart = Literal["queued", "running", "done", "attempts", "causes", "stats", "written",
+                  "workers", "minutes", "worker_minutes", "failures", "recent", "outcomes",
+                  "extra", "progress_mark", "enqueue", "progress_due"]
+JOB_PARTS: tuple[JobPart, ...] = tuple(
+    part for part in get_args(JobPart) if part not in ("enqueue", "progress_due"))
+
+# The fields of the job's hash fg:job:{job}, each written by the module named.
+JOB_MANIFEST = "manifest"                  # the manifest's JSON (ledger)
+JOB_STATE = "state"                        # creating, running, paused, cancelled (ledger)
+JOB_REASON = "reason"                      # why it is paused or cancelled (ledger)
+JOB_UPDATED = "updated"                    # when the manifest or state last changed (ledger)
+JOB_STARTED_AT = "started_at"              # when it first ran (ledger)
+JOB_LAST_WRITE_AT = "last_write_at"        # when a batch was last written (finish_batch.lua)
+JOB_INPUTS_STORED = "inputs_stored"        # inputs stored so far while creating (enqueue)
+JOB_ROUNDS = "requeue_rounds"              # the number of its last requeue round (ledger)
+JOB_CANARY_SEEN = "canary_seen"            # answers the canary judged (quality)
+JOB_CANARY_END = "canary_end"              # the canary's verdict, JSON (quality)
+JOB_QUALITY_SEEN = "quality_seen"          # answers the quality watch judged (quality)
+JOB_QUALITY_EXAMPLES = "quality_examples"  # the answers that paused it, JSON (quality)
+JOB_QUALITY_ACCEPTED = "quality_accepted"  # when `resume --accept-quality` ran (control)
+JOB_BREAKER_CAUSE = "breaker_cause"        # the failure cause that paused it (breaker)
+JOB_BREAKER_EXAMPLE = "breaker_example"    # one failure of that cause, JSON (breaker)
+JOB_BREAKER_ACCEPTED = "breaker_accepted"  # causes `resume --accept-failures` kept (control)
 # What every job keeps under `{output}/{job}/`: no job may be named like one of them, or its
 # folder could be taken for part of another job's (a `results` job inside a job's output).
 SINK_MANIFEST = "manifest.json"
@@ -108,7 +146,7 @@ def job(name: str) -> str:
     return f"{PREFIX}:job:{name}"
 
 
-def job_part(name: str, part: str) -> str:
+def job_part(name: str, part: JobPart) -> str:
     return f"{PREFIX}:job:{name}:{part}"
 
 

@@ -10,12 +10,14 @@ expire FLEETGEN_JOB_RETENTION after it finished (`settle`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import orjson
 import redis
+from redis.lock import Lock
 
 from fleetgen import keys, redisconn
 from fleetgen.errors import JobError
@@ -30,7 +32,6 @@ STATE_PAUSED = "paused"
 STATE_CANCELLED = "cancelled"
 JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # The job hash's field numbering `requeue --failed` rounds: the last round's number.
-ROUNDS = "requeue_rounds"
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
 
@@ -49,6 +50,78 @@ _DROP_FAILURES = resources.files("fleetgen").joinpath("drop_failures.lua").read_
 _SETTLE = resources.files("fleetgen").joinpath("settle_job.lua").read_text(encoding="utf-8")
 # What `settle` found the job to be.
 FINISHED, ACTIVE, GONE = "finished", "active", "gone"
+
+
+@dataclass(frozen=True)
+class FinishedSummary:
+    """A finished job's line in `producer jobs`."""
+
+    state: str
+    reason: str
+    prompts: int
+    prompts_done: int
+    prompts_failed: int
+
+
+# What the job views read (fleetgen/jobview.py, fleetgen/progress.py, producer/report.py): the
+# records the workers leave in the job's hash, decoded. Their field names are the JSON keys of
+# `status --json` and progress.json.
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """When the job started running (enqueue finished), when a batch of it was last written,
+    and when its state last changed; 0.0 for what has not happened."""
+
+    started: float
+    last_write: float
+    changed: float
+
+
+@dataclass(frozen=True)
+class EndVerdict:
+    """The canary's judgement of a job smaller than its window, at the job's end
+    (workers/quality.py): the answers it had, whether they were enough, what it found."""
+
+    answers: int
+    judged: bool
+    verdict: str | None
+
+
+@dataclass(frozen=True)
+class CanaryProgress:
+    """Answers the canary has judged so far, and its end-of-job verdict once there is one."""
+
+    seen: int
+    end: EndVerdict | None
+
+
+@dataclass(frozen=True)
+class QualityExample:
+    """One answer that made the canary pause the job (fleetgen/canary.py `_examples`)."""
+
+    id: str
+    content: str
+    output_tokens: int
+    length: bool
+
+
+@dataclass(frozen=True)
+class QualityPause:
+    """What the canary found when it paused the job, and whether the operator accepted it."""
+
+    examples: list[QualityExample]
+    detected_after: int
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class FailureExample:
+    """One failure of the cause that tripped the failure breaker (fleetgen/breaker.py)."""
+
+    id: str
+    code: str
+    message: str
 
 
 class Ledger:
@@ -309,9 +382,9 @@ class Ledger:
         """Number the job's next requeue round: one past its last in the ledger and `after`
         (the last the sink holds), so a round name is never used twice. The caller holds the
         job's lock (fleetgen/creation.py)."""
-        last = int(self.r.hget(keys.job(name), ROUNDS) or 0)
+        last = int(self.r.hget(keys.job(name), keys.JOB_ROUNDS) or 0)
         number = max(last, after) + 1
-        self.r.hset(keys.job(name), ROUNDS, number)
+        self.r.hset(keys.job(name), keys.JOB_ROUNDS, number)
         return number
 
     def record_round(self, name: str, batches: list[str], failed_by_code: Mapping[str, int]) -> None:
@@ -341,7 +414,7 @@ class Ledger:
         # Codes and finish reasons the reading did not find must not linger at their old value.
         fields: list[bytes] = self.r.hkeys(stats)  # type: ignore[assignment]
         stale = [f for f in fields if f.startswith((b"error_", b"finish_"))]
-        last = int(self.r.hget(keys.job(name), ROUNDS) or 0)
+        last = int(self.r.hget(keys.job(name), keys.JOB_ROUNDS) or 0)
         done, rounds = list(done), list(rounds)
         counted: dict[Any, float] = dict(written)
         tallied: dict[Any, float] = dict(live)
@@ -359,7 +432,7 @@ class Ledger:
                 p.hdel(stats, *stale)
             if tallied:
                 p.hset(stats, mapping=tallied)
-            p.hset(keys.job(name), ROUNDS, max(last, last_round))
+            p.hset(keys.job(name), keys.JOB_ROUNDS, max(last, last_round))
             p.execute()
 
     def stats(self, name: str) -> dict[str, float]:
@@ -381,6 +454,228 @@ class Ledger:
     def _floats(self, key: str) -> dict[str, float]:
         return _decoded(self.r.hgetall(key))
 
+    # The job views: what `status`, progress.json and the report read
+
+    def checkpointed_in(self, name: str, batches: Iterable[str]) -> int:
+        """Prompts checkpointed so far in `batches`, read in one round trip."""
+        with self.r.pipeline(transaction=False) as p:
+            for batch in batches:
+                p.hlen(keys.checkpoint(name, batch))
+            return sum(int(n) for n in p.execute())
+
+    def minutes(self, name: str) -> dict[int, dict[str, float]]:
+        """Unix minute -> prompts finished (`prompts`) and output tokens written (`tokens`)."""
+        out: dict[int, dict[str, float]] = {}
+        raw: dict[bytes, bytes] = self.r.hgetall(keys.job_part(name, "minutes"))  # type: ignore[assignment]
+        for k, v in raw.items():
+            minute, _, kind = k.decode().partition("|")
+            slot = out.setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
+            slot["tokens" if kind == "tokens" else "prompts"] += float(v)
+        return out
+
+    def worker_minutes(self, name: str) -> dict[str, dict[int, dict[str, float]]]:
+        """Worker -> unix minute -> `prompts` and `tokens` it finished in that minute."""
+        out: dict[str, dict[int, dict[str, float]]] = {}
+        raw: dict[bytes, bytes] = self.r.hgetall(keys.job_part(name, "worker_minutes"))  # type: ignore[assignment]
+        for k, v in raw.items():
+            worker, minute, kind = k.decode().rsplit("|", 2)
+            slot = out.setdefault(worker, {}).setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
+            slot[kind] += float(v)
+        return out
+
+    def worker_counters(self, name: str) -> dict[str, dict[str, float]]:
+        """Worker -> the job's counters it moved (prompts_done, prompts_failed, output_tokens,
+        batches_done): only those it moved, as the workers record them."""
+        out: dict[str, dict[str, float]] = {}
+        raw: dict[bytes, bytes] = self.r.hgetall(keys.job_part(name, "workers"))  # type: ignore[assignment]
+        for k, v in raw.items():
+            worker, _, counter = k.decode().partition("|")
+            out.setdefault(worker, {})[counter] = float(v)
+        return out
+
+    def job_times(self, name: str) -> JobTimes:
+        started, last_write, changed = self.r.hmget(
+            keys.job(name), keys.JOB_STARTED_AT, keys.JOB_LAST_WRITE_AT, keys.JOB_UPDATED)
+        return JobTimes(float(started or 0.0), float(last_write or 0.0), float(changed or 0.0))
+
+    def inputs_stored(self, name: str) -> int:
+        """Batch inputs a job still being created has stored, at its enqueue's last report."""
+        return int(self.r.hget(keys.job(name), keys.JOB_INPUTS_STORED) or 0)  # type: ignore[arg-type]
+
+    def canary_progress(self, name: str) -> CanaryProgress:
+        seen, end = self.r.hmget(keys.job(name), keys.JOB_CANARY_SEEN, keys.JOB_CANARY_END)
+        return CanaryProgress(int(seen or 0), EndVerdict(**orjson.loads(end)) if end else None)
+
+    def quality_pause(self, name: str) -> QualityPause | None:
+        """What the canary found when it paused the job; None if it never did."""
+        examples, seen, accepted = self.r.hmget(
+            keys.job(name), keys.JOB_QUALITY_EXAMPLES, keys.JOB_QUALITY_SEEN,
+            keys.JOB_QUALITY_ACCEPTED)
+        if examples is None:
+            return None
+        return QualityPause([QualityExample(**e) for e in orjson.loads(examples)], int(seen or 0),
+                            accepted is not None)
+
+    def breaker_trip(self, name: str) -> tuple[str | None, FailureExample | None]:
+        """The cause that tripped the failure breaker and one failure of it (None, None while
+        it holds no trip)."""
+        cause, example = self.r.hmget(
+            keys.job(name), keys.JOB_BREAKER_CAUSE, keys.JOB_BREAKER_EXAMPLE)
+        return (_text(cause) if cause is not None else None,
+                FailureExample(**orjson.loads(example)) if example else None)
+
+    def worker_registry(self) -> dict[str, bytes]:
+        """Worker -> its registry entry as it wrote it (JSON: fleetgen/fleet.py `WorkerEntry`)."""
+        raw: dict[bytes, bytes] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        return {name.decode(): entry for name, entry in raw.items()}
+
+    def claim_progress_turn(self, name: str, now: float, every_s: int) -> bool:
+        """True for the first caller in each `every_s` window: it writes the job's progress.json."""
+        return bool(self.r.set(keys.job_part(name, "progress_due"), now, nx=True, ex=every_s))
+
+    def progress_mark(self, name: str) -> bytes | None:
+        """What the job's last progress.json said, as `set_progress_mark` stored it."""
+        raw = self.r.get(keys.job_part(name, "progress_mark"))
+        return raw if isinstance(raw, bytes) else None
+
+    def set_progress_mark(self, name: str, mark: bytes) -> None:
+        self.r.set(keys.job_part(name, "progress_mark"), mark)
+
+    # The producer's commands: breaker and quality settlements, the input upload's progress,
+    # the job locks, rebuilt tallies, the finished jobs' table
+
+    def breaker_cause(self, name: str) -> str | None:
+        """The failure cause that paused the job (the breaker's), or None."""
+        raw = self.r.hget(keys.job(name), keys.JOB_BREAKER_CAUSE)
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def accepted_causes_raw(self, name: str) -> bytes | None:
+        """The JSON list of failure causes the operator accepted for the job, as stored."""
+        raw = self.r.hget(keys.job(name), keys.JOB_BREAKER_ACCEPTED)
+        return raw if isinstance(raw, bytes) else None
+
+    def accept_causes(self, name: str, causes: Iterable[str]) -> None:
+        self.r.hset(keys.job(name), keys.JOB_BREAKER_ACCEPTED, orjson.dumps(sorted(causes)))
+
+    def accept_quality(self, name: str, now: float) -> None:
+        self.r.hset(keys.job(name), keys.JOB_QUALITY_ACCEPTED, now)
+
+    def clear_breaker_window(self, name: str) -> None:
+        """Forget the outcomes the breaker judged and the cause it paused on: a fresh window."""
+        with self.r.pipeline() as p:
+            p.delete(keys.job_part(name, "outcomes"))
+            p.hdel(keys.job(name), keys.JOB_BREAKER_CAUSE, keys.JOB_BREAKER_EXAMPLE)
+            p.execute()
+
+    def note_inputs_stored(self, name: str, count: int | None) -> None:
+        """How many batch inputs the enqueue has stored so far (None: the upload is over)."""
+        if count is None:
+            self.r.hdel(keys.job(name), keys.JOB_INPUTS_STORED)
+        else:
+            self.r.hset(keys.job(name), keys.JOB_INPUTS_STORED, count)
+
+    def job_lock(self, name: str, ttl_s: float) -> Lock:
+        """The job's lock (one command that changes the job's batches at a time), not taken."""
+        lock: Lock = self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s, blocking=False,
+                                 thread_local=False)
+        return lock
+
+    def job_lock_token(self, name: str) -> bytes | None:
+        raw = self.r.get(keys.job_part(name, "enqueue"))
+        return raw if isinstance(raw, bytes) else None
+
+    def release_job_lock(self, name: str, token: bytes, ttl_s: float) -> None:
+        """Release the job's lock if `token` still holds it (compare-and-delete); LockError if
+        it changed hands."""
+        self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s).do_release(token)
+
+    def manifests_raw(self, names: Sequence[str]) -> list[bytes | None]:
+        """The stored manifests of `names` (None where a job has none), in one round trip."""
+        with self.r.pipeline(transaction=False) as p:
+            for name in names:
+                p.hget(keys.job(name), keys.JOB_MANIFEST)
+            return list(p.execute())
+
+    def checkpointed_records(self, name: str, batches: Iterable[str]) -> Iterator[bytes]:
+        """Every checkpointed record (raw JSON) of the given batches, read in one round trip."""
+        with self.r.pipeline(transaction=False) as p:
+            for batch in batches:
+                p.hvals(keys.checkpoint(name, batch))
+            for records in p.execute():
+                yield from records
+
+    def finished_summaries(self, names: Sequence[str]) -> list[FinishedSummary | None]:
+        """State, reason, prompts and what the sink holds of finished jobs, in one round trip;
+        None for a job whose keys expired."""
+        with self.r.pipeline(transaction=False) as p:
+            for name in names:
+                p.hmget(keys.job(name), keys.JOB_MANIFEST, keys.JOB_STATE, keys.JOB_REASON)
+                p.hmget(keys.job_part(name, "written"), "prompts_done", "prompts_failed")
+            replies = p.execute()
+        out: list[FinishedSummary | None] = []
+        for (manifest, state, reason), written in zip(replies[::2], replies[1::2], strict=True):
+            out.append(None if manifest is None else FinishedSummary(
+                _text(state), _text(reason), int(orjson.loads(manifest)["prompts"]),
+                int(float(written[0] or 0)), int(float(written[1] or 0))))
+        return out
+
+    # The reconciler's turn, its ownerless leases, the workers' connections, the broker
+
+    def take_reconciler_turn(self, owner: str, ttl_ms: int) -> bool:
+        """Whether this reconciler runs the round (one at a time over the whole fleet)."""
+        return bool(self.r.set(keys.RECONCILER_LOCK, owner, nx=True, px=ttl_ms))
+
+    def ownerless_leases(self) -> set[str]:
+        """Leases whose owner had no Redis connection in the last round."""
+        return {raw.decode() for raw in self.r.smembers(keys.OWNERLESS)}  # type: ignore[union-attr]
+
+    def set_ownerless_leases(self, leases: set[str], ttl_ms: int) -> None:
+        with self.r.pipeline() as p:
+            p.delete(keys.OWNERLESS)
+            if leases:
+                p.sadd(keys.OWNERLESS, *leases)
+                p.pexpire(keys.OWNERLESS, ttl_ms)
+            p.execute()
+
+    def drop_running(self, name: str, batch: str) -> None:
+        """Take a batch whose worker is gone out of `running`, before it is dispatched again."""
+        self.r.zrem(keys.job_part(name, "running"), batch)
+
+    def client_names(self) -> set[str]:
+        """The names of every open Redis connection; ResponseError where CLIENT LIST is refused."""
+        clients: list[dict[str, Any]] = self.r.client_list()
+        return {str(c.get("name") or "") for c in clients}
+
+    def registered_workers(self) -> list[str]:
+        """The name of every worker in the registry."""
+        return [name.decode() for name in self.r.hkeys(keys.WORKERS)]  # type: ignore[union-attr]
+
+    def broker_batches(self, *, grace_s: float) -> set[tuple[str, str]]:
+        """(job, batch) of every message waiting in a queue list or held unacked by a worker.
+
+        An unacked message delivered more than `grace_s` ago whose batch has no lease belongs to
+        a worker that died between taking it and leasing it; it does not count as waiting.
+        Only kombu's JSON envelope is read (`headers.id`, the task id), never the body, so the
+        task serializer does not matter; the layout does (see the kombu pin in pyproject.toml).
+        """
+        found: set[tuple[str, str]] = set()
+        for name in self.r.scan_iter(match="*", count=1000, _type="list"):
+            for raw in self.r.lrange(name, 0, -1):
+                _collect_task(found, raw)
+        now = time.time()
+        indexed: list[tuple[bytes, float]] = self.r.zrange(  # type: ignore[assignment]
+            keys.BROKER_UNACKED_INDEX, 0, -1, withscores=True)
+        recent = {tag for tag, score in indexed if now - score < grace_s}
+        unacked: dict[bytes, bytes] = self.r.hgetall(keys.BROKER_UNACKED)  # type: ignore[assignment]
+        for tag, raw in unacked.items():
+            if tag not in recent:
+                continue
+            try:
+                _collect_task(found, orjson.dumps(orjson.loads(raw)[0]))
+            except (orjson.JSONDecodeError, IndexError, TypeError):
+                continue
+        return found
+
 
 def _save_job(p: redis.client.Pipeline, manifest: JobManifest) -> None:
     now = time.time()
@@ -399,3 +694,15 @@ def _decoded(raw: Any) -> dict[str, float]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def _collect_task(found: set[tuple[str, str]], raw: Any) -> None:
+    """Add the (job, batch) of a kombu message envelope's task id, if it is one of ours."""
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    task_id = (message.get("headers") or {}).get("id") if isinstance(message, dict) else None
+    parsed = keys.parse_task_id(task_id) if isinstance(task_id, str) else None
+    if parsed:
+        found.add(parsed)

@@ -383,22 +383,17 @@ def _finished_rows(ledger: Ledger, now: float) -> list[tuple[str, str, int, int,
     from producer.status import format_duration
 
     finished = sorted(ledger.finished_jobs().items(), key=lambda item: -item[1])
-    with ledger.r.pipeline(transaction=False) as p:
-        for name, _ in finished:
-            p.hmget(keys.job(name), "manifest", "state", "reason")
-            p.hmget(keys.job_part(name, "written"), "prompts_done", "prompts_failed")
-        replies = p.execute()
     rows = []
-    for (name, at), (manifest, state, reason), written in zip(
-            finished, replies[::2], replies[1::2], strict=True):
-        if manifest is None:
+    summaries = ledger.finished_summaries([name for name, _ in finished])
+    for (name, at), summary in zip(finished, summaries, strict=True):
+        if summary is None:
             continue  # expired: it leaves the index when the next job finishes
-        shown = STATE_CANCELLED if state == STATE_CANCELLED.encode() else STATE_DONE
+        shown = STATE_CANCELLED if summary.state == STATE_CANCELLED else STATE_DONE
         why = f"finished {format_duration(max(0.0, now - at))} ago"
-        if reason:
-            why += f"; {reason.decode()}"
-        rows.append((name, shown, int(float(written[0] or 0)), int(float(written[1] or 0)),
-                     int(orjson.loads(manifest)["prompts"]), why))
+        if summary.reason:
+            why += f"; {summary.reason}"
+        rows.append((name, shown, summary.prompts_done, summary.prompts_failed,
+                     summary.prompts, why))
     return rows
 
 

@@ -27,7 +27,7 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
 from fleetgen import breaker, keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
-from fleetgen.dispatch import broker_batches, dispatch
+from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
@@ -86,27 +86,22 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
         )
     cause = None
     if state == STATE_PAUSED and reason.startswith(breaker.REASON_PREFIX):
-        raw = ledger.r.hget(keys.job(job), "breaker_cause")
-        cause = raw.decode() if isinstance(raw, bytes) else None
+        cause = ledger.breaker_cause(job)
     resend = cause is not None and not accept_failures
     # Sending failures again is a requeue: it holds the job's lock as `requeue_failed` does.
     with job_lock(ledger, job, "resume", wait_s=JOB_LOCK_WAIT_S) if resend else nullcontext():
         resent: set[str] = set()
         if cause is not None and accept_failures:
-            accepted = breaker.accepted_causes(ledger.r.hget(keys.job(job), "breaker_accepted"))
-            ledger.r.hset(keys.job(job), "breaker_accepted",
-                          orjson.dumps(sorted({*accepted, cause})))
+            accepted = breaker.accepted_causes(ledger.accepted_causes_raw(job))
+            ledger.accept_causes(job, {*accepted, cause})
         elif cause is not None:
             _wait_idle(ledger, job, wait_s)
             resent = _resend_checkpointed(ledger, manifest, cause)
         if accept_quality:
-            ledger.r.hset(keys.job(job), "quality_accepted", time.time())
+            ledger.accept_quality(job, time.time())
         if cause is not None:
             # A fresh window: the old outcomes are settled, either way.
-            with ledger.r.pipeline() as p:
-                p.delete(keys.job_part(job, "outcomes"))
-                p.hdel(keys.job(job), "breaker_cause", "breaker_example")
-                p.execute()
+            ledger.clear_breaker_window(job)
         ledger.set_state(job, STATE_RUNNING)
         resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
         if resend:
@@ -164,7 +159,7 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
 def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
     done = ledger.done_batches(job)
     running = ledger.running_batches(job)
-    waiting = {b for j, b in broker_batches(ledger.r, grace_s=float("inf")) if j == job}
+    waiting = {b for j, b in ledger.broker_batches(grace_s=float("inf")) if j == job}
     idle = [b for b in ledger.all_batches(job) if b not in done and b not in running and b not in waiting]
     return dispatch(app, ledger, job, idle, queue)
 

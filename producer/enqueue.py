@@ -176,7 +176,7 @@ def _enqueue(
             # state and sends them a second time.
             ledger.mark_queued(manifest.name, pending)
             ledger.activate(manifest)
-            ledger.r.hdel(keys.job(manifest.name), "inputs_stored")
+            ledger.note_inputs_stored(manifest.name, None)
         report.complete = True
         report.enqueued += dispatch(app, ledger, manifest.name, pending, manifest.queue)
 
@@ -211,11 +211,7 @@ def _check_output(job: str, output: str, ledger: Ledger, sink: Sink) -> None:
 def _job_folders(ledger: Ledger) -> Iterator[tuple[str, str]]:
     """(name, `{output}/{job}/` as `location` spells it) of every job Redis holds."""
     names = ledger.job_names()
-    with ledger.r.pipeline(transaction=False) as p:
-        for name in names:
-            p.hget(keys.job(name), "manifest")
-        manifests: list[bytes | None] = p.execute()
-    for name, raw in zip(names, manifests, strict=True):
+    for name, raw in zip(names, ledger.manifests_raw(names), strict=True):
         if raw is not None:
             yield name, location(orjson.loads(raw)["output"]) + name + "/"
 
@@ -280,8 +276,7 @@ def _store_inputs(
                 uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
                 if len(uploads) >= UPLOAD_THREADS * 4:
                     report.uploaded += _drain(uploads)
-                    ledger.r.hset(keys.job(job), "inputs_stored",
-                                  report.uploaded + report.already_stored)
+                    ledger.note_inputs_stored(job, report.uploaded + report.already_stored)
             report.uploaded += _drain(uploads)
     finally:
         # Interrupted: the pool still finished the uploads it was given; they are stored.

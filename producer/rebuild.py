@@ -92,13 +92,9 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     layout, found = sinkview.read(sink, manifest, tally)
     unwritten = [b for b in _batches(manifest, layout.requeue) if b not in layout.done]
     checkpointed = 0
-    with ledger.r.pipeline(transaction=False) as p:
-        for batch in unwritten:
-            p.hvals(keys.checkpoint(job, batch))
-        for records in p.execute():
-            for raw in records:
-                checkpointed += 1
-                tally(orjson.loads(raw))
+    for raw in ledger.checkpointed_records(job, unwritten):
+        checkpointed += 1
+        tally(orjson.loads(raw))
     live["batches_done"] = len(layout.done)
     ledger.restore(manifest, done=layout.done, rounds=layout.requeue,
                    last_round=layout.last_round, written=found.written(), live=live)

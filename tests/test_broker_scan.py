@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgen.dispatch import broker_batches, dispatch
+from fleetgen.dispatch import dispatch
 from fleetgen.ledger import Ledger
 
 
@@ -26,7 +26,7 @@ def test_batches_waiting_in_any_priority_list_or_held_unacked_are_found(
         assert taken is not None and taken.headers["id"].startswith("job:taken:")
         assert redis_client.hlen("unacked") == 1
 
-        assert broker_batches(redis_client, grace_s=60) == {
+        assert ledger.broker_batches(grace_s=60) == {
             ("job", "fresh"), ("job", "redriven"), ("job", "taken")}
         # Held unacked longer than the grace period: its worker died before leasing it.
-        assert broker_batches(redis_client, grace_s=0) == {("job", "fresh"), ("job", "redriven")}
+        assert ledger.broker_batches(grace_s=0) == {("job", "fresh"), ("job", "redriven")}

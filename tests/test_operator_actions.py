@@ -72,7 +72,7 @@ from fleetgen import keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.errors import JobError, SinkError
 from fleetgen.jobview import job_status
-from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.ledger import Ledger
 from fleetgen.records import is_failure
 from fleetgen.retry import REDIS_ERRORS
 from fleetgen.sink import Sink, batch_records, open_sink
@@ -333,7 +333,7 @@ class OperatorActions(RuleBasedStateMachine):
         if model.rounds_set or not model.rounds_from or not ledger.job_exists(model.name):
             return
         with job_lock(ledger, model.name, "test", wait_s=JOB_LOCK_WAIT_S):
-            if int(ledger.r.hget(keys.job(model.name), ROUNDS) or 0) < model.rounds_from:
+            if int(ledger.r.hget(keys.job(model.name), keys.JOB_ROUNDS) or 0) < model.rounds_from:
                 ledger.next_round(model.name, model.rounds_from - 1)
         model.rounds_set = True
         self.transcript.append(f"  {model.name}: requeue rounds numbered from "

@@ -17,7 +17,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.jobview import job_status
-from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.ledger import Ledger
 from fleetgen.records import error_record
 from producer.cli import main
 from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
@@ -143,7 +143,7 @@ def test_rebuild_puts_back_a_lost_job_says_what_it_found_and_keeps_checkpoints(
         "  re-dispatched 2 batches"]
     status = assert_status_is_the_export(capsys, ledger, "rounds", tmp_path / "e.jsonl")
     assert status["checkpointed"] == 1 and status["batches"]["queued"] == 2
-    assert int(ledger.r.hget(keys.job("rounds"), ROUNDS) or 0) == 2
+    assert int(ledger.r.hget(keys.job("rounds"), keys.JOB_ROUNDS) or 0) == 2
 
     # Run again on a ledger that knows the job, it changes nothing and sends nothing twice.
     assert main(["rebuild", "rounds"]) == 0

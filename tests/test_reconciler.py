@@ -18,7 +18,7 @@ from fleetgen.dispatch import dispatch
 from fleetgen.ledger import STATE_PAUSED, Ledger
 from fleetgen.settings import Settings
 from tests.stack import make_job, queue_depth
-from workers.reconciler import Reconciler, broker_batches
+from workers.reconciler import Reconciler
 
 JOB = "rec"
 B1, B2, B3 = keys.batch_id(1), keys.batch_id(2), keys.batch_id(3)
@@ -53,12 +53,12 @@ def started_ago(ledger: Ledger, batch: str, seconds: float) -> None:
 
 
 def waiting(ledger: Ledger) -> set[tuple[str, str]]:
-    return broker_batches(ledger.r, grace_s=GRACE_S)
+    return ledger.broker_batches(grace_s=GRACE_S)
 
 
 def register(ledger: Ledger, worker: str) -> None:
-    """A worker that names its Redis connections (engine.py's registry entry)."""
-    ledger.r.hset(keys.WORKERS, worker, orjson.dumps({"named_connections": True}))
+    """A worker in the registry (its Redis connections carry its name)."""
+    ledger.r.hset(keys.WORKERS, worker, orjson.dumps({"server": "http://127.0.0.1:1"}))
 
 
 def test_a_running_batch_whose_lease_expired_is_sent_again_first(

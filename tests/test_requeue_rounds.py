@@ -20,7 +20,7 @@ import pytest
 from fleetgen import keys
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import job_status
-from fleetgen.ledger import ROUNDS, Ledger
+from fleetgen.ledger import Ledger
 from fleetgen.records import Origin, error_record, is_failure, result_record, written_counts
 from fleetgen.sink import LocalSink, Sink, open_sink
 from launcher.services import wait_until
@@ -134,7 +134,7 @@ def test_rounds_past_ninety_nine_are_read_by_number_and_status_counts_what_expor
     job = SinkJob(ledger, celery_app, tmp_path)
     job.write_pending(fail={"p00001": CONTEXT, "p00002": CONTEXT})
     # 98 rounds ran before: the next ones are r99, r100, r101 (`r100-` sorts before `r99-`).
-    ledger.r.hset(keys.job("rounds"), ROUNDS, 98)
+    ledger.r.hset(keys.job("rounds"), keys.JOB_ROUNDS, 98)
     assert job.requeue().round == 99
     job.write_pending(fail={"p00001": CONTEXT, "p00002": SERVER})
     assert job.requeue().round == 100

@@ -24,14 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
-import orjson
 import redis
 from celery import Celery
 
 from fleetgen import keys
-from fleetgen.dispatch import broker_batches, dispatch
+from fleetgen.dispatch import dispatch
 from fleetgen.ledger import ACTIVE, STATE_RUNNING, Ledger
 from fleetgen.progress import write_progress
 from fleetgen.retry import REDIS_ERRORS
@@ -89,7 +87,7 @@ class Reconciler:
 
     def _take_turn(self) -> bool:
         ttl = int(self.settings.reconcile_interval_s * 1000 * 0.9)
-        return bool(self.ledger.r.set(keys.RECONCILER_LOCK, self.owner, nx=True, px=ttl))
+        return self.ledger.take_reconciler_turn(self.owner, ttl)
 
     def reconcile_once(self) -> dict[str, int]:
         """One pass over all running jobs; returns how many batches were re-dispatched, by cause."""
@@ -98,7 +96,7 @@ class Reconciler:
         now = time.time()
         # Leases whose owner had no Redis connection in the last round (kept in Redis: the
         # next round may be another worker's reconciler).
-        previous = {raw.decode() for raw in self.ledger.r.smembers(keys.OWNERLESS)}  # type: ignore[union-attr]
+        previous = self.ledger.ownerless_leases()
         ownerless: set[str] = set()
         liveness: dict[str, bool] | None = None  # read once per round, when first needed
         for job in self.ledger.finished_jobs(since=now - FINISHED_GRACE_S):
@@ -123,7 +121,7 @@ class Reconciler:
                 if now - started > self.settings.lease_renew_s and not self.ledger.lease_alive(job, b)
             ]
             for batch in orphans:
-                self.ledger.r.zrem(keys.job_part(job, "running"), batch)
+                self.ledger.drop_running(job, batch)
             if orphans:
                 log.warning("reconciler: %s: %d batches lost their worker, re-dispatching %s",
                             job, len(orphans), orphans[:5])
@@ -160,12 +158,7 @@ class Reconciler:
                 if fresh:
                     self.ledger.mark_queued(job, fresh)
             counts["no_state"] += self._stateless(job, manifest.queue)
-        with self.ledger.r.pipeline() as p:
-            p.delete(keys.OWNERLESS)
-            if ownerless:
-                p.sadd(keys.OWNERLESS, *ownerless)
-                p.pexpire(keys.OWNERLESS, int(3000 * self.settings.reconcile_interval_s))
-            p.execute()
+        self.ledger.set_ownerless_leases(ownerless, int(3000 * self.settings.reconcile_interval_s))
         return counts
 
     def forget_finished_series(self, now: float | None = None) -> list[str]:
@@ -191,28 +184,18 @@ class Reconciler:
         if self._client_list_refused:
             return {}
         try:
-            clients: list[dict[str, Any]] = self.ledger.r.client_list()
+            open_names = self.ledger.client_names()
         except redis.ResponseError as exc:
             log.info("reconciler: CLIENT LIST refused (%s); dead workers wait for their leases", exc)
             self._client_list_refused = True
             return {}
-        open_names = {str(c.get("name") or "") for c in clients}
-        registry: dict[bytes, bytes] = self.ledger.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
-        liveness = {}
-        for name, raw in registry.items():
-            try:
-                named = orjson.loads(raw).get("named_connections")
-            except (orjson.JSONDecodeError, AttributeError):
-                continue
-            if named:
-                worker = name.decode()
-                liveness[worker] = keys.worker_client(worker) in open_names
-        return liveness
+        return {worker: keys.worker_client(worker) in open_names
+                for worker in self.ledger.registered_workers()}
 
     def _gone_owner_batches(self, job: str, batches: list[str], liveness: dict[str, bool],
                             previous: set[str], ownerless: set[str]) -> list[str]:
         """Batches whose lease owner has had no connection for two rounds; their leases broken.
-        Owners missing from `liveness` (older workers, no CLIENT LIST) count as alive."""
+        Owners missing from `liveness` (not registered, or no CLIENT LIST) count as alive."""
         gone = []
         for batch in batches:
             token = self.ledger.lease_token(job, batch)
@@ -242,5 +225,5 @@ class Reconciler:
         return len(lost)
 
     def broker_batches(self) -> set[tuple[str, str]]:
-        return broker_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)
+        return self.ledger.broker_batches(grace_s=self.settings.lost_message_grace_s)
 
