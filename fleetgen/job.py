@@ -96,19 +96,17 @@ class JobManifest:
     rejected: int = 0
     # Quality canary thresholds (fleetgen.canary.Thresholds as a dict); empty means defaults.
     canary: dict[str, Any] = field(default_factory=dict)
-    # How the job's end is cut into smaller batches (batch_sizes): 0 not at all (the oldest
-    # jobs), 1 (`true` in manifests before 2026-11-29) or TAPER. A job keeps its plan for life.
+    # How the job's end is cut into smaller batches (batch_sizes): 0 not at all or TAPER. A
+    # job keeps its plan for life.
     taper: int = 0
     created_at: float = field(default_factory=time.time)
     version: int = 1
     # False while `enqueue` is still storing batch inputs: the job is `creating`, no worker runs
-    # it and export refuses it. Set last, after every input is durable (manifests written
-    # before this field existed were always complete).
+    # it and export refuses it. Set last, after every input is durable.
     complete: bool = True
 
     def __post_init__(self) -> None:
-        # A job named before JOB_ENTRIES were refused stays readable.
-        validate_job_name(self.name, new=False)
+        validate_job_name(self.name)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -119,7 +117,6 @@ class JobManifest:
         try:
             raw["input"] = InputInfo(**raw["input"])
             raw["params"] = GenerationParams(**raw["params"])
-            raw["taper"] = int(raw.get("taper", 0))  # true/false in older manifests
             return cls(**raw)
         except (KeyError, TypeError) as exc:
             raise JobError(f"job manifest is not readable: {exc}") from exc
@@ -129,16 +126,16 @@ class JobManifest:
 TAPER = 2
 
 
-def validate_job_name(name: str, *, new: bool = True) -> str:
-    """`name`, or JobError saying why a job cannot have it; a `new` job may not be named like
-    what every job keeps in its folder either (`results`: its folder inside another job's
-    output would be taken for that job's results)."""
+def validate_job_name(name: str) -> str:
+    """`name`, or JobError saying why a job cannot have it; a job may not be named like what
+    every job keeps in its folder either (`results`: its folder inside another job's output
+    would be taken for that job's results)."""
     if not JOB_NAME.match(name):
         raise JobError(
             f"job name {name!r}: use letters, digits, '.', '_' or '-' (at most 128), "
             "starting with a letter or digit"
         )
-    if new and name.lower() in JOB_ENTRIES:
+    if name.lower() in JOB_ENTRIES:
         raise JobError(
             f"job name {name!r}: every job keeps its own {name!r} in {{output}}/{{job}}/, so a "
             f"job of that name could be taken for part of another; choose another name "
@@ -151,7 +148,7 @@ def batch_sizes(prompts: int, size: int, *, taper: int) -> list[int]:
     """Prompts per batch, in order: a pure function of the job, so re-enqueueing resumes.
 
     Tapering cuts the job's end finer, so when the queue runs dry no GPU is left holding many
-    more prompts than the others while they drain (tests/perf figures 1-3):
+    more prompts than the others while they drain (tests/perf: saturation, makespan, tail):
     - 1: the last eighth of the job in quarter-size batches;
     - 2 (TAPER): the same, but the last quarter of that eighth in sixteenth-size batches.
     """

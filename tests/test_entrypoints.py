@@ -1,4 +1,4 @@
-"""The commands a new operator types first, run as they type them (issue 15, items 3 to 5).
+"""The commands a new operator types first, run as they type them.
 
 - `celery worker -Q gpu0` without `-A`, from a folder that is not the repository, in an
   environment that sets CELERY_APP as `.env` and the images do; it says when it is ready.

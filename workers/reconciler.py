@@ -107,8 +107,8 @@ class Reconciler:
             self.ledger.settle(job, now)
         for job in self.ledger.active_job_names():
             write_progress(self.ledger, job, now, settings=self.settings)
-            # A job whose finish nobody filed (a crash between its last batch and the filing,
-            # a ledger older than the finished index) leaves the active jobs here.
+            # A job whose finish nobody filed (a crash between its last batch and the filing)
+            # leaves the active jobs here.
             if self.ledger.settle(job, now) != ACTIVE:
                 continue
             state, _ = self.ledger.job_state(job)
