@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import os
 import re
-import time
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import TypeAdapter, ValidationError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay
 
 from fleetgen.errors import FleetgenError
 from fleetgen.redact import redact
+from fleetgen.retry import backoff
 
 # The embedded Valkey of `python -m launcher redis` listens here, and keeps the password it
 # generates in this file (relative to where it was started); a bare `python -m producer` or
@@ -150,6 +155,7 @@ class Settings:
         """Build settings from `REDIS_URL`, `SGLANG_URL` and `FLEETGEN_*` variables."""
         env = os.environ if env is None else env
         kwargs: dict[str, object] = {}
+        hints = typing.get_type_hints(cls)
         if env.get("REDIS_URL"):
             kwargs["redis_url"] = env["REDIS_URL"]
         if env.get("SGLANG_URL"):
@@ -161,7 +167,7 @@ class Settings:
             if name not in env or f.name in ("extra",):
                 continue
             kwargs[f.name] = (parse_duration(name, env[name]) if f.name in _DURATIONS
-                              else _coerce(name, env[name], f.type))
+                              else _coerce(name, env[name], hints[f.name]))
         if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
             kwargs["redis_url"] = with_password(
                 str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
@@ -226,21 +232,18 @@ def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
     """The secret held in `path` (surrounding whitespace dropped), waiting up to `wait_s` for
     the file to appear; SettingsError naming the file (never its content) if it cannot be read.
     """
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            secret = path.read_text().strip()
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise SettingsError(f"{path}: no such secret file (the embedded Redis writes "
-                                    "it at its first start: `python -m launcher redis`)") from None
-            time.sleep(0.1)
-            continue
-        except OSError as exc:
-            raise SettingsError(f"{path}: {exc.strerror or exc}") from None
-        if not secret:
-            raise SettingsError(f"{path}: the secret file is empty")
-        return secret
+    try:
+        secret = Retrying(retry=retry_if_exception_type(FileNotFoundError),
+                          stop=stop_after_delay(wait_s), wait=backoff(0.1, 0.1),
+                          reraise=True)(lambda: path.read_text().strip())
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: no such secret file (the embedded Redis writes it at its "
+                            "first start: `python -m launcher redis`)") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+    if not secret:
+        raise SettingsError(f"{path}: the secret file is empty")
+    return secret
 
 
 # Settings the environment may give as a duration (`7d`) besides seconds.
@@ -258,16 +261,14 @@ def parse_duration(name: str, raw: str) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
-def _coerce(name: str, raw: str, type_: object) -> object:
-    text = str(type_)
+def _coerce(name: str, raw: str, hint: Any) -> object:
+    """`raw` as the field's declared type (pydantic's string rules: `3` for an int, `0.5` for
+    a float); one SettingsError line naming the variable otherwise."""
     try:
-        if "float" in text:
-            return float(raw)
-        if "int" in text:
-            return int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    return raw
+        return TypeAdapter(hint).validate_strings(raw.strip())
+    except ValidationError as exc:
+        why = exc.errors()[0]["msg"].replace("Input should be", "should be")
+        raise SettingsError(f"{name}={raw!r}: {why}") from None
 
 
 ENV_DOC: dict[str, str] = {
