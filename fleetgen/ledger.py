@@ -500,7 +500,7 @@ class Ledger:
 
     def inputs_stored(self, name: str) -> int:
         """Batch inputs a job still being created has stored, at its enqueue's last report."""
-        return int(self.r.hget(keys.job(name), keys.JOB_INPUTS_STORED) or 0)  # type: ignore[arg-type]
+        return int(self.r.hget(keys.job(name), keys.JOB_INPUTS_STORED) or 0)
 
     def canary_progress(self, name: str) -> CanaryProgress:
         seen, end = self.r.hmget(keys.job(name), keys.JOB_CANARY_SEEN, keys.JOB_CANARY_END)
@@ -641,9 +641,13 @@ class Ledger:
         """Take a batch whose worker is gone out of `running`, before it is dispatched again."""
         self.r.zrem(keys.job_part(name, "running"), batch)
 
-    def client_names(self) -> set[str]:
-        """The names of every open Redis connection; ResponseError where CLIENT LIST is refused."""
-        clients: list[dict[str, Any]] = self.r.client_list()
+    def client_names(self) -> set[str] | None:
+        """The names of every open Redis connection; None where this Redis refuses CLIENT LIST
+        (some managed services)."""
+        try:
+            clients: list[dict[str, Any]] = self.r.client_list()
+        except redis.ResponseError:
+            return None
         return {str(c.get("name") or "") for c in clients}
 
     def registered_workers(self) -> list[str]:
@@ -675,6 +679,23 @@ class Ledger:
             except (orjson.JSONDecodeError, IndexError, TypeError):
                 continue
         return found
+
+    # The worker's start checks (workers/preflight.py)
+
+    def check_worker_access(self) -> None:
+        """Ping, then read the registry as every batch does first; raises what Redis answers
+        when it is out of reach, refuses the password or the user's ACL denies a command."""
+        self.r.ping()
+        self.r.hlen(keys.WORKERS)
+
+    def worker_entry(self, worker: str) -> bytes | None:
+        """The registry entry (JSON) last published under the worker name `worker`, or None."""
+        raw = self.r.hget(keys.WORKERS, worker)
+        return raw if isinstance(raw, bytes) else None
+
+    def close(self) -> None:
+        """Close the connection pool (a short-lived ledger, such as the start checks')."""
+        self.r.close()
 
 
 def _save_job(p: redis.client.Pipeline, manifest: JobManifest) -> None:

@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 
-import redis
 from celery import Celery
 
 from fleetgen import keys
@@ -183,10 +182,9 @@ class Reconciler:
         Empty when this Redis refuses CLIENT LIST (some managed services)."""
         if self._client_list_refused:
             return {}
-        try:
-            open_names = self.ledger.client_names()
-        except redis.ResponseError as exc:
-            log.info("reconciler: CLIENT LIST refused (%s); dead workers wait for their leases", exc)
+        open_names = self.ledger.client_names()
+        if open_names is None:
+            log.info("reconciler: CLIENT LIST refused; dead workers wait for their leases")
             self._client_list_refused = True
             return {}
         return {worker: keys.worker_client(worker) in open_names
