@@ -56,7 +56,7 @@ class GenerationParams:
         Neutral: OpenAI's chat schema plus the line's own fields. What one engine takes beyond
         that (SGLang's `separate_reasoning`, `chat_template_kwargs` for thinking) and the
         served model when the job names none are added at send time, for that server only
-        (workers/servers)."""
+        (fleetgen/servers)."""
         body: dict[str, Any] = {"model": self.model} if self.model else {}
         if "max_completion_tokens" not in line_body:
             body["max_tokens"] = self.max_tokens

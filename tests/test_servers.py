@@ -1,4 +1,4 @@
-"""The server-kind seam (workers/servers): how a stored body is shaped for each kind, what a
+"""The server-kind seam (fleetgen/servers): how a stored body is shaped for each kind, what a
 strict server's refusals teach, and how the two capacity controllers move the limit.
 
 Pure and fast; the same seam against real HTTP servers is in tests/test_real_engines.py."""

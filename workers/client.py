@@ -1,5 +1,5 @@
 """The HTTP client of one generation server: SGLang, vLLM or any OpenAI-compatible engine
-(what kind it is, workers/servers finds out; the exchange is the same for all).
+(what kind it is, fleetgen/servers finds out; the exchange is the same for all).
 
 httpx's API over aiohttp's connection pool (httpx-aiohttp's transport). httpx and aiohttp errors,
 HTTP statuses and answers that are not a finished generation become `fleetgen.errors` types here
@@ -91,7 +91,7 @@ class ServerClient:
         return self._api_key
 
     async def detect(self) -> Server:
-        """What the server is: its kind, models and what it says of itself (workers/servers)."""
+        """What the server is: its kind, models and what it says of itself (fleetgen/servers)."""
         async with self._mapping("server detection"):
             return await detect(self._http, timeout_s=30.0)
 
