@@ -1,6 +1,7 @@
-"""The live per-GPU table: every registered worker and what its SGLang server says right now.
+"""The worker registry and the live per-GPU table: every registered worker and what its server
+says right now.
 
-Workers register in `fg:workers` every few seconds (workers/engine.py `_register`), with what
+Workers register a `WorkerEntry` every few seconds (workers/engine.py `_register`), with what
 their server said at that moment, the URL they use (`local_server`) and the URL other nodes can
 use (`server`, fleetgen/advertise.py). `read_fleet` reads `/metrics` and `/server_info` live, all
 at once and under one short deadline: this node's servers at their local URL (one that does not
@@ -13,9 +14,10 @@ never carry SGLANG_API_KEY (only a worker sends it, to the one server it was con
 A server that wants the key for `/server_info` still shows its live `/metrics` (SGLang serves
 those without a key), with capacity and version from the reading its worker published.
 
-    rows = read_fleet(ledger.r, job_workers=status["workers"], elapsed_s=600.0)
+    rows = read_fleet(ledger, job_workers=status.workers, elapsed_s=600.0)
 
-The producer prints the rows (producer/status.py `render_fleet`).
+`published_fleet` makes the same rows from the published readings alone, without a request
+(progress.json). The producer prints the rows (producer/status.py `render_fleet`).
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
-import redis
 
-from fleetgen import keys
 from fleetgen.advertise import LOCAL_HOSTS
+from fleetgen.ledger import Ledger
 from fleetgen.readings import ServerReading, read_server_within
 
 # A dead server must not slow `status --watch` by more than about this much.
@@ -62,81 +62,179 @@ async def read_servers(
     return dict(zip(unique, readings, strict=True))
 
 
-def registry(r: redis.Redis, now: float) -> dict[str, dict[str, Any]]:
-    """The `fg:workers` entries, with `state` turned to `lost` once an entry is stale."""
-    out: dict[str, dict[str, Any]] = {}
-    entries: dict[bytes, bytes] = r.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    for name, raw in entries.items():
+@dataclass(frozen=True)
+class WorkerError:
+    """What last kept a batch from running on a worker: the error, its job, when (unix time)."""
+
+    error: str
+    job: str
+    at: float
+
+
+@dataclass(frozen=True)
+class WorkerEntry:
+    """A worker's registry entry: who it is, what it consumes and serves, how busy it is.
+
+    The worker writes it every beat (workers/engine.py `_register`); `registry` reads them all.
+
+        await live.publish_worker(entry.worker, entry.to_json())
+    """
+
+    worker: str
+    host: str
+    pid: int
+    queues: list[str]
+    last_error: WorkerError | None
+    # Other nodes read `server`; `status` on this node reads `local_server`, which works even
+    # when the server listens on loopback only.
+    server: str
+    local_server: str
+    # What the server said at the beat, for `status` where it cannot be read live.
+    reading: ServerReading
+    # `ready` or `server-down` as written; `registry` turns a stale entry `lost`.
+    state: str
+    server_kind: str | None
+    effective_max_running_requests: int | None
+    requested_max_running_requests: int | None
+    capacity_source: str | None
+    limit: int
+    in_flight: int
+    updated: float
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> WorkerEntry:
+        """The entry `to_json` wrote; ValueError if `raw` is not one."""
         try:
-            entry = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            data = orjson.loads(raw)
+            error = data["last_error"]
+            return cls(**{**data, "queues": list(data["queues"]),
+                          "last_error": WorkerError(**error) if error is not None else None,
+                          "reading": ServerReading(**data["reading"])})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a registry entry: {exc}") from None
+
+    def age_s(self, now: float) -> float:
+        return round(now - self.updated, 1)
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One worker in the per-GPU table: its registry entry, its server's reading and its share
+    of the job. A worker that did work for the job but is not registered any more has only
+    its share (and `lost`)."""
+
+    worker: str
+    host: str | None
+    server: str | None
+    worker_state: str
+    registry_age_s: float | None
+    in_flight: int | None
+    limit: int | None
+    # What the server is and how the limit was found (fleetgen/servers).
+    server_kind: str | None
+    capacity_source: str | None
+    # The server's reading (fleetgen/readings.py `ServerReading`).
+    running: float | None
+    queue: float | None
+    token_usage: float | None
+    mamba_usage: float | None
+    gen_throughput: float | None
+    accept_length: float | None
+    effective_max: int | None
+    requested_max: int | None
+    version: str | None
+    server_state: str
+    server_error: str | None
+    job_prompts_done: int
+    job_prompts_failed: int
+    job_output_tokens: int
+    job_output_tokens_per_s: float | None
+
+
+def registry(ledger: Ledger, now: float) -> dict[str, WorkerEntry]:
+    """The registered workers, a stale entry's `state` turned to `lost`; an entry that is not
+    one (written by something else) is left out."""
+    out: dict[str, WorkerEntry] = {}
+    for name, raw in ledger.worker_registry().items():
+        try:
+            entry = WorkerEntry.from_json(raw)
+        except ValueError:
             continue
-        age = now - float(entry.get("updated") or 0)
-        entry["age_s"] = round(age, 1)
-        if age > LOST_AFTER_S:
-            entry["state"] = "lost"
-        out[name.decode()] = entry
+        if now - entry.updated > LOST_AFTER_S:
+            entry = replace(entry, state="lost")
+        out[name] = entry
     return out
 
 
 def fleet_rows(
-    workers: Mapping[str, Mapping[str, Any]],
+    workers: Mapping[str, WorkerEntry],
     readings: Mapping[str, ServerReading],
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
-) -> list[dict[str, Any]]:
+    now: float | None = None,
+) -> list[FleetRow]:
     """One row per worker: its registry entry, its server's reading and its share of the job.
 
     `readings` are by worker: read live for this node's servers, as published by their worker
     for other nodes'. Workers that did work for the job but are no longer registered are
     listed as `lost`.
     """
+    now = time.time() if now is None else now
     rows = []
     # A lost worker that did nothing for this job (another job's, an earlier demo's) is not
     # this job's business.
-    names = {n for n, e in workers.items() if e.get("state") != "lost"} | set(job_workers)
-    for name in sorted(names, key=lambda n: (str(workers.get(n, {}).get("host") or ""), n)):
-        entry = workers.get(name, {})
-        server = entry.get("server")
-        reading = readings.get(name)
+    names = {n for n, e in workers.items() if e.state != "lost"} | set(job_workers)
+    for name in sorted(names, key=lambda n: (workers[n].host if n in workers else "", n)):
+        entry = workers.get(name)
+        reading = readings.get(name) or ServerReading("unknown")
         mine = job_workers.get(name, {})
         tokens = float(mine.get("output_tokens", 0))
-        live = asdict(reading) if reading else asdict(ServerReading("unknown"))
-        live["server_state"] = live.pop("state")
-        live["server_error"] = live.pop("error")
-        if live["effective_max"] is None:
-            live["effective_max"] = entry.get("effective_max_running_requests")
-        rows.append({
-            "worker": name,
-            "host": entry.get("host"),
-            "server": server,
-            "worker_state": entry.get("state", "lost"),
-            "registry_age_s": entry.get("age_s"),
-            "in_flight": entry.get("in_flight"),
-            "limit": entry.get("limit"),
-            # What the server is and how the limit was found (workers/servers).
-            "server_kind": entry.get("server_kind"),
-            "capacity_source": entry.get("capacity_source"),
-            **live,
-            "job_prompts_done": int(mine.get("prompts_done", 0)),
-            "job_prompts_failed": int(mine.get("prompts_failed", 0)),
-            "job_output_tokens": int(tokens),
-            "job_output_tokens_per_s": round(tokens / elapsed_s, 1) if elapsed_s > 0 else None,
-        })
+        effective_max = reading.effective_max
+        if effective_max is None and entry is not None:
+            effective_max = entry.effective_max_running_requests
+        rows.append(FleetRow(
+            worker=name,
+            host=entry.host if entry else None,
+            server=entry.server if entry else None,
+            worker_state=entry.state if entry else "lost",
+            registry_age_s=entry.age_s(now) if entry else None,
+            in_flight=entry.in_flight if entry else None,
+            limit=entry.limit if entry else None,
+            server_kind=entry.server_kind if entry else None,
+            capacity_source=entry.capacity_source if entry else None,
+            running=reading.running,
+            queue=reading.queue,
+            token_usage=reading.token_usage,
+            mamba_usage=reading.mamba_usage,
+            gen_throughput=reading.gen_throughput,
+            accept_length=reading.accept_length,
+            effective_max=effective_max,
+            requested_max=reading.requested_max,
+            version=reading.version,
+            server_state=reading.state,
+            server_error=reading.error,
+            job_prompts_done=int(mine.get("prompts_done", 0)),
+            job_prompts_failed=int(mine.get("prompts_failed", 0)),
+            job_output_tokens=int(tokens),
+            job_output_tokens_per_s=round(tokens / elapsed_s, 1) if elapsed_s > 0 else None,
+        ))
     return rows
 
 
 def read_fleet(
-    r: redis.Redis,
+    ledger: Ledger,
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
     *,
     now: float | None = None,
     deadline_s: float = FETCH_DEADLINE_S,
-) -> list[dict[str, Any]]:
+) -> list[FleetRow]:
     """Registry + live server readings + this job's per-worker counters, one row per worker."""
     now = time.time() if now is None else now
-    workers = registry(r, now)
+    workers = registry(ledger, now)
     urls = {name: url for name, e in workers.items() if (url := _readable_url(e))}
     live = asyncio.run(read_servers(urls.values(), deadline_s))
     # Per worker: its server read live here, with what that read could not see without the
@@ -145,50 +243,43 @@ def read_fleet(
     readings: dict[str, ServerReading] = {}
     for name, entry in workers.items():
         reading = live.get(urls.get(name, ""))
-        if reading is not None and (_on_this_node(entry) or reading.state == "up"):
-            readings[name] = _filled(reading, entry.get("reading"))
+        if reading is not None and (entry.host == THIS_HOST or reading.state == "up"):
+            readings[name] = _filled(reading, entry.reading)
         else:
-            readings[name] = _published(entry)
-    return fleet_rows(workers, readings, job_workers, elapsed_s)
+            readings[name] = entry.reading
+    return fleet_rows(workers, readings, job_workers, elapsed_s, now)
 
 
-def _on_this_node(entry: Mapping[str, Any]) -> bool:
-    # Entries without a host come from workers older than the field: read them live.
-    return entry.get("host") in (None, THIS_HOST)
+def published_fleet(
+    ledger: Ledger,
+    job_workers: Mapping[str, Mapping[str, float]],
+    elapsed_s: float,
+    *,
+    now: float | None = None,
+) -> list[FleetRow]:
+    """The same rows from what the ledger holds alone: each server as its worker last published
+    it, no server read over the network (what progress.json carries)."""
+    now = time.time() if now is None else now
+    workers = registry(ledger, now)
+    readings = {name: entry.reading for name, entry in workers.items()}
+    return fleet_rows(workers, readings, job_workers, elapsed_s, now)
 
 
-def _readable_url(entry: Mapping[str, Any]) -> str | None:
+def _readable_url(entry: WorkerEntry) -> str | None:
     """Where this node can read the entry's server: its local URL on its own node, its
     published one elsewhere unless that names the other node's loopback."""
-    if _on_this_node(entry):
-        return entry.get("local_server") or entry.get("server")
-    server = entry.get("server")
-    if not server or (urlsplit(server).hostname or "") in LOCAL_HOSTS:
+    if entry.host == THIS_HOST:
+        return entry.local_server
+    if (urlsplit(entry.server).hostname or "") in LOCAL_HOSTS:
         return None
-    return str(server)
+    return entry.server
 
 
-def _filled(live: ServerReading, published: object) -> ServerReading:
+def _filled(live: ServerReading, published: ServerReading) -> ServerReading:
     """`live` with the figures only `/server_info` gives, when it gave none (it wants the key
     this reader does not send), taken from the reading the server's own worker published."""
-    if live.state != "up" or not isinstance(published, dict):
+    if live.state != "up":
         return live
-    known = asdict(live)
-    for name in SERVER_INFO_FIELDS:
-        if known[name] is None and published.get(name) is not None:
-            known[name] = published[name]
-    try:
-        return ServerReading(**known)
-    except TypeError:
-        return live
-
-
-def _published(entry: Mapping[str, Any]) -> ServerReading:
-    raw = entry.get("reading")
-    if not isinstance(raw, dict):
-        return ServerReading("unknown", error="on another node; its worker published no reading")
-    known = {k: v for k, v in raw.items() if k in ServerReading.__dataclass_fields__}
-    try:
-        return ServerReading(**known)
-    except TypeError:
-        return ServerReading("unknown", error="unreadable reading")
+    known = {name: getattr(published, name) for name in SERVER_INFO_FIELDS
+             if getattr(live, name) is None and getattr(published, name) is not None}
+    return replace(live, **known)

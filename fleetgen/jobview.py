@@ -1,12 +1,13 @@
 """A job's progress in one view: counts, rate, ETA, tokens, finish reasons, quality, GPUs.
 
-`job_status` gathers the figures into one dict: the `producer status --json` form and what
-`progress.json` holds (fleetgen/progress.py; field names are stable, new ones may be added).
-With `live=True` it also reads every registered server (fleetgen/fleet.py) for the per-GPU
-table. It lives with the workers because their reconciler writes progress.json; the producer
-prints it (producer/status.py `render`).
+`job_status` gathers the figures into one `JobStatus`; its JSON (`to_json`) is the `producer
+status --json` form and what `progress.json` holds (fleetgen/progress.py; field names are
+stable, new ones may be added). With `live=True` it also reads every registered server
+(fleetgen/fleet.py) for the per-GPU table. Every figure comes from the ledger; the workers'
+reconciler writes progress.json, the producer prints the status (producer/status.py `render`).
 
     status = job_status(ledger, "distill-v1", live=True)
+    print(status.done, status.rate.prompts_per_s_5m, status.to_json().decode())
 
 The clock, the rates and the ETA are spelled out in docs/guides/status.md ("rate", "time");
 `per_second` turns per-minute tallies into rates on that clock (the report's per-GPU chart).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import orjson
 
@@ -25,9 +26,18 @@ from fleetgen import keys
 from fleetgen.breaker import accepted_causes
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
-from fleetgen.fleet import read_fleet, registry
+from fleetgen.fleet import FleetRow, WorkerEntry, read_fleet, registry
 from fleetgen.job import JobManifest, batch_sizes
-from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.ledger import (
+    STATE_CANCELLED,
+    STATE_CREATING,
+    STATE_PAUSED,
+    STATE_RUNNING,
+    EndVerdict,
+    FailureExample,
+    Ledger,
+    QualityPause,
+)
 
 RATE_WINDOW_S = 300
 # The recent window spans at least this many mean answer times, and so must a stretch of whole
@@ -43,9 +53,129 @@ STALLED_EXPLAINED_AFTER_S = 10.0
 ERROR_SHOWN_FOR_S = 3600.0
 
 
+@dataclass(frozen=True)
+class Batches:
+    total: int
+    done: int
+    running: int
+    queued: int
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Every figure is the job's total (all its GPUs); `_5m` over the recent window
+    (`window_s`), `_all` over the job's clock (`clock_start` to `clock_end`)."""
+
+    prompts_per_s_5m: float
+    prompts_per_s_all: float
+    output_tokens_per_s_5m: float
+    output_tokens_per_s_all: float
+    window_s: float
+    mean_answer_s: float
+    clock_start: float
+    clock_end: float
+
+
+@dataclass(frozen=True)
+class Tokens:
+    input: int
+    output: int
+    reasoning: int
+    avg_output: float | None
+    reasoning_share: float | None
+
+
+@dataclass(frozen=True)
+class Canary:
+    """The quality canary's settings for the job and what it has seen."""
+
+    enabled: bool
+    answers_seen: int
+    min_completions: int
+    # A job smaller than min_completions is judged once, at its end (workers/quality.py).
+    judged_at_end: bool
+    end_verdict: EndVerdict | None
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """The failure breaker's trip while it holds the job (cause and one example failure),
+    and the causes `resume --accept-failures` accepted."""
+
+    cause: str | None
+    example: FailureExample | None
+    accepted: list[str]
+
+
+@dataclass(frozen=True)
+class WorkerErrorSeen:
+    """A registered worker's last error (what kept a batch from running there), `age_s` ago."""
+
+    worker: str
+    host: str
+    job: str
+    error: str
+    age_s: float
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """Why work waits and nothing moves: `no_consumer` (no live worker consumes `queue`; the
+    queues they consume are `live_queues`) or `no_progress` (nothing ran or was written for
+    `idle_s`, with the last error a worker met and the workers whose server is not ready)."""
+
+    reason: str
+    queue: str
+    live_queues: list[str] | None
+    idle_s: float | None
+    last_error: WorkerErrorSeen | None
+    not_ready: list[str]
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Every figure of one job at `updated_at`; see docs/guides/status.md for each."""
+
+    job: str
+    state: str
+    reason: str | None
+    output: str
+    total: int
+    done: int
+    failed: int
+    checkpointed: int
+    in_flight: int
+    in_hand: int
+    queued: int
+    # Not started because the job is paused, cancelled or still being created.
+    held: int
+    batches: Batches
+    elapsed_s: float
+    rate: Rate
+    eta_s: int | None
+    tokens: Tokens
+    finish_reasons: dict[str, int]
+    errors: dict[str, int]
+    empty_content: int
+    bytes_written: int
+    # Worker -> the job's counters it moved (fleetgen/ledger.py `worker_counters`).
+    workers: dict[str, dict[str, float]]
+    canary: Canary
+    quality: QualityPause | None
+    breaker: Breaker | None
+    worker_errors: list[WorkerErrorSeen]
+    stalled: Stalled | None
+    fleet: list[FleetRow] | None
+    updated_at: float
+
+    def to_json(self, option: int = 0) -> bytes:
+        """The `status --json` and progress.json form (orjson `option`s, e.g. OPT_INDENT_2)."""
+        return orjson.dumps(asdict(self), option=option)
+
+
 def job_status(
     ledger: Ledger, job: str, now: float | None = None, *, live: bool = False,
-) -> dict[str, Any]:
+) -> JobStatus:
     """Every figure of `job` at `now`; `live` adds `fleet` (one row per worker, ~2 s at most)."""
     now = time.time() if now is None else now
     manifest = ledger.load_job(job)
@@ -64,67 +194,61 @@ def job_status(
     running = ledger.running_batches(job)
     in_hand = min(remaining - checkpointed, _in_hand(ledger, manifest, running))
     # One read of the registry: what the live workers have in flight and their last errors.
-    entries = registry(ledger.r, now)
+    entries = registry(ledger, now)
     in_flight = min(in_hand, _sent(entries))
     waiting = remaining - checkpointed - in_hand
     times = _times(ledger, job, manifest.created_at)
     answer_s = _mean_answer_s(stats)
-    clock = _clock(_minutes(ledger, job), times, now, state, answer_s)
+    clock = _clock(ledger.minutes(job), times, now, state, answer_s)
     rate = _rates(clock, answered, stats.get("output_tokens", 0.0), answer_s)
-    workers = _workers(ledger, job)
+    workers = ledger.worker_counters(job)
     worker_errors = _worker_errors(entries, now)
     queued = waiting if state == STATE_RUNNING else 0
-    return {
-        "job": job,
-        "state": state,
-        "reason": reason or _creating_reason(ledger, manifest, state),
-        "output": manifest.output,
-        "total": manifest.prompts,
-        "done": done,
-        "failed": failed,
-        "checkpointed": checkpointed,
-        "in_flight": in_flight,
-        "in_hand": in_hand,
-        "queued": queued,
-        # Not started because the job is paused, cancelled or still being created.
-        "held": waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
-        "batches": {"total": total_batches, "done": finished_batches,
-                    "running": len(running), "queued": len(ledger.queued_batches(job))},
-        "elapsed_s": round(clock["elapsed"], 1),
-        "rate": rate,
-        "eta_s": _eta(remaining, remaining - checkpointed, in_flight, state, clock, answer_s),
-        "tokens": _tokens(stats, int(stats.get("prompts_done", 0))),
-        "finish_reasons": _prefixed(stats, "finish_"),
-        "errors": _prefixed(written, "error_"),
-        "empty_content": int(stats.get("empty_content", 0)),
-        "bytes_written": int(stats.get("bytes_written", 0)),
-        "workers": workers,
-        "canary": _canary(ledger, job, manifest),
-        "quality": _quality(ledger, job),
-        "breaker": _breaker(ledger, job),
-        "worker_errors": worker_errors,
-        "stalled": _stalled(manifest, entries, worker_errors, queued, len(running), times, now),
-        "fleet": read_fleet(ledger.r, workers, clock["elapsed"], now=now)
-        if live else None,
-        "updated_at": now,
-    }
+    return JobStatus(
+        job=job,
+        state=state,
+        reason=reason or _creating_reason(ledger, manifest, state),
+        output=manifest.output,
+        total=manifest.prompts,
+        done=done,
+        failed=failed,
+        checkpointed=checkpointed,
+        in_flight=in_flight,
+        in_hand=in_hand,
+        queued=queued,
+        held=waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
+        batches=Batches(total=total_batches, done=finished_batches, running=len(running),
+                        queued=len(ledger.queued_batches(job))),
+        elapsed_s=round(clock["elapsed"], 1),
+        rate=rate,
+        eta_s=_eta(remaining, remaining - checkpointed, in_flight, state, clock, answer_s),
+        tokens=_tokens(stats, int(stats.get("prompts_done", 0))),
+        finish_reasons=_prefixed(stats, "finish_"),
+        errors=_prefixed(written, "error_"),
+        empty_content=int(stats.get("empty_content", 0)),
+        bytes_written=int(stats.get("bytes_written", 0)),
+        workers=workers,
+        canary=_canary(ledger, job, manifest),
+        quality=ledger.quality_pause(job),
+        breaker=_breaker(ledger, job),
+        worker_errors=worker_errors,
+        stalled=_stalled(manifest, entries, worker_errors, queued, len(running), times, now),
+        fleet=read_fleet(ledger, workers, clock["elapsed"], now=now) if live else None,
+        updated_at=now,
+    )
 
 
-def _sent(entries: dict[str, dict[str, Any]]) -> int:
+def _sent(entries: Mapping[str, WorkerEntry]) -> int:
     """Requests the live workers have at their servers right now (their registry entries)."""
-    return sum(int(entry.get("in_flight") or 0) for entry in entries.values()
-               if entry.get("state") != "lost")
+    return sum(entry.in_flight for entry in entries.values() if entry.state != "lost")
 
 
 def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
     """Prompts of running batches that have not reached the checkpoint yet (sent or waiting)."""
-    with ledger.r.pipeline(transaction=False) as p:
-        for batch in running:
-            p.hlen(keys.checkpoint(manifest.name, batch))
-        checkpointed = p.execute()
+    checkpointed = ledger.checkpointed_in(manifest.name, running)
     plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
     sizes = sum(_batch_len(plan, manifest.batch_size, b) for b in running)
-    return max(0, sizes - sum(int(n) for n in checkpointed))
+    return max(0, sizes - checkpointed)
 
 
 def _batch_len(plan: list[int], size: int, batch: str) -> int:
@@ -135,31 +259,19 @@ def _batch_len(plan: list[int], size: int, batch: str) -> int:
     return plan[index - 1] if 0 < index <= len(plan) else 0
 
 
-def _minutes(ledger: Ledger, job: str) -> dict[int, dict[str, float]]:
-    """Unix minute -> prompts finished and output tokens written in it."""
-    out: dict[int, dict[str, float]] = {}
-    raw: dict[bytes, bytes] = ledger.r.hgetall(keys.job_part(job, "minutes"))  # type: ignore[assignment]
-    for k, v in raw.items():
-        minute, _, kind = k.decode().partition("|")
-        slot = out.setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
-        slot["tokens" if kind == "tokens" else "prompts"] += float(v)
-    return out
-
-
 def _times(ledger: Ledger, job: str, created_at: float) -> dict[str, float]:
     """When the job started running (enqueue finished), when its last batch was written, and
-    when its state last changed (`updated`: for a paused or cancelled job, when it stopped)."""
-    started, last_write, changed = ledger.r.hmget(
-        keys.job(job), "started_at", "last_write_at", "updated")
-    return {"started": float(started or created_at), "last_write": float(last_write or 0.0),
-            "changed": float(changed or 0.0)}
+    when its state last changed (`changed`: for a paused or cancelled job, when it stopped)."""
+    times = ledger.job_times(job)
+    return {"started": times.started or created_at, "last_write": times.last_write,
+            "changed": times.changed}
 
 
 def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str | None:
     """For a job still being created: who is creating it, or that its enqueue was interrupted."""
     if state != STATE_CREATING:
         return None
-    stored = int(ledger.r.hget(keys.job(manifest.name), "inputs_stored") or 0)
+    stored = ledger.inputs_stored(manifest.name)
     holder = creation_holder(ledger, manifest.name)
     progress = f"{stored:,} of {manifest.batches:,} batch inputs stored"
     if holder is not None:
@@ -223,22 +335,18 @@ def _mean_answer_s(stats: dict[str, float]) -> float:
     return stats.get("latency_s", 0.0) / done if done else 0.0
 
 
-def _rates(
-    clock: dict[str, float], answered: int, output_tokens: float, answer_s: float,
-) -> dict[str, float]:
-    """Every figure is the job's total (all its GPUs); `_5m` over the recent window, `_all`
-    over the job's clock."""
+def _rates(clock: dict[str, float], answered: int, output_tokens: float, answer_s: float) -> Rate:
     elapsed = clock["elapsed"]
-    return {
-        "prompts_per_s_5m": round(clock["prompts"] / clock["window"], 3),
-        "prompts_per_s_all": round(answered / elapsed, 3) if elapsed else 0.0,
-        "output_tokens_per_s_5m": round(clock["tokens"] / clock["window"], 1),
-        "output_tokens_per_s_all": round(output_tokens / elapsed, 1) if elapsed else 0.0,
-        "window_s": round(clock["window"], 1),
-        "mean_answer_s": round(answer_s, 2),
-        "clock_start": clock["start"],
-        "clock_end": clock["end"],
-    }
+    return Rate(
+        prompts_per_s_5m=round(clock["prompts"] / clock["window"], 3),
+        prompts_per_s_all=round(answered / elapsed, 3) if elapsed else 0.0,
+        output_tokens_per_s_5m=round(clock["tokens"] / clock["window"], 1),
+        output_tokens_per_s_all=round(output_tokens / elapsed, 1) if elapsed else 0.0,
+        window_s=round(clock["window"], 1),
+        mean_answer_s=round(answer_s, 2),
+        clock_start=clock["start"],
+        clock_end=clock["end"],
+    )
 
 
 def per_second(
@@ -248,7 +356,7 @@ def per_second(
     `end`): a whole minute counts 60 s, the job's first and last only their part. A minute
     outside the clock has no rate and is left out.
 
-        per_second({m: {"prompts": 12.0, "tokens": 900.0}}, rate["clock_start"], rate["clock_end"])
+        per_second({m: {"prompts": 12.0, "tokens": 900.0}}, rate.clock_start, rate.clock_end)
     """
     out = {}
     for minute, tally in tallies.items():
@@ -277,16 +385,16 @@ def _eta(
     return max(1, math.ceil((unanswered - in_flight) / per_s + answer_s))
 
 
-def _tokens(stats: dict[str, float], done: int) -> dict[str, Any]:
+def _tokens(stats: dict[str, float], done: int) -> Tokens:
     out_tokens = stats.get("output_tokens", 0.0)
     reasoning = stats.get("reasoning_tokens", 0.0)
-    return {
-        "input": int(stats.get("input_tokens", 0)),
-        "output": int(out_tokens),
-        "reasoning": int(reasoning),
-        "avg_output": round(out_tokens / done, 1) if done else None,
-        "reasoning_share": round(reasoning / out_tokens, 3) if out_tokens else None,
-    }
+    return Tokens(
+        input=int(stats.get("input_tokens", 0)),
+        output=int(out_tokens),
+        reasoning=int(reasoning),
+        avg_output=round(out_tokens / done, 1) if done else None,
+        reasoning_share=round(reasoning / out_tokens, 3) if out_tokens else None,
+    )
 
 
 def _prefixed(stats: dict[str, float], prefix: str) -> dict[str, int]:
@@ -295,90 +403,61 @@ def _prefixed(stats: dict[str, float], prefix: str) -> dict[str, int]:
             if k.startswith(prefix) and int(v)}
 
 
-def _workers(ledger: Ledger, job: str) -> dict[str, dict[str, float]]:
-    """This job's counters per worker: prompts_done, prompts_failed, output_tokens, batches_done."""
-    out: dict[str, dict[str, float]] = {}
-    raw: dict[bytes, bytes] = ledger.r.hgetall(keys.job_part(job, "workers"))  # type: ignore[assignment]
-    for k, v in raw.items():
-        worker, _, counter = k.decode().partition("|")
-        out.setdefault(worker, {})[counter] = float(v)
-    return out
-
-
-def _worker_errors(entries: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def _worker_errors(entries: Mapping[str, WorkerEntry], now: float) -> list[WorkerErrorSeen]:
     """Each registered worker's last error (what kept a batch from running there), newest
     first, with how long ago it happened."""
-    out = []
-    for name, entry in entries.items():
-        error = entry.get("last_error")
-        if not isinstance(error, dict) or now - float(error.get("at") or 0) > ERROR_SHOWN_FOR_S:
-            continue
-        out.append({"worker": name, "host": entry.get("host"), "job": error.get("job"),
-                    "error": str(error.get("error")),
-                    "age_s": round(now - float(error["at"]), 1)})
-    return sorted(out, key=lambda e: e["age_s"])
+    out = [WorkerErrorSeen(worker=name, host=entry.host, job=error.job, error=error.error,
+                           age_s=round(now - error.at, 1))
+           for name, entry in entries.items()
+           if (error := entry.last_error) is not None and now - error.at <= ERROR_SHOWN_FOR_S]
+    return sorted(out, key=lambda e: e.age_s)
 
 
 def _stalled(
-    manifest: JobManifest, entries: dict[str, dict[str, Any]], errors: list[dict[str, Any]],
+    manifest: JobManifest, entries: Mapping[str, WorkerEntry], errors: list[WorkerErrorSeen],
     queued: int, running: int, times: dict[str, float], now: float,
-) -> dict[str, Any] | None:
+) -> Stalled | None:
     """Why work waits and nothing moves, or None: no live worker consumes the job's queue
     (known at once), or no worker of its queue is busy and nothing ran or was written for
     STALLED_AFTER_S, with the last error a worker met (on this job first)."""
     if not queued or running:
         return None
-    live = [e for e in entries.values() if e.get("state") != "lost"]
-    # Workers older than the `queues` field do not say what they consume: then nobody knows.
-    if all("queues" in e for e in live) and not any(manifest.queue in e["queues"] for e in live):
-        consumers = sorted({q for e in live for q in e["queues"]})
-        return {"reason": "no_consumer", "queue": manifest.queue, "live_queues": consumers,
-                "idle_s": None, "last_error": None, "not_ready": []}
+    live = [e for e in entries.values() if e.state != "lost"]
+    if not any(manifest.queue in e.queues for e in live):
+        consumers = sorted({q for e in live for q in e.queues})
+        return Stalled(reason="no_consumer", queue=manifest.queue, live_queues=consumers,
+                       idle_s=None, last_error=None, not_ready=[])
     # Workers of the job's queue busy with other work: the job waits its turn, it is not stuck.
-    if any(e.get("in_flight") and manifest.queue in e.get("queues", [manifest.queue])
-           for e in live):
+    if any(e.in_flight and manifest.queue in e.queues for e in live):
         return None
     idle = now - max(times["started"], times["last_write"])
-    mine = [e for e in errors if e["job"] == manifest.name]
+    mine = [e for e in errors if e.job == manifest.name]
     # An error met on this job since its last write explains the wait: say so sooner.
-    explained = any(now - e["age_s"] > max(times["started"], times["last_write"]) for e in mine)
+    explained = any(now - e.age_s > max(times["started"], times["last_write"]) for e in mine)
     if idle < (STALLED_EXPLAINED_AFTER_S if explained else STALLED_AFTER_S):
         return None
     mine = mine or errors
-    return {"reason": "no_progress", "queue": manifest.queue, "live_queues": None,
-            "idle_s": round(idle, 1), "last_error": mine[0] if mine else None,
-            # Live workers whose gate is closed (server down): they take no batch meanwhile.
-            "not_ready": sorted(n for n, e in entries.items()
-                                if e.get("state") not in ("ready", "lost"))}
+    return Stalled(reason="no_progress", queue=manifest.queue, live_queues=None,
+                   idle_s=round(idle, 1), last_error=mine[0] if mine else None,
+                   # Live workers whose gate is closed (server down): they take no batch
+                   # meanwhile.
+                   not_ready=sorted(n for n, e in entries.items()
+                                    if e.state not in ("ready", "lost")))
 
 
-def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> dict[str, Any]:
+def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> Canary:
     thresholds = Thresholds(**manifest.canary) if manifest.canary else Thresholds()
-    seen, end = ledger.r.hmget(keys.job(job), "canary_seen", "canary_end")
-    return {"enabled": thresholds.enabled, "answers_seen": int(seen or 0),
-            "min_completions": thresholds.min_completions,
-            # A job smaller than min_completions is judged once, at its end (workers/quality.py).
-            "judged_at_end": manifest.prompts < thresholds.min_completions,
-            "end_verdict": orjson.loads(end) if end else None}
+    progress = ledger.canary_progress(job)
+    return Canary(enabled=thresholds.enabled, answers_seen=progress.seen,
+                  min_completions=thresholds.min_completions,
+                  judged_at_end=manifest.prompts < thresholds.min_completions,
+                  end_verdict=progress.end)
 
 
-def _quality(ledger: Ledger, job: str) -> dict[str, Any] | None:
-    """What the canary found when it paused the job (None if it never did)."""
-    examples, seen, accepted = ledger.r.hmget(
-        keys.job(job), "quality_examples", "quality_seen", "quality_accepted")
-    if examples is None:
-        return None
-    return {"examples": orjson.loads(examples), "detected_after": int(seen or 0),
-            "accepted": accepted is not None}
-
-
-def _breaker(ledger: Ledger, job: str) -> dict[str, Any] | None:
-    """The failure breaker's trip while it holds the job (cause and one example failure),
-    and the causes `resume --accept-failures` accepted; None if it never tripped."""
-    cause, example, accepted = ledger.r.hmget(
-        keys.job(job), "breaker_cause", "breaker_example", "breaker_accepted")
+def _breaker(ledger: Ledger, job: str) -> Breaker | None:
+    """The failure breaker's trip and the causes accepted; None if it never tripped."""
+    cause, example = ledger.breaker_trip(job)
+    accepted = ledger.accepted_causes_raw(job)
     if cause is None and accepted is None:
         return None
-    return {"cause": cause.decode() if isinstance(cause, bytes) else cause,
-            "example": orjson.loads(example) if example else None,
-            "accepted": accepted_causes(accepted)}
+    return Breaker(cause=cause, example=example, accepted=accepted_causes(accepted))

@@ -52,8 +52,12 @@ from typing import Literal, get_args
 PREFIX = "fg"
 # Every GPU worker consumes this queue besides its own gpuN queue, so fast GPUs take more work.
 SHARED_QUEUE = "fleetgen"
-GPU_QUEUE = re.compile(r"^gpu(\d+)$")
-# gpuN's worker serves its metrics on METRICS_BASE_PORT + N, next to its server on 30000 + N.
+# A server's own queue names the GPUs it holds: gpu3 for one GPU; gpu0-1 or gpu4-7 for a
+# server over a range of GPUs (tensor, pipeline or data parallel); gpu0_2 when its GPUs are
+# not one range. The first number, the server's lead GPU, is GPU_QUEUE's group 1.
+GPU_QUEUE = re.compile(r"^gpu(\d+)((?:[-_]\d+)*)$")
+# gpuN's worker (gpuN-M's too: N is its lead GPU) serves its metrics on METRICS_BASE_PORT + N,
+# next to its server on 30000 + N.
 METRICS_BASE_PORT = 9400
 TASK_RUN_BATCH = "fleetgen.run_batch"
 # Broker priorities (kombu on Redis: 0 is served first, one list per step of 0/3/6/9, and a
@@ -118,7 +122,7 @@ JOB_BREAKER_ACCEPTED = "breaker_accepted"  # causes `resume --accept-failures` k
 SINK_MANIFEST = "manifest.json"
 JOB_ENTRIES = (SINK_MANIFEST, "inputs", "results", "errors", "rejects.jsonl",
                "progress.json", ".fleetgen")
-# hash: worker node name -> json {server, state, capacity, in_flight, updated}
+# hash: worker name -> its registry entry, JSON (fleetgen/fleet.py `WorkerEntry`)
 WORKERS = f"{PREFIX}:workers"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
 # Redis CLIENT SETNAME of every connection a worker opens: its connections vanish from
@@ -138,8 +142,16 @@ def lease_owner(token: str) -> str:
     return token.rsplit("/", 1)[0]
 
 
-def gpu_queue(index: int) -> str:
-    return f"gpu{index}"
+def gpu_queue(gpus: int | Sequence[int]) -> str:
+    """The queue of the server on `gpus`: `gpu3`, `gpu0-1` (GPUs 0 and 1), `gpu0_2`."""
+    indices = sorted({gpus} if isinstance(gpus, int) else set(gpus))
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return "gpu" + "_".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def job(name: str) -> str:

@@ -4,20 +4,20 @@ Whoever looks at the bucket (or a folder on a shared disk) sees how the job is d
 Redis access. The workers' reconciler calls `write_progress` for every job each round; a Redis
 key set with NX and a 60 s expiry lets one call per job per minute through, whichever worker
 makes it. A job that stopped changing (done, paused, cancelled) is written once more, then
-left alone.
+left alone. Everything in it comes from the ledger: its per-GPU table shows each server as its
+worker last published it (fleetgen/fleet.py `published_fleet`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
 
 import orjson
 
-from fleetgen import keys
 from fleetgen.errors import SinkError
-from fleetgen.fleet import read_fleet
-from fleetgen.jobview import job_status
+from fleetgen.fleet import published_fleet
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import STATE_RUNNING, Ledger
 from fleetgen.settings import Settings
 from fleetgen.sink import open_sink
@@ -32,11 +32,6 @@ def progress_key(job: str) -> str:
     return f"{job}/{PROGRESS_FILE}"
 
 
-def due_key(job: str) -> str:
-    """Redis key that exists while the job's progress.json is fresh (expires after a minute)."""
-    return keys.job_part(job, "progress_due")
-
-
 def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings | None = None) -> bool:
     """Write the job's progress.json if a minute has passed since the last one; True if written.
 
@@ -44,7 +39,7 @@ def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings |
     to do for every job after this one.
     """
     try:
-        if not ledger.r.set(due_key(job), now, nx=True, ex=PROGRESS_EVERY_S):
+        if not ledger.claim_progress_turn(job, now, PROGRESS_EVERY_S):
             return False
         return _write(ledger, job, now, settings)
     except SinkError as exc:
@@ -59,21 +54,22 @@ def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings |
 def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> bool:
     status = job_status(ledger, job, now)
     mark = _fingerprint(status)
-    if status["state"] != STATE_RUNNING and ledger.r.get(keys.job_part(job, "progress_mark")) == mark:
+    if status.state != STATE_RUNNING and ledger.progress_mark(job) == mark:
         return False
-    # Never with SGLANG_API_KEY: the servers' addresses come from Redis (fleetgen/fleet.py).
-    status["fleet"] = read_fleet(ledger.r, status["workers"], float(status["elapsed_s"]), now=now)
+    # The servers as their workers published them: a reconciler round sends no request to
+    # every server of the fleet (only `producer status` reads them live).
+    status = dataclasses.replace(status, fleet=published_fleet(
+        ledger, status.workers, status.elapsed_s, now=now))
     style = settings.s3_addressing_style if settings else "path"
-    sink = open_sink(status["output"], addressing_style=style)
-    sink.put(progress_key(job), orjson.dumps(status, option=orjson.OPT_INDENT_2))
-    ledger.r.set(keys.job_part(job, "progress_mark"), mark)
-    log.debug("job %s: progress.json written (%d/%d)", job, status["done"], status["total"])
+    sink = open_sink(status.output, addressing_style=style)
+    sink.put(progress_key(job), status.to_json(option=orjson.OPT_INDENT_2))
+    ledger.set_progress_mark(job, mark)
+    log.debug("job %s: progress.json written (%d/%d)", job, status.done, status.total)
     return True
 
 
-def _fingerprint(status: dict[str, Any]) -> bytes:
+def _fingerprint(status: JobStatus) -> bytes:
     """What must change for a stopped job's progress.json to be written again."""
-    quality = status["quality"] or {}
-    return (f"{status['state']}|{status['done']}|{status['failed']}|{status['checkpointed']}|"
-            f"{quality.get('accepted')}").encode()
-
+    accepted = status.quality.accepted if status.quality else None
+    return (f"{status.state}|{status.done}|{status.failed}|{status.checkpointed}|"
+            f"{accepted}").encode()

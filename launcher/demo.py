@@ -287,18 +287,18 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     last = 0.0
     while True:
         status = job_status(ledger, job)
-        if status["state"] == "done":
+        if status.state == "done":
             break
-        if status["state"] in ("paused", "cancelled") and not status["in_flight"]:
+        if status.state in ("paused", "cancelled") and not status.in_flight:
             print(render(status))
-            print(f"\njob {job} is {status['state']}: {status['reason']}", file=sys.stderr)
+            print(f"\njob {job} is {status.state}: {status.reason}", file=sys.stderr)
             return 1
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job} not done after {args.timeout:.0f}s")
         if time.monotonic() - last > 2:
             last = time.monotonic()
-            print(f"  {status['done'] + status['failed']}/{status['total']} prompts, "
-                  f"{status['in_flight']} in flight, {status['rate']['prompts_per_s_all']:.1f}/s")
+            print(f"  {status.done + status.failed}/{status.total} prompts, "
+                  f"{status.in_flight} in flight, {status.rate.prompts_per_s_all:.1f}/s")
         time.sleep(0.25)
     print(render(status))
     exported = (args.export_dir / f"{job}.jsonl").resolve()
@@ -313,7 +313,7 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     print(f"  {python_command()} -m launcher demo --input my-prompts.jsonl   # the same with your "
           "own prompts")
     print("  docs/getting-started/own-data.md: run the stack yourself and keep it running")
-    return 0 if status["failed"] == 0 else 1
+    return 0 if status.failed == 0 else 1
 
 
 def _stop(honcho: ChildProcess) -> None:

@@ -334,7 +334,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             if args.json:
                 # One object per line under --watch, so a reader can follow it line by line.
                 option = 0 if args.watch else orjson.OPT_INDENT_2
-                print(orjson.dumps(status, option=option).decode(), flush=True)
+                print(status.to_json(option=option).decode(), flush=True)
             else:
                 text = render(status)
                 if args.watch:
@@ -364,10 +364,10 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
           f" {'prompts/s':>9} {'ETA':>8}  reason")
     for name in active:
         s = job_status(ledger, name)
-        pct = 100.0 * (s["done"] + s["failed"]) / max(1, s["total"])
-        eta = "-" if s["eta_s"] is None else format_duration(s["eta_s"])
-        print(f"{name:<32} {s['state']:<10} {s['done']:>10,} {s['failed']:>8,} {s['total']:>10,}"
-              f" {pct:>7.1f}% {s['rate']['prompts_per_s_5m']:>9.2f} {eta:>8}  {s['reason'] or ''}")
+        pct = 100.0 * (s.done + s.failed) / max(1, s.total)
+        eta = "-" if s.eta_s is None else format_duration(s.eta_s)
+        print(f"{name:<32} {s.state:<10} {s.done:>10,} {s.failed:>8,} {s.total:>10,}"
+              f" {pct:>7.1f}% {s.rate.prompts_per_s_5m:>9.2f} {eta:>8}  {s.reason or ''}")
     for name, state, done, failed, total, reason in finished:
         pct = 100.0 * (done + failed) / max(1, total)
         print(f"{name:<32} {state:<10} {done:>10,} {failed:>8,} {total:>10,} {pct:>7.1f}%"
@@ -516,13 +516,13 @@ def _exported_job(args: argparse.Namespace, settings: Settings,
 def _check_quality(ledger: Ledger, args: argparse.Namespace) -> None:
     from fleetgen.jobview import job_status
 
-    quality = job_status(ledger, args.job)["quality"]
-    if quality and not quality["accepted"] and not args.partial:
+    quality = job_status(ledger, args.job).quality
+    if quality and not quality.accepted and not args.partial:
         # All its batches may be written (a small job is judged at its end): still not a
         # dataset to hand on without a look.
         state, reason = ledger.job_state(args.job)
         why = reason if reason.startswith("quality:") else (
-            f"the canary paused it after {quality['detected_after']} answers; it is {state} "
+            f"the canary paused it after {quality.detected_after} answers; it is {state} "
             f"now: {reason}")
         raise CommandError(
             f"job {args.job} failed its quality check ({why}); look at "
@@ -593,8 +593,8 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
         if not staged.publish():
             raise CommandError(f"--to {to} appeared meanwhile; nothing written (pass --force)")
     s = page.status
-    print(f"wrote {to}: job {args.job} [{s['state']}], {s['done']:,} done, {s['failed']:,} failed "
-          f"of {s['total']:,}")
+    print(f"wrote {to}: job {args.job} [{s.state}], {s.done:,} done, {s.failed:,} failed "
+          f"of {s.total:,}")
     return RET_OK
 
 

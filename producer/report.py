@@ -27,16 +27,22 @@ import base64
 import html
 import io
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from fleetgen import keys
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
 from fleetgen.records import is_failure
 from fleetgen.sink import Sink, batch_records, open_sink
 from producer.status import format_duration
+
+# Types only: build_report imports the job view when it runs (it brings httpx).
+if TYPE_CHECKING:
+    from fleetgen.fleet import WorkerEntry
+    from fleetgen.jobview import Canary, JobStatus, Rate
+    from fleetgen.ledger import QualityPause
 
 # The job's clock stopped: the rates stay put (fleetgen/jobview.py `_clock_end`).
 STOPPED = ("done", STATE_PAUSED, STATE_CANCELLED)
@@ -70,7 +76,7 @@ class Answers:
 class Report:
     job: str
     html: str
-    status: dict[str, Any]
+    status: JobStatus
 
 
 def read_answers(sink: Sink, job: str, batches: Iterable[str], max_batches: int) -> Answers:
@@ -84,17 +90,6 @@ def read_answers(sink: Sink, job: str, batches: Iterable[str], max_batches: int)
     return answers
 
 
-def worker_minutes(ledger: Ledger, job: str) -> dict[str, dict[int, dict[str, float]]]:
-    """worker -> unix minute -> {"prompts", "tokens"} finished in it."""
-    out: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
-    raw: dict[bytes, bytes] = ledger.r.hgetall(keys.job_part(job, "worker_minutes"))  # type: ignore[assignment]
-    for k, v in raw.items():
-        worker, minute, kind = k.decode().rsplit("|", 2)
-        slot = out[worker].setdefault(int(minute), {"prompts": 0.0, "tokens": 0.0})
-        slot[kind] += float(v)
-    return dict(out)
-
-
 def build_report(ledger: Ledger, job: str, max_batches: int = DEFAULT_MAX_BATCHES,
                  now: float | None = None) -> Report:
     # Imported here: the producer's command line loads this module for its defaults, and the
@@ -104,22 +99,21 @@ def build_report(ledger: Ledger, job: str, max_batches: int = DEFAULT_MAX_BATCHE
 
     now = time.time() if now is None else now
     status = job_status(ledger, job, now=now)
-    sink = open_sink(status["output"])
+    sink = open_sink(status.output)
     answers = read_answers(sink, job, ledger.done_batches(job), max_batches)
-    servers = registry(ledger.r, now)
-    minutes = worker_minutes(ledger, job)
+    servers = registry(ledger, now)
+    minutes = ledger.worker_minutes(job)
     return Report(job, render_html(status, answers, servers, minutes, now), status)
 
 
 # --- the page ---------------------------------------------------------------------------------
 
 
-def render_html(status: Mapping[str, Any], answers: Answers,
-                servers: Mapping[str, Mapping[str, Any]],
+def render_html(status: JobStatus, answers: Answers, servers: Mapping[str, WorkerEntry],
                 minutes: Mapping[str, Mapping[int, Mapping[str, float]]], now: float) -> str:
     s = status
-    tokens = s["tokens"]
-    rate = s["rate"]
+    tokens = s.tokens
+    rate = s.rate
     figures = [
         ("Throughput per GPU", throughput_plot(throughput_series(minutes, rate)),
          "Prompts and output tokens finished per second, per worker (one GPU each), by minute of "
@@ -132,49 +126,48 @@ def render_html(status: Mapping[str, Any], answers: Answers,
         ("Latency and output length", distributions_plot(answers),
          f"From the answers of {answers.batches_read:,} of {answers.batches_total:,} written "
          "batches (the sink's results objects)."),
-        ("Finish reasons and failures", reasons_plot(s["finish_reasons"], s["errors"]),
+        ("Finish reasons and failures", reasons_plot(s.finish_reasons, s.errors),
          "Finish reasons of every answer; failed prompts by error code (the job's counters)."),
     ]
     summary = [
-        ("state", f"{s['state']}" + (f" ({s['reason']})" if s["reason"] else "")),
-        ("prompts", f"{s['total']:,}"),
-        ("done", f"{s['done']:,}"),
-        ("failed", f"{s['failed']:,}"),
-        ("not finished", f"{s['total'] - s['done'] - s['failed']:,}"),
-        ("batches", f"{s['batches']['done']:,} of {s['batches']['total']:,} written"),
-        ("elapsed", _span(s["elapsed_s"]) + (" (the clock stopped)" if s["state"] in STOPPED
-                                              else "")),
+        ("state", f"{s.state}" + (f" ({s.reason})" if s.reason else "")),
+        ("prompts", f"{s.total:,}"),
+        ("done", f"{s.done:,}"),
+        ("failed", f"{s.failed:,}"),
+        ("not finished", f"{s.total - s.done - s.failed:,}"),
+        ("batches", f"{s.batches.done:,} of {s.batches.total:,} written"),
+        ("elapsed", _span(s.elapsed_s) + (" (the clock stopped)" if s.state in STOPPED else "")),
         *rates_summary(s),
-        ("tokens", f"in {tokens['input']:,}, out {tokens['output']:,}, "
-                   f"avg out {tokens['avg_output'] or 0:,.0f}"),
-        ("empty answers", f"{s['empty_content']:,}"),
-        ("output", s["output"]),
+        ("tokens", f"in {tokens.input:,}, out {tokens.output:,}, "
+                   f"avg out {tokens.avg_output or 0:,.0f}"),
+        ("empty answers", f"{s.empty_content:,}"),
+        ("output", s.output),
     ]
     rows = "\n".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary)
     sections = "\n".join(
         f"<section><h2>{_e(title)}</h2><p class=note>{_e(note)}</p>{image}</section>"
         for title, image, note in figures)
     return PAGE.format(
-        job=_e(s["job"]), made=_e(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
-        summary=rows, sections=sections, canary=canary_html(s),
-        failures=failures_html(s["errors"], answers.failure_examples),
-        workers=workers_html(s["workers"], s["elapsed_s"]))
+        job=_e(s.job), made=_e(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
+        summary=rows, sections=sections, canary=canary_html(s.canary, s.quality),
+        failures=failures_html(s.errors, answers.failure_examples),
+        workers=workers_html(s.workers, s.elapsed_s))
 
 
-def rates_summary(status: Mapping[str, Any]) -> list[tuple[str, str]]:
+def rates_summary(status: JobStatus) -> list[tuple[str, str]]:
     """The summary's rate rows: `status`'s figures, each labelled total or per GPU and with its
     window (the job's clock, or the recent window that ends now)."""
-    rate, gpus = status["rate"], _gpus(status["workers"])
-    clock = f"over the job's {_span(status['elapsed_s'])}"
-    recent = f"over the last {_span(rate['window_s'])}"
-    per_gpu = (f" = {rate['output_tokens_per_s_all'] / gpus:,.0f} per GPU on average"
+    rate, gpus = status.rate, _gpus(status.workers)
+    clock = f"over the job's {_span(status.elapsed_s)}"
+    recent = f"over the last {_span(rate.window_s)}"
+    per_gpu = (f" = {rate.output_tokens_per_s_all / gpus:,.0f} per GPU on average"
                if gpus > 1 else "")
     return [
-        ("prompts/s", f"{rate['prompts_per_s_all']:,.2f} total {clock}; "
-                      f"{rate['prompts_per_s_5m']:,.2f} total {recent}"),
-        ("output tokens/s", f"{rate['output_tokens_per_s_all']:,.0f} total of {gpus} GPU"
+        ("prompts/s", f"{rate.prompts_per_s_all:,.2f} total {clock}; "
+                      f"{rate.prompts_per_s_5m:,.2f} total {recent}"),
+        ("output tokens/s", f"{rate.output_tokens_per_s_all:,.0f} total of {gpus} GPU"
                             f"{'s' if gpus != 1 else ''} {clock}{per_gpu}; "
-                            f"{rate['output_tokens_per_s_5m']:,.0f} total {recent}"),
+                            f"{rate.output_tokens_per_s_5m:,.0f} total {recent}"),
     ]
 
 
@@ -188,36 +181,35 @@ def _span(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 60 else format_duration(seconds)
 
 
-def canary_html(status: Mapping[str, Any]) -> str:
-    canary, quality = status["canary"], status.get("quality")
-    if not canary.get("enabled"):
+def canary_html(canary: Canary, quality: QualityPause | None) -> str:
+    if not canary.enabled:
         lines = ["The quality canary was off for this job (--no-canary)."]
     else:
-        lines = [f"It saw {canary['answers_seen']:,} answers; it judges once it has "
-                 f"{canary['min_completions']:,}."]
+        lines = [f"It saw {canary.answers_seen:,} answers; it judges once it has "
+                 f"{canary.min_completions:,}."]
     if quality:
-        lines.append(f"It paused the job after {quality['detected_after']:,} answers"
+        lines.append(f"It paused the job after {quality.detected_after:,} answers"
                      + (" (then the pause was accepted with resume --accept-quality)."
-                        if quality["accepted"] else "."))
-        lines += [f"example: {example}" for example in quality["examples"][:5]]
-    elif canary.get("enabled"):
+                        if quality.accepted else "."))
+        lines += [f"example: {asdict(example)}" for example in quality.examples[:5]]
+    elif canary.enabled:
         lines.append("It never paused the job.")
-    if canary.get("enabled"):
+    if canary.enabled:
         lines += _canary_end_words(canary)
     return "\n".join(f"<p>{_e(line)}</p>" for line in lines)
 
 
-def _canary_end_words(canary: Mapping[str, Any]) -> list[str]:
+def _canary_end_words(canary: Canary) -> list[str]:
     """The end-of-job judgement in words (status's `judged_at_end` and `end_verdict`)."""
-    end = canary.get("end_verdict")
+    end = canary.end_verdict
     if end:
-        if not end.get("judged"):
-            return [f"At the job's end it had {end['answers']:,} answers, too few to judge."]
-        verdict = end.get("verdict")
-        return [f"It judged all {end['answers']:,} answers at the job's end: "
+        if not end.judged:
+            return [f"At the job's end it had {end.answers:,} answers, too few to judge."]
+        verdict = end.verdict
+        return [f"It judged all {end.answers:,} answers at the job's end: "
                 + (verdict if verdict else "healthy.")]
-    if canary.get("judged_at_end"):
-        return [f"The job has fewer than {canary['min_completions']:,} prompts: it is judged "
+    if canary.judged_at_end:
+        return [f"The job has fewer than {canary.min_completions:,} prompts: it is judged "
                 "once, at its end (not yet)."]
     return []
 
@@ -237,7 +229,7 @@ def workers_html(workers: Mapping[str, Mapping[str, float]], elapsed_s: float) -
     from fleetgen.fleet import fleet_rows  # here, as in build_report: it brings httpx
 
     # Per GPU over the job's clock: the `job tok/s` column of `status`, by the same code.
-    per_s = {row["worker"]: row["job_output_tokens_per_s"]
+    per_s = {row.worker: row.job_output_tokens_per_s
              for row in fleet_rows({}, {}, workers, elapsed_s)}
     rows = "\n".join(
         f"<tr><td>{_e(name)}</td><td class=num>{int(w.get('prompts_done', 0)):,}</td>"
@@ -286,7 +278,7 @@ Series = dict[str, list[tuple[int, float, float]]]
 
 
 def throughput_series(minutes: Mapping[str, Mapping[int, Mapping[str, float]]],
-                      rate: Mapping[str, Any]) -> Series:
+                      rate: Rate) -> Series:
     """worker -> (minute of the job, prompts/s, output tokens/s) of this GPU, each minute over
     the seconds of it on the job's clock (`jobview.per_second`, the clock `status` reports)."""
     from fleetgen.jobview import per_second
@@ -295,7 +287,7 @@ def throughput_series(minutes: Mapping[str, Mapping[int, Mapping[str, float]]],
     out: Series = {}
     for worker, per in sorted(minutes.items()):
         span = {m: per.get(m, {"prompts": 0.0, "tokens": 0.0}) for m in range(first, max(per) + 1)}
-        rates = per_second(span, rate["clock_start"], rate["clock_end"])
+        rates = per_second(span, rate.clock_start, rate.clock_end)
         out[worker] = [(m - first, r["prompts"], r["tokens"]) for m, r in sorted(rates.items())]
     return out
 
@@ -304,7 +296,7 @@ def throughput_plot(series: Series) -> str:
     fig, axes = _figure(1, 2)
     (prompts_ax, tokens_ax) = axes[0]
     if not series:
-        # Also a job whose workers predate the per-worker minute counters.
+        # No prompt of the job finished yet.
         _empty(prompts_ax, "no per-GPU counts recorded")
         _empty(tokens_ax, "no per-GPU counts recorded")
     elif all(len(points) == 1 for points in series.values()):
@@ -337,17 +329,16 @@ def _one_minute_bars(fig: Any, prompts_ax: Any, tokens_ax: Any, series: Series) 
     return _png(fig)
 
 
-def capacity_plot(servers: Mapping[str, Mapping[str, Any]]) -> str:
+def capacity_plot(servers: Mapping[str, WorkerEntry]) -> str:
     fig, axes = _figure(1, 1, height=max(2.4, 0.5 * len(servers) + 1.2))
     ax = axes[0][0]
     if not servers:
         _empty(ax, "no worker registered")
         return _png(fig)
     names = sorted(servers)
-    labels = [f"{n}\n{servers[n].get('server') or ''}" for n in names]
-    running = [float((servers[n].get("reading") or {}).get("running")
-                     or servers[n].get("in_flight") or 0) for n in names]
-    capacity = [float(servers[n].get("effective_max_running_requests") or 0) for n in names]
+    labels = [f"{n}\n{servers[n].server or ''}" for n in names]
+    running = [float(servers[n].reading.running or servers[n].in_flight or 0) for n in names]
+    capacity = [float(servers[n].effective_max_running_requests or 0) for n in names]
     ax.barh(labels, capacity, color="#d9e2ef", label="capacity")
     ax.barh(labels, running, color="#3b6fb6", height=0.5, label="running")
     ax.set_xlabel("requests")

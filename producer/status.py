@@ -6,55 +6,59 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fleetgen.ledger import STATE_CREATING, STATE_RUNNING
 
+# Types only: the job view brings httpx and the fleet reader, which the commands that use
+# `format_duration` alone need not load.
+if TYPE_CHECKING:
+    from fleetgen.fleet import FleetRow
+    from fleetgen.jobview import JobStatus, Stalled
 
-def render(status: dict[str, Any]) -> str:
-    """The status dict as a screenful of text."""
+
+def render(status: JobStatus) -> str:
+    """The status as a screenful of text."""
     s = status
     lines = [
-        f"job {s['job']}  [{s['state']}]{'  ' + s['reason'] if s['reason'] else ''}  -> {s['output']}",
-        *_render_stalled(s.get("stalled")),
+        f"job {s.job}  [{s.state}]{'  ' + s.reason if s.reason else ''}  -> {s.output}",
+        *_render_stalled(s.stalled),
         *_render_progress(s),
         *_render_quality(s),
         *_render_breaker(s),
     ]
-    if s["errors"]:
-        lines.append("  errors    " + ", ".join(f"{k} {v:,}" for k, v in s["errors"].items()))
-    lines.append(f"  written   {_bytes(s['bytes_written'])}")
-    if s.get("fleet") is not None:
-        lines += ["", *(render_fleet(s["fleet"]) if s["fleet"] else ["  no workers registered"])]
-    elif s["workers"]:
+    if s.errors:
+        lines.append("  errors    " + ", ".join(f"{k} {v:,}" for k, v in s.errors.items()))
+    lines.append(f"  written   {_bytes(s.bytes_written)}")
+    if s.fleet is not None:
+        lines += ["", *(render_fleet(s.fleet) if s.fleet else ["  no workers registered"])]
+    elif s.workers:
         lines += ["", f"  {'worker':<28} {'done':>8} {'failed':>7} {'out tokens':>12} {'batches':>8}"]
-        for name, w in sorted(s["workers"].items()):
+        for name, w in sorted(s.workers.items()):
             lines.append(
                 f"  {name:<28} {int(w.get('prompts_done', 0)):>8,} {int(w.get('prompts_failed', 0)):>7,}"
                 f" {int(w.get('output_tokens', 0)):>12,} {int(w.get('batches_done', 0)):>8,}")
-    if s.get("worker_errors"):
+    if s.worker_errors:
         lines += ["", "  last errors of workers:"]
-        for e in s["worker_errors"]:
-            lines.append(f"  {e['worker']:<22} {_ago(e['age_s']):>8} ago  job {e['job']}: "
-                         f"{e['error']}")
+        for e in s.worker_errors:
+            lines.append(f"  {e.worker:<22} {_ago(e.age_s):>8} ago  job {e.job}: {e.error}")
     return "\n".join(lines)
 
 
-def _render_stalled(stalled: dict[str, Any] | None) -> list[str]:
+def _render_stalled(stalled: Stalled | None) -> list[str]:
     if stalled is None:
         return []
-    if stalled["reason"] == "no_consumer":
-        live = ", ".join(stalled["live_queues"]) or "none: no live worker"
-        return [f"  stalled: no worker consumes queue {stalled['queue']} (live workers "
+    if stalled.reason == "no_consumer":
+        live = ", ".join(stalled.live_queues or []) or "none: no live worker"
+        return [f"  stalled: no worker consumes queue {stalled.queue} (live workers "
                 f"consume {live})"]
-    line = f"  stalled: no batch finished for {_ago(stalled['idle_s'])}"
-    error = stalled["last_error"]
-    if error is None and stalled["not_ready"]:
-        return [line + f"; servers not ready for {', '.join(stalled['not_ready'])}"]
+    line = f"  stalled: no batch finished for {_ago(stalled.idle_s or 0.0)}"
+    error = stalled.last_error
+    if error is None and stalled.not_ready:
+        return [line + f"; servers not ready for {', '.join(stalled.not_ready)}"]
     if error is None:
         return [line + "; no worker reported an error (are any running?)"]
-    return [f"{line}; last error on {error['worker']} ({_ago(error['age_s'])} ago): "
-            f"{error['error']}"]
+    return [f"{line}; last error on {error.worker} ({_ago(error.age_s)} ago): {error.error}"]
 
 
 def _ago(seconds: float) -> str:
@@ -66,74 +70,74 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _render_progress(s: dict[str, Any]) -> list[str]:
-    total = s["total"] or 1
-    pct = 100.0 * (s["done"] + s["failed"]) / total
-    r, t, b = s["rate"], s["tokens"], s["batches"]
-    if s["eta_s"] is not None:
-        eta = format_duration(s["eta_s"])
+def _render_progress(s: JobStatus) -> list[str]:
+    total = s.total or 1
+    pct = 100.0 * (s.done + s.failed) / total
+    r, t, b = s.rate, s.tokens, s.batches
+    if s.eta_s is not None:
+        eta = format_duration(s.eta_s)
     else:
-        eta = s["state"] if s["state"] != STATE_RUNNING else "unknown"
+        eta = s.state if s.state != STATE_RUNNING else "unknown"
     # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`).
-    stopped = " (stopped)" if s["state"] not in (STATE_RUNNING, STATE_CREATING) else ""
-    waiting = f"queued {s['queued']:,}" + (f"  held {s['held']:,} ({s['state']})" if s["held"] else "")
+    stopped = " (stopped)" if s.state not in (STATE_RUNNING, STATE_CREATING) else ""
+    waiting = f"queued {s.queued:,}" + (f"  held {s.held:,} ({s.state})" if s.held else "")
     return [
-        (f"  prompts   {s['done'] + s['failed']:,}/{s['total']:,} ({pct:.1f}%)  done {s['done']:,}"
-         f"  failed {s['failed']:,}  checkpointed {s['checkpointed']:,}"
-         f"  in flight {s['in_flight']:,}  in hand {s['in_hand'] - s['in_flight']:,}  {waiting}"),
-        f"  batches   {b['done']:,}/{b['total']:,} done, {b['running']:,} running, {b['queued']:,} queued",
-        (f"  rate      last {format_duration(r['window_s'])} {r['prompts_per_s_5m']:,.2f} prompts/s,"
-         f" {r['output_tokens_per_s_5m']:,.0f} out tok/s;  overall {r['prompts_per_s_all']:,.2f}"
-         f" prompts/s, {r['output_tokens_per_s_all']:,.0f} out tok/s (all GPUs)"),
-        f"  time      elapsed {format_duration(s['elapsed_s'])}{stopped}   ETA {eta}",
-        (f"  tokens    in {t['input']:,}  out {t['output']:,}  avg out {t['avg_output'] or 0:,.0f}"
-         f"  reasoning share {100 * (t['reasoning_share'] or 0):.0f}%"),
-        "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s["finish_reasons"].items()) or "-")
-        + f"   empty content {s['empty_content']:,}",
+        (f"  prompts   {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
+         f"  failed {s.failed:,}  checkpointed {s.checkpointed:,}"
+         f"  in flight {s.in_flight:,}  in hand {s.in_hand - s.in_flight:,}  {waiting}"),
+        f"  batches   {b.done:,}/{b.total:,} done, {b.running:,} running, {b.queued:,} queued",
+        (f"  rate      last {format_duration(r.window_s)} {r.prompts_per_s_5m:,.2f} prompts/s,"
+         f" {r.output_tokens_per_s_5m:,.0f} out tok/s;  overall {r.prompts_per_s_all:,.2f}"
+         f" prompts/s, {r.output_tokens_per_s_all:,.0f} out tok/s (all GPUs)"),
+        f"  time      elapsed {format_duration(s.elapsed_s)}{stopped}   ETA {eta}",
+        (f"  tokens    in {t.input:,}  out {t.output:,}  avg out {t.avg_output or 0:,.0f}"
+         f"  reasoning share {100 * (t.reasoning_share or 0):.0f}%"),
+        "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s.finish_reasons.items()) or "-")
+        + f"   empty content {s.empty_content:,}",
     ]
 
 
-def _render_quality(s: dict[str, Any]) -> list[str]:
-    q, c = s.get("quality"), s.get("canary")
+def _render_quality(s: JobStatus) -> list[str]:
+    q, c = s.quality, s.canary
     if not q:
-        end = c.get("end_verdict") if c else None
-        if c and c["enabled"] and end:
-            if not end.get("judged"):
-                return [f"  canary    not judged: the job ended with {end['answers']:,} answers,"
+        end = c.end_verdict
+        if c.enabled and end:
+            if not end.judged:
+                return [f"  canary    not judged: the job ended with {end.answers:,} answers,"
                         " too few to tell"]
-            return [f"  canary    judged all {end['answers']:,} answers at the job's end: healthy"]
-        if c and c["enabled"] and c.get("judged_at_end"):
-            return [(f"  canary    watching: {c['answers_seen']:,} answers seen (the job is"
-                     f" smaller than {c['min_completions']:,}: judged at its end)")]
-        if c and c["enabled"]:
-            return [(f"  canary    watching: {c['answers_seen']:,} answers seen"
-                     f" (judges from {c['min_completions']:,})")]
-        return ["  canary    off"] if c else []
-    lines = [(f"  quality   canary fired after {q['detected_after']:,} answers"
-              f"{' (accepted by user: going on)' if q['accepted'] else ''}; examples:")]
-    for ex in q["examples"]:
-        lines.append(f"            {ex['id']}: {ex['content']!r} ({ex['output_tokens']} tokens"
-                     f"{', cut at max_tokens' if ex.get('length') else ''})")
-    if not q["accepted"] and s["state"] == "paused":
-        lines.append(f"            go on anyway: python -m producer resume {s['job']} --accept-quality")
+            return [f"  canary    judged all {end.answers:,} answers at the job's end: healthy"]
+        if c.enabled and c.judged_at_end:
+            return [(f"  canary    watching: {c.answers_seen:,} answers seen (the job is"
+                     f" smaller than {c.min_completions:,}: judged at its end)")]
+        if c.enabled:
+            return [(f"  canary    watching: {c.answers_seen:,} answers seen"
+                     f" (judges from {c.min_completions:,})")]
+        return ["  canary    off"]
+    lines = [(f"  quality   canary fired after {q.detected_after:,} answers"
+              f"{' (accepted by user: going on)' if q.accepted else ''}; examples:")]
+    for ex in q.examples:
+        lines.append(f"            {ex.id}: {ex.content!r} ({ex.output_tokens} tokens"
+                     f"{', cut at max_tokens' if ex.length else ''})")
+    if not q.accepted and s.state == "paused":
+        lines.append(f"            go on anyway: python -m producer resume {s.job} --accept-quality")
     return lines
 
 
-def _render_breaker(s: dict[str, Any]) -> list[str]:
-    b = s.get("breaker")
+def _render_breaker(s: JobStatus) -> list[str]:
+    b = s.breaker
     if not b:
         return []
     lines = []
-    if b["cause"] and s["state"] == "paused":
+    if b.cause and s.state == "paused":
         lines.append("  failures  the failure breaker paused the job; example:")
-        if b["example"]:
-            ex = b["example"]
-            lines.append(f"            {ex['id']}: {ex['message'][:200]} ({ex['code']})")
+        if b.example:
+            ex = b.example
+            lines.append(f"            {ex.id}: {ex.message[:200]} ({ex.code})")
         lines += [f"            fix the cause, then send them again: python -m producer resume "
-                  f"{s['job']}",
-                  f"            or keep them as failures: python -m producer resume {s['job']} "
+                  f"{s.job}",
+                  f"            or keep them as failures: python -m producer resume {s.job} "
                   "--accept-failures"]
-    lines += [f"  failures  accepted, not pausing the job: {cause}" for cause in b["accepted"]]
+    lines += [f"  failures  accepted, not pausing the job: {cause}" for cause in b.accepted]
     return lines
 
 
@@ -153,7 +157,7 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def render_fleet(rows: list[dict[str, Any]]) -> list[str]:
+def render_fleet(rows: list[FleetRow]) -> list[str]:
     """The per-GPU table for people, grouped by node when there are several; a server that did
     not answer shows `down`.
 
@@ -162,29 +166,43 @@ def render_fleet(rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'run/max':>9} {'asked':>5} {'queue':>5}"
              f" {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6} | {'job done':>8}"
              f" {'job tok/s':>9}"]
-    hosts = {row.get("host") for row in rows}
+    hosts = {row.host for row in rows}
     host: object = object()
     for row in rows:
-        if len(hosts) > 1 and row.get("host") != host:
-            host = row.get("host")
+        if len(hosts) > 1 and row.host != host:
+            host = row.host
             lines.append(f"  node {host or '?'}")
-        server = (row["server"] or "-").removeprefix("http://").removeprefix("https://")
-        asked = row["requested_max"] if row["requested_max"] != row["effective_max"] else None
-        if row["server_state"] == "up":
-            run_max = f"{_num(row['running'])}/{_num(row['effective_max'])}"
-            live = (f"{run_max:>9} {_num(asked) if asked else '':>5} {_num(row['queue']):>5}"
-                    f" {_pct(row['token_usage']):>7} {_pct(row['mamba_usage']):>5}"
-                    f" {_num(row['gen_throughput']):>9} {_dec(row['accept_length']):>6}")
+        server = (row.server or "-").removeprefix("http://").removeprefix("https://")
+        asked = row.requested_max if row.requested_max != row.effective_max else None
+        if row.server_state == "up":
+            run_max = f"{_num(row.running)}/{_num(row.effective_max)}"
+            live = (f"{run_max:>9} {_num(asked) if asked else '':>5} {_num(row.queue):>5}"
+                    f" {_pct(row.token_usage):>7} {_pct(row.mamba_usage):>5}"
+                    f" {_num(row.gen_throughput):>9} {_dec(row.accept_length):>6}")
         else:
-            live = f"{row['server_state']:>9} {'':>5} {'':>5} {'':>7} {'':>5} {'':>9} {'':>6}"
+            live = f"{row.server_state:>9} {'':>5} {'':>5} {'':>7} {'':>5} {'':>9} {'':>6}"
         lines.append(
-            f"  {row['worker'][:22]:<22} {row['worker_state']:<12} {server[:22]:<22} {live} |"
-            f" {row['job_prompts_done']:>8,} {_num(row['job_output_tokens_per_s']):>9}"
+            f"  {row.worker[:22]:<22} {row.worker_state:<12} {server[:22]:<22} {live} |"
+            f" {row.job_prompts_done:>8,} {_num(row.job_output_tokens_per_s):>9}"
         )
-    lines += [f"  {row['worker']}: {row['server_kind']}; {_num(row.get('limit'))} in flight at "
-              f"most ({row['capacity_source']})"
-              for row in rows if row.get("server_kind") and row.get("capacity_source")]
-    return lines
+    lines += [f"  {row.worker}: {row.server_kind}; {_num(row.limit)} in flight at "
+              f"most ({row.capacity_source})"
+              for row in rows if row.server_kind and row.capacity_source]
+    return lines + _render_tuning(rows)
+
+
+def _render_tuning(rows: list[FleetRow]) -> list[str]:
+    """One line when live servers run different caps: a node trying flags on one GPU (`launcher
+    up --tune`, `launcher tune`) or rolling them out; its node's `launcher status` says which."""
+    caps: dict[int, list[str]] = {}
+    for row in rows:
+        if row.server_state == "up" and row.effective_max is not None:
+            caps.setdefault(row.effective_max, []).append(row.worker.partition("@")[0])
+    if len(caps) < 2:
+        return []
+    spread = "; ".join(f"{cap} on {', '.join(names)}" for cap, names in sorted(caps.items()))
+    return [f"  tuning: servers run different caps ({spread}): `launcher status` on their "
+            "node names the flags"]
 
 
 def _num(value: float | None) -> str:

@@ -20,6 +20,7 @@ import orjson
 
 from fleetgen import keys
 from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.jobview import JobStatus
 from fleetgen.ledger import Ledger
 from fleetgen.retry import REDIS_ERRORS
 from launcher.child import ChildProcess
@@ -230,13 +231,13 @@ def read_results(folder: Path, job: str) -> tuple[list[dict[str, Any]], list[dic
     return results, errors
 
 
-def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def wait_job_done(stack: Stack, job: str, timeout: float,
+                  on_tick: Callable[[JobStatus], None] | None = None) -> JobStatus:
     from fleetgen.jobview import job_status
-    from fleetgen.ledger import Ledger
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
+    status: JobStatus | None = None
     while time.monotonic() < deadline:
         try:
             status = job_status(ledger, job)
@@ -245,7 +246,7 @@ def wait_job_done(stack: Stack, job: str, timeout: float, on_tick: Callable[[dic
             continue
         if on_tick:
             on_tick(status)
-        if status["state"] == "done":
+        if status.state == "done":
             return status
         time.sleep(0.2)
     raise AssertionError(f"job {job} not done in {timeout}s: {status}\n{stack.logs()}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fleetgen.checkpoints import RECORD_GROUP, CheckpointWriter, Entry, Outcomes
 from fleetgen.errors import JobError
 from fleetgen.jobview import job_status
 from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.liveledger import LiveLedger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
@@ -232,7 +234,7 @@ def judge(redis_url: str, job: str, window: list[str], failures: list[dict[str, 
         try:
             state, accepted = await r.hmget(keys.job(job), "state", "breaker_accepted")
             seen = Outcomes(state, accepted, [o.encode() for o in window])
-            await Breaker(r, limits, held.append).judge(
+            await Breaker(LiveLedger(r), limits, held.append).judge(
                 job, [entry(job, "b000001", x) for x in failures], seen)
         finally:
             await r.aclose()
@@ -251,8 +253,9 @@ def test_a_trip_pauses_the_job_with_the_cause_the_count_and_one_example(
     assert state == STATE_PAUSED
     assert reason.startswith(f"failures: 20 of the last 20 prompts failed with {TOO_LONG!r}; ")
     assert f"python -m producer resume {JOB}" in reason and "--accept-failures" in reason
-    breaker = job_status(ledger, JOB)["breaker"]
-    assert breaker == {"cause": TOO_LONG, "accepted": [], "example": {
+    breaker = job_status(ledger, JOB).breaker
+    assert breaker is not None
+    assert asdict(breaker) == {"cause": TOO_LONG, "accepted": [], "example": {
         "id": "p8", "code": "context_length_exceeded",
         "message": "The input (41234 tokens) is longer than the model's context length "
                    "(40960 tokens)."}}
@@ -337,8 +340,8 @@ def test_resume_sends_the_causes_failures_again_from_checkpoints_and_written_bat
     assert stats["error_context_length_exceeded"] == written["error_context_length_exceeded"] == 0
     assert outcomes(redis_client) == []
     status = job_status(ledger, JOB)
-    assert status["breaker"] is None
-    assert (status["failed"], status["checkpointed"]) == (1, 1)
+    assert status.breaker is None
+    assert (status.failed, status.checkpointed) == (1, 1)
 
 
 def test_resume_accept_failures_keeps_them_and_the_breaker_ignores_that_cause_after(
@@ -349,7 +352,7 @@ def test_resume_accept_failures_keeps_them_and_the_breaker_ignores_that_cause_af
     assert (resumed.cause, resumed.resent, resumed.accepted) == (TOO_LONG, 0, True)
     assert set(ledger.load_checkpoint(JOB, "b000002")) == {"p4", "p5", "p6"}
     assert ledger.all_batches(JOB) == ["b000001", "b000002"]
-    assert job_status(ledger, JOB)["breaker"]["accepted"] == [TOO_LONG]
+    assert job_status(ledger, JOB).breaker.accepted == [TOO_LONG]
     assert "failures  accepted, not pausing the job: " + TOO_LONG in render(job_status(ledger, JOB))
     assert judge(redis_url, JOB, [TOO_LONG] * 50, [too_long("p9")]) == []
     assert judge(redis_url, JOB, [REFUSED] * 20, [refused("p10")]) == [JOB]
@@ -421,8 +424,8 @@ def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_agai
 
     def paused_and_idle() -> bool:
         s = job_status(ledger, fault)
-        assert s["state"] != "done", "a job whose every prompt failed ended done"
-        return bool(s["state"] == "paused" and s["batches"]["running"] == 0)
+        assert s.state != "done", "a job whose every prompt failed ended done"
+        return bool(s.state == "paused" and s.batches.running == 0)
 
     try:
         wait_until(paused_and_idle, 120, what="job paused by the breaker")
@@ -431,12 +434,13 @@ def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_agai
     status = job_status(ledger, fault)
     failed = int(ledger.stats(fault)["prompts_failed"])
     assert 20 <= failed <= 50, failed
-    assert status["reason"].startswith("failures: ")
-    assert f"prompts failed with {cause_text!r}; fix the cause" in status["reason"]
-    example = status["breaker"]["example"]
+    assert status.reason.startswith("failures: ")
+    assert f"prompts failed with {cause_text!r}; fix the cause" in status.reason
+    assert status.breaker is not None and status.breaker.example is not None
+    example = status.breaker.example
     screen = stack.producer("status", fault, "--no-servers").stdout
     assert "[paused]  failures: " in screen, screen
-    assert f"{example['id']}: {message}" in screen, screen
+    assert f"{example.id}: {message}" in screen, screen
     assert f"resume {fault} --accept-failures" in screen, screen
 
     # The server is fixed: the same port, without the fault.
@@ -446,12 +450,12 @@ def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_agai
     sent = re.search(r"sending again (\d+) prompts that failed with ", out)
     assert sent and cause_text in out, out
     print(f"\nbreaker: {fault}, batches of {batch_size}: paused after {failed} failed prompts "
-          f"({status['failed']} in written batches, {status['checkpointed']} checkpointed); "
+          f"({status.failed} in written batches, {status.checkpointed} checkpointed); "
           f"resume sent {sent[1]} again")
     assert int(sent[1]) == failed
 
     try:
-        wait_until(lambda: job_status(ledger, fault)["state"] == "done", 120,
+        wait_until(lambda: job_status(ledger, fault).state == "done", 120,
                    what="job done after resume")
     except TimeoutError:
         raise AssertionError(f"{job_status(ledger, fault)}\n{stack.logs()}") from None

@@ -19,7 +19,7 @@ import pytest
 
 from fleetgen.canary import Thresholds, content_digest, evaluate, sample
 from fleetgen.errors import JobError
-from fleetgen.jobview import job_status
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
@@ -182,12 +182,12 @@ def run_job(stack: Stack, tmp_path: Path, job: str, sim_flags: tuple[str, ...], 
     return Ledger.from_url(stack.base_env["REDIS_URL"])
 
 
-def wait_paused_and_idle(stack: Stack, ledger: Ledger, job: str) -> dict[str, Any]:
+def wait_paused_and_idle(stack: Stack, ledger: Ledger, job: str) -> JobStatus:
     """The job paused and its last running batches finished."""
     def settled() -> bool:
         s = job_status(ledger, job)
-        assert s["state"] != "done", f"job {job} ran to done: the canary never fired"
-        return bool(s["state"] == "paused" and s["batches"]["running"] == 0)
+        assert s.state != "done", f"job {job} ran to done: the canary never fired"
+        return bool(s.state == "paused" and s.batches.running == 0)
 
     try:
         wait_until(settled, 90, what=f"job {job} paused by the canary")
@@ -202,12 +202,12 @@ def test_a_server_that_ignores_thinking_gets_its_job_paused_within_k_answers(
 ) -> None:
     ledger = run_job(stack, tmp_path, "thinking-off", (*PAUSED_SIM, "--mode", "thinking-off"))
     status = wait_paused_and_idle(stack, ledger, "thinking-off")
-    detected = status["quality"]["detected_after"]
+    detected = status.quality.detected_after
     print(f"\ncanary: thinking-off paused after {detected} answers "
-          f"({status['done']} done when the running batches finished)")
-    assert detected <= K + CANARY_EVERY and status["done"] < PROMPTS
-    assert status["reason"].startswith("quality: 100% of the last")
-    assert "have no reasoning although thinking is on" in status["reason"]
+          f"({status.done} done when the running batches finished)")
+    assert detected <= K + CANARY_EVERY and status.done < PROMPTS
+    assert status.reason.startswith("quality: 100% of the last")
+    assert "have no reasoning although thinking is on" in status.reason
     out = stack.producer("status", "thinking-off").stdout
     assert "[paused]  quality: 100% of the last" in out
     assert f"canary fired after {detected} answers" in out
@@ -220,12 +220,12 @@ def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_fini
 ) -> None:
     ledger = run_job(stack, tmp_path, "tiny", PAUSED_SIM, "--max-tokens", "64")
     status = wait_paused_and_idle(stack, ledger, "tiny")
-    detected = status["quality"]["detected_after"]
+    detected = status.quality.detected_after
     print(f"\ncanary: max_tokens=64 paused after {detected} answers "
-          f"({status['done']} done when the running batches finished)")
-    assert detected <= K + CANARY_EVERY and status["done"] < PROMPTS
-    assert "have an empty content" in status["reason"]
-    assert all(e["content"] == "" and e["length"] for e in status["quality"]["examples"])
+          f"({status.done} done when the running batches finished)")
+    assert detected <= K + CANARY_EVERY and status.done < PROMPTS
+    assert "have an empty content" in status.reason
+    assert all(e.content == "" and e.length for e in status.quality.examples)
     out = stack.producer("status", "tiny").stdout
     assert "[paused]  quality:" in out and "have an empty content" in out
     assert "(64 tokens, cut at max_tokens)" in out
@@ -234,10 +234,10 @@ def test_a_job_whose_tokens_all_go_to_thinking_is_paused_and_accept_quality_fini
     assert refused.returncode == 1 and "--accept-quality" in refused.stderr
     stack.producer("resume", "tiny", "--accept-quality")
     final = wait_job_done(stack, "tiny", timeout=120)
-    assert (final["done"], final["failed"]) == (PROMPTS, 0)
-    assert final["quality"]["accepted"] is True
+    assert (final.done, final.failed) == (PROMPTS, 0)
+    assert final.quality.accepted is True
     # The simulator's rare short answers end before 64 tokens; nearly all are cut.
-    assert final["finish_reasons"]["length"] > 0.8 * PROMPTS
+    assert final.finish_reasons["length"] > 0.8 * PROMPTS
 
 
 @pytest.mark.e2e
@@ -245,13 +245,13 @@ def test_a_healthy_job_is_judged_and_never_paused(stack: Stack, tmp_path: Path) 
     ledger = run_job(stack, tmp_path, "healthy", ())
     final = wait_job_done(stack, "healthy", timeout=120,
                           on_tick=lambda s: _never_paused(s))
-    assert (final["done"], final["failed"], final["quality"]) == (PROMPTS, 0, None)
+    assert (final.done, final.failed, final.quality) == (PROMPTS, 0, None)
     # The canary did look: it judged every answer past the first K, every 10 answers.
-    assert job_status(ledger, "healthy")["canary"]["answers_seen"] == PROMPTS > K
+    assert job_status(ledger, "healthy").canary.answers_seen == PROMPTS > K
 
 
-def _never_paused(status: dict[str, Any]) -> None:
-    assert status["state"] != "paused", status["reason"]
+def _never_paused(status: JobStatus) -> None:
+    assert status.state != "paused", status.reason
 
 
 def test_long_answers_digest_as_if_normalized_whole() -> None:
@@ -286,23 +286,23 @@ def test_a_job_smaller_than_the_window_with_two_thirds_empty_answers_is_judged_a
 
     def judged_and_written() -> bool:
         s = job_status(ledger, "small")
-        assert s["state"] != "done", "a small job with 2/3 empty answers ended [done]"
-        if s["done"] + s["failed"] + s["checkpointed"] == 60:
+        assert s.state != "done", "a small job with 2/3 empty answers ended [done]"
+        if s.done + s.failed + s.checkpointed == 60:
             seen.setdefault("answered", time.monotonic())
-        if s["state"] == "paused":
+        if s.state == "paused":
             seen.setdefault("paused", time.monotonic())
-        return bool(s["state"] == "paused" and s["done"] + s["failed"] == 60)
+        return bool(s.state == "paused" and s.done + s.failed == 60)
 
     wait_until(judged_and_written, 120, what="small job paused at its end")
     print(f"\ncanary: small job paused {seen['paused'] - seen.get('answered', seen['paused']):.1f}s"
           " after its last answer was seen")
     status = job_status(ledger, "small")
-    assert status["quality"]["detected_after"] == 60
+    assert status.quality.detected_after == 60
     # The simulator's rare short answers end before 64 tokens: a little under two thirds.
     share = re.match(r"quality: (\d+)% of the last 60 answers have an empty content",
-                     status["reason"])
-    assert share and 50 <= int(share[1]) <= 67, status["reason"]
-    assert "judged at the job's end (it has fewer than 200 prompts)" in status["reason"]
+                     status.reason)
+    assert share and 50 <= int(share[1]) <= 67, status.reason
+    assert "judged at the job's end (it has fewer than 200 prompts)" in status.reason
     out = stack.producer("status", "small").stdout
     assert "[paused]  quality:" in out and "resume small --accept-quality" in out
     refused = stack.producer("export", "small", "--to", str(tmp_path / "small-out.jsonl"),

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from fleetgen import keys
-from fleetgen.jobview import job_status
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from launcher.services import wait_until
 from tests.cluster import BUCKET, Cluster, leases_held
@@ -38,14 +38,14 @@ def enqueue(cluster: Cluster, tmp_path: Path, job: str, prompts: int) -> list[di
     return rows
 
 
-def status_of(ledger: Ledger, job: str) -> dict[str, Any]:
+def status_of(ledger: Ledger, job: str) -> JobStatus:
     return job_status(ledger, job)
 
 
 def wait_done(cluster: Cluster, ledger: Ledger, job: str, at_least: int, timeout: float,
               what: str) -> None:
     def reached() -> bool:
-        return int(status_of(ledger, job)["done"]) >= at_least
+        return int(status_of(ledger, job).done) >= at_least
 
     try:
         wait_until(reached, timeout, interval=0.5, what=what)
@@ -55,23 +55,23 @@ def wait_done(cluster: Cluster, ledger: Ledger, job: str, at_least: int, timeout
 
 def seconds_for(cluster: Cluster, ledger: Ledger, job: str, prompts: int) -> float:
     """Seconds the fleet takes for the next `prompts` answers of `job`."""
-    began, start = time.monotonic(), int(status_of(ledger, job)["done"])
+    began, start = time.monotonic(), int(status_of(ledger, job).done)
     wait_done(cluster, ledger, job, start + prompts, 600, f"{prompts} more answers")
     return time.monotonic() - began
 
 
 def finish_exactly_once(cluster: Cluster, ledger: Ledger, job: str, rows: list[dict[str, Any]],
-                        tmp_path: Path) -> dict[str, Any]:
+                        tmp_path: Path) -> JobStatus:
     """Wait for the end of `job`, export it, and check every input id is there exactly once."""
     def over() -> bool:
-        return bool(status_of(ledger, job)["state"] == "done")
+        return bool(status_of(ledger, job).state == "done")
 
     try:
         wait_until(over, 900, interval=0.5, what=f"job {job} done")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}: {status_of(ledger, job)}\n{cluster.logs()}") from None
     status = status_of(ledger, job)
-    assert (status["done"], status["failed"]) == (len(rows), 0), status
+    assert (status.done, status.failed) == (len(rows), 0), status
     target = tmp_path / f"{job}-export.jsonl"
     export = cluster.producer("export", job, "--to", str(target))
     assert "missing 0" in export.stdout, export.stdout
@@ -111,8 +111,8 @@ def test_a_third_node_joins_mid_job_takes_work_and_status_on_the_control_node_se
     node3 = cluster.start_node("node3")
     wait_until(lambda: leases_held(ledger.r, "join", "node3"), 120, interval=0.2,
                what="node3 working on the job")
-    print(f"join: node3 working at {status_of(ledger, 'join')['done']} answers", flush=True)
-    wait_done(cluster, ledger, "join", int(status_of(ledger, "join")["done"]) + 30, 300,
+    print(f"join: node3 working at {status_of(ledger, 'join').done} answers", flush=True)
+    wait_done(cluster, ledger, "join", int(status_of(ledger, "join").done) + 30, 300,
               "node3 warmed up")
 
     # `producer status` on the control node: every node's GPUs, read live at their published
@@ -137,7 +137,7 @@ def test_a_third_node_joins_mid_job_takes_work_and_status_on_the_control_node_se
 
     after = seconds_for(cluster, ledger, "join", 150)
     status = finish_exactly_once(cluster, ledger, "join", rows, tmp_path)
-    share = sum(int(w.get("prompts_done", 0)) for name, w in status["workers"].items()
+    share = sum(int(w.get("prompts_done", 0)) for name, w in status.workers.items()
                 if name.endswith("@node3"))
     assert share > 0
     ratio = before / after
@@ -207,6 +207,6 @@ def test_a_partitioned_node_loses_its_batches_and_takes_new_work_when_it_comes_b
 
 
 def _answered_by(ledger: Ledger, job: str, host: str) -> int:
-    workers = status_of(ledger, job)["workers"]
+    workers = status_of(ledger, job).workers
     return sum(int(w.get("prompts_done", 0)) for name, w in workers.items()
                if name.endswith(f"@{host}"))

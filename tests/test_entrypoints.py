@@ -74,7 +74,7 @@ def test_celery_worker_without_dash_a_serves_from_any_folder_and_says_when_it_is
     src = write_jsonl(tmp_path / "anywhere.jsonl", chat_rows(4))
     stack.producer("enqueue", str(src), "--job", "anywhere", "--output", str(tmp_path / "out"),
                    "--no-canary")
-    assert wait_job_done(stack, "anywhere", 120)["done"] == 4
+    assert wait_job_done(stack, "anywhere", 120).done == 4
 
 
 @pytest.mark.parametrize("argv", [["-A", "workers", "flower"], ["flower"]], ids=["-A", "CELERY_APP"])

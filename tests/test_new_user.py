@@ -33,6 +33,8 @@ from sim_helpers import running_sim
 import fleetgen.settings
 from fleetgen import canary
 from fleetgen.job import GenerationParams
+from fleetgen.jobview import Canary
+from fleetgen.ledger import EndVerdict
 from fleetgen.settings import Settings, SettingsError
 from launcher import demo, node
 from launcher.demo import DemoPorts
@@ -252,22 +254,22 @@ def test_the_demos_hints_name_this_interpreter_relative_to_the_working_directory
 # --- 9. the report page ------------------------------------------------------------------------
 
 
-def canary_status(**canary_fields: Any) -> dict[str, Any]:
-    return {"canary": {"enabled": True, "answers_seen": 12, "min_completions": 200,
-                       **canary_fields}, "quality": None}
+def canary_html(judged_at_end: bool, end_verdict: EndVerdict | None) -> str:
+    """The report's canary section for a job the canary watched and never paused."""
+    canary = Canary(enabled=True, answers_seen=12, min_completions=200,
+                    judged_at_end=judged_at_end, end_verdict=end_verdict)
+    return report.canary_html(canary, None)
 
 
 def test_the_reports_canary_section_speaks_words_not_field_names() -> None:
-    waiting = report.canary_html(canary_status(judged_at_end=True, end_verdict=None))
+    waiting = canary_html(judged_at_end=True, end_verdict=None)
     assert "judged_at_end" not in waiting and "None" not in waiting
     assert "fewer than 200 prompts: it is judged once, at its end" in waiting
-    healthy = report.canary_html(canary_status(
-        judged_at_end=True, end_verdict={"answers": 12, "judged": True, "verdict": None}))
+    healthy = canary_html(judged_at_end=True, end_verdict=EndVerdict(12, judged=True, verdict=None))
     assert "It judged all 12 answers at the job&#x27;s end: healthy." in healthy
-    too_few = report.canary_html(canary_status(
-        judged_at_end=True, end_verdict={"answers": 3, "judged": False, "verdict": None}))
+    too_few = canary_html(judged_at_end=True, end_verdict=EndVerdict(3, judged=False, verdict=None))
     assert "it had 3 answers, too few to judge" in too_few
-    large = report.canary_html(canary_status(judged_at_end=False, end_verdict=None))
+    large = canary_html(judged_at_end=False, end_verdict=None)
     assert "False" not in large and "end_verdict" not in large
 
 

@@ -71,7 +71,7 @@ from hypothesis.stateful import (
 from fleetgen import keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.errors import JobError, SinkError
-from fleetgen.jobview import job_status
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from fleetgen.records import is_failure
 from fleetgen.retry import REDIS_ERRORS
@@ -85,7 +85,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 # Failures of prompts never sent to a server (`tries == 0`) that the docs name: a batch whose
 # workers died holding it more than FLEETGEN_BATCH_MAX_ATTEMPTS times has its unsent prompts
 # failed with code batch_attempts_exhausted, "not sent: batch B was started N times and never
-# finished ..." (README, "Attempts"; workers/records.py). Nothing else may fail a prompt unsent.
+# finished ..." (docs/concepts.md#attempts; fleetgen/records.py). Nothing else may fail a prompt
+# unsent.
 UNSENT_FAILURE_CODES = frozenset({"batch_attempts_exhausted"})
 INTERRUPTED = re.compile(r"was started (\d+) times and never finished")
 # Reasons a prompt that reached a server may fail for here: the poison marker's context 400,
@@ -438,7 +439,7 @@ class OperatorActions(RuleBasedStateMachine):
         may come: its failures requeued already, S3 stopped ...)."""
         def failed() -> bool:
             try:
-                return bool(job_status(self.ledger(), job)["failed"])
+                return bool(job_status(self.ledger(), job).failed)
             except (*REDIS_ERRORS, JobError):
                 return False
 
@@ -593,10 +594,10 @@ class OperatorActions(RuleBasedStateMachine):
             if "did not finish" in ran.out:
                 model.rerun = True
 
-    def expect_nothing_written_lost(self, model: JobModel, before: dict[str, Any],
-                                    after: dict[str, Any]) -> None:
-        was = (before["done"], before["done"] + before["failed"])
-        now = (after["done"], after["done"] + after["failed"])
+    def expect_nothing_written_lost(self, model: JobModel, before: JobStatus,
+                                    after: JobStatus) -> None:
+        was = (before.done, before.done + before.failed)
+        now = (after.done, after.done + after.failed)
         assert now[0] >= was[0] and now[1] >= was[1], (
             f"{model.name}: FLUSHALL and its rebuild lost written prompts: status said {was[0]} "
             f"done, {was[1]} finished before, {now[0]} done, {now[1]} finished after")
@@ -625,19 +626,19 @@ class OperatorActions(RuleBasedStateMachine):
                 continue
             status = job_status(ledger, model.name)
             manifest = ledger.load_job(model.name)
-            assert status["total"] == manifest.prompts, status
-            assert status["done"] >= 0 and status["failed"] >= 0, \
-                f"{model.name}: negative count in status: done {status['done']}, " \
-                f"failed {status['failed']}"
-            assert status["done"] + status["failed"] <= status["total"], \
+            assert status.total == manifest.prompts, status
+            assert status.done >= 0 and status.failed >= 0, \
+                f"{model.name}: negative count in status: done {status.done}, " \
+                f"failed {status.failed}"
+            assert status.done + status.failed <= status.total, \
                 f"{model.name}: status counts more finished prompts than the job has: " \
-                f"done {status['done']} + failed {status['failed']} > total {status['total']}"
+                f"done {status.done} + failed {status.failed} > total {status.total}"
             expected = {"running": {"running", "done"}, "paused": {"paused"},
                         "cancelled": {"cancelled"}}[model.state]
             if model.rerun:
                 expected = expected | {"creating"}  # its enqueue did not finish
-            assert status["state"] in expected, \
-                f"{model.name}: status says {status['state']}, the operator made it {model.state}"
+            assert status.state in expected, \
+                f"{model.name}: status says {status.state}, the operator made it {model.state}"
 
     @invariant()
     def eta_is_zero_only_once_the_sink_holds_every_outcome(self) -> None:
@@ -650,14 +651,14 @@ class OperatorActions(RuleBasedStateMachine):
             if not model.touched or not ledger.job_exists(model.name):
                 continue
             status = job_status(ledger, model.name)
-            if status["eta_s"] != 0:
-                assert status["eta_s"] is None or status["eta_s"] > 0, status["eta_s"]
+            if status.eta_s != 0:
+                assert status.eta_s is None or status.eta_s > 0, status.eta_s
                 continue
-            batches = status["batches"]
-            assert batches["done"] == batches["total"], (
-                f"{model.name}: status says ETA 0, but {batches['done']} of {batches['total']} "
+            batches = status.batches
+            assert batches.done == batches.total, (
+                f"{model.name}: status says ETA 0, but {batches.done} of {batches.total} "
                 "batches are written")
-            figures = (status["done"], status["failed"], status["errors"])
+            figures = (status.done, status.failed, status.errors)
             if figures == model.verified:
                 continue
             sink = self.open_output(model.output)
@@ -748,11 +749,10 @@ class OperatorActions(RuleBasedStateMachine):
             model.state = "running"
         self.wait_done(model)
 
-    def wait_done(self, model: JobModel) -> dict[str, Any]:
+    def wait_done(self, model: JobModel) -> JobStatus:
         """Wait for `done`; fail after JOB_DEADLINE, or after STALL s with no prompt finishing."""
         began = last_change = time.monotonic()
         seen: tuple[int, ...] = ()
-        status: dict[str, Any] = {}
         while True:
             now = time.monotonic()
             try:
@@ -760,16 +760,16 @@ class OperatorActions(RuleBasedStateMachine):
             except REDIS_ERRORS:
                 time.sleep(0.5)
                 continue
-            if status["state"] == "done":
+            if status.state == "done":
                 self.transcript.append(f"  {model.name} done {now - began:.0f}s after healing")
                 return status
-            progress = (status["done"], status["failed"], status["batches"]["done"])
+            progress = (status.done, status.failed, status.batches.done)
             if progress != seen:
                 seen, last_change = progress, now
             assert now - last_change < STALL and now - began < JOB_DEADLINE, (
                 f"job {model.name} is not done {now - began:.0f}s after every fault was healed; "
                 f"nothing finished for {now - last_change:.0f}s: "
-                f"{ {k: status[k] for k in ('state', 'total', 'done', 'failed', 'batches')} }")
+                f"{status.state} {status.done}+{status.failed}/{status.total}, {status.batches}")
             time.sleep(0.5)
 
     def check_job(self, model: JobModel) -> None:
@@ -1001,7 +1001,7 @@ def replay(tmp_path: Path, workers: int, sizes: tuple[int, int], first: str,
         machine.teardown()
 
 
-def wait_status(m: OperatorActions, job: str, ok: Callable[[dict[str, Any]], bool], what: str) -> None:
+def wait_status(m: OperatorActions, job: str, ok: Callable[[JobStatus], bool], what: str) -> None:
     wait_until(lambda: ok(job_status(m.ledger(), job)), COMMAND_TIMEOUT, interval=0.2,
                what=f"{job}: {what}")
     m.check_now()
@@ -1076,7 +1076,7 @@ def test_interrupted_enqueue_then_resume_exports_every_prompt(tmp_path: Path) ->
         # the upload and starts it.
         ledger = m.ledger()
         assert ledger.job_state("beta")[0] == "creating"
-        wait_until(lambda: "interrupted" in (job_status(ledger, "beta")["reason"] or ""),
+        wait_until(lambda: "interrupted" in (job_status(ledger, "beta").reason or ""),
                    COMMAND_TIMEOUT, what="status saying beta's enqueue was interrupted")
         assert not ledger.queued_batches("beta") and not ledger.running_batches("beta")
 
@@ -1091,10 +1091,10 @@ def test_requeue_rounds_past_r99_concurrent_requeues_and_a_flushall_keep_every_p
     with replay(tmp_path, workers=1, sizes=(60, 200), first="alpha", rounds_from=(NEAR_100, 0),
                 sim_flags=SIM_FLAGS) as m:
         m.enqueue("beta", None, 0)
-        wait_status(m, "alpha", lambda s: s["failed"] > 0, "a failure written")
+        wait_status(m, "alpha", lambda s: s.failed > 0, "a failure written")
         m.requeue_twice_at_once("alpha")
         m.check_now()
-        wait_status(m, "alpha", lambda s: s["state"] == "done", "done, round r99 included")
+        wait_status(m, "alpha", lambda s: s.state == "done", "done, round r99 included")
         m.requeue_failed("alpha")
         assert {99, 100} <= m.jobs["alpha"].rounds, m.jobs["alpha"].rounds
         m.flushall({"alpha": "rebuild", "beta": "enqueue"})
@@ -1102,6 +1102,6 @@ def test_requeue_rounds_past_r99_concurrent_requeues_and_a_flushall_keep_every_p
         m.enqueue_nested("alpha", NESTED_JOB, "results")
         m.enqueue_nested("beta", NESTED_JOB, "")
         m.enqueue_nested("alpha", "results", "")
-        wait_status(m, "alpha", lambda s: s["state"] == "done", "done again")
+        wait_status(m, "alpha", lambda s: s.state == "done", "done again")
         m.requeue_failed("alpha")
         assert max(m.jobs["alpha"].rounds) > 100, m.jobs["alpha"].rounds

@@ -96,7 +96,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     manifest = JobManifest.from_json((out / "cut" / "manifest.json").read_bytes())
     assert not manifest.complete and manifest.prompts == 3000
     status = job_status(ledger, "cut")
-    assert status["state"] == "creating" and "run the same enqueue command" in status["reason"]
+    assert status.state == "creating" and "run the same enqueue command" in status.reason
     paused = stack.producer("pause", "cut", check=False)
     assert paused.returncode == 1 and "still being created" in paused.stderr
 
@@ -111,7 +111,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     _, url = stack.sim("sim0", "--max-running-requests", "64", "--instant")
     stack.worker(0, url)
     done = wait_job_done(stack, "cut", timeout=300)
-    assert (done["done"], done["failed"]) == (3000, 0)
+    assert (done.done, done.failed) == (3000, 0)
     lines, text = _exported(stack, "cut", tmp_path / "cut.jsonl")
     assert _ids(lines) == list(iter_ids(rows))
     assert "done 3,000  failed 0  missing 0" in text
@@ -181,7 +181,7 @@ def test_stop_and_resume_cycles_spend_no_attempt_and_fail_nothing(
             assert told["done"] + told["failed"] == len(exported) < 80
         stack.producer("resume", "cycles")
     status = wait_job_done(stack, "cycles", timeout=300)
-    assert (status["done"], status["failed"]) == (80, 0)
+    assert (status.done, status.failed) == (80, 0)
     attempts = ledger.r.hgetall(keys.job_part("cycles", "attempts"))
     assert {int(v) for v in attempts.values()} <= {0}, attempts
     lines, text = _exported(stack, "cycles", tmp_path / "cycles.jsonl")
@@ -213,13 +213,13 @@ def test_a_worker_killed_on_its_last_attempt_fails_only_unsent_prompts_with_the_
     assert all("not sent" in f["error"]["message"] and "last cause: its worker" in
                f["error"]["message"] for f in failures)
     # status, progress counters and export agree, and the failures are counted.
-    assert (status["done"], status["failed"]) == (20 - len(failures), len(failures))
-    assert status["errors"] == {UNSENT_ATTEMPTS_EXHAUSTED: len(failures)}
+    assert (status.done, status.failed) == (20 - len(failures), len(failures))
+    assert status.errors == {UNSENT_ATTEMPTS_EXHAUSTED: len(failures)}
     assert f"failed {len(failures)}  missing 0" in text
 
     stack.producer("requeue", "poison", "--failed")
     status = wait_job_done(stack, "poison", timeout=180)
-    assert (status["done"], status["failed"], status["errors"]) == (20, 0, {})
+    assert (status.done, status.failed, status.errors) == (20, 0, {})
     lines, _ = _exported(stack, "poison", tmp_path / "again.jsonl")
     assert _ids(lines) == list(iter_ids(rows)) and not any("custom_id" in x for x in lines)
 
@@ -242,7 +242,7 @@ def test_a_worker_whose_server_died_takes_no_more_batches(
     sim0.kill()
     seen = len(gpu0.log())
     status = wait_job_done(stack, "dead", timeout=300)
-    assert (status["done"], status["failed"]) == (400, 0)
+    assert (status.done, status.failed) == (400, 0)
     # Leases taken by gpu0 after its server died: at most one batch taken in the moment
     # before its first request failed (it used to take a dozen from the shared queue).
     after = gpu0.log()[seen:] if len(gpu0.log()) > seen else ""
@@ -276,7 +276,7 @@ def test_a_batch_delivered_during_an_s3_outage_waits_instead_of_failing(
         time.sleep(3)  # deliveries meet the outage now
         own_s3.start()
         status = wait_job_done(stack, "outage", timeout=300)
-        assert (status["done"], status["failed"]) == (40, 0)
+        assert (status.done, status.failed) == (40, 0)
         log = worker.log_path.read_text(errors="replace")
         # No task failed, no traceback, and no lease lapsed while a sink call waited.
         assert "raised unexpected" not in log and "Traceback" not in log, log[-4000:]

@@ -23,7 +23,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.errors import SinkUnusableError
-from fleetgen.jobview import job_status
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from fleetgen.sink import LocalSink
 from launcher.ports import free_port
@@ -129,34 +129,34 @@ def test_a_worker_that_cannot_write_the_jobs_output_hands_its_batches_back_to_a_
     enqueue(stack, tmp_path, "creds", 60, output=output)
 
     # Alone, the bad worker takes nothing from the job: status says why.
-    said: dict[str, Any] = {}
+    said: list[JobStatus] = []
 
     def status_names_the_error() -> bool:
         s = job_status(ledger, "creds")
-        said.update(s)
-        return bool(s["stalled"] and s["stalled"]["last_error"])
+        said[:] = [s]
+        return bool(s.stalled and s.stalled.last_error)
 
     wait_until(status_names_the_error, 90, interval=0.5, what="status names the stall")
     seen_after = time.monotonic() - fault
-    text = render(said)
+    text = render(said[0])
     print(f"\nbad credentials: `status` names the error {seen_after:.1f}s after enqueue")
     assert re.search(r"stalled: no batch finished for \d+ s; last error on gpu0@test "
                      r"\(\d+ s ago\): cannot use the output of job creds", text), text
     assert "access denied" in text, text
     assert "not-the-secret" not in text
-    assert said["worker_errors"][0]["worker"] == "gpu0@test"
-    assert said["done"] == 0
+    assert said[0].worker_errors[0].worker == "gpu0@test"
+    assert said[0].done == 0
     assert not redis_client.hgetall(keys.job_part("creds", "attempts"))
 
     stack.worker(1, url1)
     final = _wait_done(stack, ledger, "creds")
-    assert (final["done"], final["failed"]) == (60, 0)
+    assert (final.done, final.failed) == (60, 0)
     # Every attempt the good worker took was given back at its batch's end; the bad worker
     # never took one.
     attempts = {k.decode(): int(v) for k, v in
                 redis_client.hgetall(keys.job_part("creds", "attempts")).items()}
     assert set(attempts.values()) <= {0}, attempts
-    assert final["workers"].keys() == {"gpu1@test"}
+    assert final.workers.keys() == {"gpu1@test"}
     assert bad.alive()
     exported = tmp_path / "creds-export.jsonl"
     stack.producer("export", "creds", "--to", str(exported))
@@ -174,15 +174,16 @@ def test_a_job_pinned_to_a_queue_no_worker_consumes_says_so_in_status(
     wait_until(lambda: redis_client.hexists(keys.WORKERS, "gpu0@test"), 30, what="registered")
     fault = time.monotonic()
     enqueue(stack, tmp_path, "pinned", 20, "--queue", "gpu99")
-    said: dict[str, Any] = {}
+    said: list[JobStatus] = []
 
     def says_no_consumer() -> bool:
-        said.update(job_status(ledger, "pinned"))
-        return bool(said["stalled"])
+        said[:] = [job_status(ledger, "pinned")]
+        return bool(said[0].stalled)
 
     wait_until(says_no_consumer, 30, interval=0.2, what="status names the missing consumer")
     print(f"\nno consumer: `status` says so {time.monotonic() - fault:.1f}s after enqueue")
-    assert said["stalled"]["reason"] == "no_consumer"
+    stalled = said[0].stalled
+    assert stalled is not None and stalled.reason == "no_consumer"
     text = stack.producer("status", "pinned").stdout
     assert "stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)" \
         in text, text
@@ -190,7 +191,7 @@ def test_a_job_pinned_to_a_queue_no_worker_consumes_says_so_in_status(
     assert as_json["stalled"]["queue"] == "gpu99"
 
 
-def _wait_done(stack: Stack, ledger: Ledger, job: str) -> dict[str, Any]:
+def _wait_done(stack: Stack, ledger: Ledger, job: str) -> JobStatus:
     from tests.stack import wait_job_done
 
     return wait_job_done(stack, job, timeout=180)

@@ -81,7 +81,7 @@ def test_a_strict_server_and_a_vllm_server_answer_every_prompt_with_no_setting(
         # reason; the strict server fails none.
         assert all(x["error"]["code"] == "aborted" and "aborted the generation"
                    in x["error"]["message"] for x in failures), failures
-        assert (status["done"], status["failed"]) == (len(answers), len(failures))
+        assert (status.done, status.failed) == (len(answers), len(failures))
         assert job == "vllm" or not failures
     strict_log, vllm_log = ((tmp_path / f"gpu{n}.log").read_text() for n in (0, 1))
     assert "(openai, model 'sim/Qwen3.6-27B') does not state how many requests it runs at " \

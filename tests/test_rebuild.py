@@ -9,6 +9,7 @@ worker writes them (tests/test_requeue_rounds.py `SinkJob`); the last one runs r
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -103,17 +104,17 @@ def test_rerunning_the_same_enqueue_after_redis_lost_the_job_rebuilds_it_with_it
     assert (report.enqueued, report.skipped_done) == (2, 3)
     assert set(ledger.queued_batches("rounds")) == {"b000003", "r02-000001"}
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
-    assert {k: status[k] for k in ("done", "failed", "errors", "state")} == {
-        k: before[k] for k in ("done", "failed", "errors", "state")}
-    assert status["batches"] == {"total": 5, "done": 3, "running": 0, "queued": 2}
-    assert status["state"] == "running" and status["checkpointed"] == 0
+    assert (status.done, status.failed, status.errors, status.state) == (
+        before.done, before.failed, before.errors, before.state)
+    assert asdict(status.batches) == {"total": 5, "done": 3, "running": 0, "queued": 2}
+    assert status.state == "running" and status.checkpointed == 0
 
     # The round counter came back: the next round is r03, not a second r01.
     job.write("b000003", {"p00024": CONTEXT})
     assert job.requeue().round == 3
     job.write_pending()
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
-    assert (status["state"], status["done"], status["failed"]) == ("done", 30, 0)
+    assert (status.state, status.done, status.failed) == ("done", 30, 0)
     rows = [orjson.loads(x) for x in to.read_bytes().splitlines()]
     assert [r["id"] for r in rows] == job.ids
     assert rows[2]["content"] == "An answer from r02-000001."
@@ -142,13 +143,13 @@ def test_rebuild_puts_back_a_lost_job_says_what_it_found_and_keeps_checkpoints(
         "  kept 1 prompts checkpointed in Redis (their batches are not written yet)",
         "  re-dispatched 2 batches"]
     status = assert_status_is_the_export(capsys, ledger, "rounds", tmp_path / "e.jsonl")
-    assert status["checkpointed"] == 1 and status["batches"]["queued"] == 2
+    assert status.checkpointed == 1 and status.batches.queued == 2
     assert int(ledger.r.hget(keys.job("rounds"), keys.JOB_ROUNDS) or 0) == 2
 
     # Run again on a ledger that knows the job, it changes nothing and sends nothing twice.
     assert main(["rebuild", "rounds"]) == 0
     assert "re-dispatched 0 batches" in capsys.readouterr().out
-    assert job_status(ledger, "rounds")["checkpointed"] == 1
+    assert job_status(ledger, "rounds").checkpointed == 1
     code = main(["rebuild", "rounds", "--output", str(tmp_path / "elsewhere")])
     assert code == 1 and "writes to" in capsys.readouterr().err
 
@@ -212,8 +213,8 @@ def test_a_job_whose_redis_was_flushed_mid_way_is_rebuilt_by_its_enqueue_and_end
     partial = orjson.loads(stack.producer("export", "lost", "--to", str(tmp_path / "p.out"),
                                           "--partial", "--json").stdout)
     assert {k: status[k] for k in ("done", "failed")} == {k: partial[k] for k in ("done", "failed")}
-    assert status["errors"] == partial["failed_by_code"]
-    assert status["done"] >= 30 and status["state"] == "running"
+    assert status.errors == partial["failed_by_code"]
+    assert status.done >= 30 and status.state == "running"
 
     stack.worker(0, url, name="gpu0b")
     status = wait_job_done(stack, "lost", timeout=240)
@@ -222,6 +223,6 @@ def test_a_job_whose_redis_was_flushed_mid_way_is_rebuilt_by_its_enqueue_and_end
     assert (export["done"], export["failed"], export["missing"]) == (117, 3, 0)
     assert export["duplicates_dropped"] == 0
     assert {k: status[k] for k in ("done", "failed")} == {"done": 117, "failed": 3}
-    assert status["errors"] == export["failed_by_code"] == {CONTEXT: 3}
+    assert status.errors == export["failed_by_code"] == {CONTEXT: 3}
     lines = [orjson.loads(x) for x in (tmp_path / "all.jsonl").read_bytes().splitlines()]
     assert [x.get("custom_id") or x["id"] for x in lines] == list(iter_ids(rows))

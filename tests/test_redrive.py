@@ -34,7 +34,7 @@ def test_requeue_failed_sends_failed_prompts_again_and_export_keeps_the_latest_o
     stack.producer("enqueue", str(src), "--job", "redrive", "--output", str(out),
                    "--batch-size", "10", "--no-canary")
     status = wait_job_done(stack, "redrive", timeout=120)
-    assert (status["done"], status["failed"]) == (59, 1)
+    assert (status.done, status.failed) == (59, 1)
     partial = stack.producer("export", "redrive", "--to", str(tmp_path / "a.jsonl"))
     assert "done 59  failed 1  missing 0" in partial.stdout
     _assert_export_agrees_with_status(stack, "redrive", tmp_path / "a2.jsonl")
@@ -47,7 +47,7 @@ def test_requeue_failed_sends_failed_prompts_again_and_export_keeps_the_latest_o
     requeued = stack.producer("requeue", "redrive", "--failed")
     assert "requeued 1 failed prompts in 1 batches" in requeued.stdout
     status = wait_job_done(stack, "redrive", timeout=120)
-    assert (status["done"], status["failed"]) == (60, 0)
+    assert (status.done, status.failed) == (60, 0)
     assert "Nothing to do" in stack.producer("requeue", "redrive", "--failed").stdout
 
     report = stack.producer("export", "redrive", "--to", str(tmp_path / "b.jsonl"))
@@ -74,9 +74,9 @@ def _assert_export_agrees_with_status(stack: Stack, job: str, to: Path) -> None:
     status = orjson.loads(stack.producer("status", job, "--json", "--no-servers").stdout)
     assert {k: exported[k] for k in ("total", "done", "failed")} == {
         k: status[k] for k in ("total", "done", "failed")}
-    assert exported["missing"] == status["total"] - status["done"] - status["failed"] == 0
+    assert exported["missing"] == status.total - status.done - status.failed == 0
     # `requeue --failed` takes its prompts off their error code, which may leave a 0.
-    assert exported["failed_by_code"] == {k: n for k, n in status["errors"].items() if n}
+    assert exported["failed_by_code"] == {k: n for k, n in status.errors.items() if n}
 
 
 def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
@@ -101,7 +101,7 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     wait_until(lambda: not ledger.running_batches("stop"), 60, what="running batches stopped")
     held = job_status(ledger, "stop")
-    assert held["state"] == "cancelled" and held["done"] < 200
+    assert held.state == "cancelled" and held.done < 200
     resumed = stack.producer("resume", "stop")
     assert "re-dispatched" in resumed.stdout
     wait_job_done(stack, "stop", timeout=240)

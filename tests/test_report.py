@@ -23,7 +23,7 @@ import fleetgen.ledger
 from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
 from fleetgen.ledger import Ledger
 from fleetgen.records import Origin, counters, result_record, written_counts
-from producer.report import build_report, throughput_series, worker_minutes
+from producer.report import build_report, throughput_series
 from tests.browser import Browser
 from tests.stack import Stack, chat_rows, make_job, wait_job_done, write_jsonl
 
@@ -53,7 +53,7 @@ def test_the_report_is_one_html_page_that_shows_the_jobs_numbers_in_a_browser(
     stack.producer("enqueue", str(src), "--job", "pictured", "--output", str(tmp_path / "out"),
                    "--batch-size", "8", "--no-canary")
     status = wait_job_done(stack, "pictured", 180)
-    assert (status["done"], status["failed"]) == (PROMPTS - 1, 1)
+    assert (status.done, status.failed) == (PROMPTS - 1, 1)
 
     page = tmp_path / "pictured.html"
     result = stack.producer("report", "pictured", "--to", str(page))
@@ -128,13 +128,13 @@ def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_g
         ledger.finish_batch("brief", batch, written_counts(records), worker, [],
                             now=started + 2.5)
     report = build_report(ledger, "brief", now=started + 3600)
-    status, rate = report.status, report.status["rate"]
-    assert (status["state"], status["elapsed_s"]) == ("done", 2.5)
-    assert rate["output_tokens_per_s_all"] == 40 * 100 / 2.5
+    status, rate = report.status, report.status.rate
+    assert (status.state, status.elapsed_s) == ("done", 2.5)
+    assert rate.output_tokens_per_s_all == 40 * 100 / 2.5
     # The chart: per GPU, the minute over the 2.5 s the job ran in it; together, the total.
-    series = throughput_series(worker_minutes(ledger, "brief"), rate)
+    series = throughput_series(ledger.worker_minutes("brief"), rate)
     assert series == {"gpu0@a": [(0, 8.0, 800.0)], "gpu1@b": [(0, 8.0, 800.0)]}
-    assert sum(points[0][2] for points in series.values()) == rate["output_tokens_per_s_all"]
+    assert sum(points[0][2] for points in series.values()) == rate.output_tokens_per_s_all
     rows = summary(report.html)
     assert rows["elapsed"] == "2.5 s (the clock stopped)"
     assert rows["output tokens/s"] == ("1,600 total of 2 GPUs over the job's 2.5 s = 800 per "

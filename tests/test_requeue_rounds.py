@@ -19,7 +19,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.job import GenerationParams
-from fleetgen.jobview import job_status
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from fleetgen.records import Origin, error_record, is_failure, result_record, written_counts
 from fleetgen.sink import LocalSink, Sink, open_sink
@@ -109,10 +109,10 @@ def exported(capsys: pytest.CaptureFixture[str], job: str, to: Path,
 
 
 def assert_status_is_the_export(capsys: pytest.CaptureFixture[str], ledger: Ledger, job: str,
-                                to: Path) -> dict[str, Any]:
+                                to: Path) -> JobStatus:
     export = exported(capsys, job, to)
     status = job_status(ledger, job)
-    assert {"done": status["done"], "failed": status["failed"], "errors": status["errors"]} == {
+    assert {"done": status.done, "failed": status.failed, "errors": status.errors} == {
         "done": export["done"], "failed": export["failed"], "errors": export["failed_by_code"]}
     return status
 
@@ -141,19 +141,19 @@ def test_rounds_past_ninety_nine_are_read_by_number_and_status_counts_what_expor
     job.write_pending(fail={"p00001": SERVER, "p00002": SERVER})
     to = tmp_path / "e.jsonl"
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
-    assert (status["failed"], status["errors"]) == (2, {SERVER: 2})
+    assert (status.failed, status.errors) == (2, {SERVER: 2})
 
     # Round 100's failures are the newest: those are taken out of the figures, not round 99's.
     report = job.requeue()
     assert (report.round, report.prompts) == (101, 2)
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
-    assert (status["done"], status["failed"], status["errors"]) == (28, 0, {})
+    assert (status.done, status.failed, status.errors) == (28, 0, {})
     assert sorted(job.round_inputs()) == ["r100-000001", "r101-000001", "r99-000001"]
 
     assert job.write_pending(fail={"p00002": CONTEXT}) == ["r101-000001"]
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
-    assert (status["state"], status["done"], status["failed"]) == ("done", 29, 1)
-    assert status["errors"] == {CONTEXT: 1}
+    assert (status.state, status.done, status.failed) == ("done", 29, 1)
+    assert status.errors == {CONTEXT: 1}
     rows = [orjson.loads(x) for x in to.read_bytes().splitlines()]
     assert [r.get("custom_id") or r["id"] for r in rows] == job.ids
     assert rows[1]["content"] == "An answer from r101-000001."
@@ -217,12 +217,12 @@ def test_two_requeues_at_once_send_each_failed_prompt_once(
     assert [(r.prompts, r.batches) for r in second] == [(0, 0)]
     assert job.round_inputs() == {"r01-000001": ["p00003", "p00014", "p00025"]}
     status = assert_status_is_the_export(capsys, ledger, "rounds", tmp_path / "e.jsonl")
-    assert (status["done"], status["failed"]) == (27, 0)
+    assert (status.done, status.failed) == (27, 0)
 
     job.write_pending()
     export = exported(capsys, "rounds", tmp_path / "e.jsonl")
     assert (export["done"], export["duplicates_dropped"]) == (30, 0)
-    assert job_status(ledger, "rounds")["done"] == 30
+    assert job_status(ledger, "rounds").done == 30
 
 
 def test_a_requeue_waiting_for_a_lock_another_command_keeps_says_who_holds_it(

@@ -33,7 +33,9 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from fleetgen import keys
+from fleetgen.fleet import WorkerEntry
 from fleetgen.ledger import Ledger
+from fleetgen.readings import ServerReading
 from fleetgen.redact import redact, redact_argv
 from fleetgen.settings import Settings, SettingsError
 from launcher.ports import free_port
@@ -422,12 +424,16 @@ def listener() -> Iterator[Listener]:
 
 def plant(r: Any, server: str) -> None:
     """A registry entry as anyone with write access to Redis could write it."""
-    entry = {"worker": "gpu9@planted", "host": socket.gethostname(), "server": server,
-             "state": "ready", "updated": time.time()}
-    r.hset(keys.WORKERS, "gpu9@planted", orjson.dumps(entry))
+    entry = WorkerEntry(
+        worker="gpu9@planted", host=socket.gethostname(), pid=1, queues=["gpu9"],
+        last_error=None, server=server, local_server=server,
+        reading=ServerReading("up"), state="ready", server_kind=None,
+        effective_max_running_requests=None, requested_max_running_requests=None,
+        capacity_source=None, limit=1, in_flight=0, updated=time.time())
+    r.hset(keys.WORKERS, "gpu9@planted", entry.to_json())
 
 
-def test_a_server_planted_in_the_registry_gets_no_key_from_status_or_the_progress_writer(
+def test_a_server_planted_in_the_registry_gets_no_key_from_status_nor_a_request_from_the_progress_writer(
     stack: Stack, tmp_path: Path, redis_client: Any, listener: Listener,
 ) -> None:
     key = f"sglang-key-{secrets.token_hex(12)}"
@@ -439,17 +445,16 @@ def test_a_server_planted_in_the_registry_gets_no_key_from_status_or_the_progres
     prompts = write_jsonl(tmp_path / "in.jsonl", chat_rows(20))
     stack.producer("enqueue", str(prompts), "--job", "planted", "--output", str(out),
                    "--batch-size", "5")
-    # The worker's reconciler writes progress.json, having read the fleet as status does.
+    # The worker's reconciler writes progress.json from the ledger alone: no server is read.
     wait_until(lambda: (out / "planted" / "progress.json").exists(), 60,
                what="progress.json written by the worker")
-    by_progress_writer = len(listener.requests)
-    assert by_progress_writer > 0, "the progress writer never read the planted server"
+    assert not listener.requests, "the progress writer read the planted server"
     # `status` (text and --json), run by a user with the key in their environment.
     keyed = {**os.environ, **stack.base_env, "SGLANG_API_KEY": key}
     for flags in ((), ("--json",)):
         subprocess.run([PYTHON, "-m", "producer", "status", "planted", *flags], cwd=ROOT,
                        env=keyed, capture_output=True, timeout=60, check=True)
-    assert len(listener.requests) > by_progress_writer, "status never read the planted server"
+    assert listener.requests, "status never read the planted server"
     for path, headers in listener.requests:
         assert "authorization" not in headers, path
         assert key not in repr(headers), path

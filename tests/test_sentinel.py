@@ -7,6 +7,7 @@ Sentinels, keeps counting the queue and listing workers across a failover."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,6 +69,14 @@ def sentinel_conf(folder: Path, port: int, primary: RedisServer) -> Path:
 
 @pytest.fixture
 def sentinels(valkey_bin: Path, tmp_path: Path) -> Iterator[Sentinels]:
+    with sentinel_group(valkey_bin, tmp_path) as group:
+        yield group
+
+
+@contextlib.contextmanager
+def sentinel_group(valkey_bin: Path, tmp_path: Path) -> Iterator[Sentinels]:
+    """A primary, its replica and three Sentinels watching it, in folders under `tmp_path`;
+    all stopped on exit (tests/perf/replay.py runs a job across their failover too)."""
     primary = RedisServer(data_dir=tmp_path / "primary", binary=valkey_bin).start()
     replica_dir = tmp_path / "replica"
     replica_dir.mkdir(mode=0o700)
@@ -139,16 +148,16 @@ def test_a_job_finishes_exactly_once_when_the_redis_primary_is_killed_and_a_repl
         stack.producer("enqueue", str(source), "--job", "failover", "--output",
                        f"s3://{s3_server.bucket}/runs", "--batch-size", "10")
         ledger = Ledger.from_url(sentinels.url, master_name=MASTER)
-        wait_until(lambda: job_status(ledger, "failover")["done"] >= 100, 300, interval=0.5,
+        wait_until(lambda: job_status(ledger, "failover").done >= 100, 300, interval=0.5,
                    what="a quarter of the job done")
-        before = int(job_status(ledger, "failover")["done"])
+        before = int(job_status(ledger, "failover").done)
         old_master = sentinels.master()
         sentinels.primary.kill()
         killed_at = time.monotonic()
 
         def progressed() -> bool:
             try:
-                return int(job_status(ledger, "failover")["done"]) > before
+                return int(job_status(ledger, "failover").done) > before
             except redis.RedisError:
                 return False
 
@@ -159,7 +168,7 @@ def test_a_job_finishes_exactly_once_when_the_redis_primary_is_killed_and_a_repl
 
         def over() -> bool:
             try:
-                return bool(job_status(ledger, "failover")["state"] == "done")
+                return bool(job_status(ledger, "failover").state == "done")
             except redis.RedisError:
                 return False
 
@@ -204,7 +213,7 @@ def test_flower_over_sentinel_shows_queue_depth_and_workers_and_follows_a_failov
         stack.producer("enqueue", str(source), "--job", "watched", "--output",
                        str(tmp_path / "out"), "--batch-size", "4", "--no-canary")
         ledger = Ledger.from_url(sentinels.url, master_name=MASTER)
-        batches = int(job_status(ledger, "watched")["batches"]["total"])  # the plan tapers
+        batches = int(job_status(ledger, "watched").batches.total)  # the plan tapers
         wait_until(lambda: depth() == batches, 60, interval=0.5,
                    what=f"flower counting the job's {batches} batches")
 
@@ -225,7 +234,7 @@ def test_flower_over_sentinel_shows_queue_depth_and_workers_and_follows_a_failov
 
         wait_until(lambda: "gpu0@test" in workers(), 120, interval=1,
                    what="flower listing the worker after the failover")
-        wait_until(lambda: job_status(ledger, "watched")["state"] == "done", 180, interval=0.5,
+        wait_until(lambda: job_status(ledger, "watched").state == "done", 180, interval=0.5,
                    what="the job done")
         wait_until(lambda: depth() == 0, 60, interval=0.5, what="flower counting an empty queue")
     except (AssertionError, TimeoutError) as exc:

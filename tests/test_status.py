@@ -25,8 +25,17 @@ from sim_helpers import VirtualClockLoop
 
 from fleetgen import keys, progress
 from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
-from fleetgen.fleet import FETCH_DEADLINE_S, LOST_AFTER_S, read_fleet, read_servers
-from fleetgen.jobview import job_status
+from fleetgen.fleet import (
+    FETCH_DEADLINE_S,
+    LOST_AFTER_S,
+    FleetRow,
+    WorkerEntry,
+    WorkerError,
+    read_fleet,
+    read_servers,
+    registry,
+)
+from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.readings import ServerReading, parse_metrics, read_server
 from fleetgen.records import Origin, counters, error_record, result_record, written_counts
@@ -39,7 +48,8 @@ from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks,
 NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
 MINUTE = int(NOW // 60)
 
-# Fields `status --json` and progress.json promise to keep (others may be added).
+# Fields `status --json` and progress.json promise to keep (others may be added): the
+# JobStatus dataclass and its fleet rows carry them.
 STABLE_FIELDS = {
     "job", "state", "reason", "output", "total", "done", "failed", "checkpointed", "in_flight",
     "in_hand", "queued", "held",
@@ -130,36 +140,39 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
 def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
     half_done_job(ledger)
     # One live worker with 4 requests at its server; a lost one's count does not matter.
-    ledger.r.hset(keys.WORKERS, mapping={
-        "gpu0@n": orjson.dumps({"in_flight": 4, "updated": NOW - 3}),
-        "gpu1@n": orjson.dumps({"in_flight": 9, "updated": NOW - 300}),
-    })
+    register(ledger, "gpu0@n", "http://127.0.0.1:30000", in_flight=4, updated=NOW - 3)
+    register(ledger, "gpu1@n", "http://127.0.0.1:30001", in_flight=9, updated=NOW - 300)
     s = job_status(ledger, "half", NOW)
     # done and failed are what the sink holds; the 4 answers of the running batch are
     # checkpointed until it is written.
-    assert (s["state"], s["total"], s["done"], s["failed"]) == ("running", 100, 58, 2)
-    assert (s["checkpointed"], s["in_flight"], s["in_hand"], s["queued"], s["held"]) == (
+    assert (s.state, s.total, s.done, s.failed) == ("running", 100, 58, 2)
+    assert (s.checkpointed, s.in_flight, s.in_hand, s.queued, s.held) == (
         4, 4, 6, 30, 0)
-    assert s["batches"] == {"total": 10, "done": 6, "running": 1, "queued": 3}
+    assert asdict(s.batches) == {"total": 10, "done": 6, "running": 1, "queued": 3}
     # Started 600 s ago: 64 answered in 600 s; 24 in the last five minutes.
-    assert s["elapsed_s"] == 600
-    assert s["rate"]["prompts_per_s_all"] == pytest.approx(64 / 600, abs=1e-3)
+    assert s.elapsed_s == 600
+    assert s.rate.prompts_per_s_all == pytest.approx(64 / 600, abs=1e-3)
     # The job went on in the last minute after 7 idle ones: its recent window starts there.
-    assert s["rate"]["window_s"] == 60
-    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(24 / 60, abs=1e-3)
+    assert s.rate.window_s == 60
+    assert s.rate.prompts_per_s_5m == pytest.approx(24 / 60, abs=1e-3)
     # 22 of those 24 are answers of 100 tokens (2 were failures).
-    assert s["rate"]["output_tokens_per_s_5m"] == pytest.approx(22 * 100 / 60, abs=0.1)
-    assert s["rate"]["output_tokens_per_s_all"] == pytest.approx(62 * 100 / 600, abs=0.1)
+    assert s.rate.output_tokens_per_s_5m == pytest.approx(22 * 100 / 60, abs=0.1)
+    assert s.rate.output_tokens_per_s_all == pytest.approx(62 * 100 / 600, abs=0.1)
     # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the recent rate,
     # then one mean answer time (0.5 s).
-    assert s["eta_s"] == math.ceil(32 / (24 / 60) + 0.5)
-    assert s["tokens"] == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
+    assert s.eta_s == math.ceil(32 / (24 / 60) + 0.5)
+    assert asdict(s.tokens) == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
                            "reasoning_share": 0.6}
-    assert s["finish_reasons"] == {"length": 3, "stop": 59}
-    assert s["errors"] == {"context_length_exceeded": 2}
-    assert s["bytes_written"] == 6000
-    assert s["workers"]["gpu0@a"]["prompts_done"] == 34 and s["workers"]["gpu1@b"]["prompts_failed"] == 2
-    assert s["fleet"] is None and s["quality"] is None
+    assert s.finish_reasons == {"length": 3, "stop": 59}
+    assert s.errors == {"context_length_exceeded": 2}
+    assert s.bytes_written == 6000
+    assert s.workers["gpu0@a"]["prompts_done"] == 34 and s.workers["gpu1@b"]["prompts_failed"] == 2
+    assert s.fleet is None and s.quality is None
+
+
+def test_the_status_and_its_fleet_rows_carry_the_stable_fields() -> None:
+    assert {f.name for f in dataclasses.fields(JobStatus)} == STABLE_FIELDS
+    assert {f.name for f in dataclasses.fields(FleetRow)} == FLEET_FIELDS
 
 
 def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
@@ -184,13 +197,13 @@ def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledge
             w.answer("fin", keys.batch_id(i), minute)
         w.finish_batch("fin", keys.batch_id(i), minute)
     later = job_status(ledger, "fin", NOW + 3600)
-    assert later["state"] == "done" and later["eta_s"] == 0
-    assert (later["done"], later["checkpointed"]) == (20, 0)
-    assert (later["queued"], later["held"], later["in_flight"]) == (0, 0, 0)
+    assert later.state == "done" and later.eta_s == 0
+    assert (later.done, later.checkpointed) == (20, 0)
+    assert (later.queued, later.held, later.in_flight) == (0, 0, 0)
     # Started at NOW - 800, last batch written at the end of minute MINUTE - 11 (NOW - 600).
-    assert later["elapsed_s"] == 200
-    assert later["rate"]["prompts_per_s_all"] == pytest.approx(20 / 200, abs=1e-3)
-    assert later["rate"]["prompts_per_s_5m"] == 0
+    assert later.elapsed_s == 200
+    assert later.rate.prompts_per_s_all == pytest.approx(20 / 200, abs=1e-3)
+    assert later.rate.prompts_per_s_5m == 0
 
 
 def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
@@ -203,8 +216,8 @@ def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledge
     ledger.finish_batch("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
                         [], now=started + 7.5)
     s = job_status(ledger, "quick", started + 3600)
-    assert s["state"] == "done" and s["elapsed_s"] == 7.5
-    assert s["rate"]["prompts_per_s_all"] == pytest.approx(10 / 7.5, abs=1e-3)
+    assert s.state == "done" and s.elapsed_s == 7.5
+    assert s.rate.prompts_per_s_all == pytest.approx(10 / 7.5, abs=1e-3)
     assert "elapsed 0m07s" in render(s)
 
 
@@ -212,8 +225,8 @@ def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger)
     half_done_job(ledger)
     ledger.set_state("half", STATE_PAUSED, "paused by user")
     s = job_status(ledger, "half", NOW)
-    assert (s["state"], s["reason"], s["eta_s"]) == ("paused", "paused by user", None)
-    assert (s["in_hand"], s["queued"], s["held"]) == (6, 0, 30)
+    assert (s.state, s.reason, s.eta_s) == ("paused", "paused by user", None)
+    assert (s.in_hand, s.queued, s.held) == (6, 0, 30)
     text = render(s)
     assert "[paused]  paused by user" in text and "held 30 (paused)" in text and "ETA paused" in text
 
@@ -230,8 +243,9 @@ def test_status_of_a_job_paused_by_the_canary_shows_reason_examples_and_how_to_g
         "state": STATE_PAUSED, "reason": reason, "quality_examples": orjson.dumps(examples),
         "quality_seen": 200})
     s = job_status(ledger, "half", NOW)
-    assert s["reason"] == reason
-    assert s["quality"] == {"examples": examples, "detected_after": 200, "accepted": False}
+    assert s.reason == reason
+    assert s.quality is not None
+    assert asdict(s.quality) == {"examples": examples, "detected_after": 200, "accepted": False}
     text = render(s)
     assert reason in text
     assert "canary fired after 200 answers" in text
@@ -269,9 +283,10 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
              queues=["gpu5", keys.SHARED_QUEUE],
              last_error={"error": error, "job": "stuck", "at": NOW - 40})
     status = job_status(ledger, "stuck", NOW)
-    assert status["stalled"]["reason"] == "no_progress"
-    assert status["stalled"]["last_error"]["worker"] == "gpu5@host"
-    assert status["worker_errors"] == [{"worker": "gpu5@host", "host": "host", "job": "stuck",
+    assert status.stalled is not None and status.stalled.last_error is not None
+    assert status.stalled.reason == "no_progress"
+    assert status.stalled.last_error.worker == "gpu5@host"
+    assert [asdict(e) for e in status.worker_errors] == [{"worker": "gpu5@host", "host": "host", "job": "stuck",
                                         "error": error, "age_s": 40.0}]
     text = render(status)
     assert (f"  stalled: no batch finished for 10 min; last error on gpu5@host (40 s ago): {error}"
@@ -279,11 +294,11 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
     assert f"  gpu5@host                  40 s ago  job stuck: {error}" in text
     # A job with a batch running is moving, whatever errors a worker met.
     half_done_job(ledger)
-    assert job_status(ledger, "half", NOW)["stalled"] is None
+    assert job_status(ledger, "half", NOW).stalled is None
     # One waiting its turn behind another job's work is not stuck either.
     register(ledger, "gpu6@host", "http://127.0.0.1:30006", updated=NOW - 2, in_flight=12,
              queues=["gpu6", keys.SHARED_QUEUE])
-    assert job_status(ledger, "stuck", NOW)["stalled"] is None
+    assert job_status(ledger, "stuck", NOW).stalled is None
 
 
 def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
@@ -309,7 +324,8 @@ def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
     register(ledger, "gpu99@gone", "http://127.0.0.1:30099", updated=NOW - 300,
              queues=["gpu99", keys.SHARED_QUEUE])
     status = job_status(ledger, "pinned", NOW)
-    assert status["stalled"] == {"reason": "no_consumer", "queue": "gpu99",
+    assert status.stalled is not None
+    assert asdict(status.stalled) == {"reason": "no_consumer", "queue": "gpu99",
                                  "live_queues": ["fleetgen", "gpu0"], "idle_s": None,
                                  "last_error": None, "not_ready": []}
     assert ("  stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)"
@@ -391,12 +407,36 @@ def test_a_server_that_refuses_both_requests_is_down() -> None:
 
 
 def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
-    """A registry entry as workers/engine.py `_register` writes it."""
-    entry = {"worker": worker, "server": server, "state": "ready",
-             "effective_max_running_requests": 7, "requested_max_running_requests": 8,
-             "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
-             "limit": 11, "in_flight": 0, "updated": time.time() - age_s, **extra}
-    ledger.r.hset(keys.WORKERS, worker, orjson.dumps(entry))
+    """A registry entry as workers/engine.py `_register` writes it: a worker of this node
+    whose server published nothing readable, unless `extra` says otherwise."""
+    fields = {"worker": worker, "host": socket.gethostname(), "pid": 1,
+              "queues": [keys.SHARED_QUEUE], "last_error": None,
+              "server": server, "local_server": server,
+              "reading": asdict(ServerReading("unknown")), "state": "ready", "server_kind": None,
+              "effective_max_running_requests": 7, "requested_max_running_requests": 8,
+              "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
+              "limit": 11, "in_flight": 0, "updated": time.time() - age_s, **extra}
+    entry = WorkerEntry.from_json(orjson.dumps(fields))
+    ledger.r.hset(keys.WORKERS, worker, entry.to_json())
+
+
+def test_the_registry_reads_each_entry_as_its_worker_wrote_it_and_skips_what_is_not_one(
+    ledger: Ledger,
+) -> None:
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 2, queues=["gpu0"],
+             last_error={"error": "boom", "job": "j", "at": NOW - 5},
+             reading=asdict(ServerReading("up", running=3, effective_max=8)))
+    register(ledger, "gpu1@a", "http://127.0.0.1:30001", updated=NOW - LOST_AFTER_S - 1)
+    ledger.r.hset(keys.WORKERS, mapping={"gpu2@a": b"not json", "gpu3@a": b'{"in_flight": 4}'})
+    entries = registry(ledger, NOW)
+    assert set(entries) == {"gpu0@a", "gpu1@a"}
+    entry = entries["gpu0@a"]
+    assert (entry.state, entry.queues, entry.age_s(NOW)) == ("ready", ["gpu0"], 2.0)
+    assert entry.last_error == WorkerError(error="boom", job="j", at=NOW - 5)
+    assert entry.reading == ServerReading("up", running=3, effective_max=8)
+    assert WorkerEntry.from_json(entry.to_json()) == entry
+    # Stale: its worker is gone.
+    assert entries["gpu1@a"].state == "lost"
 
 
 @contextlib.contextmanager
@@ -433,30 +473,30 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     register(ledger, "gpu3@n", url, age_s=LOST_AFTER_S + 5)
     # Lost and never part of this job (an earlier demo's worker): not listed.
     register(ledger, "gpu4@old", url, age_s=LOST_AFTER_S + 5)
-    rows = {r["worker"]: r for r in read_fleet(
-        ledger.r, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000},
+    rows = {r.worker: r for r in read_fleet(
+        ledger, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000},
                    "gpu3@n": {"prompts_done": 0}}, elapsed_s=60.0)}
     assert "gpu4@old" not in rows
     live = rows["gpu0@n"]
-    assert set(live) == FLEET_FIELDS
-    assert (live["worker_state"], live["server_state"]) == ("ready", "up")
+    assert set(asdict(live)) == FLEET_FIELDS
+    assert (live.worker_state, live.server_state) == ("ready", "up")
     # As on the reference GPU, 80 Mamba slots run fewer than asked: /server_info says 16 of 24.
-    assert (live["effective_max"], live["requested_max"]) == (16, 24)
-    assert (live["running"], live["queue"], live["token_usage"], live["mamba_usage"]) == (0, 0, 0, 0)
-    assert live["accept_length"] == 2.5 and live["version"] == "0.5.23"
-    assert (live["job_prompts_done"], live["job_output_tokens_per_s"]) == (30, 100.0)
-    assert (rows["gpu1@n"]["worker_state"], rows["gpu1@n"]["server_state"]) == ("server-down", "down")
-    assert rows["gpu1@n"]["server_error"] == "connection refused"
-    assert rows["gpu2@n"]["server_state"] == "down"
-    assert rows["gpu2@n"]["server_error"] == "no answer in time"
-    assert rows["gpu3@n"]["worker_state"] == "lost"
+    assert (live.effective_max, live.requested_max) == (16, 24)
+    assert (live.running, live.queue, live.token_usage, live.mamba_usage) == (0, 0, 0, 0)
+    assert live.accept_length == 2.5 and live.version == "0.5.23"
+    assert (live.job_prompts_done, live.job_output_tokens_per_s) == (30, 100.0)
+    assert (rows["gpu1@n"].worker_state, rows["gpu1@n"].server_state) == ("server-down", "down")
+    assert rows["gpu1@n"].server_error == "connection refused"
+    assert rows["gpu2@n"].server_state == "down"
+    assert rows["gpu2@n"].server_error == "no answer in time"
+    assert rows["gpu3@n"].worker_state == "lost"
     table = {line.split()[0]: line.split()[1:] for line in render_fleet(list(rows.values()))[1:]}
     host = url.removeprefix("http://")
     assert table["gpu0@n"] == ["ready", host, "0/16", "24", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
     assert table["gpu1@n"][0] == "server-down" and table["gpu1@n"][2:] == ["down", "|", "0", "0"]
     assert table["gpu3@n"][:3] == ["lost", host, "0/16"]
     register(ledger, "gpu0@n", url, server_kind="sglang 0.5.23, model 'm'")
-    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
     assert ("  gpu0@n: sglang 0.5.23, model 'm'; 11 in flight at most "
             "(internal_states[0].effective_max_running_requests_per_dp)"
             in render_fleet(list(rows.values())))
@@ -485,15 +525,16 @@ def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_se
     published = asdict(ServerReading("up", running=33, queue=2, effective_max=40,
                                      requested_max=40, gen_throughput=3400.0))
     register(ledger, "gpu0@far", url, host="far-node", reading=published)
-    register(ledger, "gpu1@far", url, host="far-node")
+    register(ledger, "gpu1@far", url, host="far-node",
+             reading=asdict(ServerReading("down", error="connection refused")))
     register(ledger, "gpu0@here", url, host=socket.gethostname())
-    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
     far = rows["gpu0@far"]
-    assert (far["server_state"], far["running"], far["effective_max"]) == ("up", 33, 40)
-    assert rows["gpu1@far"]["server_state"] == "unknown"
-    assert "published no reading" in rows["gpu1@far"]["server_error"]
+    assert (far.server_state, far.running, far.effective_max) == ("up", 33, 40)
+    assert (rows["gpu1@far"].server_state, rows["gpu1@far"].server_error) == (
+        "down", "connection refused")
     here = rows["gpu0@here"]
-    assert (here["server_state"], here["running"], here["effective_max"]) == ("up", 0, 8)
+    assert (here.server_state, here.running, here.effective_max) == ("up", 0, 8)
 
 
 @pytest.mark.e2e
@@ -508,8 +549,8 @@ def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path
                    "--batch-size", "10", "--max-tokens", "600")
 
     def busy() -> bool:
-        rows = job_status(ledger, "busy", live=True)["fleet"]
-        return any(r["running"] and r["job_prompts_done"] for r in rows)
+        rows = job_status(ledger, "busy", live=True).fleet
+        return any(r.running and r.job_prompts_done for r in rows)
 
     wait_until(busy, 60, what="gpu0 running prompts of the job")
     out = stack.producer("status", "busy").stdout
@@ -597,9 +638,9 @@ def test_progress_json_is_written_next_to_the_output_at_most_once_a_minute(
     written = orjson.loads((out / "half" / "progress.json").read_bytes())
     assert set(written) == STABLE_FIELDS and written["done"] == 58
     assert [r["worker"] for r in written.pop("fleet")] == ["gpu0@a", "gpu1@b"]
-    expected = job_status(ledger, "half", NOW)
+    expected = orjson.loads(job_status(ledger, "half", NOW).to_json())
     del expected["fleet"]
-    assert written == orjson.loads(orjson.dumps(expected))
+    assert written == expected
     Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)
     assert not progress.write_progress(ledger, "half", NOW + 10)
     assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 58
@@ -610,10 +651,10 @@ def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, 
     half_done_job(ledger, output=str(out))
     ledger.set_state("half", STATE_PAUSED, "paused by user")
     assert progress.write_progress(ledger, "half", NOW)
-    ledger.r.delete(progress.due_key("half"))  # a minute later
+    ledger.r.delete(keys.job_part("half", "progress_due"))  # a minute later
     assert not progress.write_progress(ledger, "half", NOW + 60)
     Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)  # a running batch finishes
-    ledger.r.delete(progress.due_key("half"))
+    ledger.r.delete(keys.job_part("half", "progress_due"))
     assert progress.write_progress(ledger, "half", NOW + 120)
     written = orjson.loads((out / "half" / "progress.json").read_bytes())
     assert (written["done"], written["checkpointed"]) == (58, 5)
@@ -659,14 +700,14 @@ def test_other_nodes_servers_are_read_live_at_their_published_address_and_groupe
              local_server="http://127.0.0.1:1")
     register(ledger, "gpu1@far", f"http://127.0.0.1:{free_port()}", host="far-node",
              reading=published)
-    rows = {r["worker"]: r for r in read_fleet(ledger.r, {}, elapsed_s=60.0)}
-    assert (rows["gpu0@far"]["server_state"], rows["gpu0@far"]["effective_max"]) == ("up", 8)
-    assert rows["gpu0@far"]["host"] == "far-node"
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
+    assert (rows["gpu0@far"].server_state, rows["gpu0@far"].effective_max) == ("up", 8)
+    assert rows["gpu0@far"].host == "far-node"
     # Its published URL names the far node's loopback: what its worker published.
-    assert rows["gpu1@far"]["effective_max"] == 40
+    assert rows["gpu1@far"].effective_max == 40
     register(ledger, "gpu0@here", url, host=socket.gethostname(),
              local_server=url, reading=published)
-    lines = render_fleet(read_fleet(ledger.r, {}, elapsed_s=60.0))
+    lines = render_fleet(read_fleet(ledger, {}, elapsed_s=60.0))
     nodes = [line.split()[1] for line in lines if line.split()[0] == "node"]
     assert sorted(nodes) == sorted(["far-node", socket.gethostname()])
 
@@ -707,21 +748,21 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
             w.finish_batch("tail", batch, MINUTE - 1)
     register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, in_flight=4)
     s = job_status(ledger, "tail", NOW)
-    assert (s["done"], s["checkpointed"], s["in_flight"]) == (400, 196, 4)
-    assert (s["rate"]["window_s"], s["rate"]["mean_answer_s"]) == (30, 6.0)
-    assert s["rate"]["prompts_per_s_5m"] == pytest.approx(596 / 30, abs=1e-3)
+    assert (s.done, s.checkpointed, s.in_flight) == (400, 196, 4)
+    assert (s.rate.window_s, s.rate.mean_answer_s) == (30, 6.0)
+    assert s.rate.prompts_per_s_5m == pytest.approx(596 / 30, abs=1e-3)
     # Nothing left to send: the last 4 need about one mean answer time, then their batches
     # are written. The formula of docs/guides/status.md:
-    assert s["eta_s"] == math.ceil((600 - 400 - 196 - 4) / (596 / 30) + 6.0) == 6
+    assert s.eta_s == math.ceil((600 - 400 - 196 - 4) / (596 / 30) + 6.0) == 6
     assert "ETA 0m06s" in render(s)
     # All answered, 4 batches not written yet: still not 0 until they are.
     for i in range(9, 13):
         answer_taking(w, "tail", keys.batch_id(i), MINUTE, latency_s=6.0)
     s = job_status(ledger, "tail", NOW + 1)
-    assert (s["done"], s["checkpointed"], s["eta_s"]) == (400, 200, 1)
+    assert (s.done, s.checkpointed, s.eta_s) == (400, 200, 1)
     for i in range(9, 13):
         w.finish_batch("tail", keys.batch_id(i), MINUTE)
-    assert job_status(ledger, "tail", NOW + 61)["eta_s"] == 0
+    assert job_status(ledger, "tail", NOW + 61).eta_s == 0
 
 
 def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
@@ -736,7 +777,7 @@ def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
         w.finish_batch("back", keys.batch_id(i), MINUTE - 20)
     # Back, nothing answered yet: unknown, not 800 prompts at the lifetime 0.17 prompts/s.
     s = job_status(ledger, "back", NOW + 5)
-    assert (s["rate"]["prompts_per_s_5m"], s["eta_s"]) == (0, None)
+    assert (s.rate.prompts_per_s_5m, s.eta_s) == (0, None)
     assert "ETA unknown" in render(s)
     # 60 answers in the 30 s since: 2 prompts/s, not 60 over the 5 min window (0.18/s, ETA 68 min).
     for i in (5, 6):
@@ -744,10 +785,10 @@ def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
         for _ in range(30):
             w.answer("back", keys.batch_id(i), MINUTE)
     s = job_status(ledger, "back", NOW + 30)
-    assert (s["rate"]["window_s"], s["rate"]["prompts_per_s_5m"]) == (30, 2.0)
-    assert s["eta_s"] == math.ceil(740 / 2.0 + 0.5) == 371
+    assert (s.rate.window_s, s.rate.prompts_per_s_5m) == (30, 2.0)
+    assert s.eta_s == math.ceil(740 / 2.0 + 0.5) == 371
     # The overall rate is since the job started, the outage included.
-    assert s["rate"]["prompts_per_s_all"] == pytest.approx(260 / 1230, abs=1e-3)
+    assert s.rate.prompts_per_s_all == pytest.approx(260 / 1230, abs=1e-3)
     assert "last 0m30s 2.00 prompts/s" in render(s)
 
 
@@ -760,11 +801,11 @@ def test_a_cancelled_jobs_rate_does_not_drift_after_it_stopped(
     with ledger_time(monkeypatch, NOW + 100):
         cancel(ledger, "half")
     at_stop, later = job_status(ledger, "half", NOW + 100), job_status(ledger, "half", NOW + 7200)
-    assert at_stop["elapsed_s"] == later["elapsed_s"] == 700
-    assert (later["rate"]["prompts_per_s_all"], later["rate"]["output_tokens_per_s_all"]) == (
-        at_stop["rate"]["prompts_per_s_all"], at_stop["rate"]["output_tokens_per_s_all"])
-    assert later["rate"]["prompts_per_s_all"] == pytest.approx(64 / 700, abs=1e-3)
-    assert later["rate"]["clock_end"] == NOW + 100 and later["eta_s"] is None
+    assert at_stop.elapsed_s == later.elapsed_s == 700
+    assert (later.rate.prompts_per_s_all, later.rate.output_tokens_per_s_all) == (
+        at_stop.rate.prompts_per_s_all, at_stop.rate.output_tokens_per_s_all)
+    assert later.rate.prompts_per_s_all == pytest.approx(64 / 700, abs=1e-3)
+    assert later.rate.clock_end == NOW + 100 and later.eta_s is None
     assert "elapsed 11m40s (stopped)   ETA cancelled" in render(later)
 
 
@@ -776,7 +817,7 @@ def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
     half_done_job(ledger)
     with ledger_time(monkeypatch, NOW + 100):
         pause(ledger, "half")
-    assert job_status(ledger, "half", NOW + 3600)["elapsed_s"] == 700
+    assert job_status(ledger, "half", NOW + 3600).elapsed_s == 700
     # b000007, running at the pause, finishes its requests and is written after it (NOW + 120):
     # the clock stops at that write.
     w = Worker(ledger, "gpu0@a")
@@ -784,13 +825,13 @@ def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
         w.answer("half", "b000007", MINUTE + 1)
     w.finish_batch("half", "b000007", MINUTE + 1)
     paused = job_status(ledger, "half", NOW + 3600)
-    assert (paused["elapsed_s"], paused["eta_s"]) == (720, None)
+    assert (paused.elapsed_s, paused.eta_s) == (720, None)
     # Resumed (what `resume` sets last): the clock runs from the job's start again, the paused
     # time included; nothing answered lately, so no ETA yet rather than a lifetime average.
     with ledger_time(monkeypatch, NOW + 3600):
         ledger.set_state("half", STATE_RUNNING)
     resumed = job_status(ledger, "half", NOW + 3630)
-    assert (resumed["state"], resumed["elapsed_s"], resumed["eta_s"]) == ("running", 4230, None)
+    assert (resumed.state, resumed.elapsed_s, resumed.eta_s) == ("running", 4230, None)
 
 
 def test_exporting_a_cancelled_job_the_canary_held_says_the_canary_held_it(

@@ -4,7 +4,7 @@ Celery runs batches in pool threads; each hands its coroutine to this loop. All 
 the process share one limiter sized from what the server really runs at once (plus a small
 margin), so when one batch's tail drains, the next batch's prompts take the free slots: the
 server stays full across batch boundaries. Where that figure comes from depends on the server's
-kind (workers/servers): SGLang states it, vLLM's queue gauges reveal it, any other server's
+kind (fleetgen/servers): SGLang states it, vLLM's queue gauges reveal it, any other server's
 latency per output token is measured; `FLEETGEN_MAX_IN_FLIGHT` overrides all three.
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -23,14 +22,13 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-import orjson
-import redis.asyncio as aioredis
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
-from fleetgen import keys, redisconn
+from fleetgen import keys
 from fleetgen.advertise import advertised_url
 from fleetgen.errors import FleetgenError, ServerDownError
-from fleetgen.fleet import REGISTRY_BEAT_S
+from fleetgen.fleet import REGISTRY_BEAT_S, WorkerEntry, WorkerError
+from fleetgen.liveledger import LiveLedger
 from fleetgen.readings import parse_metrics, read_server_within
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, backoff
@@ -48,7 +46,6 @@ HEALTH_PROBE_S = 1.0
 READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 # How often a server's queue gauges are read while its capacity is found from them.
 LOAD_TICK_S = 1.0
-WORKERS_KEY = keys.WORKERS
 HOST = socket.gethostname()
 
 
@@ -145,9 +142,8 @@ class Engine:
         self.worker = worker
         # Published in the registry: `producer status` tells a job whose queue nobody consumes.
         self.queues = list(queues)
-        # The last thing that kept a batch from running here, for `producer status`:
-        # {"error", "job", "at"} (unix time), or None.
-        self.last_error: dict[str, Any] | None = None
+        # The last thing that kept a batch from running here, for `producer status`, or None.
+        self.last_error: WorkerError | None = None
         self.capacity: ServerCapacity | None = None
         # The server as found at first contact (its kind, models, what it refused); None
         # until it answered once. Batches wait for it (`connected`).
@@ -160,7 +156,8 @@ class Engine:
         self._started = False
         self._lock = threading.Lock()
         self.client: ServerClient
-        self.redis: aioredis.Redis
+        # The ledger's asyncio side, on this loop: the registry, leases, canary, breaker.
+        self.live: LiveLedger
         self.limiter: Limiter
         self._refresher: concurrent.futures.Future[None] | None = None
         self._prober: concurrent.futures.Future[None] | None = None
@@ -216,11 +213,7 @@ class Engine:
             connect_timeout_s=self.settings.connect_timeout_s,
             api_key=self.settings.sglang_api_key,
         )
-        self.redis = redisconn.async_client(
-            self.settings.redis_url, self.settings.redis_master_name, socket_timeout=30,
-            socket_connect_timeout=5, health_check_interval=10,
-            client_name=keys.worker_client(self.worker),
-        )
+        self.live = LiveLedger.connect(self.settings, keys.worker_client(self.worker))
         # Start at 1 in flight until the server says what it can take.
         self.limiter = Limiter(1)
         self._found = asyncio.Event()
@@ -230,7 +223,7 @@ class Engine:
 
     async def _teardown(self) -> None:
         await self.client.aclose()
-        await self.redis.aclose()
+        await self.live.aclose()
 
     def limit_for(self, capacity: ServerCapacity) -> int:
         if capacity.configured:
@@ -388,31 +381,26 @@ class Engine:
         # What the server says, for `status` where the server cannot be read live.
         reading = await read_server_within(self.client.http, self.server_url,
                                            self.client.api_key, REGISTRY_BEAT_S / 2)
-        entry = {
-            "worker": self.worker,
-            "host": HOST,
-            "pid": os.getpid(),
-            "queues": self.queues,
-            "last_error": self.last_error,
-            # Its Redis connections carry keys.worker_client(worker): the reconciler may take
-            # their absence as the worker's death (workers before this field did not name them).
-            "named_connections": True,
-            # Other nodes read `server`; `status` on this node reads `local_server`, which works
-            # even when the server listens on loopback only.
-            "server": self.advertised_url,
-            "local_server": self.server_url,
-            "reading": dataclasses.asdict(reading),
-            "state": "ready" if self.health_failures == 0 else "server-down",
-            "server_kind": self.server.describe() if self.server else None,
-            "effective_max_running_requests": capacity.effective if capacity else None,
-            "requested_max_running_requests": capacity.requested if capacity else None,
-            "capacity_source": capacity.source if capacity else None,
-            "limit": self.limiter.limit,
-            "in_flight": self.limiter.active,
-            "updated": time.time(),
-        }
+        entry = WorkerEntry(
+            worker=self.worker,
+            host=HOST,
+            pid=os.getpid(),
+            queues=self.queues,
+            last_error=self.last_error,
+            server=self.advertised_url,
+            local_server=self.server_url,
+            reading=reading,
+            state="ready" if self.health_failures == 0 else "server-down",
+            server_kind=self.server.describe() if self.server else None,
+            effective_max_running_requests=capacity.effective if capacity else None,
+            requested_max_running_requests=capacity.requested if capacity else None,
+            capacity_source=capacity.source if capacity else None,
+            limit=self.limiter.limit,
+            in_flight=self.limiter.active,
+            updated=time.time(),
+        )
         try:
-            await self.redis.hset(WORKERS_KEY, self.worker, orjson.dumps(entry))
+            await self.live.publish_worker(self.worker, entry.to_json())
         except REDIS_ERRORS as exc:
             log.info("worker %s: registry update skipped (%s)", self.worker, exc)
 
@@ -420,7 +408,7 @@ class Engine:
         """Remember why a batch of `job` could not run here and publish it now (the registry
         beat keeps it there)."""
         # Registry entries are readable by every Redis user: no URL credential in them.
-        self.last_error = {"error": redact(error), "job": job, "at": time.time()}
+        self.last_error = WorkerError(error=redact(error), job=job, at=time.time())
         if self._started:
             self.submit(self._register())
 

@@ -40,9 +40,11 @@ import redis
 
 from fleetgen import keys
 from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.fleet import WorkerEntry
 from fleetgen.job import GenerationParams, InputInfo, JobManifest
 from fleetgen.jobview import job_status
 from fleetgen.ledger import RENEW_LEASE, Ledger
+from fleetgen.readings import ServerReading
 from launcher.services import RedisServer
 
 JOB = "perf-redis"
@@ -174,11 +176,17 @@ class Units:
         self.renew(keys=[keys.lease(JOB, batch)], args=["gpu0@node/t", 30_000])
 
     def registry(self, i: int) -> None:
-        entry = {"worker": f"gpu{i % 8}@node{i % 1000}", "host": "node", "server": "http://x",
-                 "local_server": "http://127.0.0.1:30000", "reading": {"state": "up"} | {
-                     f"f{k}": k for k in range(14)}, "state": "ready", "limit": 72,
-                 "in_flight": 70, "updated": time.time()}
-        self.r.hset(keys.WORKERS, entry["worker"], orjson.dumps(entry))
+        reading = ServerReading("up", running=70.0, queue=2.0, token_usage=0.5, mamba_usage=0.5,
+                                gen_throughput=3000.0, accept_length=2.5, effective_max=72,
+                                requested_max=72, version="0.5.9")
+        entry = WorkerEntry(
+            worker=f"gpu{i % 8}@node{i % 1000}", host="node", pid=1, queues=["gpu0", "fleetgen"],
+            last_error=None, server="http://x",
+            local_server="http://127.0.0.1:30000", reading=reading, state="ready",
+            server_kind="sglang 0.5.9, model 'm'", effective_max_running_requests=72,
+            requested_max_running_requests=72, capacity_source="internal_states", limit=72,
+            in_flight=70, updated=time.time())
+        self.r.hset(keys.WORKERS, entry.worker, entry.to_json())
 
     def status(self, i: int) -> None:
         job_status(self.ledger, JOB)
