@@ -26,17 +26,15 @@ import collections
 import logging
 import math
 import re
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
-from fleetgen import keys
 from fleetgen.checkpoints import Entry, Outcomes
-from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING
+from fleetgen.ledger import STATE_RUNNING
+from fleetgen.liveledger import LiveLedger
 from fleetgen.records import is_failure
 from fleetgen.settings import Settings
 
@@ -131,9 +129,8 @@ class Breaker:
     `judge` after each group that recorded a failure; a trip holds the job here at once
     (QualityWatch.trip), then pauses it for every worker."""
 
-    def __init__(self, redis: aioredis.Redis, limits: Limits,
-                 trip: Callable[[str], None]) -> None:
-        self._redis = redis
+    def __init__(self, live: LiveLedger, limits: Limits, trip: Callable[[str], None]) -> None:
+        self._live = live
         self.limits = limits
         self._trip = trip  # QualityWatch.trip: holds the job in this worker
 
@@ -158,10 +155,6 @@ class Breaker:
         reason = trip.reason(job)
         log.warning("job %s: paused by the failure breaker: %s", job, reason)
         self._trip(job)
-        await self._redis.hset(keys.job(job), mapping={
-            "state": STATE_PAUSED, "reason": reason, "updated": time.time(),
-            "breaker_cause": trip.cause,
-            "breaker_example": orjson.dumps({
-                "id": record["custom_id"], "code": record["error"]["code"],
-                "message": record["error"]["message"][:_EXAMPLE_CHARS]}),
-        })
+        await self._live.pause_by_breaker(job, reason, trip.cause, {
+            "id": record["custom_id"], "code": record["error"]["code"],
+            "message": record["error"]["message"][:_EXAMPLE_CHARS]})

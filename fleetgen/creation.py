@@ -25,13 +25,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import LockError
-from redis.lock import Lock
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
 from fleetgen.errors import JobBusyError
-from fleetgen.ledger import Ledger
-from fleetgen.retry import REDIS_ERRORS, backoff
+from fleetgen.ledger import JobLock, Ledger
+from fleetgen.retry import REDIS_ERRORS, RedisLockError, backoff
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,7 @@ def job_lock(ledger: Ledger, job: str, command: str, *, wait_s: float = 0.0) -> 
         while not stop.wait(LOCK_TTL_S / 3):
             try:
                 lock.reacquire()
-            except LockError:
+            except RedisLockError:
                 log.error("job %s: the %s lost the job's lock", job, command)
                 return
             except REDIS_ERRORS as exc:  # a Redis blip: the next round tries again
@@ -73,7 +71,7 @@ def job_lock(ledger: Ledger, job: str, command: str, *, wait_s: float = 0.0) -> 
         stop.set()
         renewer.join()
         # Expired meanwhile: nobody else can have changed the job without it.
-        with contextlib.suppress(LockError):
+        with contextlib.suppress(RedisLockError):
             lock.release()
 
 
@@ -83,7 +81,7 @@ def creation_lock(ledger: Ledger, job: str) -> contextlib.AbstractContextManager
     return job_lock(ledger, job, ENQUEUE)
 
 
-def _acquire(ledger: Ledger, lock: Lock, job: str, token: str, command: str,
+def _acquire(ledger: Ledger, lock: JobLock, job: str, token: str, command: str,
              wait_s: float) -> None:
     def take() -> bool:
         if lock.acquire(token=token):
@@ -138,7 +136,7 @@ def _held(ledger: Ledger, job: str, *, clear_stale: bool = False) -> tuple[str, 
     if clear_stale:
         # redis-py's compare-and-delete: only if the dead holder still has it (if it changed
         # hands meanwhile, the caller's next acquire decides).
-        with contextlib.suppress(LockError):
+        with contextlib.suppress(RedisLockError):
             ledger.release_job_lock(job, raw, LOCK_TTL_S)
     return None
 

@@ -52,6 +52,10 @@ _SETTLE = resources.files("fleetgen").joinpath("settle_job.lua").read_text(encod
 FINISHED, ACTIVE, GONE = "finished", "active", "gone"
 
 
+# The job's lock (fleetgen/creation.py): redis-py's, taken with a token naming its holder.
+JobLock = Lock
+
+
 @dataclass(frozen=True)
 class FinishedSummary:
     """A finished job's line in `producer jobs`."""
@@ -574,9 +578,9 @@ class Ledger:
         else:
             self.r.hset(keys.job(name), keys.JOB_INPUTS_STORED, count)
 
-    def job_lock(self, name: str, ttl_s: float) -> Lock:
+    def job_lock(self, name: str, ttl_s: float) -> JobLock:
         """The job's lock (one command that changes the job's batches at a time), not taken."""
-        lock: Lock = self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s, blocking=False,
+        lock: JobLock = self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s, blocking=False,
                                  thread_local=False)
         return lock
 

@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# What Redis answers that no retry mends, for callers that say so in their own words (these
+# names keep `redis` out of them): the password refused (a ConnectionError too, so catch it
+# first), and a command the user's ACL denies.
+RedisAuthError = redis.AuthenticationError
+RedisNoPermissionError = redis.exceptions.NoPermissionError
+# Redis not reached at all (refused, unknown host, timed out connecting).
+RedisConnectionError = redis.ConnectionError
+# A lock (the job's, fleetgen/creation.py) released or renewed after it expired.
+RedisLockError = redis.exceptions.LockError
 # A Redis restart with an AOF to reload takes seconds; two minutes covers a slow one.
 REDIS_OUTAGE_S = 120.0
 REDIS_BACKOFF_S, REDIS_BACKOFF_MAX_S = 0.2, 5.0

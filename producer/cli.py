@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
-import redis
 
 from fleetgen import broker, keys
 from fleetgen.canary import Thresholds
@@ -33,7 +32,12 @@ from fleetgen.job import (
 )
 from fleetgen.ledger import STATE_RUNNING, Ledger
 from fleetgen.redact import redact
-from fleetgen.retry import REDIS_ERRORS
+from fleetgen.retry import (
+    REDIS_ERRORS,
+    RedisAuthError,
+    RedisConnectionError,
+    RedisNoPermissionError,
+)
 from fleetgen.settings import Settings, SettingsError
 from fleetgen.sink import open_sink
 from producer import export, report
@@ -635,15 +639,15 @@ def main(argv: list[str] | None = None) -> int:
     except FleetgenError as exc:
         print(f"error: {redact(exc)}", file=sys.stderr)
         return RET_ERROR
-    except redis.exceptions.AuthenticationError as exc:
+    except RedisAuthError as exc:
         print(f"error: Redis at {redact(settings.redis_url)} refused the password ({redact(exc)});"
               " check REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE", file=sys.stderr)
         return RET_ERROR
-    except redis.exceptions.NoPermissionError as exc:
+    except RedisNoPermissionError as exc:
         print(f"error: the Redis user of {redact(settings.redis_url)} may not do this ({exc}); "
               "its ACL lacks what the producer needs (docs/security.md)", file=sys.stderr)
         return RET_ERROR
-    except redis.exceptions.ConnectionError as exc:
+    except RedisConnectionError as exc:
         print(f"error: cannot reach Redis at {redact(settings.redis_url)} ({redact(exc)}); start "
               "the embedded one with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
         return RET_ERROR

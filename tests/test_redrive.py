@@ -74,9 +74,9 @@ def _assert_export_agrees_with_status(stack: Stack, job: str, to: Path) -> None:
     status = orjson.loads(stack.producer("status", job, "--json", "--no-servers").stdout)
     assert {k: exported[k] for k in ("total", "done", "failed")} == {
         k: status[k] for k in ("total", "done", "failed")}
-    assert exported["missing"] == status.total - status.done - status.failed == 0
+    assert exported["missing"] == status["total"] - status["done"] - status["failed"] == 0
     # `requeue --failed` takes its prompts off their error code, which may leave a 0.
-    assert exported["failed_by_code"] == {k: n for k, n in status.errors.items() if n}
+    assert exported["failed_by_code"] == {k: n for k, n in status["errors"].items() if n}
 
 
 def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(

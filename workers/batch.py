@@ -32,7 +32,7 @@ from fleetgen.errors import (
     WorkerStoppingError,
 )
 from fleetgen.job import JobManifest
-from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
@@ -45,7 +45,7 @@ from fleetgen.records import (
 from fleetgen.retry import on_redis, on_sink, with_attempts
 from fleetgen.sink import Sink, batch_records, open_sink
 from workers import metrics
-from workers.engine import Engine
+from workers.engine import Backlog, Engine
 from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
 from workers.preflight import SinkChecks
 from workers.quality import QualityWatch
@@ -78,6 +78,78 @@ class Outcome:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a leased run of a batch ended, as its release and its metrics need it (`ending`)."""
+
+    status: str
+    # The attempt taken with the lease counts toward FLEETGEN_BATCH_MAX_ATTEMPTS.
+    spent: bool = False
+    # The heartbeat found the lease taken over or could not renew it: the attempt is given back
+    # by hand if the release finds the lease gone (a release refunds only a lease it holds).
+    lease_lost: bool = False
+    # The error ends here, as an Outcome of this status; otherwise it goes on to the task,
+    # which requeues a hand-back and lets Celery record anything else.
+    handled: bool = False
+
+
+def ending(ended: Outcome | BaseException) -> Ending:
+    """How a leased run that returned or raised `ended` ends; the one place that decides
+    whether its attempt is spent or refunded.
+
+    An attempt is spent only if the worker dies holding the batch (no release runs then) or
+    the run meets an error nobody planned for; a finished batch and every planned hand-back
+    give it back.
+    """
+    if isinstance(ended, Outcome):
+        return Ending(ended.status)
+    if isinstance(ended, LeaseLostError):
+        # Another copy owns the batch now, or will. This worker is alive and noticed, so the
+        # batch did not kill it (a Redis outage longer than the lease does this).
+        return Ending("stopped", lease_lost=True, handled=True)
+    if isinstance(ended, JobError):
+        # Paused, cancelled, or its input is missing (the job was paused for that): `resume`
+        # re-dispatches it.
+        return Ending("handed-back", handled=True)
+    if isinstance(ended, (ServerDownError, WorkerStoppingError, SinkError)):
+        # The server or the sink stayed down, or this worker is stopping: not the batch's
+        # fault, and the task requeues it.
+        return Ending("handed-back")
+    if isinstance(ended, Exception):
+        return Ending("error", spent=True)
+    # Interrupted (SystemExit, KeyboardInterrupt, a cancelled coroutine): the worker is going
+    # away, and its release hands the batch back.
+    return Ending("error")
+
+
+@dataclass
+class _Delivery:
+    """One prompt on its way to the server: whether the backlog counts it sent, and how long
+    its tries waited for a slot."""
+
+    backlog: Backlog
+    sent: bool = False
+    queue_wait_s: float = 0.0
+
+    def leaves(self) -> None:
+        """Its request goes out now: the backlog counts it sent (once, whatever its tries)."""
+        if not self.sent:
+            self.sent = True
+            self.backlog.add(unsent=-1, sent=1)
+
+    def server_lost(self) -> None:
+        """Its server went down: unsent again until the server is back, so the worker takes
+        no new batch meanwhile (gate.py)."""
+        if self.sent:
+            self.sent = False
+            self.backlog.add(unsent=1)
+
+    def ends(self) -> None:
+        """The prompt is done with (answered, failed or held): out of the unsent count."""
+        if not self.sent:
+            self.backlog.add(unsent=-1)
+
+
 class BatchRunner:
     """Executes batches for one worker process; shared by its Celery pool threads."""
 
@@ -89,16 +161,16 @@ class BatchRunner:
         self.sink_checks = SinkChecks(engine.worker, self.settings.sink_recheck_s)
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
-        self._renew, self._quality, self._checkpoints = engine.run(self._register())
+        self._quality, self._checkpoints = engine.run(self._register())
 
-    async def _register(self) -> tuple[Any, QualityWatch, CheckpointWriter]:
-        quality = QualityWatch(self.engine.redis)
-        failures = breaker.Breaker(self.engine.redis, breaker.Limits.of(self.settings),
-                                   quality.trip)
-        writer = CheckpointWriter(self.engine.redis, self.engine.worker, quality.judge,
-                                  quality.window, self.settings.checkpoint_window_s,
-                                  failures.judge, failures.kept)
-        return self.engine.redis.register_script(RENEW_LEASE), quality, writer
+    async def _register(self) -> tuple[QualityWatch, CheckpointWriter]:
+        live = self.engine.live
+        quality = QualityWatch(live)
+        failures = breaker.Breaker(live, breaker.Limits.of(self.settings), quality.trip)
+        writer = CheckpointWriter(live.r, self.engine.worker, quality.judge, quality.window,
+                                  self.settings.checkpoint_window_s, failures.judge,
+                                  failures.kept)
+        return quality, writer
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
         # Runs on the loop, where the canary reads its thresholds and held jobs.
@@ -138,73 +210,81 @@ class BatchRunner:
         attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
         if attempt is None:
             return Outcome(status="owned-elsewhere", batch=batch)
+        return self._run_leased(manifest, sink, batch, token, attempt)
+
+    def _run_leased(self, manifest: JobManifest, sink: Sink, batch: str, token: str,
+                    attempt: int) -> Outcome:
+        """Run the batch under the lease `token` holds, then release it, its attempt spent or
+        refunded as `ending` says."""
+        job = manifest.name
         # Renewed from here to the release: reading the input, generating and writing may each
         # wait out a sink outage, and a lease that lapsed meanwhile would send the batch to
         # another worker and spend an attempt.
         heartbeat = self.engine.run(self._start_heartbeat(job, batch, token))
         started = time.monotonic()
-        status = "error"
-        # An attempt is spent only if this worker dies holding the batch, loses its lease, or
-        # meets an error nobody planned for; a finished batch and every planned hand-back
-        # give it back (a lost lease cannot: its release is a no-op).
-        refund, lost = True, False
         try:
-            if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
-                # Written, but its worker died before recording it: count it from the sink.
-                counts = written_counts(
-                    self._sink_call(lambda: list(batch_records(sink, job, batch))))
-                self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
-                status = "already-done"
-                return Outcome(status="already-done", batch=batch, attempt=attempt)
-            outcome = self._run_leased(manifest, sink, batch, heartbeat, attempt)
-            status = outcome.status
+            outcome = self._leased(manifest, sink, batch, heartbeat, attempt)
+            end = ending(outcome)
             return outcome
-        except LeaseLostError as exc:
-            # Another copy owns the batch now, or will: stop without writing; finished prompts
-            # stay in the checkpoint for whoever runs it next. This worker is alive and noticed,
-            # so the batch did not kill it (a Redis outage longer than the lease does this):
-            # its attempt is given back here, as its release can no longer do it.
-            log.warning("batch %s/%s: stopped (%s)", job, batch, exc)
-            lost = True
-            status = "stopped"
-            return Outcome(status="stopped", batch=batch, attempt=attempt)
-        except JobError as exc:
-            # Paused, cancelled, or its input is missing (the job was paused for that): handed
-            # back unwritten; `resume` re-dispatches it.
-            log.warning("batch %s/%s: handed back (%s)", job, batch, exc)
-            status = "handed-back"
-            return Outcome(status="handed-back", batch=batch, attempt=attempt)
-        except (ServerDownError, WorkerStoppingError, SinkError):
-            # Not the batch's fault: the caller requeues it.
-            status = "handed-back"
-            raise
-        except Exception as exc:
-            refund = False
-            cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
-            on_redis(f"batch {job}/{batch}: note cause",
-                     lambda: self.ledger.note_cause(job, batch, cause))
-            raise
+        except BaseException as exc:
+            end = ending(exc)
+            if end.spent:
+                self._note_cause(job, batch, exc)
+            if not end.handled:
+                raise
+            # Stopped without writing: finished prompts stay in the checkpoint for whoever
+            # runs the batch next.
+            log.warning("batch %s/%s: %s (%s)", job, batch, end.status, exc)
+            return Outcome(status=end.status, batch=batch, attempt=attempt)
         finally:
-            self.engine.run(stop_heartbeat(heartbeat))
-            released = on_redis(f"batch {job}/{batch}: release",
-                                lambda: self.ledger.release(job, batch, token, refund=refund))
-            if lost and not released:
-                on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.refund(job, batch))
+            self._release(job, batch, token, heartbeat, end)
             metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
-                                   duration_s=time.monotonic() - started, status=status)
+                                   duration_s=time.monotonic() - started, status=end.status)
+
+    def _note_cause(self, job: str, batch: str, exc: BaseException) -> None:
+        """Keep why the batch spent an attempt: the reason its prompts get at the limit."""
+        cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
+        on_redis(f"batch {job}/{batch}: note cause",
+                 lambda: self.ledger.note_cause(job, batch, cause))
+
+    def _release(self, job: str, batch: str, token: str, heartbeat: asyncio.Task[None],
+                 end: Ending) -> None:
+        """Stop the heartbeat and give the lease back, refunding the attempt unless the run
+        spent it."""
+        self.engine.run(stop_heartbeat(heartbeat))
+        released = on_redis(f"batch {job}/{batch}: release",
+                            lambda: self.ledger.release(job, batch, token, refund=not end.spent))
+        if end.lease_lost and not released:
+            on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.refund(job, batch))
 
     async def _start_heartbeat(self, job: str, batch: str, token: str) -> asyncio.Task[None]:
-        return asyncio.create_task(keep_lease(self.engine.redis, self._renew, self.settings, job,
-                                              batch, token, self._quality.hold))
+        return asyncio.create_task(keep_lease(self.engine.live, self.settings, job, batch, token,
+                                              self._quality.hold))
 
     def _sink_call(self, call: Callable[[], T]) -> T:
         """A sink read or write, ridden through an outage up to the sink deadline."""
         return on_sink(call, deadline_s=self.settings.sink_retry_deadline_s)
 
-    def _run_leased(
+    def _leased(
         self, manifest: JobManifest, sink: Sink, batch: str, heartbeat: asyncio.Task[None],
         attempt: int,
     ) -> Outcome:
+        """The batch's work under its lease: counted from the sink if a copy wrote it already,
+        else generated from its checkpoint on and written."""
+        job = manifest.name
+        if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
+            # Written, but its worker died before recording it: count it from the sink.
+            counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
+            self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
+            return Outcome(status="already-done", batch=batch, attempt=attempt)
+        return self._generate_and_write(manifest, sink, batch, heartbeat, attempt)
+
+    def _generate_and_write(
+        self, manifest: JobManifest, sink: Sink, batch: str, heartbeat: asyncio.Task[None],
+        attempt: int,
+    ) -> Outcome:
+        """Read the input, send what the checkpoint lacks (or fail it past the attempts'
+        limit), write the batch's objects and record it."""
         job = manifest.name
         raw = self._sink_call(lambda: sink.get(keys.sink_input(job, batch)))
         if raw is None:
@@ -302,19 +382,18 @@ class BatchRunner:
         self, manifest: JobManifest, batch: str, todo: list[Prompt], heartbeat: asyncio.Task[None],
         origin: Origin,
     ) -> dict[str, dict[str, Any]]:
-        results: dict[str, dict[str, Any]] = {}
         try:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
                 watch = group.create_task(follow(heartbeat))
-                prompts = [
-                    group.create_task(self._prompt(manifest, batch, p, origin, results)) for p in todo
-                ]
-                await asyncio.gather(*prompts)
+                prompts = [group.create_task(self._prompt(manifest, batch, p, origin))
+                           for p in todo]
+                records = await asyncio.gather(*prompts)
                 await cancel(watch)
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
+        results = {p.id: r for p, r in zip(todo, records, strict=True) if r is not None}
         unsent = len(todo) - len(results)
         if unsent and self.engine.draining:
             raise WorkerStoppingError(f"worker {self.engine.worker} is stopping; batch "
@@ -328,49 +407,45 @@ class BatchRunner:
 
     async def _prompt(
         self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
-        results: dict[str, dict[str, Any]],
-    ) -> None:
-        sent = [False]
+    ) -> dict[str, Any] | None:
+        """The prompt's checkpointed record, or None if its job was paused before it was sent."""
+        delivery = _Delivery(self.engine.backlog)
         try:
-            record, queue_wait = await self._generate_one(manifest, prompt, origin, sent)
+            record = await self._generate_one(manifest, prompt, origin, delivery)
         except _Held:
-            return
+            return None
         finally:
-            if not sent[0]:
-                self.engine.backlog.add(unsent=-1)
-        results[prompt.id] = record
-        _observe(manifest.name, record, queue_wait, origin)
+            delivery.ends()
+        _observe(manifest.name, record, delivery.queue_wait_s, origin)
         await self._checkpoint(manifest, batch, prompt, record)
+        return record
 
     async def _generate_one(
-        self, manifest: JobManifest, prompt: Prompt, origin: Origin, sent: list[bool]
-    ) -> tuple[dict[str, Any], float]:
-        """The prompt's final record (an answer or a failure) and its time waiting for a slot.
+        self, manifest: JobManifest, prompt: Prompt, origin: Origin, delivery: _Delivery
+    ) -> dict[str, Any]:
+        """The prompt's final record (an answer or a failure).
 
         Transient failures are tried again under the one backoff policy (fleetgen/retry.py);
         a 4xx fails the prompt at once; a server that is down spends no attempt.
         """
         settings = self.settings
-        waits: list[float] = []
         tries = 0
 
         async def one_try() -> tuple[dict[str, Any], float]:
             nonlocal tries
             tries += 1
-            return await self._send(manifest, prompt, origin, sent, waits)
+            return await self._send(manifest, prompt, origin, delivery)
 
         try:
             response, latency = await with_attempts(
                 f"prompt {prompt.id}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
         except (BadRequestError, RetryableError) as exc:
-            failed = error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
-            return failed, sum(waits)
-        return result_record(prompt.id, prompt.line, response, latency, origin), sum(waits)
+            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+        return result_record(prompt.id, prompt.line, response, latency, origin)
 
     async def _send(
-        self, manifest: JobManifest, prompt: Prompt, origin: Origin, sent: list[bool],
-        waits: list[float],
+        self, manifest: JobManifest, prompt: Prompt, origin: Origin, delivery: _Delivery,
     ) -> tuple[dict[str, Any], float]:
         """One try: a slot, the request, its answer and latency; a server found down is waited
         for (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S) and the request sent again. A
@@ -386,11 +461,9 @@ class BatchRunner:
                 async with self.engine.limiter:
                     if job in self._quality.held or self.engine.draining:
                         raise _Held
-                    if not sent[0]:
-                        sent[0] = True
-                        self.engine.backlog.add(unsent=-1, sent=1)
+                    delivery.leaves()
                     start = time.monotonic()
-                    waits.append(start - waited)
+                    delivery.queue_wait_s += start - waited
                     metrics.request_started(job, origin.worker, origin.server)
                     try:
                         response = await self.engine.client.chat(body)
@@ -407,12 +480,9 @@ class BatchRunner:
                 elif not server.resend(body, prompt.body, thinking=thinking):
                     raise
             except ServerDownError:
-                # Not the prompt's fault: wait for the server, spend no attempt. Until it is
-                # back the prompt counts as unsent and the worker takes no new batch (gate.py).
+                # Not the prompt's fault: wait for the server, spend no attempt.
                 self.engine.server_failed()
-                if sent[0]:
-                    sent[0] = False
-                    self.engine.backlog.add(unsent=1)
+                delivery.server_lost()
                 await self.engine.wait_ready(self.settings.server_down_wait_s)
 
     async def _checkpoint(

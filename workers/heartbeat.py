@@ -12,35 +12,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from fleetgen import keys
 from fleetgen.errors import JobError, LeaseLostError
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
+from fleetgen.liveledger import LiveLedger
 from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-async def keep_lease(redis: aioredis.Redis, renew: Any, settings: Settings, job: str, batch: str,
-                     token: str, on_paused: Callable[[str, bool], None]) -> None:
-    """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed.
-
-    `renew` is the registered RENEW_LEASE script (ledger.py).
-    """
+async def keep_lease(live: LiveLedger, settings: Settings, job: str, batch: str, token: str,
+                     on_paused: Callable[[str, bool], None]) -> None:
+    """Renew the lease; stop everything (self-fence) if it was lost or cannot be renewed."""
     last_ok = time.monotonic()
     ttl = settings.lease_ttl_s
     while True:
         await asyncio.sleep(settings.lease_renew_s)
         try:
-            ok = await renew(keys=[keys.lease(job, batch)], args=[token, int(ttl * 1000)])
-            if not ok:
+            if not await live.renew_lease(job, batch, token, ttl):
                 raise LeaseLostError(f"batch {job}/{batch}: lease taken over")
             last_ok = time.monotonic()
-            state = await redis.hget(keys.job(job), "state")
-            if state == STATE_CANCELLED.encode():
+            state = await live.job_state(job)
+            if state == STATE_CANCELLED:
                 raise JobError(f"job {job} was cancelled")
-            on_paused(job, state == STATE_PAUSED.encode())
+            on_paused(job, state == STATE_PAUSED)
         except (LeaseLostError, JobError):
             raise
         except Exception as exc:  # Redis unreachable: keep working while the lease may live.

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import orjson
-import redis
 
 from fleetgen import keys, redisconn
 from fleetgen.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
+from fleetgen.ledger import Ledger
 from fleetgen.redact import redact
-from fleetgen.retry import REDIS_ERRORS
+from fleetgen.retry import REDIS_ERRORS, RedisAuthError, RedisNoPermissionError
 from fleetgen.settings import Settings
 from fleetgen.sink import Sink
 
@@ -55,13 +55,13 @@ def check_start(settings: Settings, worker: str, server_url: Callable[[], str]) 
         url = server_url()
     except FleetgenError as exc:
         raise PreflightError(f"worker {worker}: {exc}") from None
-    client = redisconn.client(settings.redis_url, settings.redis_master_name, socket_timeout=10,
-                              socket_connect_timeout=5)
+    ledger = Ledger(redisconn.client(settings.redis_url, settings.redis_master_name,
+                                     socket_timeout=10, socket_connect_timeout=5))
     try:
-        _check_redis(client, settings)
-        holder = name_holder(client, worker)
+        _check_redis(ledger, settings)
+        holder = name_holder(ledger, worker)
     finally:
-        client.close()
+        ledger.close()
     if holder is not None:
         raise PreflightError(
             f"worker name {worker} is taken by a live worker on host {holder.get('host', '?')} "
@@ -70,19 +70,17 @@ def check_start(settings: Settings, worker: str, server_url: Callable[[], str]) 
     return url
 
 
-def _check_redis(client: redis.Redis, settings: Settings) -> None:
+def _check_redis(ledger: Ledger, settings: Settings) -> None:
     where = redact(settings.redis_url)
     deadline = time.monotonic() + REDIS_START_WAIT_S
     while True:
         try:
-            client.ping()
-            # What every batch does first: read the registry and a job (the ACL allows it).
-            client.hlen(keys.WORKERS)
+            ledger.check_worker_access()
             return
-        except redis.AuthenticationError as exc:
+        except RedisAuthError as exc:
             raise PreflightError(f"Redis at {where} refused the password ({redact(exc)}); check "
                                  "REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE") from None
-        except redis.exceptions.NoPermissionError as exc:
+        except RedisNoPermissionError as exc:
             raise PreflightError(f"the Redis user of {where} may not do what a worker needs "
                                  f"({exc}); see the worker's ACL in docs/security.md") from None
         except REDIS_ERRORS as exc:
@@ -94,14 +92,14 @@ def _check_redis(client: redis.Redis, settings: Settings) -> None:
             time.sleep(0.5)
 
 
-def name_holder(client: redis.Redis, worker: str, now: float | None = None) -> dict[str, Any] | None:
+def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[str, Any] | None:
     """The registry entry of a live worker registered as `worker`, or None.
 
     Live means a fresh entry and, where Redis lets us list clients, an open connection named
     for that worker: a worker killed a second ago left a fresh entry but no connection (the
     kernel closed them), so its restart under the same name is not refused.
     """
-    raw: Any = client.hget(keys.WORKERS, worker)
+    raw = ledger.worker_entry(worker)
     if raw is None:
         return None
     try:
@@ -111,12 +109,10 @@ def name_holder(client: redis.Redis, worker: str, now: float | None = None) -> d
     now = time.time() if now is None else now
     if now - float(entry.get("updated") or 0) > REGISTRY_LOST_AFTER_S:
         return None
-    try:
-        clients: Any = client.client_list()
-    except redis.ResponseError:  # CLIENT LIST not allowed for this user: trust the entry
+    names = ledger.client_names()
+    if names is None:  # CLIENT LIST not allowed for this user: trust the entry
         return entry
-    named = keys.worker_client(worker)
-    return entry if any(c.get("name") == named for c in clients) else None
+    return entry if keys.worker_client(worker) in names else None
 
 
 @dataclass

@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
-from fleetgen import canary, keys
-from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING
+from fleetgen import canary
+from fleetgen.ledger import STATE_RUNNING
+from fleetgen.liveledger import LiveLedger
 
 log = logging.getLogger(__name__)
 # After the first stretch, the window is judged once per this many answers (per job).
@@ -32,8 +32,8 @@ TRIPPED_HOLD_S = 0.5
 
 
 class QualityWatch:
-    def __init__(self, redis: aioredis.Redis) -> None:
-        self._redis = redis
+    def __init__(self, live: LiveLedger) -> None:
+        self._live = live
         # Canary thresholds of the jobs this worker has run, and their sizes in prompts.
         self._thresholds: dict[str, canary.Thresholds] = {}
         self._prompts: dict[str, int] = {}
@@ -81,11 +81,10 @@ class QualityWatch:
                                         or seen // CANARY_EVERY > seen_before // CANARY_EVERY))
         if not due:
             return
-        r = self._redis
-        state, accepted = await r.hmget(keys.job(job), "state", "quality_accepted")
-        if accepted or state != STATE_RUNNING.encode():
+        state, accepted = await self._live.canary_state(job)
+        if accepted or state != STATE_RUNNING:
             return
-        samples = [orjson.loads(x) for x in await r.lrange(keys.job_part(job, "recent"), 0, -1)]
+        samples = await self._live.recent_answers(job)
         verdict = canary.evaluate(samples, thresholds,
                                   min_answers=END_MIN_ANSWERS if at_end else None)
         if at_end and verdict is not None:
@@ -94,14 +93,11 @@ class QualityWatch:
         if at_end:
             # Status tells a small job was judged (or why not), not only when it failed.
             answers = sum(1 for x in samples if x[6] != "(failed)")
-            await r.hset(keys.job(job), "canary_end", orjson.dumps({
+            await self._live.note_canary_end(job, {
                 "answers": answers, "judged": answers >= END_MIN_ANSWERS,
-                "verdict": verdict.reason if verdict else None}))
+                "verdict": verdict.reason if verdict else None})
         if verdict is None:
             return
         log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)
         self.trip(job)
-        await r.hset(keys.job(job), mapping={
-            "state": STATE_PAUSED, "reason": verdict.reason, "updated": time.time(),
-            "quality_examples": orjson.dumps(verdict.examples), "quality_seen": seen,
-        })
+        await self._live.pause_by_canary(job, verdict.reason, verdict.examples, seen)

@@ -96,9 +96,9 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
     try:
         outcome = runner.run(job, batch)
     except (ServerDownError, WorkerStoppingError, SinkError) as exc:
-        # The server or the sink stayed down, or this worker is stopping: hand the batch back
-        # without spending its attempt; finished prompts stay checkpointed, so whoever takes it
-        # next resumes where this one stopped.
+        # The server or the sink stayed down, or this worker is stopping: hand the batch back,
+        # no attempt spent (none was taken, or its release refunded it: batch.ending); finished
+        # prompts stay checkpointed, so whoever takes it next resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)

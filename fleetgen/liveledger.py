@@ -1,0 +1,100 @@
+"""The ledger's asyncio side: what a worker's loop reads and writes in Redis while it runs
+batches (the synchronous `Ledger` is everyone else's, the batch runner's pool threads included).
+
+One `LiveLedger` per worker process, on its loop, over the connection pool whose connections
+carry the worker's name (keys.worker_client). It holds the lease heartbeat's renewal, the job
+state the heartbeat carries to a batch, the canary's and the failure breaker's reads and
+pauses, and the worker's registry entry. The per-prompt checkpoints are CheckpointWriter's
+(fleetgen/checkpoints.py), on the same client (`r`).
+
+    live = LiveLedger.connect(settings, keys.worker_client(worker))
+    if not await live.renew_lease(job, batch, token, settings.lease_ttl_s): ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.typing import EncodableT
+
+from fleetgen import keys, redisconn
+from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED
+from fleetgen.settings import Settings
+
+
+class LiveLedger:
+    """Asynchronous ledger operations of one worker process, on its loop."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.r = client
+        self._renew = client.register_script(RENEW_LEASE)
+
+    @classmethod
+    def connect(cls, settings: Settings, client_name: str) -> LiveLedger:
+        """A live ledger on REDIS_URL whose connections are named `client_name`."""
+        return cls(redisconn.async_client(
+            settings.redis_url, settings.redis_master_name, socket_timeout=30,
+            socket_connect_timeout=5, health_check_interval=10, client_name=client_name))
+
+    async def aclose(self) -> None:
+        await self.r.aclose()
+
+    # The lease heartbeat
+
+    async def renew_lease(self, job: str, batch: str, token: str, ttl_s: float) -> bool:
+        """Extend the batch's lease to `ttl_s` from now if `token` still holds it; True if it
+        did (False: the lease lapsed or another copy holds it)."""
+        return bool(await self._renew(keys=[keys.lease(job, batch)],
+                                      args=[token, int(ttl_s * 1000)]))
+
+    async def job_state(self, job: str) -> str | None:
+        """The job's state (running, paused, cancelled ...), None if it has none."""
+        raw = await self.r.hget(keys.job(job), keys.JOB_STATE)
+        return _text(raw)
+
+    # The quality canary (workers/quality.py) and the failure breaker (fleetgen/breaker.py)
+
+    async def canary_state(self, job: str) -> tuple[str | None, bool]:
+        """The job's state, and whether `resume --accept-quality` accepted its answers."""
+        state, accepted = await self.r.hmget(keys.job(job), keys.JOB_STATE,
+                                             keys.JOB_QUALITY_ACCEPTED)
+        return _text(state), bool(accepted)
+
+    async def recent_answers(self, job: str) -> list[Any]:
+        """The canary's window: a sample (canary.sample) of each recent answer, newest first."""
+        return [orjson.loads(x) for x in await self.r.lrange(keys.job_part(job, "recent"), 0, -1)]
+
+    async def note_canary_end(self, job: str, summary: dict[str, Any]) -> None:
+        """What the canary made of a job smaller than its window, judged at its last answer."""
+        await self.r.hset(keys.job(job), keys.JOB_CANARY_END, orjson.dumps(summary))
+
+    async def pause_by_canary(self, job: str, reason: str, examples: Any, seen: int) -> None:
+        """Pause the job for every worker: the canary found its recent answers bad."""
+        await self._pause(job, reason, {keys.JOB_QUALITY_EXAMPLES: orjson.dumps(examples),
+                                        keys.JOB_QUALITY_SEEN: seen})
+
+    async def pause_by_breaker(self, job: str, reason: str, cause: str,
+                               example: dict[str, Any]) -> None:
+        """Pause the job for every worker: its prompts keep failing with `cause`."""
+        await self._pause(job, reason, {keys.JOB_BREAKER_CAUSE: cause,
+                                        keys.JOB_BREAKER_EXAMPLE: orjson.dumps(example)})
+
+    async def _pause(self, job: str, reason: str, fields: Mapping[EncodableT, EncodableT]) -> None:
+        mapping: dict[EncodableT, EncodableT] = {
+            keys.JOB_STATE: STATE_PAUSED, keys.JOB_REASON: reason, keys.JOB_UPDATED: time.time(),
+            **fields}
+        await self.r.hset(keys.job(job), mapping=mapping)
+
+    # The workers' registry (fleetgen/fleet.py reads it)
+
+    async def publish_worker(self, worker: str, entry: bytes) -> None:
+        """Put the worker's registry entry (JSON) in place of its last one."""
+        await self.r.hset(keys.WORKERS, worker, entry)
+
+
+def _text(raw: Any) -> str | None:
+    return raw.decode() if isinstance(raw, bytes) else None
