@@ -3,7 +3,8 @@
 Two simulated servers, two GPU workers, Flower started with fleetgen's config
 (workers/flowerconfig.py) and a password, jobs enqueued with the producer; headless Chromium
 renders Flower's pages (JavaScript included) and screenshots them to /tmp/flower-*.png for a
-human to look at. The other tests pin down what README "flower" says about authentication.
+human to look at. The other tests pin down what docs/guides/flower.md#access-and-authentication
+says about authentication.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def test_flower_asks_for_the_password_everywhere_except_metrics_and_healthcheck(
 ) -> None:
     stack = Stack(tmp_path, {"REDIS_URL": redis_url})
     try:
-        # From the environment, as README "flower" advises: a flag would show the password in ps.
+        # From the environment, as docs/guides/flower.md#access-and-authentication advises: a flag
+        # would show the password in ps.
         proc, base = start_flower(stack, "--read_only",
                                   env={"FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"})
         wait_healthy(proc, base)

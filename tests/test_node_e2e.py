@@ -481,10 +481,11 @@ def test_tp_2_and_tp_4_servers_take_one_worker_each_and_a_rolling_restart_costs_
 
     # Two nodes of 4 simulated GPUs on one job: TP 2 (two servers) and TP 4 (one server).
     env = {"REDIS_URL": redis_url, **s3_server.env(), **FAST_WORKER_ENV}
-    sim = ("--speed", "4", "--max-running-requests", "8", "--mean-output-tokens", "800")
-    pairs = start_node(4, "--workers", "--drain-timeout", "30", env=env,
+    # A short drain: what a server still runs then is cut off and sent again by its worker.
+    sim = ("--speed", "4", "--max-running-requests", "8", "--mean-output-tokens", "600")
+    pairs = start_node(4, "--workers", "--drain-timeout", "3", env=env,
                        server_args=(*sim, "--tp-size", "2"))
-    quad = start_node(4, "--workers", "--drain-timeout", "30", env=env,
+    quad = start_node(4, "--workers", "--drain-timeout", "3", env=env,
                       server_args=(*sim, "--tp-size", "4"))
     for n, servers in ((pairs, 2), (quad, 1)):
         state = n.wait(lambda s, k=servers: len(s["gpus"]) == k and all(
@@ -509,7 +510,7 @@ def test_tp_2_and_tp_4_servers_take_one_worker_each_and_a_rolling_restart_costs_
     out_dir = tmp_path / "out"
     enqueue = subprocess.run(
         [sys.executable, "-m", "producer", "enqueue", str(write_jsonl(tmp_path / "p.jsonl", rows)),
-         "--job", "wide", "--output", str(out_dir), "--batch-size", "20", "--no-canary"],
+         "--job", "wide", "--output", str(out_dir), "--batch-size", "10", "--no-canary"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False)
     assert enqueue.returncode == 0, enqueue.stderr
     ledger = Ledger(redis_client)

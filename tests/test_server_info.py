@@ -110,7 +110,7 @@ def test_a_worker_keeps_max_in_flight_requests_at_a_server_without_server_info(
         wait_until(lambda: stub.active == 6, 60, what="6 requests in flight")
         stub.release()
         status = wait_job_done(stack, "plain", timeout=120)
-    assert status["done"] == 40 and status["failed"] == 0
+    assert status.done == 40 and status.failed == 0
     assert stub.peak == 6
     said = [line for line in worker.log().splitlines() if "FLEETGEN_MAX_IN_FLIGHT=6" in line]
     assert len(said) == 1, worker.log()

@@ -10,9 +10,12 @@ import httpx
 import pytest
 from sim_helpers import SimProcess, VirtualClockLoop, chat_body, config, running_sim
 
+from fleetgen.server_info import parse_server_info
 from launcher.logs import PrefillBatch, parse_line
+from launcher.sim import info as sim_info
 from launcher.sim.capacity import plan_capacity
 from launcher.sim.scheduler import Scheduler, SimRequest
+from launcher.sim.simulator import Simulator
 
 
 def effective(*flags: str) -> int:
@@ -109,6 +112,34 @@ def test_hybrid_cap_shows_in_server_info_and_in_the_log(caplog: pytest.LogCaptur
     assert any("max_running_requests=16, context_len=40960" in m for m in messages)
     assert any(m.startswith("Mamba Cache is allocated. max_mamba_cache_size: 80,")
                for m in messages)
+
+
+# Servers over several GPUs: tensor parallel memory, one set of pools per DP rank.
+
+def test_tensor_parallel_splits_the_weights_and_gives_the_kv_pool_every_gpus_memory() -> None:
+    one, two = plan_capacity(config()), plan_capacity(config("--tp-size", "2"))
+    assert two.weights_gb == pytest.approx(one.weights_gb / 2)
+    # Each GPU keeps what its half of the weights leaves, so the pool more than doubles.
+    assert two.kv_gb > one.kv_gb and two.max_total_num_tokens > 2 * one.max_total_num_tokens
+    assert plan_capacity(config("--tp-size", "4")).max_total_num_tokens > \
+        2 * two.max_total_num_tokens
+
+
+def test_each_data_parallel_rank_has_its_own_pools_and_the_server_runs_their_sum() -> None:
+    sim = Simulator(config("--dp-size", "2", "--max-running-requests", "24"))
+    info = parse_server_info(sim_info.server_info(sim))
+    assert info.per_rank == (24, 24) and info.concurrency == 48
+    assert info.max_total_num_tokens == plan_capacity(config()).max_total_num_tokens
+    assert sim.scheduler.cap == 48
+
+
+def test_dp_attention_ranks_share_the_gpus_and_split_the_ask() -> None:
+    flags = ("--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")
+    cap = plan_capacity(config(*flags, "--max-running-requests", "64"))
+    assert cap.effective_running == 32 and cap.requested_running == 64
+    # Each rank's pool lives on one of the two GPUs: half of what TP 2 alone pools.
+    tp2 = plan_capacity(config("--tp-size", "2")).max_total_num_tokens
+    assert abs(2 * cap.max_total_num_tokens - tp2) <= 1
 
 
 async def _flood(url: str, n: int) -> None:

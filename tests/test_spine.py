@@ -44,7 +44,7 @@ def test_500_prompts_through_two_workers_land_exactly_once_in_s3(stack: Stack, t
                          "--output", f"s3://{s3_server.bucket}/runs", "--max-tokens", "2000")
     assert "500 prompts" in out.stdout
     status = wait_job_done(stack, "five-hundred", timeout=240)
-    assert status["done"] == 500 and status["failed"] == 0
+    assert status.done == 500 and status.failed == 0
 
     import boto3
 
@@ -180,5 +180,5 @@ def test_a_sigkilled_worker_loses_nothing_and_duplicates_nothing(
     results, errors = read_results(out_dir, "kill")
     counts = _ids_once(results, errors)
     assert set(counts) == set(iter_ids(rows)) and max(counts.values()) == 1
-    assert status["done"] == 120 and status["failed"] == 0
+    assert status.done == 120 and status.failed == 0
     assert any(r["attempt"] == 2 for r in results)

@@ -539,11 +539,146 @@ def test_argv_keeps_the_users_host_log_level_and_model() -> None:
     assert "info" not in argv and "/m" not in argv
 
 
-@pytest.mark.parametrize("args", [["--port", "1"], ["--nccl-port=2"], ["--tp-size", "2"],
-                                  ["--dp", "4"]])
-def test_argv_refuses_what_the_launcher_decides_per_gpu(args: list[str]) -> None:
+@pytest.mark.parametrize("args", [["--port", "1"], ["--nccl-port=2"], ["--base-gpu-id", "2"]])
+def test_argv_refuses_what_the_launcher_decides_per_server(args: list[str]) -> None:
     with pytest.raises(ProfileError):
         build_argv(["x"], "/m", 1, 2, args)
+
+
+# Placement: servers over GPU groups (SGLang's --tp-size, --dp-size, --pp-size).
+
+def group_plan(tmp_path: Path, gpus: Sequence[int], *args: str,
+               profile: Profile | None = None) -> node.NodePlan:
+    return node.NodePlan(tuple(gpus), True, True, None, profile or Profile(), args, 30000,
+                         tmp_path, {})
+
+
+def test_tp_2_places_one_server_and_one_worker_on_each_pair_of_gpus(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(4), "--tp-size", "2")
+    assert plan.servers == {0: (0, 1), 2: (2, 3)}
+    server = plan.server_spec(2)
+    assert server.name == "gpu2-3" and server.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert server.port == 30002 and server.log_path == tmp_path / "sglang_gpu2-3.log"
+    assert server.argv[server.argv.index("--nccl-port") + 1] == "31002"
+    worker = plan.worker_spec(2, server)
+    assert worker.argv[worker.argv.index("-Q") + 1:worker.argv.index("-n") + 2] == (
+        "gpu2-3", "-n", "gpu2-3@%h")
+    assert worker.env["SGLANG_URL"] == "http://127.0.0.1:30002"
+    assert worker.env["FLEETGEN_METRICS_PORT"] == "9402"
+    assert worker.log_path == tmp_path / "worker_gpu2-3.log"
+
+
+def test_tp_4_on_eight_gpus_gives_two_servers_and_one_gpu_servers_keep_their_names(
+        tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(8), "--tensor-parallel-size", "4")
+    assert plan.servers == {0: (0, 1, 2, 3), 4: (4, 5, 6, 7)}
+    assert plan.server_spec(4).env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    single = group_plan(tmp_path, [3])
+    assert single.servers == {3: (3,)} and single.server_spec(3).name == "gpu3"
+    assert single.server_spec(3).log_path == tmp_path / "sglang_gpu3.log"
+
+
+def test_group_servers_on_gpus_that_are_not_one_range_name_each_run(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, [0, 2, 4, 6], "--tp-size", "2")
+    assert [plan.server_spec(g).name for g in plan.servers] == ["gpu0_2", "gpu4_6"]
+
+
+@pytest.mark.parametrize(("args", "gpus", "flags"), [
+    (("--tp-size", "2"), [0, 1, 2], "--tp-size 2"),
+    (("--tp-size", "4"), [0, 1, 2, 3, 4, 5], "--tp-size 4"),
+    (("--tp-size", "2", "--dp-size", "2"), [0, 1], "--tp-size 2 --dp-size 2"),
+])
+def test_gpus_that_do_not_divide_into_servers_are_refused_naming_the_flags(
+        tmp_path: Path, args: tuple[str, ...], gpus: list[int], flags: str) -> None:
+    with pytest.raises(GpuSpecError, match=f"^{flags}: each server holds"):
+        _ = group_plan(tmp_path, gpus, *args).servers
+
+
+def test_data_parallel_ranks_take_gpus_unless_they_share_them_with_dp_attention(
+        tmp_path: Path) -> None:
+    assert node.Parallel.from_args(["--dp-size", "2"]).width == 2
+    assert node.Parallel.from_args(["--tp-size", "2", "--dp-size", "2"]).width == 4
+    assert node.Parallel.from_args(["--tp", "2", "--pp-size", "2"]).width == 4
+    shared = node.Parallel.from_args(["--tp-size", "4", "--dp-size", "4",
+                                      "--enable-dp-attention"])
+    assert shared.width == 4 and shared.one_nccl_port
+    with pytest.raises(ProfileError, match="--dp-size must divide --tp-size"):
+        node.Parallel.from_args(["--tp-size", "4", "--dp-size", "3", "--enable-dp-attention"])
+    with pytest.raises(ProfileError, match="--tp-size 'two'"):
+        node.Parallel.from_args(["--tp-size", "two"])
+
+
+def test_a_dp_server_leaves_its_nccl_ports_to_sglang_one_per_rank(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(4), "--dp-size", "2")
+    server = plan.server_spec(0)
+    assert "--nccl-port" not in server.argv and server.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    shared = group_plan(tmp_path, range(2), "--tp-size", "2", "--dp-size", "2",
+                        "--enable-dp-attention")
+    assert "--nccl-port" in shared.server_spec(0).argv
+
+
+def test_a_profile_section_of_a_gpu_inside_a_server_is_refused(tmp_path: Path) -> None:
+    follower = profile_from_mapping({"gpu": {"1": {"args": ["--max-running-requests", "8"]}}})
+    with pytest.raises(ProfileError, match=r"\[gpu.1\]: GPU 1 is part of server gpu0-1"):
+        group_plan(tmp_path, range(2), "--tp-size", "2", profile=follower).server_spec(0)
+    wider = profile_from_mapping({"gpu": {"0": {"args": ["--dp-size", "2"]}}})
+    with pytest.raises(ProfileError, match="change how server gpu0-1 spreads over GPUs"):
+        group_plan(tmp_path, range(2), "--tp-size", "2", profile=wider).server_spec(0)
+
+
+def test_a_restart_of_any_gpu_of_a_server_restarts_that_server(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(4), "--tp-size", "2")
+    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r1", "args": ["--a", "1"],
+                                                   "gpus": [1, 3], "rolling": True})
+    order, _ = node.read_request(tmp_path, plan)
+    assert order is not None and sorted(order.specs) == [0, 2]
+    assert order.specs[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_a_restart_that_would_regroup_the_gpus_is_rejected(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(4), "--tp-size", "2")
+    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r2", "args": ["--tp-size", "4"]})
+    with pytest.raises(node.OrderError, match="stop the node and start it again"):
+        node.read_request(tmp_path, plan)
+
+
+def test_the_dry_run_shows_each_server_with_its_gpus_and_worker(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(4), "--tp-size", "2")
+    specs = {g: plan.server_spec(g) for g in plan.servers}
+    text = node.render_dry_run(plan, specs, {g: plan.worker_spec(g, specs[g]) for g in specs})
+    lines = text.splitlines()
+    assert "4 GPU(s) in 2 server(s) of 2 (--tp-size 2)" in lines[0]
+    assert lines[1].startswith("gpu0-1: http http://127.0.0.1:30000, nccl port 31000")
+    assert "CUDA_VISIBLE_DEVICES=0,1" in lines[2] and "-Q gpu0-1 -n gpu0-1@%h" in lines[4]
+    assert lines[5].startswith("gpu2-3: http http://127.0.0.1:30002, nccl port 31002")
+
+
+def test_status_names_a_group_server_by_its_gpus() -> None:
+    state: dict[str, Any] = {
+        "supervisor_pid": os.getpid(), "supervisor_alive": True, "updated_at": 100.0,
+        "rollout": None,
+        "gpus": [{"gpu": 2, "gpus": [2, 3], "name": "gpu2-3", "port": 30002, "pid": None,
+                  "state": "starting", "since": 90.0, "restarts": 0, "last_reason": None,
+                  "capacity": None, "worker": {"name": "worker2-3", "pid": None,
+                                               "state": "starting", "since": 90.0}}]}
+    lines = node.render_status(state, now=100.0).splitlines()
+    assert lines[2].split()[:2] == ["2-3", "30002"]
+    assert lines[3].split()[0] == "w2-3"
+
+
+def test_status_shows_what_a_dp_server_runs_at_once_over_its_ranks(tmp_path: Path) -> None:
+    sim = Simulator(SimConfig.from_argv(["--dp-size", "2", "--max-running-requests", "24"]))
+    (tmp_path / "x.log").write_text("")
+    reading = read_server(parse_server_info(sim_info.server_info(sim)),
+                          LogFollower(tmp_path / "x.log").report)
+    assert (reading.effective, reading.concurrency) == (24, 48)
+    state: dict[str, Any] = {
+        "supervisor_pid": os.getpid(), "supervisor_alive": True, "updated_at": 100.0,
+        "rollout": None,
+        "gpus": [{"gpu": 0, "gpus": [0, 1], "name": "gpu0-1", "port": 30000, "pid": None,
+                  "state": "ready", "since": 90.0, "restarts": 0, "last_reason": None,
+                  "capacity": dataclasses.asdict(reading), "worker": None}]}
+    assert "48 (24 per DP rank, asked 24)" in node.render_status(state, now=100.0)
 
 
 def test_profile_gpu_override_replaces_the_same_flag_only(tmp_path: Path) -> None:

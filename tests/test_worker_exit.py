@@ -77,7 +77,7 @@ def test_a_killed_workers_batches_are_back_before_their_ten_minute_leases_could_
                or ledger.is_done("gone", batch), 120, what=f"{batch} running again on gpu1")
     assert int(redis_client.hget(keys.job_part("gone", "attempts"), batch)) == 2
     status = wait_job_done(stack, "gone", timeout=180)
-    assert (status["done"], status["failed"]) == (80, 0)
+    assert (status.done, status.failed) == (80, 0)
     assert "closed every Redis connection" in stack.logs()
     # No live worker lost a lease to the signal: only the victim's batches ran twice.
     attempts = {k.decode(): int(v) for k, v in
@@ -121,7 +121,7 @@ def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_who
 
     stack.worker(1, url1)
     status = wait_job_done(stack, "term", timeout=180)
-    assert (status["done"], status["failed"]) == (80, 0)
+    assert (status.done, status.failed) == (80, 0)
     # gpu0 started it from scratch; gpu1 resumed it from the checkpoint, still attempt 1.
     runs = re.findall(rf"batch term/{batch}: \d+ prompts \((\d+) resumed\), attempt 1",
                       stack.logs())

@@ -176,6 +176,7 @@ def test_a_taken_port_raises_a_named_error_and_a_free_one_works_after(port: int)
     [
         (None, ["gpu0", "fleetgen"], 9400),
         (None, ["gpu7", "fleetgen"], 9407),
+        (None, ["gpu4-7", "fleetgen"], 9404),  # a server over GPUs 4-7: its lead GPU's port
         (9555, ["gpu3", "fleetgen"], 9555),
         (0, ["gpu3", "fleetgen"], None),
         (None, ["fleetgen"], None),

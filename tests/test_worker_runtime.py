@@ -109,6 +109,8 @@ def test_a_cancelled_waiter_keeps_no_slot_even_if_cancelled_as_it_was_handed_one
 def test_the_gpu_queue_names_the_server_unless_sglang_url_does() -> None:
     settings = Settings.from_env({})
     assert server_url(settings, ["gpu3", "shared"]) == settings.server_url_for_gpu(3)
+    # A server over GPUs 2 and 3 listens on its lead GPU's port.
+    assert server_url(settings, ["gpu2-3", "shared"]) == settings.server_url_for_gpu(2)
     assert server_url(Settings.from_env({"SGLANG_URL": "http://gpu-box:30000"}),
                       ["gpu3"]) == "http://gpu-box:30000"
     for queues in (["shared"], ["gpu0", "gpu1"]):

@@ -12,7 +12,8 @@ import ipaddress
 from tornado.options import options as _tornado_options
 
 # Flower's own default is every interface, and its pages need no login unless auth is set:
-# loopback until someone decides otherwise (and then sets --basic-auth, see README "flower").
+# loopback until someone decides otherwise (and then sets --basic-auth, see
+# docs/guides/flower.md#access-and-authentication).
 address = "127.0.0.1"
 port = 5555
 

@@ -1,8 +1,9 @@
 """Prometheus metrics of one worker process, served on its own `/metrics` port.
 
 Each GPU worker is one process (Celery threads pool), so each process serves its own
-registry on a port derived from its GPU: queue gpuN -> 9400+N (`FLEETGEN_METRICS_PORT`
-overrides, 0 turns it off), on 127.0.0.1 unless `FLEETGEN_METRICS_HOST` says otherwise.
+registry on a port derived from its GPU: queue gpuN -> 9400+N, and a server over several GPUs
+(gpuN-M) -> 9400+N, its lead GPU (`FLEETGEN_METRICS_PORT` overrides, 0 turns it off), on
+127.0.0.1 unless `FLEETGEN_METRICS_HOST` says otherwise.
 That is simpler and more honest than prometheus_client's multiprocess mode (one shared
 `PROMETHEUS_MULTIPROC_DIR` aggregated by one endpoint): no mmap files to wipe at start, gauges
 keep their plain meaning, `process_*` metrics work, and a dead worker shows up as its own
@@ -20,7 +21,8 @@ and thread-safe:
                     latency_s=41.2, queue_wait_s=0.03)
 
 Every family is named `fleetgen_*` and labelled `job`, `worker` (the Celery node name, as
-in Flower) and `server` (the SGLang URL); README "metrics" lists them with a scrape config.
+in Flower) and `server` (the SGLang URL); docs/reference/metrics.md lists them and
+docs/guides/prometheus.md#scraping has a scrape config.
 A finished job's series are removed (`forget_job`, from the reconciler's round), so a worker
 that runs thousands of jobs serves the active ones' series, not every job's it ever ran.
 """
@@ -177,7 +179,7 @@ def exporter_port(configured: int | None, queues: Iterable[str]) -> int | None:
     """The port a worker consuming `queues` should serve on, or None for "no metrics".
 
     `configured` is FLEETGEN_METRICS_PORT: a number wins, 0 turns metrics off; unset means
-    9400+N for the worker's gpuN queue (None when it consumes no gpuN queue).
+    9400+N for the worker's gpuN or gpuN-M queue (None when it consumes no such queue).
     """
     if configured is not None:
         return configured or None

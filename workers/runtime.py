@@ -1,7 +1,8 @@
 """Per-process worker state: which server this worker serves, its engine and batch runner.
 
 Set up from Celery signals: `celeryd_after_setup` reads the worker's `-Q` to find its GPU
-(queue `gpuN` -> server port 30000+N unless SGLANG_URL is set) and adds the shared queue, so
+(queue `gpuN`, or `gpuN-M` for a server over GPUs N to M, -> server port 30000+N unless
+SGLANG_URL is set) and adds the shared queue, so
 `celery -A workers worker -Q gpu0` serves GPU 0 and also takes shared work.
 """
 

@@ -1,8 +1,9 @@
-"""Node supervision: one SGLang server (or simulator) per GPU, kept running (`up`, `status`,
-`restart`).
+"""Node supervision: one SGLang server (or simulator) per GPU, or per group of GPUs for
+tensor/data-parallel servers, kept running (`up`, `status`, `restart`).
 
     _commands.py    main: `up`, `status` (the table), `restart` (and following it)
-    _plan.py        NodePlan: each GPU's server and worker spec and ports; restart.json -> Order
+    _plan.py        NodePlan: each server's GPUs (Parallel), its and its worker's spec and
+                    ports; restart.json -> Order
     _supervisor.py  Supervisor: the loops that keep each GPU's server and worker up; Policy,
                     Slot, Child, Order
     _watch.py       one server watched: LogFollower, wait_ready over /health, Reading once ready
@@ -66,14 +67,23 @@ from launcher.node._flags import (
     table_json,
     wheel_release,
 )
-from launcher.node._gpus import Gpu, discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
+from launcher.node._gpus import (
+    Gpu,
+    discover_gpus,
+    group_gpus,
+    parse_gpu_line,
+    parse_gpu_spec,
+    select_gpus,
+)
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
     NCCL_OFFSET,
     SIM_COMMAND,
     NodePlan,
+    Parallel,
     check_ports,
     read_request,
+    render_dry_run,
 )
 from launcher.node._process import (
     MARKER,
@@ -143,6 +153,7 @@ __all__ = [
     "Observed",
     "Order",
     "OrderError",
+    "Parallel",
     "Policy",
     "Probe",
     "Profile",
@@ -169,6 +180,7 @@ __all__ = [
     "entry_from_server_info",
     "flag_value",
     "follow",
+    "group_gpus",
     "load_profile",
     "load_table",
     "main",
@@ -186,6 +198,7 @@ __all__ = [
     "read_wheel",
     "relative_throughput",
     "release_for",
+    "render_dry_run",
     "render_status",
     "run_tune",
     "select_gpus",

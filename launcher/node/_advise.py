@@ -82,10 +82,14 @@ class Advice:
     why: str = ""
     samples: int = 0
     url: str | None = None
+    server: str | None = None  # a node's server by its queue name, `gpu0` or `gpu0-1`
 
     @property
     def name(self) -> str:
-        """`gpu0` for a node's GPU, else the server's URL."""
+        """`gpu0` (`gpu0-1` for a server over GPUs 0 and 1) for a node's server, else its
+        URL."""
+        if self.server:
+            return self.server
         return f"gpu{self.gpu}" if self.gpu is not None else str(self.url)
 
     @property
@@ -145,7 +149,8 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
             mamba_usage=obs.mamba_usage, mamba_slots=slots, mamba_num=held,
             tokens_per_s=obs.tokens_per_s, flags=tuple(flags), predicted_running=target,
             predicted_tokens_per_s=predicted, why=why, samples=obs.samples,
-            url=url if isinstance(url, str) else None)
+            url=url if isinstance(url, str) else None,
+            server=str(entry["name"]) if entry.get("name") else None)
 
     if n is None or n <= 0:
         return verdict("unknown", "the effective cap is not known yet")

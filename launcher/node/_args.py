@@ -45,6 +45,10 @@ RENAMES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
 )
 _TOP_KEYS = {"model", "args", "env", "gpu", "command", "sglang_version"}
 _GPU_KEYS = {"model", "args", "env"}
+# A profile `command` for another engine (`transformers serve`, vLLM) takes the model, port
+# and host where that engine wants them: tokens holding these are filled in per server, and
+# no SGLang flag is added (`build_argv`).
+PLACEHOLDERS = ("{model}", "{port}", "{host}")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class Profile:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     gpu: Mapping[int, GpuOverride] = field(default_factory=dict)
-    command: tuple[str, ...] | None = None  # replaces `sglang serve` (e.g. another venv)
+    # Replaces `sglang serve` (e.g. another venv), or names another engine (PLACEHOLDERS).
+    command: tuple[str, ...] | None = None
     sglang_version: str | None = None  # forces flag spelling when SGLang is elsewhere
 
     def for_gpu(self, index: int, cli_args: Sequence[str] = (),
@@ -269,26 +274,33 @@ def flag_value(args: Sequence[str], *names: str) -> str | None:
     return value
 
 
-def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int,
+def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int | None,
                args: Sequence[str], host: str = HOST) -> list[str]:
     """The server's full argv: entry point, model, ports, launcher defaults, then `args`.
 
-    `host` is where the server listens unless `args` say `--host` themselves.
+    `host` is where the server listens unless `args` say `--host` themselves; `nccl_port`
+    None leaves the NCCL ports to SGLang (a data-parallel server takes one per DP rank).
+    A `command` with a `PLACEHOLDERS` token is another engine's: those tokens are filled in
+    and `args` follow, nothing else added:
+
+        build_argv(["transformers", "serve", "{model}", "--port", "{port}"], "/m", 30000,
+                   None, ["--continuous-batching"])
+        # ["transformers", "serve", "/m", "--port", "30000", "--continuous-batching"]
     """
     for flag in ("--port", "--nccl-port", "--base-gpu-id"):
         if flag_value(args, flag) is not None:
-            raise ProfileError(f"{flag} is set per GPU by the launcher (ports: --base-port); "
-                               "remove it from the server arguments")
-    for flags in (("--tp-size", "--tensor-parallel-size", "--tp"),
-                  ("--dp-size", "--data-parallel-size", "--dp")):
-        value = flag_value(args, *flags)
-        if value not in (None, "1"):
-            raise ProfileError(f"{flags[0]} {value}: the launcher runs one server per GPU, "
-                               "so tensor and data parallelism must be 1")
+            raise ProfileError(f"{flag} is set per server by the launcher (ports: --base-port; "
+                               "GPUs: CUDA_VISIBLE_DEVICES); remove it from the server arguments")
+    if any(p in token for token in command for p in PLACEHOLDERS):
+        values = dict(zip(PLACEHOLDERS, (model or "", str(port), flag_value(args, "--host")
+                                         or host), strict=True))
+        return [_fill(token, values) for token in command] + list(args)
     argv = list(command)
     if model and flag_value(args, "--model-path", "--model") is None:
         argv += ["--model-path", model]
-    argv += ["--port", str(port), "--nccl-port", str(nccl_port)]
+    argv += ["--port", str(port)]
+    if nccl_port is not None:
+        argv += ["--nccl-port", str(nccl_port)]
     # --log-level warning would hide the lines readiness and capacity are read from (§1).
     for flag, value in (("--host", host), ("--log-level", "info")):
         if flag_value(args, flag) is None:
@@ -296,3 +308,9 @@ def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: 
     if flag_value(args, "--enable-metrics") is None:
         argv.append("--enable-metrics")
     return argv + list(args)
+
+
+def _fill(token: str, values: Mapping[str, str]) -> str:
+    for placeholder, value in values.items():
+        token = token.replace(placeholder, value)
+    return token

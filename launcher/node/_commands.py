@@ -11,7 +11,7 @@
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
-and sends the supervisor SIGHUP, then follows the rollout in node.json. See README "launcher".
+and sends the supervisor SIGHUP, then follows the rollout in node.json (docs/guides/gpu-nodes.md).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,7 +51,7 @@ from launcher.node._rundir import (
     write_json,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
-from launcher.node._tune import TUNE_FILE, cmd_tune
+from launcher.node._tune import TUNE_FILE, TuneSettings, auto_tune, cmd_tune, describe_tune
 from launcher.node._watch import HttpProbe
 from launcher.ports import HOST
 
@@ -86,7 +87,8 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
 def up_parser() -> CommandParser:
     p = CommandParser(
         prog="python -m launcher up",
-        description="Start one SGLang server per GPU and keep them running until SIGTERM.",
+        description="Start one SGLang server per GPU (per group of GPUs with --tp-size, "
+                    "--pp-size or --dp-size after --) and keep them running until SIGTERM.",
         epilog="examples:\n  python -m launcher up --gpus 0-6 --model /dev/shm/Qwen3.6-27B -- "
         "--speculative-algorithm NEXTN --mem-fraction-static 0.93\n"
         "  python -m launcher up --gpus 0,1 --sim --workers\n"
@@ -95,9 +97,11 @@ def up_parser() -> CommandParser:
     p.add_argument("--model", help="model path (overrides the profile's `model`)")
     p.add_argument("--profile", type=Path, help="TOML (or YAML) file: model, args, [gpu.N]")
     p.add_argument("--sim", action="store_true", help="run the SGLang simulator (no GPU needed)")
-    p.add_argument("--workers", action="store_true", help="also run one Celery worker per GPU")
+    p.add_argument("--workers", action="store_true",
+                   help="also run one Celery worker per server")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                   help="GPU N's server takes BASE+N (HTTP) and BASE+1000+N (NCCL)"
+                   help="the server on GPU N (or led by it) takes BASE+N (HTTP) and "
+                        "BASE+1000+N (NCCL)"
                    " (default: %(default)s)")
     p.add_argument("--host", default=HOST,
                    help="address the servers listen on: 0.0.0.0 or this node's address lets "
@@ -117,6 +121,11 @@ def up_parser() -> CommandParser:
                    help="seconds between SIGTERM and SIGKILL when a server stops")
     p.add_argument("--drain-timeout", type=float, default=policy.drain_timeout_s,
                    help="seconds a restart waits for a server's running requests to finish")
+    p.add_argument("--tune", action="store_true",
+                   help="once the servers are loaded and work waits, run `launcher tune` by "
+                        "itself where a limit binds: one GPU at a time, kept where it wins")
+    p.add_argument("--tune-window", type=float, default=TuneSettings.window_s,
+                   help="seconds of samples per --tune measure (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each GPU's argv, environment and ports, start nothing")
     return p
@@ -155,10 +164,11 @@ def cmd_up(argv: Sequence[str]) -> int:
     plan = NodePlan(tuple(gpus), args.sim, args.workers, args.model, profile,
                     tuple(server_args or ()), args.base_port, args.log_dir or run_dir / "logs",
                     dict(os.environ), assume_command=args.dry_run, host=args.host)
-    specs = {gpu: plan.server_spec(gpu) for gpu in gpus}
-    metrics = {g: plan.metrics_port(g) for g in gpus} if args.workers else {}
+    servers = plan.servers  # each server's GPUs, by its lead GPU
+    specs = {lead: plan.server_spec(lead) for lead in servers}
+    metrics = {g: plan.metrics_port(g) for g in servers} if args.workers else {}
     if args.dry_run:
-        workers = {g: plan.worker_spec(g, specs[g]) for g in gpus} if args.workers else {}
+        workers = {g: plan.worker_spec(g, specs[g]) for g in servers} if args.workers else {}
         print(render_dry_run(plan, specs, workers))
         try:
             check_ports(specs, metrics)
@@ -167,18 +177,21 @@ def cmd_up(argv: Sequence[str]) -> int:
         return EXIT_OK
     check_ports(specs, metrics)
     slots = [Slot(g, Child(specs[g]), Child(plan.worker_spec(g, specs[g])) if args.workers
-                  else None) for g in gpus]
+                  else None, gpus=servers[g]) for g in servers]
     # SGLang logs its own --api-key (upstream): a new run dir is private to this user.
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)
-    log.info("node: %d GPU(s) %s%s, run dir %s, logs %s", len(gpus), list(gpus),
+    log.info("node: %d GPU(s) %s%s%s, run dir %s, logs %s", len(gpus), list(gpus),
+             f" in {len(servers)} servers ({plan.parallel.text()})"
+             if plan.parallel.width > 1 else "",
              " (simulator)" if args.sim else f" (sglang {plan.version})", run_dir, plan.log_dir)
+    tune = TuneSettings.for_window(args.tune_window) if args.tune else None
     return asyncio.run(_supervise(plan, slots, policy, run_dir, flag_value(
-        specs[gpus[0]].argv, "--api-key")))
+        specs[gpus[0]].argv, "--api-key"), tune))
 
 
 async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir: Path,
-                     api_key: str | None) -> int:
+                     api_key: str | None, tune: TuneSettings | None = None) -> int:
     header = {"run_dir": str(run_dir), "log_dir": str(plan.log_dir), "sim": plan.sim,
               "workers": plan.workers, "started_at": time.time(), "sglang_version": plan.version}
     holder = {"plan": plan}
@@ -192,10 +205,38 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
         slots, policy, probe=probe, load_order=load_order,
         publish=lambda snapshot: write_json(run_dir / STATE_FILE, {
             **header, **snapshot, "tune": _read_tune(run_dir)}))
+    if tune is not None:
+        (run_dir / TUNE_FILE).unlink(missing_ok=True)  # a former run's log is not this node's
+    tuning = _start_tuning(supervisor, run_dir, tune) if tune is not None else None
     try:
         return await supervisor.run()
     finally:
+        if tuning is not None:
+            tuning.cancel()
         await probe.aclose()
+
+
+def _start_tuning(supervisor: Supervisor, run_dir: Path,
+                  settings: TuneSettings) -> asyncio.Task[None]:
+    """`up --tune`: `auto_tune` in a daemon thread (it blocks on windows of samples and on
+    rollouts, which it asks of this supervisor by SIGHUP); stopped with the node."""
+    stop = threading.Event()
+
+    def tune() -> None:
+        try:
+            auto_tune(run_dir, settings, stop)
+        except Exception:  # a failed tuning must not take the node down
+            log.exception("node: tuning failed")
+
+    threading.Thread(target=tune, name="tune", daemon=True).start()
+
+    async def stop_with_node() -> None:
+        try:
+            await supervisor.stop.wait()
+        finally:
+            stop.set()
+
+    return asyncio.create_task(stop_with_node())
 
 
 def _read_tune(run_dir: Path) -> Any:
@@ -250,7 +291,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                    help="the launcher's run directory (node.json)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--gpus", help="only these GPUs (default: all)")
+    where.add_argument("--gpus", help="only the servers holding these GPUs (default: all)")
     where.add_argument("--url", action="append", metavar="URL",
                        help="an SGLang server started without the launcher (repeatable); "
                             "node.json is not read")
@@ -289,14 +330,15 @@ def cmd_advise(argv: Sequence[str]) -> int:
 
 
 def _ready_entries(run_dir: Path, gpus: str | None) -> list[dict[str, Any]]:
-    """node.json's ready GPUs (only those of `gpus` when given)."""
+    """node.json's ready servers (only those holding one of `gpus` when given)."""
     state = read_state(run_dir)
     if state is None:
         raise NodeError(f"no {STATE_FILE} in {run_dir}: `launcher up` has not run here "
                         "(or pass --run-dir, or --url for a server started without it)")
     wanted = set(parse_gpu_spec(gpus)) if gpus else None
     entries = [g for g in state.get("gpus", [])
-               if g.get("state") == "ready" and (wanted is None or g["gpu"] in wanted)]
+               if g.get("state") == "ready"
+               and (wanted is None or wanted & set(g.get("gpus") or [g["gpu"]]))]
     if not entries:
         raise NodeError("no ready GPU to advise on (see `launcher status`)")
     return entries
@@ -317,8 +359,8 @@ def cmd_restart(argv: Sequence[str]) -> int:
         "`--` (--replace-args: replace them all).\nexample:\n"
         "  python -m launcher restart --rolling -- --max-running-requests 64")
     p.add_argument("--rolling", action="store_true",
-                   help="one GPU at a time, each ready before the next (else all at once)")
-    p.add_argument("--gpus", help="only these GPUs (default: all)")
+                   help="one server at a time, each ready before the next (else all at once)")
+    p.add_argument("--gpus", help="only the servers holding these GPUs (default: all)")
     p.add_argument("--profile", type=Path, help="reload this profile file")
     p.add_argument("--replace-args", action="store_true",
                    help="the arguments after `--` replace the old ones instead of overriding")
@@ -391,13 +433,15 @@ def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
         rows.append(_row(g, now))
         worker = g.get("worker")
         if worker:
-            rows.append(_row({**worker, "gpu": f"  w{g['gpu']}", "port": "-"}, now))
+            rows.append(_row({**worker, "gpu": f"  w{_gpus_text(g)}", "port": "-"}, now))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
                       for r in rows]
     rollout = state.get("rollout")
     if rollout:
         lines.append(_rollout_text(rollout))
+    if state.get("tune"):
+        lines.append(describe_tune(state["tune"]))
     # One line of advice per ready GPU with flags to try, from its capacity alone (no HTTP:
     # `launcher advise` samples the live figures first).
     for g in state.get("gpus", []):
@@ -417,11 +461,22 @@ def _row(g: Mapping[str, Any], now: float) -> tuple[str, ...]:
     cap = g.get("capacity") or {}
     capacity = "-"
     if cap.get("effective") is not None:
-        capacity = f"{cap['effective']} (asked {cap.get('requested') or 'auto'})"
+        asked = cap.get("requested") or "auto"
+        capacity = f"{cap['effective']} (asked {asked})"
+        whole = cap.get("concurrency")
+        if whole is not None and whole != cap["effective"]:  # a server of several DP ranks
+            capacity = f"{whole} ({cap['effective']} per DP rank, asked {asked})"
     # A ready server explains its capacity; any other state explains itself.
     why = cap.get("reason") if g.get("state") in ("ready", "running") else g.get("last_reason")
-    return (str(g.get("gpu")), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
+    return (_gpus_text(g), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
             capacity, why or "")
+
+
+def _gpus_text(g: Mapping[str, Any]) -> str:
+    """The GPU column: `3` for a one-GPU server, `0-1` for one over GPUs 0 and 1 (its queue's
+    name without `gpu`)."""
+    gpus, name = g.get("gpus") or [], str(g.get("name") or "")
+    return name.removeprefix("gpu") if len(gpus) > 1 and name else str(g.get("gpu"))
 
 
 def _rollout_text(r: Mapping[str, Any]) -> str:

@@ -3,7 +3,7 @@
     NodeError           # the node cannot be brought up or controlled as asked
       ProfileError      # a bad profile file or server argument
       NoGpuError        # nvidia-smi missing or failed, or a requested index absent
-      GpuSpecError      # a bad --gpus value
+      GpuSpecError      # a bad --gpus value, or GPUs that do not divide into whole servers
       OrderError        # a restart request the supervisor cannot carry out (_supervisor.py)
 
 `launcher up|status|restart` print any LauncherError (a busy port is
@@ -29,4 +29,5 @@ class NoGpuError(NodeError):
 
 
 class GpuSpecError(NodeError):
-    """A `--gpus` value that is not a list of indices and ranges (e.g. `0-6` or `0,1,4`)."""
+    """A `--gpus` value that is not a list of indices and ranges (e.g. `0-6` or `0,1,4`), or
+    GPUs that do not divide into servers of the size the parallelism flags give."""

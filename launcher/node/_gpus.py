@@ -2,6 +2,7 @@
 
     gpus = discover_gpus()     # [Gpu(index=0, name='NVIDIA H100 80GB HBM3', memory_mib=81559)]
     parse_gpu_spec("0-3,6")             # [0, 1, 2, 3, 6]
+    group_gpus([0, 1, 2, 3], 2, "--tp-size 2")   # [(0, 1), (2, 3)]: one server each
 
 Indices are nvidia-smi's (PCI bus order); the launcher starts each server with
 `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA numbers the devices the same way.
@@ -89,3 +90,16 @@ def select_gpus(wanted: Sequence[int] | None, present: Sequence[Gpu]) -> list[Gp
         have = ", ".join(str(i) for i in sorted(by_index)) or "none"
         raise NoGpuError(f"GPU {', '.join(map(str, missing))} not found (this node has {have})")
     return [by_index[i] for i in wanted]
+
+
+def group_gpus(gpus: Sequence[int], size: int, why: str) -> list[tuple[int, ...]]:
+    """`gpus` cut, in order, into groups of `size`: the GPUs of each server.
+
+    `why` names the flags that set `size` (`--tp-size 2`), for the GpuSpecError raised when
+    the GPUs do not divide into whole servers.
+    """
+    if len(gpus) % size:
+        listed = ", ".join(map(str, gpus))
+        raise GpuSpecError(f"{why}: each server holds {size} GPUs, but {len(gpus)} GPU(s) are "
+                           f"selected ({listed}); select a multiple of {size} with --gpus")
+    return [tuple(gpus[i:i + size]) for i in range(0, len(gpus), size)]

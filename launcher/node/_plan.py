@@ -1,4 +1,10 @@
-"""The node plan: how each GPU's server and worker is launched, on which ports.
+"""The node plan: which GPUs each server holds, how it and its worker are launched, on which
+ports.
+
+A server holds one GPU unless SGLang's own parallelism flags say more (`Parallel`): with
+`--tp-size 2` on GPUs 0-3 the node runs two servers, on GPUs 0-1 and 2-3, each with one
+worker. A server is known by its lead GPU (its first), which places its ports, and named by
+its queue (`gpu0`, `gpu0-1`: fleetgen.keys.gpu_queue).
 
 Also how a `restart.json` request turns into a supervisor Order and the plan it implies,
 and the up-front check that every planned port is free.
@@ -11,11 +17,11 @@ import json
 import logging
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetgen.keys import METRICS_BASE_PORT
+from fleetgen.keys import METRICS_BASE_PORT, gpu_queue
 from fleetgen.redact import redact_argv
 from launcher.errors import PortBusyError
 from launcher.node._args import (
@@ -31,6 +37,7 @@ from launcher.node._args import (
 from launcher.node._args import sglang_version as installed_sglang_version
 from launcher.node._errors import NodeError, ProfileError
 from launcher.node._flags import check_args
+from launcher.node._gpus import group_gpus
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
@@ -50,11 +57,75 @@ RANDOM_NCCL_RANGE = range(22000, 30000)
 # host (--base-port 30000 and 31000) take 9400+N and 10400+N, not both 9400+N.
 METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
+# SGLang's parallelism flags in every spelling merge_args treats as one flag.
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+DP_FLAGS = ("--dp-size", "--data-parallel-size", "--dp")
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+DP_ATTENTION_FLAG = "--enable-dp-attention"
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How one server spreads over GPUs, read from SGLang's own flags.
+
+    Tensor and pipeline parallelism multiply the GPUs of a server; each data-parallel rank is
+    one more tp x pp group of GPUs, except with --enable-dp-attention, where the DP ranks
+    share the tensor-parallel GPUs (SGLang's DataParallelController).
+
+        Parallel.from_args(["--tp-size", "2"]).width   # 2
+    """
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    dp_attention: bool = False
+
+    @classmethod
+    def from_args(cls, args: Sequence[str]) -> Parallel:
+        """The parallelism `args` ask for; ProfileError for a size that is not a count."""
+        sizes = []
+        for flags in (TP_FLAGS, DP_FLAGS, PP_FLAGS):
+            value = flag_value(args, *flags)
+            if value is not None and (not value.isdigit() or int(value) < 1):
+                raise ProfileError(f"{flags[0]} {value!r}: expected a whole number, 1 or more")
+            sizes.append(int(value) if value is not None else 1)
+        attention = flag_value(args, DP_ATTENTION_FLAG)
+        tp, dp, pp = sizes
+        parallel = cls(tp, dp, pp, attention is not None
+                       and attention.lower() not in ("false", "0", "no"))
+        if parallel.dp_attention and tp % dp:
+            raise ProfileError(f"{DP_ATTENTION_FLAG} with --tp-size {tp} --dp-size {dp}: the DP "
+                               "ranks share the tensor-parallel GPUs, so --dp-size must divide "
+                               "--tp-size")
+        return parallel
+
+    @property
+    def width(self) -> int:
+        """The GPUs one server holds."""
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+
+    @property
+    def one_nccl_port(self) -> bool:
+        """Whether the server takes the NCCL port the launcher gives it. DP ranks without DP
+        attention each start their own tensor-parallel group and bind one NCCL port each
+        (SGLang's launch_dp_schedulers), so one given port would clash: SGLang picks them."""
+        return self.dp == 1 or self.dp_attention
+
+    def text(self) -> str:
+        """The flags that make a server wider than one GPU, e.g. `--tp-size 2 --dp-size 2`."""
+        parts = [f"{flag} {n}" for flag, n in (("--tp-size", self.tp), ("--pp-size", self.pp),
+                                                 ("--dp-size", self.dp)) if n > 1]
+        if self.dp_attention:
+            parts.append(DP_ATTENTION_FLAG)
+        return " ".join(parts) or "one GPU per server"
 
 
 @dataclass(frozen=True)
 class NodePlan:
-    """How every GPU's server and worker is launched; `restart` replaces args or profile."""
+    """How every server and worker of the node is launched; `restart` replaces args or profile.
+
+    Servers are keyed by their lead GPU (`servers`); a one-GPU server's lead is its GPU.
+    """
 
     gpus: tuple[int, ...]
     sim: bool
@@ -89,30 +160,69 @@ class NodePlan:
         return (f"SGLang is not installed here: flags spelled and checked for sglang "
                 f"{NEWEST_SGLANG}, the newest release the flags table was made from")
 
+    @property
+    def parallel(self) -> Parallel:
+        """How each server spreads over GPUs: the profile's `args` and the command line's."""
+        return Parallel.from_args(merge_args(self.profile.args, self.cli_args))
+
+    @property
+    def servers(self) -> dict[int, tuple[int, ...]]:
+        """Each server's GPUs by its lead GPU, the selected GPUs cut in order; GpuSpecError
+        when they do not divide into whole servers."""
+        parallel = self.parallel
+        return {group[0]: group for group in group_gpus(self.gpus, parallel.width,
+                                                        parallel.text())}
+
+    def lead_of(self, gpu: int) -> int:
+        """The lead GPU of the server holding `gpu` (NodeError when none does)."""
+        for lead, group in self.servers.items():
+            if gpu in group:
+                return lead
+        raise NodeError(f"GPU {gpu} not supervised here (GPUs {list(self.gpus)})")
+
     def metrics_port(self, gpu: int) -> int | None:
-        """GPU `gpu`'s worker's /metrics port (METRICS_OFFSET); None when the environment
-        turns the workers' metrics off (FLEETGEN_METRICS_PORT=0)."""
+        """The /metrics port of the worker of the server led by GPU `gpu` (METRICS_OFFSET);
+        None when the environment turns the workers' metrics off (FLEETGEN_METRICS_PORT=0)."""
         if self.env.get("FLEETGEN_METRICS_PORT") == "0":
             return None
         return self.base_port + METRICS_OFFSET + gpu
 
     def server_spec(self, gpu: int) -> LaunchSpec:
-        """GPU `gpu`'s server: merged arguments, adapted flag names, ports, environment."""
+        """The server led by GPU `gpu`: merged arguments, adapted flag names, ports, the GPUs
+        it holds."""
+        gpus = self.servers[gpu]
+        name = gpu_queue(gpus)
         model, args = self.profile.for_gpu(gpu, self.cli_args, self.model)
+        self._check_overrides(gpus, args)
         if not self.sim and model is None and flag_value(args, "--model-path", "--model") is None:
             raise ProfileError("no model: pass --model PATH or set `model` in the profile")
         args, notes = adapt_flags(args, self.version)
         for note in notes:
-            log.info("gpu%d: flag %s", gpu, note)
+            log.info("%s: flag %s", name, note)
         command = SIM_COMMAND if self.sim else tuple(self._command())
-        # base + GPU index, not position: a worker for queue gpuN defaults to port 30000+N.
+        # base + lead GPU index, not position: a worker for queue gpuN (or gpuN-M) defaults
+        # to port 30000+N.
         port = self.base_port + gpu
-        argv = build_argv(command, model, port, port + NCCL_OFFSET, args, self.host)
+        nccl = port + NCCL_OFFSET if self.parallel.one_nccl_port else None
+        argv = build_argv(command, model, port, nccl, args, self.host)
         env = {**self.env, **self.profile.env_for_gpu(gpu),
                # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order may differ.
-               "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        return LaunchSpec(f"gpu{gpu}", tuple(argv), env, self.log_dir / f"sglang_gpu{gpu}.log",
+               "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        return LaunchSpec(name, tuple(argv), env, self.log_dir / f"sglang_{name}.log",
                           port, flag_value(args, "--host") or self.host)
+
+    def _check_overrides(self, gpus: tuple[int, ...], args: Sequence[str]) -> None:
+        """A `[gpu.N]` section applies to the server N leads; it may not resize servers."""
+        name = gpu_queue(gpus)
+        for other in gpus[1:]:
+            if other in self.profile.gpu:
+                raise ProfileError(f"[gpu.{other}]: GPU {other} is part of server {name}, "
+                                   f"whose settings go in [gpu.{gpus[0]}]")
+        if Parallel.from_args(args) != self.parallel:
+            raise ProfileError(f"[gpu.{gpus[0]}] args change how server {name} spreads over "
+                               "GPUs: give --tp-size, --dp-size, --pp-size and "
+                               f"{DP_ATTENTION_FLAG} in the profile's `args` or after `--`")
 
     def _command(self) -> list[str]:
         try:
@@ -123,14 +233,16 @@ class NodePlan:
             raise
 
     def worker_spec(self, gpu: int, server: LaunchSpec) -> LaunchSpec:
-        """GPU `gpu`'s Celery worker, pointed at its server."""
-        argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}",
-                "-n", f"gpu{gpu}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
+        """The Celery worker of the server led by GPU `gpu`, pointed at that server."""
+        queue = gpu_queue(self.servers[gpu])
+        argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue,
+                "-n", f"{queue}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
         env = {**self.env, "SGLANG_URL": server.url}
         metrics = self.metrics_port(gpu)
         if metrics is not None:
             env["FLEETGEN_METRICS_PORT"] = str(metrics)
-        return LaunchSpec(f"worker{gpu}", argv, env, self.log_dir / f"worker_gpu{gpu}.log")
+        return LaunchSpec(f"worker{queue.removeprefix('gpu')}", argv, env,
+                          self.log_dir / f"worker_{queue}.log")
 
 
 def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]:
@@ -153,7 +265,12 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
         missing = [g for g in gpus if g not in plan.gpus]
         if missing:
             raise NodeError(f"GPU {missing} not supervised here (GPUs {list(plan.gpus)})")
-        specs = {gpu: new.server_spec(gpu) for gpu in gpus}
+        if new.servers != plan.servers:  # the supervisor's slots are fixed at `up`
+            raise NodeError(f"the new arguments ({new.parallel.text()}) would place servers "
+                            f"over other GPUs than the running ones ({plan.parallel.text()}): "
+                            "stop the node and start it again with `launcher up`")
+        # A GPU names the server holding it: a group server restarts as a whole.
+        specs = {lead: new.server_spec(lead) for lead in sorted({plan.lead_of(g) for g in gpus})}
     except NodeError as exc:
         raise OrderError(request_id, str(exc)) from None
     return Order(request_id, specs, bool(request.get("rolling", True))), new
@@ -161,17 +278,24 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
 
 def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
                    workers: Mapping[int, LaunchSpec]) -> str:
-    """What `up` would start, per GPU: environment it sets, ports, log, argv (secrets masked).
+    """What `up` would start, per server: environment it sets (its GPUs), ports, log, argv
+    (secrets masked).
 
     The environment shown is what the launcher adds to the inherited one: the profile's `env`
     and the GPU pinning; the argv is exactly the one `up` executes, flags renamed for the
     SGLang version in use.
     """
-    lines = [f"{plan.version_text()}, {len(specs)} GPU(s), logs in {plan.log_dir}"]
+    head = f"{plan.version_text()}, {len(plan.gpus)} GPU(s)"
+    parallel = plan.parallel
+    if parallel.width > 1:
+        head += f" in {len(specs)} server(s) of {parallel.width} ({parallel.text()})"
+    lines = [f"{head}, logs in {plan.log_dir}"]
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
-        lines.append(f"gpu{gpu}: http {spec.url}, nccl port {(spec.port or 0) + NCCL_OFFSET}, "
-                     f"log {spec.log_path}")
+        nccl = flag_value(spec.argv, "--nccl-port")
+        lines.append(f"{spec.name}: http {spec.url}, "
+                     + (f"nccl port {nccl}" if nccl else "nccl ports picked by SGLang, one per "
+                        "DP rank") + f", log {spec.log_path}")
         lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(
             added.items())))
         lines.append("  argv " + shlex.join(redact_argv(spec.argv)))
@@ -190,29 +314,35 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
 
 def check_ports(specs: Mapping[int, LaunchSpec],
                 metrics: Mapping[int, int | None] | None = None) -> None:
-    """Every HTTP and NCCL port, and each worker's /metrics port in `metrics` (GPU -> port),
-    must be free now; raise PortBusyError naming the first taken."""
+    """Every HTTP and NCCL port, and each worker's /metrics port in `metrics` (lead GPU ->
+    port), must be free now; raise PortBusyError naming the first taken."""
+    def who(gpu: int) -> str:  # "GPU 3", or "server gpu0-1" for one over several GPUs
+        name = specs[gpu].name if gpu in specs else gpu_queue(gpu)
+        return f"GPU {gpu}" if name == gpu_queue(gpu) else f"server {name}"
+
     for gpu, port in (metrics or {}).items():
         if port is None:
             continue
         if not 1024 <= port < 65536:
-            raise PortBusyError(f"GPU {gpu}: its worker's metrics port {port} (9400+N moved "
+            raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} (9400+N moved "
                                 "with --base-port) is out of range; pass a --base-port of "
                                 f"{DEFAULT_BASE_PORT - METRICS_BASE_PORT + 1024} or more")
         if not port_is_free(port):
-            raise PortBusyError(f"GPU {gpu}: its worker's metrics port {port} is already in "
+            raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} is already in "
                                 "use (another node's launcher on this host?); pass another "
                                 "--base-port")
     for gpu, spec in specs.items():
         assert spec.port is not None
-        for role, port in (("HTTP", spec.port), ("NCCL", spec.port + NCCL_OFFSET)):
+        nccl = flag_value(spec.argv, "--nccl-port")
+        ports = [("HTTP", spec.port)] + ([("NCCL", int(nccl))] if nccl else [])
+        for role, port in ports:
             if not 0 < port < 65536:
-                raise PortBusyError(f"GPU {gpu}: {role} port {port} is out of range")
+                raise PortBusyError(f"{who(gpu)}: {role} port {port} is out of range")
             if not port_is_free(port, spec.host):
-                raise PortBusyError(f"GPU {gpu}: {role} port {port} is already in use; "
+                raise PortBusyError(f"{who(gpu)}: {role} port {port} is already in use; "
                                     "stop what listens there or pass another --base-port")
             if port in RANDOM_NCCL_RANGE:
-                log.warning("GPU %d: %s port %d is in 22000-29999, where SGLang servers pick "
+                log.warning("%s: %s port %d is in 22000-29999, where SGLang servers pick "
                             "random NCCL ports; a --base-port of 30000 or more avoids that",
-                            gpu, role, port)
+                            who(gpu), role, port)
 

@@ -3,7 +3,7 @@
     supervisor = Supervisor(slots, Policy(), probe=HttpProbe(), publish=write_state)
     exit_code = await supervisor.run()      # until SIGTERM/SIGINT; SIGHUP loads a restart order
 
-Rules (README "launcher" "Supervision"):
+Rules (docs/guides/gpu-nodes.md#supervision-rules):
 - A server that exits, logs a fatal line while starting, misses its ready deadline or fails
   `/health` for `unhealthy_restart_s` is restarted after an exponential backoff.
 - `crash_loop_count` crashes within `crash_loop_window_s` stop that GPU with the reason; so
@@ -104,7 +104,8 @@ class Child:
 
 @dataclass
 class Slot:
-    """One GPU: its server, its optional worker, and a pending restart order."""
+    """One server (on one GPU, or several: `gpus`), its optional worker, and a pending
+    restart order; known by its lead GPU `gpu`."""
 
     gpu: int
     server: Child
@@ -116,10 +117,13 @@ class Slot:
     order_done: asyncio.Future[str | None] | None = None
     pending: asyncio.Future[str | None] | None = None  # the order being started
     ever_ready: bool = False
+    # Every GPU the server holds, `gpu` (its lead) first; empty means `gpu` alone.
+    gpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The state file entry of this GPU."""
-        return {"gpu": self.gpu, "port": self.server.spec.port, "url": self.server.spec.url,
+        """The state file entry of this server."""
+        return {"gpu": self.gpu, "gpus": list(self.gpus or (self.gpu,)),
+                "port": self.server.spec.port, "url": self.server.spec.url,
                 **self.server.to_json(), "ready_s": self.ready_s,
                 "capacity": dataclasses.asdict(self.reading) if self.reading else None,
                 "worker": self.worker.to_json() if self.worker else None}

@@ -11,12 +11,16 @@
    the window against the other GPUs (E's share of the node's tokens/s, so a load change hits
    both sides) or, alone, against its own baseline. It wins by `--margin` or is rolled back
    by restarting E with its previous values.
-4. After a win the advice is asked again on the new state, until nothing binds, no candidate
-   is left or `--rounds` is reached; then the winning flags are rolled out to the other GPUs,
-   one at a time.
+4. A win is rolled out to the other GPUs at once, one at a time; then the advice is asked
+   again on the new state, and the next candidate is measured against peers running the
+   winner, until nothing binds, no candidate is left or `--rounds` is reached.
 
 Every step is printed and kept in `{run_dir}/tune.json`, which the supervisor copies into
 node.json (`tune`). `--dry-run` prints the plan from one window of samples and changes nothing.
+
+`launcher up --tune` runs the same tuning by itself (`auto_tune`, in a thread of the
+supervisor): once every server is ready it samples them until work waits in a queue, then tunes
+where a limit binds, once; it never restarts a GPU while another one is out.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +48,32 @@ from launcher.node._rundir import DEFAULT_RUN_DIR, REQUEST_FILE, pid_alive, read
 
 TUNE_FILE = "tune.json"
 ACK_TIMEOUT_S = 10.0
+# SGLang's own advice when the pools do not fit: the candidate is retried with a larger
+# static memory fraction before its integer flags are halved, up to this fraction (above it
+# the CUDA-graph capture runs out of memory on the reference GPU).
+MEM_FRACTION_STEP, MAX_MEM_FRACTION = 0.02, 0.95
+MORE_MEMORY = "increase --mem-fraction-static"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How `tune` measures and decides (seconds unless named otherwise)."""
+
+    window_s: float = 60.0
+    interval_s: float = 2.0
+    # After a restart the batch refills before the window starts.
+    warmup_s: float = 10.0
+    # A share of the node's tokens/s moves well under 1% between windows of one job (peers see
+    # the same load), so a 3% win is real; the first advice gains far more.
+    margin: float = 0.03
+    rounds: int = 10
+    timeout_s: float = 1800.0
+
+    @classmethod
+    def for_window(cls, window_s: float) -> TuneSettings:
+        """Settings scaled to one window: 30 samples in it, a sixth of it to refill."""
+        return cls(window_s=window_s, interval_s=min(2.0, window_s / 30),
+                   warmup_s=window_s / 6)
 
 
 @dataclass
@@ -53,6 +84,7 @@ class TuneLog:
     steps: list[dict[str, Any]] = field(default_factory=list)
     state: str = "running"
     chosen: list[str] = field(default_factory=list)
+    stop: threading.Event | None = None  # set when the node stops: signal the supervisor no more
 
     def add(self, **step: Any) -> None:
         self.steps.append({"at": time.time(), **step})
@@ -63,14 +95,32 @@ class TuneLog:
         write_json(self.path, {"state": self.state, "chosen": self.chosen, "steps": self.steps})
         # SIGHUP without a restart request makes the supervisor republish node.json with it.
         pid = (read_state(self.path.parent) or {}).get("supervisor_pid")
-        if isinstance(pid, int) and pid_alive(pid) and not (self.path.parent / REQUEST_FILE).exists():
+        if isinstance(pid, int) and pid_alive(pid) and not self.stopped \
+                and not (self.path.parent / REQUEST_FILE).exists():
             os.kill(pid, signal.SIGHUP)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the node is stopping (`up --tune`): no more restarts or signals."""
+        return self.stop is not None and self.stop.is_set()
+
+
+def describe_tune(tune: Mapping[str, Any]) -> str:
+    """node.json's `tune` in one line: state, chosen flags, the last step."""
+    text = f"tune: {tune.get('state')}"
+    if tune.get("chosen"):
+        text += f", chosen `{' '.join(tune['chosen'])}`"
+    steps = tune.get("steps") or []
+    if steps:
+        text += "; last " + describe_step(steps[-1]).removeprefix("tune: ")
+    return text
 
 
 def describe_step(step: Mapping[str, Any]) -> str:
     """One line per step: `gpu0 baseline 2,325 tokens/s` or `gpu0 --x 1: lost (...)`."""
     flags = " ".join(step.get("flags") or [])
-    text = f"tune: gpu{step.get('gpu')} {step['kind']}"
+    gpu = step.get("gpu")
+    text = f"tune: {'node' if gpu is None else f'gpu{gpu}'} {step['kind']}"
     if flags:
         text += f" `{flags}`"
     if step.get("tokens_per_s") is not None:
@@ -136,6 +186,22 @@ def smaller_step(flags: Sequence[str], before: Sequence[str]) -> list[str] | Non
     return out if moved else None
 
 
+def more_memory(flags: Sequence[str], reason: str, current: str | None) -> list[str] | None:
+    """The candidate with MEM_FRACTION_STEP more static memory than it asks (or, when it does
+    not say, than the server's `current` fraction) when its start failed for lack of it
+    (SGLang says so), within MAX_MEM_FRACTION; None otherwise."""
+    if MORE_MEMORY not in reason:
+        return None
+    try:
+        now = float(flag_value(flags, "--mem-fraction-static") or current or "nan")
+    except ValueError:
+        return None
+    if not now < MAX_MEM_FRACTION:  # also when no fraction is known
+        return None
+    raised = f"{min(MAX_MEM_FRACTION, now + MEM_FRACTION_STEP):.2f}"
+    return _merge(flags, ["--mem-fraction-static", raised])
+
+
 def _resolved_args(url: str) -> dict[str, Any]:
     """The server's resolved args from /server_info (mem_fraction_static and friends)."""
     headers = {"Authorization": f"Bearer {k}"} if (k := os.environ.get("SGLANG_API_KEY")) else {}
@@ -179,10 +245,31 @@ def _ready(run_dir: Path) -> list[dict[str, Any]]:
     return [g for g in (read_state(run_dir) or {}).get("gpus", []) if g.get("state") == "ready"]
 
 
+def all_ready(run_dir: Path) -> bool:
+    """Whether every GPU of the node is ready (none is out: crashed, restarting, starting)."""
+    gpus = (read_state(run_dir) or {}).get("gpus", [])
+    return bool(gpus) and all(g.get("state") == "ready" for g in gpus)
+
+
+def _restart_one(run_dir: Path, args: Sequence[str], gpus: Sequence[int], timeout_s: float,
+                 log: TuneLog) -> tuple[str, str]:
+    """A rolling restart of `gpus`, started only while no other GPU is out, so the node never
+    has two GPUs down at once."""
+    start = time.monotonic()
+    while not all_ready(run_dir):
+        if log.stopped or time.monotonic() - start > timeout_s:
+            return "failed", "another GPU stayed out; not restarting a second one"
+        time.sleep(0.5)
+    if log.stopped:
+        return "failed", "the node is stopping"
+    return wait_rollout(run_dir, request_restart(run_dir, args, gpus), timeout_s)
+
+
 def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
              margin: float, rounds: int, warmup_s: float, timeout_s: float,
-             dry_run: bool) -> TuneLog:
-    """Tune the node under `run_dir` (see the module docstring); returns the log."""
+             dry_run: bool, stop: threading.Event | None = None) -> TuneLog:
+    """Tune the node under `run_dir` (see the module docstring); returns the log. `stop`
+    (`up --tune`) ends it between steps when the node stops."""
     entries = _ready(run_dir)
     if not entries:
         raise NodeError("no ready GPU to tune (see `launcher status`)")
@@ -190,7 +277,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
     exp = gpu if gpu is not None else gpus[0]
     if exp not in gpus:
         raise NodeError(f"GPU {exp} is not ready (ready: {gpus})")
-    log = TuneLog(run_dir / TUNE_FILE)
+    log = TuneLog(run_dir / TUNE_FILE, stop=stop)
     seen = asyncio.run(_measure(entries, window_s, interval_s))
     for g in gpus:
         log.add(kind="baseline", gpu=g, tokens_per_s=seen[g].tokens_per_s,
@@ -211,13 +298,15 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         if not candidate:
             log.add(kind="stop", gpu=exp, note=advice.line())
             break
+        if log.stopped:
+            break
         resolved = _resolved_args(str(entry["url"]))
         before = previous_values(entry, candidate, resolved)
-        state, reason = wait_rollout(run_dir, request_restart(run_dir, candidate, [exp]),
-                                     timeout_s)
+        state, reason = _restart_one(run_dir, candidate, [exp], timeout_s, log)
         if state != "done":
             log.add(kind="failed", gpu=exp, flags=candidate, note=reason[:300])
-            candidate = smaller_step(candidate, before) or []
+            candidate = more_memory(candidate, reason, _current(
+                entry, "--mem-fraction-static", resolved)) or smaller_step(candidate, before) or []
             continue
         time.sleep(warmup_s)  # let the batch fill before measuring
         entries = _ready(run_dir)
@@ -229,27 +318,61 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         log.add(kind="won" if won else "lost", gpu=exp, flags=candidate, tokens_per_s=tps,
                 share=share, share_before=best_share)
         if not won:
-            state, reason = wait_rollout(run_dir, request_restart(run_dir, before, [exp]),
-                                         timeout_s)
+            state, reason = _restart_one(run_dir, before, [exp], timeout_s, log)
             log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
             candidate = smaller_step(candidate, before) or []
             entries = _ready(run_dir)
             entry = next((g for g in entries if int(g["gpu"]) == exp), entry)
             continue
         log.chosen = _merge(log.chosen, candidate)
+        others = [g for g in gpus if g != exp]
+        if others and not log.stopped:
+            # A win pays on every GPU from now on, not after the last experiment: roll it out
+            # (one GPU at a time), then measure the next candidate against peers running it.
+            state, reason = _restart_one(run_dir, log.chosen, others, timeout_s * len(others),
+                                         log)
+            log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
+                    flags=log.chosen, note=reason[:300])
+            time.sleep(warmup_s)
+            entries = _ready(run_dir)
+            seen = asyncio.run(_measure(entries, window_s, interval_s))
+            tps, share = seen[exp].tokens_per_s, _share(seen, exp)
         best_tps, best_share = tps, share
         entry = next(g for g in entries if int(g["gpu"]) == exp)
         advice = advise(entry, seen[exp])
         candidate = list(advice.flags)
-    others = [g for g in gpus if g != exp]
-    if log.chosen and others:
-        state, reason = wait_rollout(run_dir, request_restart(run_dir, log.chosen, others),
-                                     timeout_s * len(others))
-        log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
-                flags=log.chosen, note=reason[:300])
     log.state = "done"
     log.save()
     return log
+
+
+def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> TuneLog | None:
+    """`up --tune`: once every GPU is ready, sample them a window at a time until work waits in
+    a queue; then tune once where a limit binds (`run_tune` on that GPU), or record why not.
+    Returns the log, or None when the node stopped first."""
+    waiting: TuneLog | None = None
+    while not stop.wait(settings.interval_s):
+        if not all_ready(run_dir):
+            continue
+        entries = _ready(run_dir)
+        seen = asyncio.run(_measure(entries, settings.window_s, settings.interval_s))
+        if stop.is_set() or not all_ready(run_dir):
+            continue
+        advice = [advise(e, seen[int(e["gpu"])]) for e in entries]
+        bound = [a for a in advice if a.flags]
+        if bound:
+            return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
+                            settings.margin, settings.rounds, settings.warmup_s,
+                            settings.timeout_s, False, stop)
+        if all(a.binding == "idle" for a in advice):
+            if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
+                waiting = TuneLog(run_dir / TUNE_FILE, state="waiting", stop=stop)
+                waiting.add(kind="waiting", gpu=None, note="no queue yet: nothing binds")
+            continue
+        log = TuneLog(run_dir / TUNE_FILE, state="done", stop=stop)
+        log.add(kind="stop", gpu=None, note="; ".join(a.line() for a in advice))
+        return log
+    return None
 
 
 def _merge(old: Sequence[str], new: Sequence[str]) -> list[str]:

@@ -211,6 +211,9 @@ class Reading:
     effective: int | None  # per DP rank; workers size their concurrency from this
     binding: str | None
     reason: str
+    # What the whole server runs at once, the sum over its DP ranks (ServerInfo.concurrency);
+    # None when only its log said what it runs.
+    concurrency: int | None = None
 
     def summary(self) -> str:
         """One line for the `ready` log line and `status`."""
@@ -222,6 +225,8 @@ class Reading:
                   f"chunked prefill {_v(self.chunked_prefill_size)}",
                   f"cuda graph bs {_v(self.cuda_graph_max_bs)}",
                   f"max_running_requests {_v(self.effective)} (asked {self.requested or 'auto'})"]
+        if self.concurrency is not None and self.concurrency != self.effective:
+            parts.append(f"{self.concurrency} at once over its DP ranks")
         return ", ".join(parts) + f" -- {self.reason}"
 
 
@@ -250,7 +255,7 @@ def read_server(server: ServerInfo | None, report: LogReport) -> Reading:
                                 as_int(info.get("cuda_graph_max_bs_decode")),
                                 as_int(info.get("cuda_graph_max_bs"))),
         requested=cap.requested, effective=cap.effective, binding=cap.binding,
-        reason=cap.reason,
+        reason=cap.reason, concurrency=server.concurrency if server else None,
     )
 
 

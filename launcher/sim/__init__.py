@@ -1,4 +1,4 @@
-"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (see README "simulator").
+"""fleetgen's SGLang simulator: a CPU stand-in for one SGLang server (docs/development/simulator.md)
 
 Everything it raises on purpose has one root:
 

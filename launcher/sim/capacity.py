@@ -4,8 +4,12 @@ As in docs/reference/sglang.md#max-running-requests.
 
 The simulated GPU is an 80 GB H100 serving a 27B bf16 model. Memory figures are synthetic but
 follow SGLang 0.5.23's arithmetic (mem_cache/kv_cache_configurator.py, _handle_max_mamba_cache),
-so the flags move them the way they move a real server:
-  budget           = avail_before_load * mem_fraction_static - weights (draft head included)
+so the flags move them the way they move a real server. The pools below are one DP rank's,
+spread over its N GPUs (`SimConfig.rank_gpus`: --tp-size x --pp-size, divided by --dp-size
+with --enable-dp-attention), with the weights split over the tp x pp GPUs; a server of several
+DP ranks has one such set of pools per rank (`Capacity.summed`):
+  budget           = N * (avail_before_load * mem_fraction_static - weights / (tp * pp))
+                     (weights: the draft head included)
   Mamba slots K    = --max-mamba-cache-size; or the request with --disable-radix-cache; or the
                      auto-fit of the r/(1+r) share (r = mamba-full-memory-ratio), solved with
                      speculative decoding's buffers counted as D/ratio of a slot each
@@ -21,7 +25,7 @@ parameters): the auto-fit gives 80 Mamba slots, and extra_buffer's ratio 5 turns
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.sim.config import SimConfig
 
@@ -44,7 +48,9 @@ SPEC_RESET_WARNING = ("Max running requests is reset to 48 for speculative decod
 
 @dataclass(frozen=True)
 class Capacity:
-    """Resolved pool sizes and caps, plus the lines SGLang would log while deciding them."""
+    """Resolved pool sizes and caps of one DP rank, plus the lines SGLang would log while
+    deciding them. Token and slot counts are the rank's; GB figures are per GPU, as SGLang
+    reports them."""
 
     max_total_num_tokens: int
     requested_running: int | None  # server_args.max_running_requests (48 with spec if unset)
@@ -65,6 +71,14 @@ class Capacity:
     graph_gb: float
     warnings: tuple[str, ...]  # logged while the pools are sized
     fatal: str | None  # a start-up error: the server logs it and dies with -9
+
+    def summed(self, ranks: int) -> Capacity:
+        """`ranks` DP ranks of this size seen as one pool: what the whole server holds and runs
+        at once (the scheduler's and /metrics' view; /server_info lists each rank)."""
+        return replace(self, max_total_num_tokens=self.max_total_num_tokens * ranks,
+                       effective_running=self.effective_running * ranks,
+                       mamba_cache_size=None if self.mamba_cache_size is None
+                       else self.mamba_cache_size * ranks)
 
     @property
     def avail_after_weights_gb(self) -> float:
@@ -121,17 +135,22 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
     warnings: list[str] = []
     mfs = cfg.mem_fraction_static or AUTO_MEM_FRACTION
     steps, topk, draft = _spec_params(cfg)
-    weights = WEIGHTS_GB + (DRAFT_WEIGHTS_GB if cfg.speculative else 0.0)
-    budget = AVAIL_BEFORE_LOAD_GB * mfs - weights
+    gpus = cfg.rank_gpus
+    weights = (WEIGHTS_GB + (DRAFT_WEIGHTS_GB if cfg.speculative else 0.0)) / (
+        cfg.tp_size * cfg.pp_size)  # per GPU
+    budget = gpus * (AVAIL_BEFORE_LOAD_GB * mfs - weights)
     requested = cfg.max_running_requests
     if requested is None and cfg.speculative:
         requested = SPEC_DEFAULT_RUNNING
+    # The ask is the server's; DP-attention ranks share it, other DP ranks each take it whole.
+    asked = requested // cfg.dp_size if requested is not None and cfg.enable_dp_attention \
+        else requested
     ratio, strategy = _mamba_ratio(cfg)
     mamba_k: int | None = None
     mamba_gb = spec_state_gb = 0.0
     fatal: str | None = None
     if cfg.hybrid:
-        mamba_k, spec_state_gb, fatal = _mamba_pool(cfg, budget, ratio, draft, requested)
+        mamba_k, spec_state_gb, fatal = _mamba_pool(cfg, budget, ratio, draft, asked)
         mamba_gb = (max(0, mamba_k) + 1) * _slot_gb(cfg) + spec_state_gb
     kv_budget = budget - mamba_gb
     per_token = HYBRID_KV_BYTES_PER_TOKEN if cfg.hybrid else DENSE_KV_BYTES_PER_TOKEN
@@ -144,7 +163,7 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
     if tokens <= 0 and fatal is None:
         fatal = ("RuntimeError: Not enough memory. Please try to increase "
                  f"--mem-fraction-static. Current value: mem_fraction_static={mfs}")
-    effective = _base_running(cfg, requested, tokens, warnings)
+    effective = _base_running(cfg, asked, tokens, warnings)
     if fatal is None and effective <= 0:
         fatal = "AssertionError: max_running_request is zero"
     if fatal is None and mamba_k is not None and mamba_k // ratio < effective:
@@ -152,7 +171,8 @@ def plan_capacity(cfg: SimConfig) -> Capacity:
     graph_bs = cfg.cuda_graph_max_bs_decode or DEFAULT_CUDA_GRAPH_MAX_BS
     if cfg.cuda_graph_max_bs_decode is None and requested is not None:
         graph_bs = min(graph_bs, requested)
-    kv_gb = tokens * per_token / GIB
+    kv_gb = tokens * per_token / GIB / gpus
+    mamba_gb, spec_state_gb = mamba_gb / gpus, spec_state_gb / gpus
     graph_gb = round(0.35 + graph_bs * 0.004, 2)
     free_gb = AVAIL_BEFORE_LOAD_GB - weights - kv_gb - mamba_gb
     need_gb = graph_gb * (4 / 3 if draft else 1) + ACTIVATION_RESERVE_GB  # draft graphs: 1/3

@@ -61,9 +61,15 @@ class SimConfig:
     served_model_name: str | None = _opt(None, "name in /v1/models and metric labels")
     host: str = _opt("127.0.0.1", "HTTP bind host")
     port: int = _opt(30000, "HTTP port; 0 picks a free one", type=int)
-    tp_size: int = _opt(1, "echoed; >1 adds TP0 prefixes", "--tp-size", "--tensor-parallel-size",
-                        type=int)
-    dp_size: int = _opt(1, "echoed", "--dp-size", "--data-parallel-size", type=int)
+    tp_size: int = _opt(1, "GPUs the weights are split over; their memory holds the KV pool; "
+                        ">1 adds TP0 prefixes", "--tp-size", "--tensor-parallel-size", type=int)
+    dp_size: int = _opt(1, "data-parallel ranks, each with its own pools and running cap "
+                        "(/server_info lists one internal state per rank)", "--dp-size",
+                        "--data-parallel-size", type=int)
+    pp_size: int = _opt(1, "pipeline stages: like --tp-size for memory", "--pp-size",
+                        "--pipeline-parallel-size", type=int)
+    enable_dp_attention: bool = _opt(False, "the DP ranks share the --tp-size GPUs (each rank's "
+                                     "pools on tp/dp of them)", action="store_true")
     context_length: int | None = _opt(None, "context length (model default 40960)", type=int)
     mem_fraction_static: float | None = _opt(None, "KV budget fraction (auto 0.841)", type=float)
     max_running_requests: int | None = _opt(None, "requested running cap (§7)", type=int)
@@ -181,6 +187,10 @@ class SimConfig:
             raise ConfigError("--decode-log-interval must be >= 1")
         if self.context_length is not None and self.context_length < 16:
             raise ConfigError("--context-length must be >= 16")
+        if min(self.tp_size, self.dp_size, self.pp_size) < 1:
+            raise ConfigError("--tp-size, --dp-size and --pp-size must be >= 1")
+        if self.enable_dp_attention and self.tp_size % self.dp_size:
+            raise ConfigError("--enable-dp-attention: --dp-size must divide --tp-size")
 
     @property
     def served_name(self) -> str:
@@ -191,6 +201,13 @@ class SimConfig:
     def context_len(self) -> int:
         """The context length in force (the model's default unless given)."""
         return self.context_length or DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def rank_gpus(self) -> int:
+        """The GPUs one DP rank's pools live on: its tensor-parallel group (tp/dp of the
+        server's with DP attention, whose ranks share the GPUs) times the pipeline stages."""
+        attention_tp = self.tp_size // self.dp_size if self.enable_dp_attention else self.tp_size
+        return attention_tp * self.pp_size
 
     @property
     def speculative(self) -> bool:

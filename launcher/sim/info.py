@@ -28,6 +28,7 @@ def server_args(sim: Simulator) -> dict[str, Any]:
         "context_length": cfg.context_length, "kv_cache_dtype": cfg.kv_cache_dtype,
         "served_model_name": cfg.served_name, "host": cfg.host, "port": sim.port,
         "nccl_port": cfg.nccl_port, "tp_size": cfg.tp_size, "dp_size": cfg.dp_size,
+        "pp_size": cfg.pp_size, "enable_dp_attention": cfg.enable_dp_attention,
         "base_gpu_id": cfg.base_gpu_id, "mem_fraction_static": cap.mem_fraction_static,
         "max_running_requests": cap.requested_running,
         "max_queued_requests": cfg.max_queued_requests, "max_total_tokens": cfg.max_total_tokens,
@@ -62,12 +63,13 @@ def max_req_input_len(sim: Simulator) -> int:
 
 
 def internal_state(sim: Simulator) -> dict[str, Any]:
-    """`internal_states[0]`: the scheduler's view, with the effective running cap."""
+    """One DP rank's `internal_states` element: its scheduler's view, with the rank's
+    effective running cap (every rank of the simulator has the same pools)."""
     cap = sim.capacity
     state: dict[str, Any] = {
-        **server_args(sim), "world_size": 1, "startup_time": sim.startup_seconds,
+        **server_args(sim), "world_size": sim.cfg.rank_gpus, "startup_time": sim.startup_seconds,
         "effective_max_running_requests_per_dp": cap.effective_running,
-        "last_gen_throughput": sim.scheduler.last_gen_throughput,
+        "last_gen_throughput": sim.scheduler.last_gen_throughput / sim.cfg.dp_size,
         "memory_usage": {"weight": round(cap.weights_gb, 2), "kvcache": round(cap.kv_gb, 2),
                          "startup_available": AVAIL_BEFORE_LOAD_GB,
                          "token_capacity": cap.max_total_num_tokens, "token_capacity_swa": None,
@@ -87,7 +89,8 @@ def server_info(sim: Simulator) -> dict[str, Any]:
         "max_total_num_tokens": sim.capacity.max_total_num_tokens,
         "max_req_input_len": max_req_input_len(sim), "status": "ready",
         "startup_time": sim.startup_seconds, "hicache_object_layout": None, "kv_events": None,
-        "internal_states": [internal_state(sim)], "version": sim.cfg.sglang_version,
+        "internal_states": [internal_state(sim) for _ in range(sim.cfg.dp_size)],
+        "version": sim.cfg.sglang_version,
         "frontend": "python",
     }
 

@@ -45,9 +45,12 @@ class Simulator:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.capacity: Capacity = plan_capacity(cfg)
-        self.scheduler = Scheduler(cfg, self.capacity, on_finish=self._on_finish)
-        self.metrics: Metrics | None = build_metrics(cfg, self.capacity, self.scheduler)
+        self.capacity: Capacity = plan_capacity(cfg)  # one DP rank's
+        # One scheduler over every DP rank's pools: a request goes to whichever rank has
+        # room, as SGLang's load balancer spreads them (each rank is listed in /server_info).
+        whole = self.capacity.summed(cfg.dp_size)
+        self.scheduler = Scheduler(cfg, whole, on_finish=self._on_finish)
+        self.metrics: Metrics | None = build_metrics(cfg, whole, self.scheduler)
         self.status = Status.STARTING
         self.started_at = time.time()
         self.startup_seconds = 0.0
