@@ -532,6 +532,13 @@ def test_argv_has_ports_defaults_and_the_user_args_last() -> None:
                     "--mem-fraction-static", "0.9"]
 
 
+def test_a_command_with_placeholders_gets_the_model_port_and_host_and_no_sglang_flag() -> None:
+    argv = build_argv(["transformers", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
+                      "/m", 30002, 31002, ["--continuous-batching"])
+    assert argv == ["transformers", "serve", "/m", "--host", "127.0.0.1", "--port", "30002",
+                    "--continuous-batching"]
+
+
 def test_argv_keeps_the_users_host_log_level_and_model() -> None:
     argv = build_argv(["x"], "/m", 1, 2, ["--host=0.0.0.0", "--log-level", "debug",
                                           "--model", "/other"])

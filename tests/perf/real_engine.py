@@ -3,6 +3,7 @@
     python -m tests.perf real-engine --fetch-wheels .device/wheels     # here: the GPU's wheels
     python3 -m tests.perf.real_engine --mode gpu --out "$OUT"          # on the GPU machine
     .venv/bin/python -m tests.perf real-engine --mode dry --out results/perf/real-engine-dry
+    python3 -m tests.perf.real_engine --mode node --out "$OUT"         # the same under `launcher up`
 
 `transformers serve --continuous-batching` runs a random-weight Qwen3; the same prompts go
 through a plain asyncio + httpx client and through fleetgen unchanged, one after the other
@@ -20,7 +21,14 @@ fleetgen runs with no setting beyond Redis and the output: the embedded Valkey
 every answer runs to max_tokens and the canary would rightly pause the job). No `--model`, no
 `FLEETGEN_MAX_IN_FLIGHT`: what the worker makes of this server on its own is the point.
 
-`--mode gpu` on the GPU machine's bare `python3` (torch and transformers, no fleetgen
+`--mode node` (`node-dry` on a CPU) runs the server and its worker under `python -m launcher up
+--gpus 0 --workers` instead, from a profile whose `command` is the server's with the launcher's
+`{model}`, `{port}` and `{host}` placeholders; one job goes through it while `launcher restart
+--rolling` drains and restarts the server, then the server is SIGKILLed and the supervisor
+restarts it. It checks the export exactly once and `producer status`'s per-GPU row against it
+(docs/development/performance.md, "A node under the launcher").
+
+`--mode gpu` (and `node`) on the GPU machine's bare `python3` (torch and transformers, no fleetgen
 dependencies) first makes `.device/venv-gpu` that sees that interpreter's packages, installs
 `.device/wheels` and fleetgen into it, and runs again from there. Only the standard library and
 launcher.child / launcher.ports (standard library only) are imported at the top for that
@@ -50,7 +58,7 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -112,6 +120,8 @@ SERVE = ("import logging, sys; "
 FLEETGEN_ENV = re.compile(r"^(FLEETGEN_|REDIS_URL$|SGLANG_|CELERY_APP$|AWS_)")
 # What the worker says about its server: kind, model, concurrency.
 WORKER_LINES = re.compile(r"runs|in flight|kind|ready:|pinned|adaptive", re.IGNORECASE)
+# The supervisor's lifecycle lines about the server and its worker.
+LAUNCHER_LINES = re.compile(r"gpu0:|worker0:|node:|restart")
 EMBEDDED_REDIS_PORT = 6389  # `python -m launcher redis`'s default: no REDIS_URL needed
 WORKER_METRICS_PORT = 9400  # the gpu0 worker's default /metrics port
 END_STATES = ("done", "cancelled", "paused")
@@ -146,12 +156,22 @@ class Config:
     started_at: float
 
     def __post_init__(self) -> None:
-        if self.mode not in ("gpu", "dry"):
-            raise ValueError(f"--mode must be gpu or dry, got {self.mode!r}")
+        if self.mode not in MODE_DEFAULTS:
+            raise ValueError(f"--mode must be one of {sorted(MODE_DEFAULTS)}, got {self.mode!r}")
         if self.size not in SHAPES:
             raise ValueError(f"--size must be one of {sorted(SHAPES)}, got {self.size!r}")
         if self.prompts < 1 or self.concurrency < 1 or self.orders not in ORDERS:
             raise ValueError(f"--prompts and --concurrency must be >= 1, --orders one of {ORDERS}")
+
+    @property
+    def node(self) -> bool:
+        """`launcher up` runs the server and its worker (node, node-dry), not this command."""
+        return self.mode.startswith("node")
+
+    @property
+    def on_gpu(self) -> bool:
+        """On the GPU machine: its bare `python3` needs the GPU venv first."""
+        return self.mode in ("gpu", "node")
 
 
 # Per mode: (size, prompts, concurrency, max_tokens scale, device, dtype, budget).
@@ -159,33 +179,53 @@ class Config:
 # lasts at least its longest answer (1,024 tokens at the server's ~10 decode steps a second
 # under load: ~100 s), so 256 prompts at 128 in flight is ~1.5-2.5 minutes: order B runs in the
 # same command only if order A left the time (else `--orders B` in a second command). The dry
-# run's scale keeps answers short (8..256 tokens) for a CPU.
+# run's scale keeps answers short (8..256 tokens) for a CPU. The node modes need a job that
+# outlasts a rolling restart and a killed server: a restart drains, so every request in flight
+# still comes back before it, and only what was never sent is left for the kill. On the H200
+# the worker had 355 in flight by a fifth of 512 prompts, and the drain finished the job; 1,024
+# prompts of 13..410 tokens leave ~450 for after it. The CPU's 120 of 3..102 tokens take ~3
+# minutes. Their concurrency is unused (there is no direct client).
 MODE_DEFAULTS: dict[str, tuple[str, int, int, float, str, str, float]] = {
     "gpu": ("1.7b", 256, 128, 1.0, "cuda:0", "bfloat16", 560.0),
     "dry": ("tiny", 40, 8, 0.25, "cpu", "float32", 900.0),
+    "node": ("1.7b", 1024, 128, 0.4, "cuda:0", "bfloat16", 560.0),
+    "node-dry": ("tiny", 120, 8, 0.1, "cpu", "float32", 900.0),
 }
 # Kept from the budget for what follows the last run's cap: the job's cancel, status and export,
 # the worker's warm shutdown (15 s at most), Valkey's and the server's stop, the results.
 RESERVE_S = 40.0
 CORPUS_LINES = 30_000  # ~2 s of BPE training; 20,000 lines already give the 32,000 tokens
+# The node modes: a rolling restart once this share of the job has come back, a SIGKILL of the
+# server once this share has (and the restart is done): both while the job still runs.
+RESTART_AT, KILL_AT = 0.2, 0.6
+# A rolling restart waits this long for the server's running requests (non-streamed ones run
+# on to their end: up to ~40 s here) before its SIGKILL; the launcher's default is 300 s.
+NODE_DRAIN_S = 90.0
+# Kept from the budget after the job's cap: `launcher up`'s stop (its servers get 30 s after
+# SIGTERM), then what RESERVE_S covers.
+NODE_RESERVE_S = RESERVE_S + 60.0
+SERVER_URL_HOST = "127.0.0.1"  # `launcher up`'s default --host
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tests.perf real-engine", description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:5]))
-    p.add_argument("--mode", choices=("gpu", "dry"), default="gpu")
+        epilog="\n".join(__doc__.splitlines()[2:6]))
+    p.add_argument("--mode", choices=tuple(MODE_DEFAULTS), default="gpu",
+                   help="gpu, dry (CPU): direct client and fleetgen in turn; node, node-dry "
+                        "(CPU): `launcher up --workers` with the server as the profile's "
+                        "command, a rolling restart and a killed server during one job")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "perf" / "real-engine")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "fleetgen-real-engine",
                    help="model, prompts, Redis data and job output (wiped at the start)")
-    p.add_argument("--budget", type=float, help="seconds for the whole command (gpu 560, dry 900)")
+    p.add_argument("--budget", type=float, help="seconds for the whole command (gpu, node 560; dry, node-dry 900)")
     p.add_argument("--size", choices=sorted(SHAPES), help="model shape (gpu 1.7b, dry tiny)")
-    p.add_argument("--prompts", type=int, help="prompts per run (gpu 256, dry 40)")
+    p.add_argument("--prompts", type=int, help="prompts per run (gpu 256, dry 40, node 1,024)")
     p.add_argument("--concurrency", type=int,
                    help="the direct client's requests in flight (gpu 128, dry 8)")
     p.add_argument("--max-tokens-scale", type=float,
-                   help="times each prompt's max_tokens of 32..1,024 (gpu 1, dry 0.25)")
+                   help="times each prompt's max_tokens of 32..1,024 (gpu 1, dry 0.25, node 0.4)")
     p.add_argument("--orders", choices=ORDERS, default="AB",
                    help="A: direct then fleetgen; B: fleetgen then direct; AB: A, then B if "
                         "the budget allows")
@@ -204,7 +244,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def config_from(a: argparse.Namespace) -> Config:
     size, prompts, k, scale, device, dtype, budget = MODE_DEFAULTS[a.mode]
-    engine = a.engine_python or (CPU_VENV / "bin" / "python" if a.mode == "dry"
+    engine = a.engine_python or (CPU_VENV / "bin" / "python" if a.mode.endswith("dry")
                                  else Path(sys.executable))
     return Config(mode=a.mode, out=a.out.resolve(), work=a.work.resolve(),
                   budget_s=a.budget or budget, size=a.size or size,
@@ -226,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         info = make_model(a.make_model, cfg)
         print(json.dumps(info), flush=True)
         return 0
-    if cfg.mode == "gpu" and not _has_fleetgen_deps():
+    if cfg.on_gpu and not _has_fleetgen_deps():
         return bootstrap_gpu_venv(cfg, sys.argv[1:] if argv is None else argv)
     return Bench(cfg).run()
 
@@ -451,6 +491,23 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def serve_argv(cfg: Config, model: str, port: str, host: str) -> list[str]:
+    """`transformers serve MODEL --continuous-batching` on `cfg`'s device, through `SERVE`
+    (its batching logger at INFO). The node modes pass the launcher's placeholders."""
+    return [str(cfg.engine_python), "-c", SERVE, "serve", model, "--continuous-batching",
+            "--device", cfg.device, "--dtype", "auto" if cfg.dtype == "float32" else cfg.dtype,
+            "--host", host, "--port", port]
+
+
+def serve_env(cfg: Config) -> dict[str, str]:
+    """The server's environment: offline, and an empty hub cache (`/v1/models` lists the
+    cache; a missing one answers HTTP 500)."""
+    hub = cfg.work / "hf-cache"
+    hub.mkdir(exist_ok=True)
+    return {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_CACHE": str(hub),
+            "PYTHONUNBUFFERED": "1"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Measuring
 
@@ -652,28 +709,15 @@ class Bench:
             self.save()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        print(table(self.results), flush=True)
+        print(node_table(self.results) if cfg.node else table(self.results), flush=True)
         print(f"\nresults: {cfg.out / 'results.json'}", flush=True)
         return 0 if ok else 1
 
     def body(self) -> bool:
         cfg = self.cfg
-        with self.stage("environment"):
-            self.results["machine"] = machine(cfg)
-        with self.stage("model"):
-            model_dir = cfg.work / "model"
-            done = subprocess.run(
-                [str(cfg.engine_python), "-m", "tests.perf.real_engine", "--mode", cfg.mode,
-                 "--size", cfg.size, "--make-model", str(model_dir)],
-                cwd=ROOT, capture_output=True, text=True, check=False, env=_clean_env(),
-                timeout=max(60.0, self.left() - 120))
-            if done.returncode != 0:
-                raise RuntimeError(f"making the model failed:\n{done.stdout}{done.stderr[-3000:]}")
-            self.results["model"] = json.loads(done.stdout.strip().splitlines()[-1])
-        with self.stage("prompts"):
-            self.results["prompts"] = write_prompts(self.prompts_path, cfg.prompts,
-                                                    cfg.max_tokens_scale)
-            self.prompts = read_prompts(self.prompts_path)
+        model_dir = self.prepare()
+        if cfg.node:
+            return self.run_node(model_dir)
         with self.stage("server"):
             self.start_server(model_dir)
         with self.stage("probes"):
@@ -700,6 +744,27 @@ class Bench:
                 finished = finished and result.complete
         return finished
 
+    def prepare(self) -> Path:
+        """The environment, the model (made by the engine's interpreter) and the prompts."""
+        cfg = self.cfg
+        with self.stage("environment"):
+            self.results["machine"] = machine(cfg)
+        with self.stage("model"):
+            model_dir = cfg.work / "model"
+            done = subprocess.run(
+                [str(cfg.engine_python), "-m", "tests.perf.real_engine", "--mode", cfg.mode,
+                 "--size", cfg.size, "--make-model", str(model_dir)],
+                cwd=ROOT, capture_output=True, text=True, check=False, env=_clean_env(),
+                timeout=max(60.0, self.left() - 120))
+            if done.returncode != 0:
+                raise RuntimeError(f"making the model failed:\n{done.stdout}{done.stderr[-3000:]}")
+            self.results["model"] = json.loads(done.stdout.strip().splitlines()[-1])
+        with self.stage("prompts"):
+            self.results["prompts"] = write_prompts(self.prompts_path, cfg.prompts,
+                                                    cfg.max_tokens_scale)
+            self.prompts = read_prompts(self.prompts_path)
+        return model_dir
+
     def second_order_fits(self) -> bool:
         first = [r for r in self.results["runs"] if r["label"].startswith("A")]
         longest = max((r["wall_s"] or r["cap_s"] for r in first), default=0.0)
@@ -715,14 +780,8 @@ class Bench:
         # The served name is the exact string the server was started with: it refuses any
         # other (HTTP 400) and answers with this + "@main".
         self.model_name = str(model_dir)
-        hub = cfg.work / "hf-cache"  # /v1/models lists the hub cache: an empty one, not absent
-        hub.mkdir()
-        argv = [str(cfg.engine_python), "-c", SERVE, "serve", self.model_name,
-                "--continuous-batching", "--device", cfg.device,
-                "--dtype", "auto" if cfg.dtype == "float32" else cfg.dtype,
-                "--host", "127.0.0.1", "--port", str(port)]
-        env = _clean_env({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-                          "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
+        argv = serve_argv(cfg, self.model_name, str(port), "127.0.0.1")
+        env = _clean_env(serve_env(cfg))
         started = time.monotonic()
         server = self.start("server", argv, env, cfg.work, cfg.work / "server.log")
         self.results["server"] = {"command": " ".join(argv[:2] + [repr(SERVE)] + argv[3:]),
@@ -844,28 +903,15 @@ class Bench:
         result = RunResult(label, "fleetgen", cap_s=round(cap_s, 1))
         folder = cfg.work / job  # the processes' cwd: the embedded Valkey's password lives here
         folder.mkdir()
-        env = _clean_env({"PYTHONUNBUFFERED": "1"})
-        settings: dict[str, str] = {}
-        if not port_is_free(EMBEDDED_REDIS_PORT):  # another Valkey on a shared box
-            port = free_port()
-            settings |= {"REDIS_URL": f"redis://127.0.0.1:{port}/0",
-                         "FLEETGEN_REDIS_PASSWORD_FILE": ".fleetgen/redis/password"}
-        if not port_is_free(WORKER_METRICS_PORT):
-            settings["FLEETGEN_METRICS_PORT"] = "0"
-        if settings:
-            self.note(f"{label}: ports taken on this machine, so also {sorted(settings)}")
-        env |= settings
+        settings = self.fleetgen_settings(label)
+        env = _clean_env({"PYTHONUNBUFFERED": "1", **settings})
         worker_env = env | {"SGLANG_URL": self.server_url}
         result.detail["worker_env"] = {"SGLANG_URL": self.server_url, **settings}
         logs = folder / "logs"
         logs.mkdir()
         py = sys.executable
-        redis_argv = [py, "-m", "launcher", "redis"]
-        if "REDIS_URL" in settings:
-            redis_argv += ["--port", settings["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]]
         try:
-            redis = self.start("redis", redis_argv, env, folder, logs / "redis.log")
-            _wait_log(logs / "redis.log", "serving", redis, 60, "Valkey serving")
+            self.start_redis(settings, env, folder, logs)
             worker = self.start("worker", [py, "-m", "celery", "-A", "workers", "worker", "-Q",
                                            "gpu0", "-n", "gpu0@%h", "--loglevel", "INFO"],
                                 worker_env, folder, logs / "worker.log")
@@ -887,6 +933,29 @@ class Bench:
                     f.write(path.read_text(errors="replace")[-2_000_000:])
         self.after_run(result)
         return result
+
+    def fleetgen_settings(self, label: str) -> dict[str, str]:
+        """Nothing, unless the embedded Valkey's port or the gpu0 worker's metrics port is
+        taken on this machine: then another Redis port, or no worker metrics."""
+        settings: dict[str, str] = {}
+        if not port_is_free(EMBEDDED_REDIS_PORT):  # another Valkey on a shared box
+            port = free_port()
+            settings |= {"REDIS_URL": f"redis://127.0.0.1:{port}/0",
+                         "FLEETGEN_REDIS_PASSWORD_FILE": ".fleetgen/redis/password"}
+        if not port_is_free(WORKER_METRICS_PORT):
+            settings["FLEETGEN_METRICS_PORT"] = "0"
+        if settings:
+            self.note(f"{label}: ports taken on this machine, so also {sorted(settings)}")
+        return settings
+
+    def start_redis(self, settings: Mapping[str, str], env: Mapping[str, str], folder: Path,
+                    logs: Path) -> None:
+        """`python -m launcher redis` in `folder` (its password file lands there), serving."""
+        argv = [sys.executable, "-m", "launcher", "redis"]
+        if "REDIS_URL" in settings:
+            argv += ["--port", settings["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]]
+        redis = self.start("redis", argv, env, folder, logs / "redis.log")
+        _wait_log(logs / "redis.log", "serving", redis, 60, "Valkey serving")
 
     def fleetgen_job(self, result: RunResult, folder: Path, env: dict[str, str], job: str,
                      cap_s: float) -> None:
@@ -949,6 +1018,217 @@ class Bench:
                  result.tokens_per_s)
 
 
+    # -- the node: `launcher up` runs the server and its worker
+
+    def run_node(self, model_dir: Path) -> bool:
+        """`launcher up --gpus 0 --workers` with `transformers serve` as the profile's command,
+        one job through its worker, `launcher restart --rolling` at RESTART_AT of the job and
+        the server SIGKILLed at KILL_AT. True when the job ended done with every id exactly
+        once in its export and both disruptions came while it ran."""
+        cfg = self.cfg
+        folder = cfg.work / "node"  # the launcher's cwd: its run dir and Valkey's password
+        logs = folder / "logs"
+        logs.mkdir(parents=True)
+        run_dir = folder / ".fleetgen" / "node"
+        settings = self.fleetgen_settings("node")
+        env = _clean_env({"PYTHONUNBUFFERED": "1", **settings})
+        base = node_base_port(settings)
+        profile = folder / "node.toml"
+        profile.write_text(node_profile(cfg, model_dir))
+        up = [sys.executable, "-m", "launcher", "up", "--profile", str(profile), "--gpus", "0",
+              "--workers", "--base-port", str(base), "--drain-timeout", f"{NODE_DRAIN_S:g}"]
+        node: dict[str, Any] = {"up": " ".join(["python", *up[1:]]), "profile": profile.read_text(),
+                                "server_url": f"http://{SERVER_URL_HOST}:{base}",
+                                "settings": settings, "events": {}, "timeline": []}
+        self.results["node"] = node
+        launcher_env = dict(env)
+        if cfg.mode == "node-dry":  # no GPU: a stand-in nvidia-smi lists one for `up`
+            launcher_env["PATH"] = f"{fake_nvidia_smi(cfg.work)}{os.pathsep}{env['PATH']}"
+        ok = False
+        try:
+            with self.stage("node up"):
+                self.start_redis(settings, env, folder, logs)
+                launcher = self.start("launcher", up, launcher_env, folder, logs / "launcher.log")
+                node["up_s"] = self.wait_node(run_dir, launcher, logs / "launcher.log")
+                node["launcher_status_at_start"] = self.launcher_status(folder, env)
+            with self.stage("node job"):
+                ok = self.node_job(folder, env, run_dir, node)
+        finally:
+            node["launcher_exit"] = self.stop("launcher", grace=60)
+            self.stop("redis", grace=10)
+            node["launcher_lines"] = _matching_lines(
+                _tail(logs / "launcher.log", 2_000_000), LAUNCHER_LINES, 40)
+            server_log = run_dir / "logs" / "sglang_gpu0.log"
+            if server_log.exists():
+                shutil.copy(server_log, cfg.out / "server.log")
+            with open(cfg.out / "fleetgen.log", "a") as f:
+                f.writelines(f"\n===== node: {path.name}\n{_tail(path, 2_000_000)}"
+                             for path in (logs / "launcher.log", logs / "redis.log",
+                                          run_dir / "logs" / "worker_gpu0.log"))
+        return ok
+
+    def wait_node(self, run_dir: Path, launcher: ChildProcess, launcher_log: Path) -> float:
+        """Until node.json has GPU 0's server ready and its worker says ` ready: `; seconds."""
+        from launcher.node import read_state
+
+        started = time.monotonic()
+        deadline = started + min(600.0, max(60.0, self.left() - NODE_RESERVE_S - 60))
+        worker_log = run_dir / "logs" / "worker_gpu0.log"
+        gpu: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            gpu = _node_gpu(read_state(run_dir))
+            if gpu.get("state") == "ready" and " ready: " in _tail(worker_log, 200_000):
+                return round(time.monotonic() - started, 1)
+            if not launcher.alive():
+                raise RuntimeError(f"launcher up exited ({launcher.returncode}):\n"
+                                   + _tail(launcher_log, 3000))
+            time.sleep(0.5)
+        raise RuntimeError(f"the node was not ready in time: {gpu}\n" + _tail(launcher_log, 3000))
+
+    def launcher_status(self, folder: Path, env: Mapping[str, str]) -> dict[str, Any]:
+        """`python -m launcher status` (its table) and `--json` (restarts, reasons)."""
+        out: dict[str, Any] = {}
+        for key, extra in (("table", []), ("json", ["--json"])):
+            done = subprocess.run([sys.executable, "-m", "launcher", "status", *extra],
+                                  cwd=folder, env=dict(env), capture_output=True, text=True,
+                                  timeout=60, check=False)
+            out[key] = done.stdout if key == "table" else _json_or_text(done.stdout)
+            out[f"{key}_rc"] = done.returncode
+        with open(self.cfg.out / "status.txt", "a") as f:
+            f.write(f"===== node: python -m launcher status\n{out['table'].rstrip()}\n\n")
+        return out
+
+    def node_job(self, folder: Path, env: dict[str, str], run_dir: Path,
+                 node: dict[str, Any]) -> bool:
+        """Enqueue, watch with the disruptions beside it, then the screens, the per-GPU rows
+        and the export's exactly-once check."""
+        cfg = self.cfg
+        job = "node"
+        producer = Producer(folder, env, cfg.out / "status.txt", "node")
+        cap_s = self.left() - NODE_RESERVE_S
+        latest: dict[str, Any] = {}
+        ended = threading.Event()
+        sampler = GpuSampler("node", cfg.work, cfg.out / "nvidia_smi.csv")
+        started = time.monotonic()
+        events = threading.Thread(target=self.node_events, daemon=True, args=(
+            run_dir, folder, env, producer, job, started, latest, ended, node))
+        try:
+            enq = producer.run(["enqueue", str(self.prompts_path), "--job", job, "--output",
+                                str(folder / "runs"), "--no-canary"], timeout=300)
+            node["enqueue"] = {"rc": enq.returncode, "seconds": round(time.monotonic() - started, 2),
+                               "output": enq.stdout[-800:] + enq.stderr[-800:]}
+            if enq.returncode != 0:
+                raise RuntimeError(f"producer enqueue exited {enq.returncode}")
+            events.start()
+            last, timeline = producer.watch(job, started + cap_s,
+                                            on_status=lambda obj: latest.update(status=obj))
+            node["job_wall_s"] = round(time.monotonic() - started, 2)
+        finally:
+            ended.set()
+            if events.is_alive():
+                events.join(30)
+            node["gpu"] = sampler.stop()
+        complete = (last or {}).get("state") == "done"
+        if not complete:
+            producer.run(["cancel", job], timeout=60)
+        final = producer.screens(job, "at the end")
+        from launcher.node import read_state
+
+        supervisor_saw = _node_gpu(read_state(run_dir)).get("state")
+        live = producer.run(["status", job, "--json"], timeout=120)  # servers read: the rows
+        export = folder / f"export-{job}.jsonl"
+        exp = producer.run(["export", job, "--to", str(export), "--force",
+                            *([] if complete else ["--partial"])], timeout=300)
+        producer.record(f"export {job} (rc {exp.returncode})", exp.stdout + exp.stderr)
+        check: dict[str, Any] = check_export(self.prompts, export) if export.exists() \
+            else {"error": f"export exited {exp.returncode}: {exp.stderr[-500:]}",
+                  "exactly_once": False}
+        node["launcher_status_at_end"] = self.launcher_status(folder, env)
+        progress = final or last or {}
+        node |= {"complete": complete, "state": progress.get("state"), "exactly_once": check,
+                 "job_clock_s": progress.get("elapsed_s"),
+                 "tokens_per_s": round(check.get("completion_tokens", 0) / node["job_wall_s"], 1),
+                 "fleet": fleet_rows(_json_or_text(live.stdout), check, node["server_url"],
+                                     supervisor_saw),
+                 "gpu_by_phase": util_by_phase(node["timeline"], node["events"]),
+                 "timeline_fields": "[s since enqueue, answered (done + failed + "
+                                    "checkpointed), in_flight, GPU util %, server state, "
+                                    "server restarts, worker state]",
+                 "status_timeline": timeline[:: max(1, len(timeline) // 40)]}
+        node["timeline"] = node["timeline"][:: max(1, len(node["timeline"]) // 120)]
+        ev = node["events"]
+        disrupted = "done_s" in ev.get("restart", {}) and "back_ready_s" in ev.get("kill", {})
+        log.info("node: %s, %d answers, %d failures, exactly once %s, %.1fs, events %s",
+                 node["state"], check.get("answers", 0), check.get("failures", 0),
+                 check.get("exactly_once"), node["job_wall_s"], sorted(ev))
+        return complete and bool(check.get("exactly_once")) and disrupted
+
+    def node_events(self, run_dir: Path, folder: Path, env: dict[str, str], producer: Producer,
+                    job: str, started: float, latest: dict[str, Any], ended: threading.Event,
+                    node: dict[str, Any]) -> None:
+        """Every second until the job ends: a timeline row, and the next disruption when its
+        time has come (`launcher restart --rolling`, then SIGKILL of the server's pid)."""
+        from launcher.node import read_state
+
+        ev, timeline = node["events"], node["timeline"]
+        restart: threading.Thread | None = None
+        phase = "before restart"
+        while not ended.wait(1.0):
+            t = round(time.monotonic() - started, 1)
+            status = latest.get("status") or {}
+            total = status.get("total") or 0
+            # Answers of a running batch are checkpointed until the batch is written whole.
+            finished = sum(status.get(k) or 0 for k in ("done", "failed", "checkpointed"))
+            gpu = _node_gpu(read_state(run_dir))
+            timeline.append([t, finished, status.get("in_flight"), gpu_util(), gpu.get("state"),
+                             gpu.get("restarts"), (gpu.get("worker") or {}).get("state")])
+            if phase == "before restart" and total and finished >= RESTART_AT * total:
+                ev["restart"] = {"at_s": t, "finished": finished, "total": total}
+                restart = threading.Thread(target=self.rolling_restart, daemon=True,
+                                           args=(folder, env, ev["restart"]))
+                restart.start()
+                phase = "restarting"
+            elif phase == "restarting" and restart is not None and not restart.is_alive():
+                ev["restart"] |= {"done_s": t, "finished_then": finished}
+                threading.Thread(target=producer.screens, daemon=True,
+                                 args=(job, "after the rolling restart")).start()
+                phase = "before kill"
+            elif phase == "before kill" and finished >= KILL_AT * total \
+                    and gpu.get("state") == "ready" and (status.get("in_flight") or 0) > 0:
+                ev["kill"] = {"at_s": t, "pid": gpu.get("pid"), "finished": finished,
+                              "in_flight": status.get("in_flight"),
+                              "restarts_before": gpu.get("restarts")}
+                try:
+                    os.kill(int(gpu["pid"]), signal.SIGKILL)
+                except (OSError, KeyError, TypeError, ValueError) as exc:
+                    ev["kill"]["error"] = repr(exc)
+                phase = "killed"
+            elif phase == "killed":
+                if gpu.get("state") != "ready" and "reason" not in ev["kill"]:
+                    ev["kill"]["reason"] = gpu.get("last_reason")
+                if gpu.get("state") == "ready" and gpu.get("pid") != ev["kill"]["pid"]:
+                    ev["kill"] |= {"back_ready_s": t, "new_pid": gpu.get("pid"),
+                                   "restarts_after": gpu.get("restarts"),
+                                   "finished_then": finished}
+                    threading.Thread(target=producer.screens, daemon=True,
+                                     args=(job, "after the server came back")).start()
+                    phase = "recovered"
+        ev["phase_at_end"] = phase
+
+    def rolling_restart(self, folder: Path, env: dict[str, str], record: dict[str, Any]) -> None:
+        """`python -m launcher restart --rolling`: the same arguments, drained and restarted."""
+        started = time.monotonic()
+        argv = [sys.executable, "-m", "launcher", "restart", "--rolling", "--timeout", "300"]
+        try:
+            done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                                  timeout=330, check=False)
+            record |= {"rc": done.returncode, "output": (done.stdout + done.stderr)[-1500:]}
+        except subprocess.TimeoutExpired:
+            record["rc"] = "timed out"
+        record |= {"command": "python -m launcher restart --rolling",
+                   "seconds": round(time.monotonic() - started, 1)}
+
+
 class Producer:
     """`python -m producer ...` in a run's folder; its screens appended to status.txt."""
 
@@ -980,9 +1260,12 @@ class Producer:
             return None
         return obj
 
-    def watch(self, job: str, deadline: float) -> tuple[dict[str, Any] | None, list[list[Any]]]:
+    def watch(self, job: str, deadline: float,
+              on_status: Callable[[dict[str, Any]], None] | None = None,
+              ) -> tuple[dict[str, Any] | None, list[list[Any]]]:
         """Follow `status JOB --watch --json` until the job ends or `deadline` (monotonic);
-        one screen is taken along the way, once a quarter is done or 15 s have passed."""
+        one screen is taken along the way, once a quarter is done or 15 s have passed.
+        `on_status` is given each status as it comes."""
         argv = [sys.executable, "-m", "producer", "status", job, "--watch", "--json",
                 "--no-servers", "--interval", "0.5"]
         started = time.monotonic()
@@ -1008,6 +1291,8 @@ class Producer:
                         self.record("status --watch said", line)
                         continue
                     last = obj
+                    if on_status is not None:
+                        on_status(obj)
                     timeline.append([round(time.monotonic() - started, 1), obj.get("done"),
                                      obj.get("checkpointed"), obj.get("failed"),
                                      obj.get("in_flight"), obj.get("in_hand"),
@@ -1131,6 +1416,123 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# The node modes' pieces
+
+
+def node_profile(cfg: Config, model_dir: Path) -> str:
+    """`launcher up`'s profile: the server command with the launcher's placeholders (it fills
+    in the model, port and host and adds no SGLang flag), and the server's environment."""
+    command = serve_argv(cfg, "{model}", "{port}", "{host}")
+    lines = [f"model = {json.dumps(str(model_dir))}",
+             "command = [" + ", ".join(json.dumps(a) for a in command) + "]", "", "[env]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in serve_env(cfg).items()]
+    return "\n".join(lines) + "\n"  # JSON strings are TOML basic strings
+
+
+def node_base_port(settings: Mapping[str, str]) -> int:
+    """`launcher up`'s --base-port: the default 30000 unless it (or the worker's metrics port,
+    9400 + base - 30000) is taken here, then the next free hundred."""
+    for base in range(30000, 31000, 100):
+        metrics_free = settings.get("FLEETGEN_METRICS_PORT") == "0" \
+            or port_is_free(WORKER_METRICS_PORT + base - 30000)
+        if port_is_free(base) and metrics_free:
+            return base
+    raise RuntimeError("no free --base-port in 30000-30900 for `launcher up`")
+
+
+def fake_nvidia_smi(work: Path) -> Path:
+    """node-dry: a folder holding an `nvidia-smi` that lists one GPU, for `launcher up` on a
+    CPU (the server runs on the CPU whatever CUDA_VISIBLE_DEVICES says)."""
+    folder = work / "bin"
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text('#!/bin/sh\necho "0, CPU stand-in (node-dry), 0 MiB"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def fleet_rows(status: Any, check: Mapping[str, Any], server_url: str,
+               supervisor_saw: str | None) -> dict[str, Any]:
+    """`producer status --json`'s per-GPU rows, and whether they are true: one row, gpu0's
+    worker, on the launcher's server, up when the supervisor has it ready, with the export's
+    answers, failures and tokens."""
+    rows = status.get("fleet") or [] if isinstance(status, dict) else []
+    keys = ("worker", "worker_state", "server", "server_state", "server_kind", "capacity_source",
+            "limit", "in_flight", "job_prompts_done", "job_prompts_failed", "job_output_tokens",
+            "job_output_tokens_per_s")
+    shown = [{k: r.get(k) for k in keys} for r in rows]
+    gpu0 = [r for r in shown if str(r["worker"]).startswith("gpu0@")]
+    row = gpu0[0] if len(gpu0) == 1 else {}
+    checks = {"one_row_for_gpu0": len(rows) == 1 and len(gpu0) == 1,
+              "server_is_the_launchers": row.get("server") == server_url,
+              "server_state_as_supervisor": row.get("server_state")
+              == ("up" if supervisor_saw == "ready" else "down"),
+              "done_equals_export": row.get("job_prompts_done") == check.get("answers"),
+              "failed_equals_export": row.get("job_prompts_failed") == check.get("failures"),
+              "tokens_equal_export": row.get("job_output_tokens") == check.get("completion_tokens")}
+    return {"rows": shown, "supervisor_saw": supervisor_saw, "checks": checks,
+            "true": all(checks.values())}
+
+
+def util_by_phase(timeline: list[list[Any]], events: Mapping[str, Any]) -> dict[str, Any]:
+    """Mean GPU utilization (the events thread's 1 s samples) between the disruptions."""
+    restart, kill = events.get("restart", {}), events.get("kill", {})
+    marks = [("before the restart", restart.get("at_s")),
+             ("during the restart", restart.get("done_s")),
+             ("between restart and kill", kill.get("at_s")),
+             ("server down after kill", kill.get("back_ready_s")),
+             ("after recovery", math.inf)]
+    out: dict[str, Any] = {}
+    start = 0.0
+    for name, end in marks:
+        if end is None:
+            break
+        utils = [row[3] for row in timeline if start <= row[0] < end and row[3] is not None]
+        out[name] = {"from_s": start, "to_s": None if end == math.inf else end,
+                     "samples": len(utils),
+                     "util_mean": round(statistics.mean(utils), 1) if utils else None}
+        start = end
+    return out
+
+
+def node_table(results: dict[str, Any]) -> str:
+    """The node run in a few lines: the job, the disruptions, the GPU, the per-GPU rows."""
+    node = results.get("node") or {}
+    check = node.get("exactly_once") or {}
+    ev = node.get("events") or {}
+    restart, kill = ev.get("restart") or {}, ev.get("kill") or {}
+    gpu = node.get("gpu") or {}
+    lines = [f"launcher: {node.get('up', '-')} (ready in {node.get('up_s', '-')} s)",
+             f"job: {node.get('state')}, {check.get('input_ids', '-')} prompts, "
+             f"{check.get('answers', '-')} answers, {check.get('failures', '-')} failed, "
+             f"exactly once {check.get('exactly_once')} (duplicates {check.get('duplicates')}, "
+             f"missing {check.get('missing')}), {node.get('job_wall_s')} s, "
+             f"{check.get('completion_tokens', 0):,} tokens, {node.get('tokens_per_s')} tok/s",
+             f"rolling restart: at {restart.get('at_s')} s ({restart.get('finished')} "
+             f"finished), done at {restart.get('done_s')} s, rc {restart.get('rc')}",
+             f"SIGKILL of server pid {kill.get('pid')}: at {kill.get('at_s')} s "
+             f"({kill.get('finished')} finished, {kill.get('in_flight')} in flight), ready "
+             f"again at {kill.get('back_ready_s')} s as pid {kill.get('new_pid')}, restarts "
+             f"{kill.get('restarts_before')} -> {kill.get('restarts_after')}; "
+             f"reason: {kill.get('reason')}",
+             f"GPU: {gpu.get('samples', 0)} samples, util mean {gpu.get('util_mean', '-')}%, "
+             f"median {gpu.get('util_median', '-')}%, max {gpu.get('util_max', '-')}%, memory "
+             f"max {gpu.get('memory_used_mib_max', '-')} MiB"]
+    for phase, stats in (node.get("gpu_by_phase") or {}).items():
+        lines.append(f"  {phase}: {stats['util_mean']}% ({stats['samples']} samples)")
+    fleet = node.get("fleet") or {}
+    for row in fleet.get("rows", []):
+        lines.append(f"per-GPU row: {json.dumps(row)}")
+    lines.append(f"per-GPU rows true: {fleet.get('true')} (the supervisor had the server "
+                 f"{fleet.get('supervisor_saw')}) {json.dumps(fleet.get('checks'))}")
+    lines += [f"launcher: {line[:200]}" for line in node.get("launcher_lines", [])]
+    lines += [f"note: {n}" for n in results.get("notes", [])]
+    if results.get("fatal"):
+        lines.append(f"\nstopped: {results['fatal']}")
+    return "\n".join(lines)
+
+
 def machine(cfg: Config) -> dict[str, Any]:
     """The harness's side and the code measured: the git commit where there is one, and a
     digest of fleetgen/ and workers/ (a device's copy of the tree has no .git). The engine's
@@ -1192,6 +1594,19 @@ def _matching_lines(text: str, pattern: re.Pattern[str], limit: int) -> list[str
         if pattern.search(line):
             seen.setdefault(re.sub(r"^\[[^\]]*\]\s*", "", line.strip()), None)
     return list(seen)[:limit]
+
+
+def _node_gpu(state: Mapping[str, Any] | None) -> dict[str, Any]:
+    """GPU 0's entry of node.json (empty before the first publish)."""
+    gpus = (state or {}).get("gpus") or [{}]
+    return dict(gpus[0])
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text[-2000:]
 
 
 def _tail(path: Path, chars: int) -> str:
