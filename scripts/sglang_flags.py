@@ -4,7 +4,7 @@
     python scripts/sglang_flags.py ~/.cache/fleetgen/sglang-wheels
 
 Reads every `sglang-X-*.whl` in the folder (one per release; post-releases are skipped, the
-table keys are releases) with `ast`, and rewrites the table. tests/test_sglang_flags.py
+table keys are releases) with `ast`, and rewrites the table. tests/launcher/node/test_flags.py
 compares the checked-in file with what this produces when SGLANG_WHEELS names the folder.
 """
 

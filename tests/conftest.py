@@ -15,7 +15,7 @@
 
 If a server binary is not installed the tests that need it are skipped, except under CI=true
 where they fail: CI must never pass by skipping. Tests that kill or restart servers start their
-own (see tests/test_services.py); the session servers are shared and must stay up.
+own (see tests/launcher/services/test_services.py); the session servers are shared and must stay up.
 
 A test that starts a simulator, worker or producer process through tests/stack.py must be
 marked `e2e` (pytest_runtest_setup tells the stack), so `-m "not e2e and not chaos"` stays the

@@ -357,27 +357,33 @@ def _last_decode(n: Node) -> bytes:
     return log[at:log.find(b"\n", at)] if at >= 0 else b"#queue-req: 0"
 
 
-def sweep_best(base: tuple[str, ...]) -> tuple[float, tuple[str, ...]]:
+def sweep_best(base: tuple[str, ...], input_tokens: float = 0.0) -> tuple[float, tuple[str, ...]]:
     """Brute force over the flags tune moves, on the simulator's own capacity and step cost
     models (a full batch in steady state): the best tokens/s per GPU and its flags."""
     best: tuple[float, tuple[str, ...]] = (0.0, ())
     for mfs in ("0.84", "0.88", "0.90", "0.93", "0.95", "0.96", "0.97", "0.99"):
         for slots in range(20, 401, 2):
             flags = ("--mem-fraction-static", mfs, "--max-mamba-cache-size", str(slots))
-            tps = modelled_tokens_per_s(base, list(flags))
+            tps = modelled_tokens_per_s(base, list(flags), input_tokens)
             best = max(best, (tps, flags))
     return best
 
 
-def modelled_tokens_per_s(base: tuple[str, ...], flags: list[str]) -> float:
-    """A full batch's tokens/s: as many run as the cap allows and the KV pool holds (each
-    request reserves its prompt and its whole answer, ~the mean output); 0 if it fails."""
+def modelled_tokens_per_s(base: tuple[str, ...], flags: list[str],
+                          input_tokens: float = 0.0) -> float:
+    """A full batch's tokens/s: as many run as the cap allows and the KV pool holds; 0 if it
+    fails. Each request reserves its prompt and its whole answer, and a long answer holds its
+    reservation longer: the running requests reserve the length-weighted mean, E[L^2]/E[L],
+    which for the simulator's lognormal answers is the mean x exp(sigma^2)."""
+    import math
+
     from launcher.sim.capacity import plan_capacity
     from launcher.sim.config import SimConfig
 
     cfg = SimConfig.from_argv([*base, *flags])
     cap = plan_capacity(cfg)
-    running = min(cap.effective_running, int(cap.max_total_num_tokens // cfg.mean_output_tokens))
+    held = cfg.mean_output_tokens * math.exp(cfg.output_sigma ** 2) + input_tokens
+    running = min(cap.effective_running, int(cap.max_total_num_tokens // held))
     if cap.fatal is not None or running <= 0:
         return 0.0
     return cfg.decode_rate(running) * running

@@ -9,6 +9,7 @@
     python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
     python -m tests.perf --only engines           # figure 10: vLLM and strict servers, no setting
     python -m tests.perf real-engine --mode dry         # a real server (real_engine.py)
+    python -m tests.perf replay                   # the reference run, hands-off (replay.py)
 
 Each benchmark starts its own processes (Valkey once for the suite; SeaweedFS with --s3) on
 free ports of 127.0.0.1 and stops them; a benchmark that fails is reported as failed in the
@@ -39,6 +40,7 @@ from tests.perf import (
     export_cost,
     overhead,
     real_engine,
+    replay,
     report,
     saturation,
     short,
@@ -52,7 +54,8 @@ BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export"
               "short", "engines")
 # Commands beside the suite, each with its own flags, processes and results folder:
 # `python -m tests.perf real-engine --help`.
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main,
+                                                   "replay": replay.main}
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ machine whose other core is busy. The seconds themselves are measured here, on w
 the machine has (results.md shows the load average):
 
 - a simulator's start (`launcher sim`, default flags) -> /health 200, the slowest of three:
-  target <= 2 s (tests/test_simulator_process.py);
+  target <= 2 s (tests/launcher/sim/test_process.py);
 - a simulator's throughput over HTTP: 60 answers of exactly 400 tokens flooded onto 6 slots;
   tokens/s from the first answer to the last ÷ slots x per-slot rate: target 1 ± 0.06
-  (tests/test_simulator_capacity.py checks the same model exactly on a simulated clock);
+  (tests/launcher/sim/test_capacity.py checks the same model exactly on a simulated clock);
 - a SIGTERMed worker, a few answers into a batch of 40 on 4 slots of 1.25 s answers (the whole
-  batch takes 12.5 s): signal -> process exit, target <= 8 s (tests/test_worker_exit.py);
+  batch takes 12.5 s): signal -> process exit, target <= 8 s (tests/workers/test_exit.py);
 - a SIGKILLed worker, production settings (30 s lease, 10 s reconcile): kill -> the batch it
   held running on the other worker (or done), target <= 60 s, the README's "within a minute"
-  (tests/test_worker_exit.py, tests/test_chaos.py).
+  (tests/workers/test_exit.py, tests/system/test_chaos.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,850 @@
+"""`producer status`: figures from the ledger, the live per-GPU table, --json, --watch, jobs,
+and progress.json. Counters are written by the workers' own Lua script, so status reads exactly
+what workers write."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from fleetgen import keys, progress
+from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
+from fleetgen.fleet import (
+    FETCH_DEADLINE_S,
+    LOST_AFTER_S,
+    FleetRow,
+    WorkerEntry,
+    WorkerError,
+    read_fleet,
+    read_servers,
+    registry,
+)
+from fleetgen.jobview import JobStatus, job_status
+from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.readings import ServerReading, parse_metrics, read_server
+from fleetgen.records import Origin, counters, error_record, result_record, written_counts
+from launcher.ports import free_port
+from launcher.services import wait_until
+from producer.cli import main
+from producer.status import render, render_fleet
+from tests.sim_helpers import VirtualClockLoop
+from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks, write_jsonl
+
+NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
+MINUTE = int(NOW // 60)
+
+# Fields `status --json` and progress.json promise to keep (others may be added): the
+# JobStatus dataclass and its fleet rows carry them.
+STABLE_FIELDS = {
+    "job", "state", "reason", "output", "total", "done", "failed", "checkpointed", "in_flight",
+    "in_hand", "queued", "held",
+    "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
+    "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
+    "worker_errors", "stalled", "breaker",
+}
+FLEET_FIELDS = {
+    "worker", "host", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
+    "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
+    "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
+    "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s", "server_kind",
+    "capacity_source",
+}
+
+
+@pytest.fixture
+def ledger(redis_client: Any) -> Ledger:
+    return Ledger(redis_client)
+
+
+@pytest.fixture
+def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+
+
+class Worker:
+    """Finishes prompts the way workers/batch.py does: the same Lua script, the same counters."""
+
+    def __init__(self, ledger: Ledger, name: str) -> None:
+        self.ledger, self.name = ledger, name
+        self.origin = Origin("http://127.0.0.1:30000", name, 1)
+        self._record = ledger.r.register_script(RECORD_GROUP)
+        self.count = 0
+        self.records: dict[str, list[dict[str, Any]]] = {}
+
+    def answer(self, job: str, batch: str, minute: int, finish: str = "stop",
+               tokens: tuple[int, int, int] = (10, 100, 60), content: str = "An answer.") -> None:
+        self.count += 1
+        response = {"choices": [{"finish_reason": finish, "message": {
+            "content": content, "reasoning_content": "thinking"}}],
+            "usage": {"prompt_tokens": tokens[0], "completion_tokens": tokens[1],
+                      "reasoning_tokens": tokens[2]}}
+        self._put(job, batch, minute, result_record(f"{batch}-{self.count}", 1, response, 0.5,
+                                                    self.origin))
+
+    def fail(self, job: str, batch: str, minute: int) -> None:
+        self.count += 1
+        record = error_record(f"{batch}-{self.count}", 1, "maximum context length is 40960",
+                              400, self.origin, 1)
+        self._put(job, batch, minute, record)
+
+    def _put(self, job: str, batch: str, minute: int, record: dict[str, Any]) -> None:
+        self.records.setdefault(batch, []).append(record)
+        entry = Entry(job, batch, record.get("custom_id") or record["id"], orjson.dumps(record),
+                      counters(record, thinking=True), b"")
+        script_keys, args = group_arguments(job, [entry], self.name, minute, window=0)
+        self._record(keys=script_keys, args=args)
+
+    def finish_batch(self, job: str, batch: str, minute: int, size: int = 1000) -> None:
+        """Write the batch (its records so far) at the end of `minute`."""
+        self.ledger.finish_batch(job, batch, written_counts(self.records.pop(batch, [])),
+                                 self.name, [], size, now=(minute + 1) * 60.0)
+
+
+def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
+    """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
+    b000007 running with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
+    24 in the last minute."""
+    make_job(ledger, name, output, created_at=NOW - 600)
+    a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
+    for i in range(1, 7):
+        batch = keys.batch_id(i)
+        worker = a if i <= 3 else b
+        for j in range(10):
+            minute = MINUTE - 9 if (i - 1) * 10 + j < 40 else MINUTE - 1
+            if i == 6 and j < 2:
+                worker.fail(name, batch, minute)
+            else:
+                worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
+        worker.finish_batch(name, batch, minute)
+    ledger.acquire(name, "b000007", "token", 30)
+    for _ in range(4):
+        a.answer(name, "b000007", MINUTE - 1)
+    ledger.mark_queued(name, ["b000008", "b000009", "b000010"])
+
+
+def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    # One live worker with 4 requests at its server; a lost one's count does not matter.
+    register(ledger, "gpu0@n", "http://127.0.0.1:30000", in_flight=4, updated=NOW - 3)
+    register(ledger, "gpu1@n", "http://127.0.0.1:30001", in_flight=9, updated=NOW - 300)
+    s = job_status(ledger, "half", NOW)
+    # done and failed are what the sink holds; the 4 answers of the running batch are
+    # checkpointed until it is written.
+    assert (s.state, s.total, s.done, s.failed) == ("running", 100, 58, 2)
+    assert (s.checkpointed, s.in_flight, s.in_hand, s.queued, s.held) == (
+        4, 4, 6, 30, 0)
+    assert asdict(s.batches) == {"total": 10, "done": 6, "running": 1, "queued": 3}
+    # Started 600 s ago: 64 answered in 600 s; 24 in the last five minutes.
+    assert s.elapsed_s == 600
+    assert s.rate.prompts_per_s_all == pytest.approx(64 / 600, abs=1e-3)
+    # The job went on in the last minute after 7 idle ones: its recent window starts there.
+    assert s.rate.window_s == 60
+    assert s.rate.prompts_per_s_5m == pytest.approx(24 / 60, abs=1e-3)
+    # 22 of those 24 are answers of 100 tokens (2 were failures).
+    assert s.rate.output_tokens_per_s_5m == pytest.approx(22 * 100 / 60, abs=0.1)
+    assert s.rate.output_tokens_per_s_all == pytest.approx(62 * 100 / 600, abs=0.1)
+    # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the recent rate,
+    # then one mean answer time (0.5 s).
+    assert s.eta_s == math.ceil(32 / (24 / 60) + 0.5)
+    assert asdict(s.tokens) == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
+                           "reasoning_share": 0.6}
+    assert s.finish_reasons == {"length": 3, "stop": 59}
+    assert s.errors == {"context_length_exceeded": 2}
+    assert s.bytes_written == 6000
+    assert s.workers["gpu0@a"]["prompts_done"] == 34 and s.workers["gpu1@b"]["prompts_failed"] == 2
+    assert s.fleet is None and s.quality is None
+
+
+def test_the_status_and_its_fleet_rows_carry_the_stable_fields() -> None:
+    assert {f.name for f in dataclasses.fields(JobStatus)} == STABLE_FIELDS
+    assert {f.name for f in dataclasses.fields(FleetRow)} == FLEET_FIELDS
+
+
+def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    text = render(job_status(ledger, "half", NOW))
+    assert ("60/100 (60.0%)  done 58  failed 2  checkpointed 4  in flight 0  in hand 6  "
+            "queued 30") in text
+    assert ("last 1m00s 0.40 prompts/s, 37 out tok/s;  overall 0.11 prompts/s, 10 out tok/s "
+            "(all GPUs)") in text
+    assert "elapsed 10m00s   ETA 1m31s" in text
+    assert "avg out 100  reasoning share 60%" in text
+    assert "finish    length 3, stop 59" in text and "context_length_exceeded 2" in text
+    assert "written   6.0 KB" in text
+    assert "gpu0@a" in text and "gpu1@b" in text
+
+
+def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledger: Ledger) -> None:
+    make_job(ledger, "fin", "/tmp/out", prompts=20, created_at=NOW - 800)
+    w = Worker(ledger, "gpu0@a")
+    for i, minute in ((1, MINUTE - 12), (2, MINUTE - 11)):
+        for _ in range(10):
+            w.answer("fin", keys.batch_id(i), minute)
+        w.finish_batch("fin", keys.batch_id(i), minute)
+    later = job_status(ledger, "fin", NOW + 3600)
+    assert later.state == "done" and later.eta_s == 0
+    assert (later.done, later.checkpointed) == (20, 0)
+    assert (later.queued, later.held, later.in_flight) == (0, 0, 0)
+    # Started at NOW - 800, last batch written at the end of minute MINUTE - 11 (NOW - 600).
+    assert later.elapsed_s == 200
+    assert later.rate.prompts_per_s_all == pytest.approx(20 / 200, abs=1e-3)
+    assert later.rate.prompts_per_s_5m == 0
+
+
+def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
+    manifest = make_job(ledger, "quick", "/tmp/out", prompts=10, created_at=NOW - 30)
+    ledger.activate(manifest)  # enqueue finished now: the job's clock starts here
+    started = float(ledger.r.hget(keys.job("quick"), "started_at"))
+    w = Worker(ledger, "gpu0@a")
+    for _ in range(10):
+        w.answer("quick", "b000001", MINUTE)
+    ledger.finish_batch("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
+                        [], now=started + 7.5)
+    s = job_status(ledger, "quick", started + 3600)
+    assert s.state == "done" and s.elapsed_s == 7.5
+    assert s.rate.prompts_per_s_all == pytest.approx(10 / 7.5, abs=1e-3)
+    assert "elapsed 0m07s" in render(s)
+
+
+def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    s = job_status(ledger, "half", NOW)
+    assert (s.state, s.reason, s.eta_s) == ("paused", "paused by user", None)
+    assert (s.in_hand, s.queued, s.held) == (6, 0, 30)
+    text = render(s)
+    assert "[paused]  paused by user" in text and "held 30 (paused)" in text and "ETA paused" in text
+
+
+def test_status_of_a_job_paused_by_the_canary_shows_reason_examples_and_how_to_go_on(
+    ledger: Ledger,
+) -> None:
+    half_done_job(ledger)
+    reason = "quality: 100% of the last 200 answers have an empty content (threshold 20%)"
+    examples = [{"id": "p1", "content": "", "output_tokens": 64, "length": True},
+                {"id": "p2", "content": "", "output_tokens": 64, "length": True}]
+    # What workers/batch.py `_watch_quality` writes when it pauses a job.
+    ledger.r.hset(keys.job("half"), mapping={
+        "state": STATE_PAUSED, "reason": reason, "quality_examples": orjson.dumps(examples),
+        "quality_seen": 200})
+    s = job_status(ledger, "half", NOW)
+    assert s.reason == reason
+    assert s.quality is not None
+    assert asdict(s.quality) == {"examples": examples, "detected_after": 200, "accepted": False}
+    text = render(s)
+    assert reason in text
+    assert "canary fired after 200 answers" in text
+    assert "p1: '' (64 tokens, cut at max_tokens)" in text
+    assert "python -m producer resume half --accept-quality" in text
+
+
+def test_the_canary_line_says_how_many_answers_it_has_seen(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.r.hset(keys.job("half"), "canary_seen", 64)
+    # 100 prompts, fewer than the 200 the canary judges from: it judges them at the job's end.
+    assert ("canary    watching: 64 answers seen (the job is smaller than 200: judged at its end)"
+            in render(job_status(ledger, "half", NOW)))
+    make_job(ledger, "big", "/tmp/out", prompts=1000)
+    ledger.r.hset(keys.job("big"), "canary_seen", 64)
+    assert "canary    watching: 64 answers seen (judges from 200)" in render(job_status(ledger, "big", NOW))
+
+
+def test_a_small_job_judged_healthy_at_its_end_says_so(ledger: Ledger) -> None:
+    half_done_job(ledger)
+    ledger.r.hset(keys.job("half"), "canary_end",
+                  orjson.dumps({"answers": 98, "judged": True, "verdict": None}))
+    assert "canary    judged all 98 answers at the job's end: healthy" in render(
+        job_status(ledger, "half", NOW))
+
+
+def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker_met(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "stuck", "/tmp/out", created_at=NOW - 600)
+    ledger.mark_queued("stuck", [keys.batch_id(i) for i in range(1, 11)])
+    error = ("cannot use the output of job stuck with this worker's credentials: s3://b at "
+             "http://s3:8333: access denied")
+    register(ledger, "gpu5@host", "http://127.0.0.1:30005", updated=NOW - 2, host="host",
+             queues=["gpu5", keys.SHARED_QUEUE],
+             last_error={"error": error, "job": "stuck", "at": NOW - 40})
+    status = job_status(ledger, "stuck", NOW)
+    assert status.stalled is not None and status.stalled.last_error is not None
+    assert status.stalled.reason == "no_progress"
+    assert status.stalled.last_error.worker == "gpu5@host"
+    assert [asdict(e) for e in status.worker_errors] == [{"worker": "gpu5@host", "host": "host", "job": "stuck",
+                                        "error": error, "age_s": 40.0}]
+    text = render(status)
+    assert (f"  stalled: no batch finished for 10 min; last error on gpu5@host (40 s ago): {error}"
+            in text)
+    assert f"  gpu5@host                  40 s ago  job stuck: {error}" in text
+    # A job with a batch running is moving, whatever errors a worker met.
+    half_done_job(ledger)
+    assert job_status(ledger, "half", NOW).stalled is None
+    # One waiting its turn behind another job's work is not stuck either.
+    register(ledger, "gpu6@host", "http://127.0.0.1:30006", updated=NOW - 2, in_flight=12,
+             queues=["gpu6", keys.SHARED_QUEUE])
+    assert job_status(ledger, "stuck", NOW).stalled is None
+
+
+def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "waits", "/tmp/out", created_at=NOW - 120)
+    ledger.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, state="server-down",
+             queues=["gpu0", keys.SHARED_QUEUE])
+    assert ("  stalled: no batch finished for 2 min; servers not ready for gpu0@a"
+            in render(job_status(ledger, "waits", NOW)))
+
+
+def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
+    ledger: Ledger,
+) -> None:
+    manifest = make_job(ledger, "pinned", "/tmp/out", created_at=NOW)
+    ledger.save_job(dataclasses.replace(manifest, queue="gpu99"))
+    ledger.mark_queued("pinned", [keys.batch_id(i) for i in range(1, 11)])
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1,
+             queues=["gpu0", keys.SHARED_QUEUE])
+    # A lost worker that consumed gpu99 consumes nothing now.
+    register(ledger, "gpu99@gone", "http://127.0.0.1:30099", updated=NOW - 300,
+             queues=["gpu99", keys.SHARED_QUEUE])
+    status = job_status(ledger, "pinned", NOW)
+    assert status.stalled is not None
+    assert asdict(status.stalled) == {"reason": "no_consumer", "queue": "gpu99",
+                                 "live_queues": ["fleetgen", "gpu0"], "idle_s": None,
+                                 "last_error": None, "not_ready": []}
+    assert ("  stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)"
+            in render(status))
+
+
+METRICS_TWO_RANKS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",model_name="m"} 30.0
+sglang:num_running_reqs{dp_rank="1",model_name="m"} 18.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",model_name="m"} 2.0
+sglang:num_queue_reqs{dp_rank="1",model_name="m"} 0.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",model_name="m"} 0.42
+sglang:token_usage{dp_rank="1",model_name="m"} 0.81
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{dp_rank="0",model_name="m"} 1500.5
+sglang:gen_throughput{dp_rank="1",model_name="m"} 1200.0
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{dp_rank="0",model_name="m"} 3.0
+sglang:spec_accept_length{dp_rank="1",model_name="m"} 3.5
+# TYPE sglang:generation_tokens counter
+sglang:generation_tokens_total{model_name="m"} 12345.0
+"""
+
+
+def test_metrics_of_several_schedulers_add_up_running_and_throughput_and_keep_the_worst_usage() -> None:
+    assert parse_metrics(METRICS_TWO_RANKS) == {
+        "running": 48.0, "queue": 2.0, "token_usage": 0.81, "gen_throughput": 2700.5,
+        "accept_length": 3.25}
+
+
+SERVER_INFO = {"max_running_requests": 128, "dp_size": 1, "version": "0.5.9",
+               "internal_states": [{"effective_max_running_requests_per_dp": 16,
+                                    "avg_spec_accept_length": 2.71}]}
+
+
+def read_with(handler: Any, api_key: str | None = None) -> ServerReading:
+    async def go() -> ServerReading:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await read_server(client, "http://gpu0:30000", api_key)
+
+    return asyncio.run(go())
+
+
+def test_a_server_without_metrics_still_shows_its_capacity_from_server_info() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json=SERVER_INFO)
+
+    reading = read_with(handler)
+    assert (reading.state, reading.running, reading.effective_max, reading.requested_max) == (
+        "up", None, 16, 128)
+    assert (reading.accept_length, reading.version) == (2.71, "0.5.9")
+
+
+def test_a_garbled_metrics_page_is_ignored_and_the_key_is_sent_for_server_info() -> None:
+    keys_sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="<html>proxy error</html>")
+        keys_sent.append(request.headers.get("authorization"))
+        return httpx.Response(200, json=SERVER_INFO)
+
+    reading = read_with(handler, api_key="s3cret")
+    assert (reading.state, reading.running, reading.effective_max) == ("up", None, 16)
+    assert keys_sent == ["Bearer s3cret"]
+
+
+def test_a_server_that_refuses_both_requests_is_down() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    assert read_with(handler) == ServerReading("down", error="connection refused")
+
+
+def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
+    """A registry entry as workers/engine.py `_register` writes it: a worker of this node
+    whose server published nothing readable, unless `extra` says otherwise."""
+    fields = {"worker": worker, "host": socket.gethostname(), "pid": 1,
+              "queues": [keys.SHARED_QUEUE], "last_error": None,
+              "server": server, "local_server": server,
+              "reading": asdict(ServerReading("unknown")), "state": "ready", "server_kind": None,
+              "effective_max_running_requests": 7, "requested_max_running_requests": 8,
+              "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
+              "limit": 11, "in_flight": 0, "updated": time.time() - age_s, **extra}
+    entry = WorkerEntry.from_json(orjson.dumps(fields))
+    ledger.r.hset(keys.WORKERS, worker, entry.to_json())
+
+
+def test_the_registry_reads_each_entry_as_its_worker_wrote_it_and_skips_what_is_not_one(
+    ledger: Ledger,
+) -> None:
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 2, queues=["gpu0"],
+             last_error={"error": "boom", "job": "j", "at": NOW - 5},
+             reading=asdict(ServerReading("up", running=3, effective_max=8)))
+    register(ledger, "gpu1@a", "http://127.0.0.1:30001", updated=NOW - LOST_AFTER_S - 1)
+    ledger.r.hset(keys.WORKERS, mapping={"gpu2@a": b"not json", "gpu3@a": b'{"in_flight": 4}'})
+    entries = registry(ledger, NOW)
+    assert set(entries) == {"gpu0@a", "gpu1@a"}
+    entry = entries["gpu0@a"]
+    assert (entry.state, entry.queues, entry.age_s(NOW)) == ("ready", ["gpu0"], 2.0)
+    assert entry.last_error == WorkerError(error="boom", job="j", at=NOW - 5)
+    assert entry.reading == ServerReading("up", running=3, effective_max=8)
+    assert WorkerEntry.from_json(entry.to_json()) == entry
+    # Stale: its worker is gone.
+    assert entries["gpu1@a"].state == "lost"
+
+
+@contextlib.contextmanager
+def hung_server() -> Iterator[str]:
+    """A port that accepts connections and never answers; its URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A hung server for one test."""
+    with hung_server() as url:
+        yield url
+
+
+@pytest.mark.e2e
+def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
+    stack: Stack, ledger: Ledger, black_hole: str,
+) -> None:
+    # No warm-up request: its tokens would show in gen throughput at the first Decode tick
+    # after it, a moment that a loaded machine can move past any wait.
+    _, url = stack.sim("sim0", "--max-running-requests", "24", "--profile", "mamba-hybrid",
+                       "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5",
+                       "--skip-server-warmup")
+    register(ledger, "gpu0@n", url)
+    register(ledger, "gpu1@n", f"http://127.0.0.1:{free_port()}", state="server-down")
+    register(ledger, "gpu2@n", black_hole)
+    register(ledger, "gpu3@n", url, age_s=LOST_AFTER_S + 5)
+    # Lost and never part of this job (an earlier demo's worker): not listed.
+    register(ledger, "gpu4@old", url, age_s=LOST_AFTER_S + 5)
+    rows = {r.worker: r for r in read_fleet(
+        ledger, {"gpu0@n": {"prompts_done": 30, "output_tokens": 6000},
+                   "gpu3@n": {"prompts_done": 0}}, elapsed_s=60.0)}
+    assert "gpu4@old" not in rows
+    live = rows["gpu0@n"]
+    assert set(asdict(live)) == FLEET_FIELDS
+    assert (live.worker_state, live.server_state) == ("ready", "up")
+    # As on the reference GPU, 80 Mamba slots run fewer than asked: /server_info says 16 of 24.
+    assert (live.effective_max, live.requested_max) == (16, 24)
+    assert (live.running, live.queue, live.token_usage, live.mamba_usage) == (0, 0, 0, 0)
+    assert live.accept_length == 2.5 and live.version == "0.5.23"
+    assert (live.job_prompts_done, live.job_output_tokens_per_s) == (30, 100.0)
+    assert (rows["gpu1@n"].worker_state, rows["gpu1@n"].server_state) == ("server-down", "down")
+    assert rows["gpu1@n"].server_error == "connection refused"
+    assert rows["gpu2@n"].server_state == "down"
+    assert rows["gpu2@n"].server_error == "no answer in time"
+    assert rows["gpu3@n"].worker_state == "lost"
+    table = {line.split()[0]: line.split()[1:] for line in render_fleet(list(rows.values()))[1:]}
+    host = url.removeprefix("http://")
+    assert table["gpu0@n"] == ["ready", host, "0/16", "24", "0", "0%", "0%", "0", "2.50", "|", "30", "100"]
+    assert table["gpu1@n"][0] == "server-down" and table["gpu1@n"][2:] == ["down", "|", "0", "0"]
+    assert table["gpu3@n"][:3] == ["lost", host, "0/16"]
+    register(ledger, "gpu0@n", url, server_kind="sglang 0.5.23, model 'm'")
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
+    assert ("  gpu0@n: sglang 0.5.23, model 'm'; 11 in flight at most "
+            "(internal_states[0].effective_max_running_requests_per_dp)"
+            in render_fleet(list(rows.values())))
+
+
+def test_hung_servers_are_read_side_by_side_and_each_costs_the_deadline_at_most() -> None:
+    # On simulated time: three hung servers read one after another would end at 3 x 2 s.
+    loop = VirtualClockLoop()
+    with hung_server() as a, hung_server() as b, hung_server() as c:
+        try:
+            readings = loop.run_until_complete(read_servers([a, b, c]))
+            took = loop.time()
+        finally:
+            loop.close()
+    assert {(r.state, r.error) for r in readings.values()} == {("down", "no answer in time")}
+    assert len(readings) == 3 and took == pytest.approx(FETCH_DEADLINE_S, abs=0.01)
+
+
+@pytest.mark.e2e
+def test_other_nodes_servers_show_what_their_workers_published_not_this_nodes_server(
+    stack: Stack, ledger: Ledger,
+) -> None:
+    # Both workers name 127.0.0.1:PORT; on their own node that is their server, here it is
+    # this node's simulator (running 0 of 8), which must not be shown for them.
+    _, url = stack.sim("sim0", "--max-running-requests", "8")
+    published = asdict(ServerReading("up", running=33, queue=2, effective_max=40,
+                                     requested_max=40, gen_throughput=3400.0))
+    register(ledger, "gpu0@far", url, host="far-node", reading=published)
+    register(ledger, "gpu1@far", url, host="far-node",
+             reading=asdict(ServerReading("down", error="connection refused")))
+    register(ledger, "gpu0@here", url, host=socket.gethostname())
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
+    far = rows["gpu0@far"]
+    assert (far.server_state, far.running, far.effective_max) == ("up", 33, 40)
+    assert (rows["gpu1@far"].server_state, rows["gpu1@far"].server_error) == (
+        "down", "connection refused")
+    here = rows["gpu0@here"]
+    assert (here.server_state, here.running, here.effective_max) == ("up", 0, 8)
+
+
+@pytest.mark.e2e
+def test_a_running_job_shows_its_gpu_busy_in_status(stack: Stack, tmp_path: Path, ledger: Ledger) -> None:
+    # A job of about three minutes (400 answers of ~3.75 s on 8 slots): still running when
+    # `status` reads it however loaded the machine is. The test ends long before the job.
+    _, url = stack.sim("sim0", "--max-running-requests", "8", "--decode-tps", "80",
+                       "--mean-output-tokens", "300", "--speed", "1")
+    stack.worker(0, url)
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(400))
+    stack.producer("enqueue", str(src), "--job", "busy", "--output", str(tmp_path / "out"),
+                   "--batch-size", "10", "--max-tokens", "600")
+
+    def busy() -> bool:
+        rows = job_status(ledger, "busy", live=True).fleet
+        return any(r.running and r.job_prompts_done for r in rows)
+
+    wait_until(busy, 60, what="gpu0 running prompts of the job")
+    out = stack.producer("status", "busy").stdout
+    assert "job busy  [running]" in out
+    row = next(line for line in out.splitlines() if "gpu0@test" in line)
+    assert " ready " in row and url.removeprefix("http://") in row and "/8" in row
+    data = orjson.loads(stack.producer("status", "busy", "--json").stdout)
+    assert set(data) == STABLE_FIELDS
+    assert data["fleet"][0]["worker"] == "gpu0@test" and data["fleet"][0]["effective_max"] == 8
+    # The worker publishes its server's reading for `status` on other nodes.
+    entry = orjson.loads(ledger.r.hget(keys.WORKERS, "gpu0@test"))
+    assert entry["host"] == socket.gethostname()
+    assert (entry["reading"]["state"], entry["reading"]["effective_max"]) == ("up", 8)
+    assert "cancelled" in stack.producer("cancel", "busy").stdout
+
+
+def test_status_json_prints_the_stable_fields(ledger: Ledger, cli_env: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    half_done_job(ledger)
+    assert main(["status", "half", "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert set(data) == STABLE_FIELDS
+    assert (data["done"], data["failed"]) == (58, 2)
+    # Workers that did this job's work but are not registered (any more) are shown as lost.
+    assert [(r["worker"], r["worker_state"], r["job_prompts_done"]) for r in data["fleet"]] == [
+        ("gpu0@a", "lost", 34), ("gpu1@b", "lost", 28)]
+
+
+def test_status_of_an_unknown_job_is_an_error(ledger: Ledger, cli_env: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "nope"]) == 1
+    assert "no job named 'nope'" in capsys.readouterr().err
+
+
+def test_jobs_lists_each_job_with_state_progress_and_reason(
+    ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    half_done_job(ledger)
+    make_job(ledger, "later", "/tmp/out", prompts=50, created_at=NOW - 600)
+    ledger.set_state("later", STATE_PAUSED, "paused by user")
+    assert main(["jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["job", "state", "done", "failed"]
+    half = next(line for line in lines if line.startswith("half "))
+    later = next(line for line in lines if line.startswith("later "))
+    assert half.split()[1:6] == ["running", "58", "2", "100", "60.0%"]
+    assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
+
+
+@pytest.mark.e2e
+def test_status_watch_redraws_until_ctrl_c_and_exits_0(ledger: Ledger, redis_url: str) -> None:
+    half_done_job(ledger)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "producer", "status", "half", "--watch", "--interval", "0.2"],
+        cwd=ROOT, env={**os.environ, "REDIS_URL": redis_url}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    seen = b""
+    try:
+        while seen.count(b"\x1b[2J") < 2:
+            chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, f"status --watch exited early: {proc.wait()}"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        try:
+            rest, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            alive = proc.poll() is None
+            where = python_stacks(proc.pid) if alive else "(it ended; a child holds its pipes)"
+            pytest.fail(f"status --watch did not end within 10 s of Ctrl-C:\n{where}")
+        seen += rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"job half  [running]" in seen and b"Ctrl-C to stop" in seen
+
+
+def test_progress_json_is_written_next_to_the_output_at_most_once_a_minute(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    half_done_job(ledger, output=str(out))
+    assert progress.write_progress(ledger, "half", NOW)
+    written = orjson.loads((out / "half" / "progress.json").read_bytes())
+    assert set(written) == STABLE_FIELDS and written["done"] == 58
+    assert [r["worker"] for r in written.pop("fleet")] == ["gpu0@a", "gpu1@b"]
+    expected = orjson.loads(job_status(ledger, "half", NOW).to_json())
+    del expected["fleet"]
+    assert written == expected
+    Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)
+    assert not progress.write_progress(ledger, "half", NOW + 10)
+    assert orjson.loads((out / "half" / "progress.json").read_bytes())["done"] == 58
+
+
+def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    half_done_job(ledger, output=str(out))
+    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    assert progress.write_progress(ledger, "half", NOW)
+    ledger.r.delete(keys.job_part("half", "progress_due"))  # a minute later
+    assert not progress.write_progress(ledger, "half", NOW + 60)
+    Worker(ledger, "gpu0@a").answer("half", "b000007", MINUTE)  # a running batch finishes
+    ledger.r.delete(keys.job_part("half", "progress_due"))
+    assert progress.write_progress(ledger, "half", NOW + 120)
+    written = orjson.loads((out / "half" / "progress.json").read_bytes())
+    assert (written["done"], written["checkpointed"]) == (58, 5)
+
+
+def test_a_failing_progress_write_is_logged_and_never_raises(
+    ledger: Ledger, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    half_done_job(ledger, output=str(blocker / "out"))
+    assert not progress.write_progress(ledger, "half", NOW)
+    assert "job half: progress.json not written" in caplog.text
+
+
+def test_a_worker_publishes_its_loopback_server_under_the_nodes_address_on_the_route_to_redis(
+) -> None:
+    from fleetgen.advertise import advertised_url, route_address
+    from fleetgen.settings import Settings, SettingsError
+
+    local = "http://127.0.0.1:30001"
+    assert advertised_url(local, Settings(advertise_host="10.213.0.11")) == "http://10.213.0.11:30001"
+    assert advertised_url("http://10.0.0.5:30001", Settings(advertise_host="x")) == (
+        "http://10.0.0.5:30001")
+    assert advertised_url(local, Settings(advertise_url="http://gw:9")) == "http://gw:9"
+    # Redis on this machine: no other node exists to publish for, the URL stays as it is.
+    assert advertised_url(local, Settings(redis_url="redis://127.0.0.1:6389/0")) == local
+    assert route_address("127.0.0.1", 6389) == "127.0.0.1"
+    with pytest.raises(SettingsError, match="FLEETGEN_ADVERTISE_URL must not carry"):
+        Settings.from_env({"FLEETGEN_ADVERTISE_URL": "http://u:secret@gw:9"})
+
+
+@pytest.mark.e2e
+def test_other_nodes_servers_are_read_live_at_their_published_address_and_grouped_by_node(
+    stack: Stack, ledger: Ledger,
+) -> None:
+    # The far node's server listens on an address this node reaches: read live, not published.
+    # 127.0.0.2 is loopback too, but no `127.0.0.1`: as another node's address would be.
+    _, url = stack.sim("sim0", "--max-running-requests", "8", "--host", "0.0.0.0")
+    far_url = url.replace("127.0.0.1", "127.0.0.2")
+    published = asdict(ServerReading("up", running=33, effective_max=40, requested_max=40))
+    register(ledger, "gpu0@far", far_url, host="far-node", reading=published,
+             local_server="http://127.0.0.1:1")
+    register(ledger, "gpu1@far", f"http://127.0.0.1:{free_port()}", host="far-node",
+             reading=published)
+    rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
+    assert (rows["gpu0@far"].server_state, rows["gpu0@far"].effective_max) == ("up", 8)
+    assert rows["gpu0@far"].host == "far-node"
+    # Its published URL names the far node's loopback: what its worker published.
+    assert rows["gpu1@far"].effective_max == 40
+    register(ledger, "gpu0@here", url, host=socket.gethostname(),
+             local_server=url, reading=published)
+    lines = render_fleet(read_fleet(ledger, {}, elapsed_s=60.0))
+    nodes = [line.split()[1] for line in lines if line.split()[0] == "node"]
+    assert sorted(nodes) == sorted(["far-node", socket.gethostname()])
+
+
+def answer_taking(worker: Worker, job: str, batch: str, minute: int, latency_s: float) -> None:
+    """An answer of 100 tokens, as Worker.answer writes it, that took `latency_s` to come."""
+    worker.count += 1
+    response = {"choices": [{"finish_reason": "stop", "message": {"content": "An answer."}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 100}}
+    worker._put(job, batch, minute, result_record(f"{batch}-{worker.count}", 1, response,
+                                                  latency_s, worker.origin))
+
+
+@contextlib.contextmanager
+def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
+    """The ledger's clock reads `now` (what set_state and activate stamp)."""
+    from types import SimpleNamespace
+
+    import fleetgen.ledger
+
+    with monkeypatch.context() as m:
+        m.setattr(fleetgen.ledger, "time", SimpleNamespace(time=lambda: now))
+        yield
+
+
+def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: Ledger) -> None:
+    # As users saw it: 8 batches written, 4 running with 49 of 50 answered each. The 4 left
+    # are the slow ones, in flight; the old ETA (4 unanswered / 20 prompts/s) read 0m00s.
+    make_job(ledger, "tail", "/tmp/out", prompts=600, batch_size=50, created_at=NOW - 30)
+    w = Worker(ledger, "gpu0@a")
+    for i in range(1, 13):
+        batch = keys.batch_id(i)
+        if i > 8:
+            ledger.acquire("tail", batch, "token", 30)
+        for _ in range(50 if i <= 8 else 49):
+            answer_taking(w, "tail", batch, MINUTE - 1, latency_s=6.0)
+        if i <= 8:
+            w.finish_batch("tail", batch, MINUTE - 1)
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, in_flight=4)
+    s = job_status(ledger, "tail", NOW)
+    assert (s.done, s.checkpointed, s.in_flight) == (400, 196, 4)
+    assert (s.rate.window_s, s.rate.mean_answer_s) == (30, 6.0)
+    assert s.rate.prompts_per_s_5m == pytest.approx(596 / 30, abs=1e-3)
+    # Nothing left to send: the last 4 need about one mean answer time, then their batches
+    # are written. The formula of docs/guides/status.md:
+    assert s.eta_s == math.ceil((600 - 400 - 196 - 4) / (596 / 30) + 6.0) == 6
+    assert "ETA 0m06s" in render(s)
+    # All answered, 4 batches not written yet: still not 0 until they are.
+    for i in range(9, 13):
+        answer_taking(w, "tail", keys.batch_id(i), MINUTE, latency_s=6.0)
+    s = job_status(ledger, "tail", NOW + 1)
+    assert (s.done, s.checkpointed, s.eta_s) == (400, 200, 1)
+    for i in range(9, 13):
+        w.finish_batch("tail", keys.batch_id(i), MINUTE)
+    assert job_status(ledger, "tail", NOW + 61).eta_s == 0
+
+
+def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
+    ledger: Ledger,
+) -> None:
+    make_job(ledger, "back", "/tmp/out", prompts=1000, batch_size=50, created_at=NOW - 1200)
+    w = Worker(ledger, "gpu0@a")
+    # 200 answers in the job's first minute, then nothing for 18 minutes.
+    for i in range(1, 5):
+        for _ in range(50):
+            w.answer("back", keys.batch_id(i), MINUTE - 20)
+        w.finish_batch("back", keys.batch_id(i), MINUTE - 20)
+    # Back, nothing answered yet: unknown, not 800 prompts at the lifetime 0.17 prompts/s.
+    s = job_status(ledger, "back", NOW + 5)
+    assert (s.rate.prompts_per_s_5m, s.eta_s) == (0, None)
+    assert "ETA unknown" in render(s)
+    # 60 answers in the 30 s since: 2 prompts/s, not 60 over the 5 min window (0.18/s, ETA 68 min).
+    for i in (5, 6):
+        ledger.acquire("back", keys.batch_id(i), "token", 30)
+        for _ in range(30):
+            w.answer("back", keys.batch_id(i), MINUTE)
+    s = job_status(ledger, "back", NOW + 30)
+    assert (s.rate.window_s, s.rate.prompts_per_s_5m) == (30, 2.0)
+    assert s.eta_s == math.ceil(740 / 2.0 + 0.5) == 371
+    # The overall rate is since the job started, the outage included.
+    assert s.rate.prompts_per_s_all == pytest.approx(260 / 1230, abs=1e-3)
+    assert "last 0m30s 2.00 prompts/s" in render(s)
+
+
+def test_a_cancelled_jobs_rate_does_not_drift_after_it_stopped(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.control import cancel
+
+    half_done_job(ledger)  # started at NOW - 600, its last batch written at NOW
+    with ledger_time(monkeypatch, NOW + 100):
+        cancel(ledger, "half")
+    at_stop, later = job_status(ledger, "half", NOW + 100), job_status(ledger, "half", NOW + 7200)
+    assert at_stop.elapsed_s == later.elapsed_s == 700
+    assert (later.rate.prompts_per_s_all, later.rate.output_tokens_per_s_all) == (
+        at_stop.rate.prompts_per_s_all, at_stop.rate.output_tokens_per_s_all)
+    assert later.rate.prompts_per_s_all == pytest.approx(64 / 700, abs=1e-3)
+    assert later.rate.clock_end == NOW + 100 and later.eta_s is None
+    assert "elapsed 11m40s (stopped)   ETA cancelled" in render(later)
+
+
+def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.control import pause
+
+    half_done_job(ledger)
+    with ledger_time(monkeypatch, NOW + 100):
+        pause(ledger, "half")
+    assert job_status(ledger, "half", NOW + 3600).elapsed_s == 700
+    # b000007, running at the pause, finishes its requests and is written after it (NOW + 120):
+    # the clock stops at that write.
+    w = Worker(ledger, "gpu0@a")
+    for _ in range(6):
+        w.answer("half", "b000007", MINUTE + 1)
+    w.finish_batch("half", "b000007", MINUTE + 1)
+    paused = job_status(ledger, "half", NOW + 3600)
+    assert (paused.elapsed_s, paused.eta_s) == (720, None)
+    # Resumed (what `resume` sets last): the clock runs from the job's start again, the paused
+    # time included; nothing answered lately, so no ETA yet rather than a lifetime average.
+    with ledger_time(monkeypatch, NOW + 3600):
+        ledger.set_state("half", STATE_RUNNING)
+    resumed = job_status(ledger, "half", NOW + 3630)
+    assert (resumed.state, resumed.elapsed_s, resumed.eta_s) == ("running", 4230, None)
+
+
+def test_exporting_a_cancelled_job_the_canary_held_says_the_canary_held_it(
+    ledger: Ledger, cli_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from producer.cli import main
+
+    half_done_job(ledger, output=str(tmp_path / "out"))
+    ledger.r.hset(keys.job("half"), mapping={
+        "state": "cancelled", "reason": "cancelled by user", "quality_seen": 200,
+        "quality_examples": orjson.dumps([{"id": "p1", "content": "", "output_tokens": 3,
+                                           "length": False}])})
+    assert main(["export", "half", "--to", str(tmp_path / "half.jsonl")]) != 0
+    err = capsys.readouterr().err
+    assert "failed its quality check (the canary paused it after 200 answers; it is " \
+           "cancelled now: cancelled by user)" in err, err
