@@ -41,12 +41,12 @@ from launcher.node import (
     adapt_flags,
     build_argv,
     discover_gpus,
+    limits_reading,
     load_profile,
     merge_args,
     parse_gpu_line,
     parse_gpu_spec,
     profile_from_mapping,
-    read_server,
     select_gpus,
 )
 from launcher.sim import info as sim_info
@@ -676,7 +676,7 @@ def test_status_names_a_group_server_by_its_gpus() -> None:
 def test_status_shows_what_a_dp_server_runs_at_once_over_its_ranks(tmp_path: Path) -> None:
     sim = Simulator(SimConfig.from_argv(["--dp-size", "2", "--max-running-requests", "24"]))
     (tmp_path / "x.log").write_text("")
-    reading = read_server(parse_server_info(sim_info.server_info(sim)),
+    reading = limits_reading(parse_server_info(sim_info.server_info(sim)),
                           LogFollower(tmp_path / "x.log").report)
     assert (reading.effective, reading.concurrency) == (24, 48)
     state: dict[str, Any] = {
@@ -809,7 +809,7 @@ def test_read_server_falls_back_to_the_log_without_server_info(tmp_path: Path) -
                    "max_running_requests=128, context_len=40960, available_gpu_mem=4.49 GB\n")
     follower = LogFollower(log, offset=0)
     follower.poll()
-    reading = read_server(None, follower.report)
+    reading = limits_reading(None, follower.report)
     assert (reading.kv_tokens, reading.effective, reading.binding) == (20000, 128, "request")
 
 

@@ -119,7 +119,7 @@ from launcher.node._watch import (
     StartOutcome,
     describe_exit,
     describe_fatal,
-    read_server,
+    limits_reading,
     wait_ready,
 )
 
@@ -181,6 +181,7 @@ __all__ = [
     "flag_value",
     "follow",
     "group_gpus",
+    "limits_reading",
     "load_profile",
     "load_table",
     "main",
@@ -192,7 +193,6 @@ __all__ = [
     "previous_values",
     "profile_from_mapping",
     "read_request",
-    "read_server",
     "read_source",
     "read_state",
     "read_wheel",

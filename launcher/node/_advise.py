@@ -38,7 +38,7 @@ from launcher.logs import fold
 from launcher.node._args import adapt_flags, flag_value
 from launcher.node._errors import NodeError
 from launcher.node._flags import check_args
-from launcher.node._watch import read_server
+from launcher.node._watch import limits_reading
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
 STEP_MS, STEP_MS_PER_REQUEST = 11.0, 0.56
@@ -241,7 +241,7 @@ async def entry_for_url(url: str, api_key: str | None = None,
                         timeout_s: float = 10.0) -> dict[str, Any]:
     """A server the launcher did not start, as a node.json entry: its `/server_info` (or
     `/get_server_info`) read by fleetgen/server_info.py and combined as `launcher up` combines
-    a ready server's (`read_server`, here with no log).
+    a ready server's (`limits_reading`, here with no log).
 
     Raises NodeError when the server cannot be read, or is not SGLang: then the one line says
     what advise reads and what the server answered instead.
@@ -270,7 +270,7 @@ async def entry_for_url(url: str, api_key: str | None = None,
 
 def entry_from_server_info(url: str, info: ServerInfo) -> dict[str, Any]:
     """The node.json entry `advise` reads, for a server known only by its `/server_info`."""
-    reading = read_server(info, fold((), url))
+    reading = limits_reading(info, fold((), url))
     # The memory fraction the server resolved (its default included), as if passed.
     mfs = as_float(info.args.get("mem_fraction_static"))
     return {"gpu": None, "url": url, "state": "ready",

@@ -36,7 +36,14 @@ from launcher.errors import LauncherError
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._errors import NodeError
 from launcher.node._process import LaunchSpec, ServerProcess, spawn, stop_process
-from launcher.node._watch import LogFollower, Probe, Reading, describe_exit, read_server, wait_ready
+from launcher.node._watch import (
+    LogFollower,
+    Probe,
+    Reading,
+    describe_exit,
+    limits_reading,
+    wait_ready,
+)
 
 # Named for the supervisor, not this module: log filters and readers rely on that name.
 log = logging.getLogger("launcher.supervisor")
@@ -344,7 +351,7 @@ class Supervisor:
         assert slot.follower is not None
         info = await self.probe.server_info(slot.server.spec.url)
         slot.follower.poll()
-        slot.reading = read_server(info, slot.follower.report)
+        slot.reading = limits_reading(info, slot.follower.report)
         slot.ready_s, slot.ever_ready = elapsed_s, True
         if slot.pending is not None and not slot.pending.done():
             slot.pending.set_result(None)

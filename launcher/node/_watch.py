@@ -2,7 +2,7 @@
 
     follower = LogFollower(spec.log_path)          # folds each new log line into a LogReport
     outcome = await wait_ready(proc, spec, follower, HttpProbe(), clock, 1800, 0.25, 5)
-    reading = read_server(await probe.server_info(spec.url), follower.report)
+    reading = limits_reading(await probe.server_info(spec.url), follower.report)
 
 Readiness polls `/health`, checks the return code and tails the log for fatal lines every
 round, under one deadline (docs/reference/sglang.md#startup). Once ready, `/server_info` (or `/get_server_info` on
@@ -230,8 +230,9 @@ class Reading:
         return ", ".join(parts) + f" -- {self.reason}"
 
 
-def read_server(server: ServerInfo | None, report: LogReport) -> Reading:
-    """Combine what the server said (None if it did not) with what the log said."""
+def limits_reading(server: ServerInfo | None, report: LogReport) -> Reading:
+    """A server's limits: what it said of itself (None if it did not) combined with what its log
+    said. (Its live figures are `fleetgen.readings.read_server`'s.)"""
     log = report.to_json()
     cap = report.capacity()
     if server is not None and server.per_rank and server.per_rank[0] is not None:
