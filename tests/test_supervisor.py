@@ -660,6 +660,18 @@ def test_the_dry_run_shows_each_server_with_its_gpus_and_worker(tmp_path: Path) 
     assert lines[5].startswith("gpu2-3: http http://127.0.0.1:30002, nccl port 31002")
 
 
+def test_the_dry_run_of_another_engine_checks_no_sglang_flag_and_names_its_command(
+        tmp_path: Path) -> None:
+    profile = Profile(model="/m", args=("--continuous-batching",),
+                      command=("transformers", "serve", "{model}", "--port", "{port}"))
+    plan = node.NodePlan((0,), False, True, None, profile, (), 30000, tmp_path, {})
+    specs = {0: plan.server_spec(0)}
+    text = node.render_dry_run(plan, specs, {0: plan.worker_spec(0, specs[0])})
+    assert text.startswith("transformers serve (the profile's command), 1 GPU(s)")
+    assert "no NCCL port (another engine)" in text and "warning" not in text
+    assert "argv transformers serve /m --port 30000 --continuous-batching" in text
+
+
 def test_status_names_a_group_server_by_its_gpus() -> None:
     state: dict[str, Any] = {
         "supervisor_pid": os.getpid(), "supervisor_alive": True, "updated_at": 100.0,

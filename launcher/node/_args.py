@@ -72,6 +72,11 @@ class Profile:
     command: tuple[str, ...] | None = None
     sglang_version: str | None = None  # forces flag spelling when SGLang is elsewhere
 
+    @property
+    def other_engine(self) -> bool:
+        """Whether `command` names an engine other than SGLang (it holds a placeholder)."""
+        return is_other_engine(self.command or ())
+
     def for_gpu(self, index: int, cli_args: Sequence[str] = (),
                 cli_model: str | None = None) -> tuple[str | None, list[str]]:
         """The model and merged argument list of GPU `index`."""
@@ -291,7 +296,7 @@ def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: 
         if flag_value(args, flag) is not None:
             raise ProfileError(f"{flag} is set per server by the launcher (ports: --base-port; "
                                "GPUs: CUDA_VISIBLE_DEVICES); remove it from the server arguments")
-    if any(p in token for token in command for p in PLACEHOLDERS):
+    if is_other_engine(command):
         values = dict(zip(PLACEHOLDERS, (model or "", str(port), flag_value(args, "--host")
                                          or host), strict=True))
         return [_fill(token, values) for token in command] + list(args)
@@ -308,6 +313,11 @@ def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: 
     if flag_value(args, "--enable-metrics") is None:
         argv.append("--enable-metrics")
     return argv + list(args)
+
+
+def is_other_engine(command: Sequence[str]) -> bool:
+    """A command holding one of PLACEHOLDERS runs another engine than SGLang."""
+    return any(p in token for token in command for p in PLACEHOLDERS)
 
 
 def _fill(token: str, values: Mapping[str, str]) -> str:

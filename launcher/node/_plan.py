@@ -152,6 +152,8 @@ class NodePlan:
         """Which SGLang the flags are spelled for, and where that version came from."""
         if self.sim:
             return f"simulator (flags of sglang {NEWEST_SGLANG})"
+        if self.profile.other_engine:
+            return f"{shlex.join((self.profile.command or ())[:2])} (the profile's command)"
         if self.profile.sglang_version:
             return f"sglang {self.profile.sglang_version} (the profile's sglang_version)"
         installed = installed_sglang_version()
@@ -293,15 +295,16 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
         nccl = flag_value(spec.argv, "--nccl-port")
-        lines.append(f"{spec.name}: http {spec.url}, "
-                     + (f"nccl port {nccl}" if nccl else "nccl ports picked by SGLang, one per "
-                        "DP rank") + f", log {spec.log_path}")
+        ports = (f"nccl port {nccl}" if nccl else "no NCCL port (another engine)"
+                 if plan.profile.other_engine else "nccl ports picked by SGLang, one per DP rank")
+        lines.append(f"{spec.name}: http {spec.url}, {ports}, log {spec.log_path}")
         lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(
             added.items())))
         lines.append("  argv " + shlex.join(redact_argv(spec.argv)))
         server_args = list(spec.argv[next((i for i, a in enumerate(spec.argv)
                                             if a.startswith("--")), len(spec.argv)):])
-        if not plan.sim:  # the simulator's flags are its own, not a release's
+        # The simulator's flags are its own, and another engine's are that engine's.
+        if not plan.sim and not plan.profile.other_engine:
             lines += [f"  warning: {p}" for p in check_args(server_args, plan.version)]
         if gpu in workers:
             worker = workers[gpu]
