@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sim_helpers import chat_body, gauge, running_sim, wait_until
 
 from launcher.cli import main
 from launcher.node import Observed, advise, relative_throughput, render_status
+from tests.sim_helpers import chat_body, gauge, running_sim, wait_until
 
 
 def entry(binding: str, effective: int, requested: int | None, *, slots: int | None = None,
