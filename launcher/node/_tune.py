@@ -7,7 +7,8 @@
    them through the supervisor's rolling restart, which drains E first: its batches finish
    or go back to the queue, nothing is lost, and no other GPU is touched.
 3. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
-   supervisor itself; a smaller step toward it is tried next. One that starts is measured over
+   supervisor itself; more static memory (when SGLang asks for it) or a smaller step toward it
+   is tried next. One that starts is measured, once its batch is full again, over
    the window against the other GPUs (E's share of the node's tokens/s, so a load change hits
    both sides) or, alone, against its own baseline. It wins by `--margin` or is rolled back
    by restarting E with its previous values.
@@ -40,7 +41,7 @@ from typing import Any
 import httpx
 
 from fleetgen.commandline import CommandParser
-from launcher.node._advise import Observed, advise, observe
+from launcher.node._advise import QUEUE_EMPTY, Observed, advise, observe
 from launcher.node._args import flag_value, split_flags
 from launcher.node._errors import NodeError
 from launcher.node._gpus import parse_gpu_spec
@@ -53,6 +54,9 @@ ACK_TIMEOUT_S = 10.0
 # the CUDA-graph capture runs out of memory on the reference GPU).
 MEM_FRACTION_STEP, MAX_MEM_FRACTION = 0.02, 0.95
 MORE_MEMORY = "increase --mem-fraction-static"
+# Longest wait for a restarted server's batch to fill: a worker re-reads its server's cap
+# every 30 s (FLEETGEN_CAPACITY_REFRESH_S), so twice that and a margin.
+FULL_WAIT_S = 75.0
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,30 @@ def _ready(run_dir: Path) -> list[dict[str, Any]]:
     return [g for g in (read_state(run_dir) or {}).get("gpus", []) if g.get("state") == "ready"]
 
 
+def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: float,
+              log: TuneLog) -> None:
+    """Wait `warmup_s`, then until each of `gpus` runs its new cap or queues work, within
+    FULL_WAIT_S: its worker learns a restarted server's cap at its next capacity read
+    (FLEETGEN_CAPACITY_REFRESH_S), and a window measured before that measures the old cap."""
+    time.sleep(warmup_s)
+    deadline = time.monotonic() + FULL_WAIT_S
+    while not log.stopped and time.monotonic() < deadline:
+        entries = _ready(run_dir)
+        seen = asyncio.run(_measure(entries, 0.0, interval_s))
+        full = {int(g["gpu"]): _full(g, seen[int(g["gpu"])]) for g in entries}
+        peers = [full[g] for g in full if g not in gpus]
+        if all(full.get(g, True) for g in gpus) or (peers and not any(peers)):
+            return  # full, or no peer is either: the work is running out
+        time.sleep(interval_s)
+
+
+def _full(entry: Mapping[str, Any], seen: Observed) -> bool:
+    cap = (entry.get("capacity") or {}).get("effective")
+    if seen.queue is not None and seen.queue >= 1:
+        return True
+    return isinstance(cap, int) and seen.running is not None and seen.running >= cap
+
+
 def all_ready(run_dir: Path) -> bool:
     """Whether every GPU of the node is ready (none is out: crashed, restarting, starting)."""
     gpus = (read_state(run_dir) or {}).get("gpus", [])
@@ -308,10 +336,17 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             candidate = more_memory(candidate, reason, _current(
                 entry, "--mem-fraction-static", resolved)) or smaller_step(candidate, before) or []
             continue
-        time.sleep(warmup_s)  # let the batch fill before measuring
+        wait_full(run_dir, [exp], warmup_s, interval_s, log)
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, window_s, interval_s))
         tps, share = seen[exp].tokens_per_s, _share(seen, exp)
+        if all(o.queue is not None and o.queue < QUEUE_EMPTY for o in seen.values()):
+            # No queue anywhere: the job is ending, no cap binds and the window says nothing
+            # about the candidate; it goes back like a loser.
+            state, reason = _restart_one(run_dir, before, [exp], timeout_s, log)
+            log.add(kind="stop", gpu=exp, flags=before, note="the queues are empty: nothing "
+                    f"binds; back on the previous values ({state})")
+            break
         won = (share is not None and best_share is not None and share > best_share * (1 + margin)) \
             or (share is None and tps is not None and best_tps is not None
                 and tps > best_tps * (1 + margin))
@@ -333,7 +368,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
                                          log)
             log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
                     flags=log.chosen, note=reason[:300])
-            time.sleep(warmup_s)
+            wait_full(run_dir, gpus, warmup_s, interval_s, log)
             entries = _ready(run_dir)
             seen = asyncio.run(_measure(entries, window_s, interval_s))
             tps, share = seen[exp].tokens_per_s, _share(seen, exp)

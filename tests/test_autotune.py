@@ -1,0 +1,122 @@
+"""`launcher up --tune`: the advice tried and kept by itself, one GPU at a time, while work waits.
+
+The unit tests check the pieces tune adds on its own (more memory before a smaller step, the
+status line); the end-to-end test starts `up --sim --tune` on two simulated GPUs started like
+the reference run, keeps their queues full, and reads node.json until the tuning is done.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.node._commands import render_status
+from launcher.node._tune import MAX_MEM_FRACTION, TuneSettings, describe_tune, more_memory
+from tests.test_node_e2e import (
+    REFERENCE_SIM,
+    Node,
+    keep_busy,
+    run_cli,
+    start_node,  # noqa: F401 (the fixture, shared)
+)
+
+NOT_ENOUGH = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static"
+
+
+def test_a_candidate_that_lacked_memory_is_retried_with_more_before_a_smaller_step() -> None:
+    flags = ["--max-mamba-cache-size", "500", "--mem-fraction-static", "0.93"]
+    assert more_memory(flags, NOT_ENOUGH, "0.84") == ["--max-mamba-cache-size", "500",
+                                                      "--mem-fraction-static", "0.95"]
+    # a candidate that leaves the fraction alone starts from the server's own
+    assert more_memory(["--max-mamba-cache-size", "500"], NOT_ENOUGH, "0.93") == [
+        "--max-mamba-cache-size", "500", "--mem-fraction-static", "0.95"]
+
+
+def test_more_memory_stops_at_the_ceiling_and_for_other_failures() -> None:
+    top = ["--max-mamba-cache-size", "500", "--mem-fraction-static", str(MAX_MEM_FRACTION)]
+    assert more_memory(top, NOT_ENOUGH, "0.93") is None
+    assert more_memory(["--max-mamba-cache-size", "500"], NOT_ENOUGH, None) is None
+    assert more_memory(["--mem-fraction-static", "0.9"], "CUDA out of memory", "0.9") is None
+
+
+def test_tune_settings_scale_with_the_window() -> None:
+    s = TuneSettings.for_window(6.0)
+    assert (s.window_s, s.interval_s, s.warmup_s) == (6.0, 0.2, 1.0)
+    assert TuneSettings.for_window(600.0).interval_s == 2.0
+
+
+def test_launcher_status_shows_the_tuning_in_one_line() -> None:
+    tune = {"state": "done", "chosen": ["--max-mamba-cache-size", "200"],
+            "steps": [{"at": 0, "kind": "rolled-out", "gpu": [1, 2],
+                       "flags": ["--max-mamba-cache-size", "200"]}]}
+    line = describe_tune(tune)
+    assert line == ("tune: done, chosen `--max-mamba-cache-size 200`; last gpu[1, 2] "
+                    "rolled-out `--max-mamba-cache-size 200`")
+    state = {"supervisor_pid": 1, "supervisor_alive": True, "updated_at": 0, "gpus": [],
+             "rollout": None, "tune": tune}
+    assert line in render_status(state, now=0)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_up_with_tune_tunes_a_busy_reference_node_by_itself_one_gpu_at_a_time(
+        start_node: Callable[..., Node]) -> None:  # noqa: F811 (the fixture imported above)
+    server = (*REFERENCE_SIM, "--speed", "20", "--mean-output-tokens", "1500",
+              "--output-sigma", "0.3", "--force-shutdown")
+    n = start_node(2, "--tune", "--tune-window", "2", "--drain-timeout", "2",
+                   "--stop-timeout", "2", server_args=server)
+    out_at_once: list[int] = []
+
+    def ready(s: dict[str, Any]) -> bool:
+        out_at_once.append(sum(g["state"] != "ready" for g in s["gpus"]))
+        return len(s["gpus"]) == 2 and all(g["state"] == "ready" for g in s["gpus"])
+
+    state = n.wait(ready, 60, "both ready")
+    assert (state.get("tune") or {}).get("state") in (None, "waiting")  # no work, no restart
+    stop = threading.Event()
+    for g in state["gpus"]:
+        keep_busy(g["url"], g["capacity"]["effective"] * 4, stop)
+    out_at_once.clear()
+    try:
+        def tuned(s: dict[str, Any]) -> bool:
+            out_at_once.append(sum(g["state"] != "ready" for g in s["gpus"]))
+            return (s.get("tune") or {}).get("state") == "done"
+
+        state = n.wait(tuned, 400, "tuning done")
+    finally:
+        stop.set()
+    tune = state["tune"]
+    kinds = [s["kind"] for s in tune["steps"]]
+    assert kinds[0] == "baseline" and "won" in kinds, kinds
+    assert "rolled-out" in kinds and tune["chosen"][:1] == ["--max-mamba-cache-size"]
+    assert max(out_at_once) == 1  # never two GPUs out at once
+    assert all(g["capacity"]["effective"] > 16 for g in state["gpus"])  # both run the winner
+    status = run_cli("status", "--run-dir", str(n.run_dir))
+    assert describe_tune(tune) in status.stdout
+    assert "tune: gpu0 won" in n.output()  # logged by `up` itself
+    assert json.loads(Path(n.run_dir / "tune.json").read_text())["state"] == "done"
+    assert n.stop() == 0
+
+
+def test_producer_status_says_when_servers_run_different_caps() -> None:
+    import dataclasses
+
+    from fleetgen.fleet import FleetRow
+    from producer.status import render_fleet
+
+    blank = {f.name: None for f in dataclasses.fields(FleetRow)}
+    base = FleetRow(**{**blank, "worker": "gpu0@n1", "worker_state": "online",
+                       "server_state": "up", "effective_max": 47, "requested_max": 128,
+                       "job_prompts_done": 0, "job_prompts_failed": 0,
+                       "job_output_tokens": 0})
+    rows = [base, dataclasses.replace(base, worker="gpu1@n1", effective_max=16),
+            dataclasses.replace(base, worker="gpu2@n1", effective_max=16)]
+    assert render_fleet(rows)[-1] == ("  tuning: servers run different caps (16 on gpu1, gpu2; "
+                                      "47 on gpu0): `launcher status` on their node names the "
+                                      "flags")
+    assert not any("tuning" in line for line in render_fleet(rows[1:]))
