@@ -48,12 +48,17 @@ from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
 from launcher.node import read_state
 from launcher.services import valkey_binary, wait_until
+from tests.launcher.node.test_node import (
+    REFERENCE_SIM,
+    free_base,
+    modelled_tokens_per_s,
+    sweep_best,
+)
 from tests.perf.fleet import Fleet
 from tests.perf.sampler import SIM_FAMILIES, Sampler, Tick
 from tests.perf.workload import Workload
 from tests.stack import PYTHON, ROOT, Proc
 from tests.system.test_sentinel import MASTER, sentinel_group
-from tests.test_node_e2e import REFERENCE_SIM, free_base, modelled_tokens_per_s, sweep_best
 
 JOB = "replay"
 GPUS = 7

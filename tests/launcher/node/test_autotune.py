@@ -17,7 +17,7 @@ import pytest
 
 from launcher.node._commands import render_status
 from launcher.node._tune import MAX_MEM_FRACTION, TuneSettings, describe_tune, more_memory
-from tests.test_node_e2e import (
+from tests.launcher.node.test_node import (
     REFERENCE_SIM,
     Node,
     keep_busy,

@@ -193,7 +193,7 @@ def test_crashed_server_is_restarted_and_ready_again(
 def test_startup_oom_is_reported_with_its_reason_from_the_log_not_the_ready_deadline(
         start_node: Callable[..., Node]) -> None:
     # The ready deadline is 1800 s, so a reason within the wait below came from the log line;
-    # "within seconds" is checked in virtual time in tests/test_supervisor.py.
+    # "within seconds" is checked in virtual time in tests/launcher/node/test_supervisor.py.
     n = start_node(1, "--backoff", "0.1", "--max-crashes", "2",
                    server_args=("--startup-oom",))
 

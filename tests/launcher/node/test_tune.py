@@ -1,6 +1,6 @@
 """`launcher tune`'s steps: what a rollback restores and the smaller step after a failure.
 
-tests/test_node_e2e.py runs tune against a simulated node during a job.
+tests/launcher/node/test_node.py runs tune against a simulated node during a job.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`launcher advise`: what binds each GPU's server, and the flags to try, with a prediction.
 
 The verdicts are computed from a GPU's node.json entry and the means of its /metrics samples;
-tests/test_node_e2e.py runs the command against a live simulated node. `advise --url` reads any
+tests/launcher/node/test_node.py runs the command against a live simulated node. `advise --url` reads any
 SGLang server instead: here the simulator in a thread, loaded past its cap, and a plain HTTP
 server that is not SGLang.
 """
