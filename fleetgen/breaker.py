@@ -1,9 +1,12 @@
 """The failure breaker: a job whose prompts keep failing for one reason pauses itself.
 
-A server that refuses every request (a model it does not serve, a wrong API key: HTTP 4xx,
-never retried; or 500 to everything until each prompt's tries are spent) would run a job
-through all its prompts as failures and end it `done`: a dataset of nothing. The quality
-canary judges answers, not failures, and can be turned off; the breaker watches every job.
+A refusal every server gives (a model none serves, a wrong API key, a parameter all refuse:
+HTTP 4xx, never retried) would run a job through all its prompts as failures and end it
+`done`: a dataset of nothing. The quality canary judges answers, not failures, and can be
+turned off; the breaker watches every job. It judges only such refusals (records.job_caused):
+a prompt's own failure (too long, refused for its content) fails that prompt alone however many
+come in a row, and a server that fails what it is sent is taken out of rotation by its worker
+(workers/flow.py) instead of failing prompts.
 
 Each finished prompt's outcome goes to a capped list under the job in the same script call as
 its checkpoint (record_group.lua): "" for an answer, the failure's `cause` for a failure.
@@ -35,7 +38,7 @@ import orjson
 from fleetgen.checkpoints import Entry, Outcomes
 from fleetgen.ledger import STATE_RUNNING
 from fleetgen.liveledger import LiveLedger
-from fleetgen.records import is_failure
+from fleetgen.records import is_failure, job_caused
 from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,13 +60,16 @@ def cause(code: str, message: str) -> str:
 
 def outcome(record: dict[str, Any]) -> str | None:
     """What the breaker keeps of one finished prompt: "" for an answer, the cause of a
-    failure; None for a failure never sent (its batch spent its attempts: no server spoke,
-    and `requeue --failed` is that failure's remedy)."""
+    failure the job may share (records.job_caused); None for a failure that is one prompt's
+    own (too long, refused for its content, a server error while the server answered others)
+    and for one never sent (its batch spent its attempts: no server spoke, and `requeue
+    --failed` is that failure's remedy)."""
     if not is_failure(record):
         return ""
-    if record.get("tries") == 0:
+    code = record["error"]["code"]
+    if record.get("tries") == 0 or not job_caused(code):
         return None
-    return cause(record["error"]["code"], record["error"]["message"])
+    return cause(code, record["error"]["message"])
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@
                              generation (finish_reason `abort`)
         BadRequestError      a 4xx, e.g. prompt longer than the context: fail, never retry
         ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
+          ServerSickError    the server answers but fails what it is sent: out of rotation,
+                             its batches handed back, no attempt spent
+        OverloadedError      the server is full (429, 503, a queue-full refusal): send again
+                             later, spend no attempt
       SinkError              the output location could not be read or written
         SinkUnusableError    this worker cannot write, read or list under a job's output prefix
       LeaseLostError         another worker owns the batch now: stop without writing
@@ -47,6 +51,22 @@ class BadRequestError(GenerationError):
 
 class ServerDownError(GenerationError):
     """The server is not there (restarting, crashed, draining); the prompt is not at fault."""
+
+
+class ServerSickError(ServerDownError):
+    """The server answers `/health` but fails the requests it is sent (5xx, aborts, resets):
+    the worker takes it out of rotation, hands its batches back and probes it until it heals."""
+
+
+class OverloadedError(GenerationError):
+    """The server is full and said so (HTTP 429, 503, a queue-full refusal): the request was not
+    run, costs no attempt, and is sent again after `retry_after_s` (the server's Retry-After)
+    or a backoff."""
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, status=status)
+        self.retry_after_s = retry_after_s
 
 
 class SinkError(FleetgenError):

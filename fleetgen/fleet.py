@@ -40,11 +40,14 @@ from fleetgen.readings import ServerReading, read_server_within
 FETCH_DEADLINE_S = 2.0
 CONNECT_TIMEOUT_S = 0.5
 # The one liveness rule of the registry: a worker re-registers every beat (engine.py
-# `_register`); an entry six beats old is a worker that is gone (`lost`), for the table, the
-# in-flight count and everyone else who reads the registry.
-REGISTRY_BEAT_S = 5.0
-LOST_AFTER_S = 6 * REGISTRY_BEAT_S
+# `_register`); an entry four beats old is a worker that is gone (`lost`), for the table, the
+# in-flight count and everyone else who reads the registry. A killed worker is shown lost
+# within ten seconds, and a worker whose loop is slow for a beat or two is not.
+REGISTRY_BEAT_S = 2.0
+LOST_AFTER_S = 4 * REGISTRY_BEAT_S
 THIS_HOST = socket.gethostname()
+# A server failing at least this share of the requests it runs is named in `status`.
+SICK_SHARE = 0.05
 # What a reading takes from `/server_info` (or from it when /metrics lacks it).
 SERVER_INFO_FIELDS = ("effective_max", "requested_max", "version", "accept_length")
 
@@ -69,6 +72,61 @@ class WorkerError:
     error: str
     job: str
     at: float
+
+
+@dataclass(frozen=True)
+class ServerHealth:
+    """How a worker's server treated its requests over the last `window_s` seconds, and whether
+    the worker sends it any (workers/flow.py). Counts are by label: `HTTP 500`, `timeout`..."""
+
+    window_s: float
+    answered: int
+    # Server-caused failures (5xx, resets, aborts, timeouts), each try counted.
+    failed: dict[str, int]
+    # Refusals of a request (4xx): the prompt's or the job's fault, not the server's.
+    refused: dict[str, int]
+    # "Full, come back later" (429, 503): not failures.
+    overloaded: dict[str, int]
+    in_rotation: bool
+    out_since: float | None
+    out_reason: str | None
+    ejections: int
+    limit: int
+    limit_reason: str | None
+
+    @property
+    def requests(self) -> int:
+        return (self.answered + sum(self.failed.values()) + sum(self.refused.values())
+                + sum(self.overloaded.values()))
+
+    @property
+    def failed_share(self) -> float:
+        """Server-caused failures among requests the server ran (answered, failed or refused)."""
+        ran = self.answered + sum(self.failed.values()) + sum(self.refused.values())
+        return sum(self.failed.values()) / ran if ran else 0.0
+
+    @property
+    def overloads_per_min(self) -> float:
+        return sum(self.overloaded.values()) * 60.0 / self.window_s
+
+    def summary(self) -> list[str]:
+        """What `status` says of it: nothing for a server that is fine."""
+        lines = []
+        if not self.in_rotation:
+            lines.append(f"out of rotation: {self.out_reason}; probing it, batches go to the "
+                         "other workers")
+        failed = sum(self.failed.values())
+        if failed and (self.failed_share >= SICK_SHARE or not self.in_rotation):
+            top = ", ".join(f"{k}: {n:,}" for k, n in sorted(
+                self.failed.items(), key=lambda kv: -kv[1]))
+            lines.append(f"{self.failed_share:.0%} of requests failed in the last "
+                         f"{self.window_s / 60:.0f} min ({top})")
+        if self.overloaded:
+            top = ", ".join(f"{k}: {n:,}" for k, n in sorted(self.overloaded.items()))
+            lines.append(f"server full: {self.overloads_per_min:.1f} refusals/min ({top}); "
+                         f"in flight up to {self.limit}"
+                         + (f" ({self.limit_reason})" if self.limit_reason else ""))
+        return lines
 
 
 @dataclass(frozen=True)
@@ -100,6 +158,7 @@ class WorkerEntry:
     limit: int
     in_flight: int
     updated: float
+    health: ServerHealth
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -112,7 +171,8 @@ class WorkerEntry:
             error = data["last_error"]
             return cls(**{**data, "queues": list(data["queues"]),
                           "last_error": WorkerError(**error) if error is not None else None,
-                          "reading": ServerReading(**data["reading"])})
+                          "reading": ServerReading(**data["reading"]),
+                          "health": ServerHealth(**data["health"])})
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a registry entry: {exc}") from None
 

@@ -18,6 +18,7 @@ bounded by a deadline (an outage) or a number of attempts (a prompt):
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -57,6 +58,12 @@ SINK_BACKOFF_S, SINK_BACKOFF_MAX_S = 1.0, 15.0
 def backoff(initial_s: float, max_s: float) -> wait_base:
     """The policy: a random wait up to `initial_s × 2^(n-1)` before try n+1, capped at `max_s`."""
     return wait_random_exponential(multiplier=initial_s, max=max_s)
+
+
+def backoff_delay(n: int, initial_s: float, max_s: float) -> float:
+    """The policy's wait before try n+1, for waits no tenacity loop drives (the worker's
+    overload and probe waits): the same draw as `backoff`."""
+    return random.uniform(0.0, min(max_s, initial_s * 2 ** max(0, n - 1)))
 
 
 def _said(what: str, outage: str) -> Callable[[RetryCallState], None]:

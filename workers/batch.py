@@ -22,12 +22,15 @@ from fleetgen import breaker, keys
 from fleetgen.checkpoints import CheckpointWriter, Entry
 from fleetgen.errors import (
     BadRequestError,
+    GenerationError,
     JobError,
     JobNotRunningError,
     LeaseLostError,
     ModelChoiceError,
+    OverloadedError,
     RetryableError,
     ServerDownError,
+    ServerSickError,
     SinkError,
     WorkerStoppingError,
 )
@@ -55,7 +58,8 @@ T = TypeVar("T")
 
 
 class _Held(Exception):
-    """The prompt's job was paused before its request was sent."""
+    """The prompt's request was not sent: its job was paused, its worker is stopping, or its
+    server went out of rotation."""
 
 
 @dataclass(frozen=True)
@@ -398,6 +402,11 @@ class BatchRunner:
         if unsent and self.engine.draining:
             raise WorkerStoppingError(f"worker {self.engine.worker} is stopping; batch "
                                       f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
+        if unsent and not self.engine.in_rotation:
+            raise ServerSickError(
+                f"{self.engine.server_url} is out of rotation "
+                f"({self.engine.watch.rotation.reason}); batch {manifest.name}/{batch} handed "
+                f"back with {unsent} prompts unsent")
         if unsent:
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
             # were not sent. The batch is released unwritten and resumed by `resume`.
@@ -425,65 +434,120 @@ class BatchRunner:
     ) -> dict[str, Any]:
         """The prompt's final record (an answer or a failure).
 
-        Transient failures are tried again under the one backoff policy (fleetgen/retry.py);
-        a 4xx fails the prompt at once; a server that is down spends no attempt.
+        A server-caused failure (5xx, reset, timeout) is tried again under the one backoff
+        policy (fleetgen/retry.py) and the server's resend budget; a 4xx fails the prompt at
+        once; a full or down server spends no attempt. A prompt whose tries all failed fails
+        alone only if the server is shown to work (it answered others meanwhile, or a probe);
+        otherwise the server goes out of rotation and the prompt back unsent (`_Held`).
         """
         settings = self.settings
+        watch = self.engine.watch
         tries = 0
+        answers = watch.rotation.answers
 
         async def one_try() -> tuple[dict[str, Any], float]:
             nonlocal tries
             tries += 1
+            if tries == 1:
+                watch.budget.first_try()
+            else:
+                await watch.budget.resend()
             return await self._send(manifest, prompt, origin, delivery)
 
         try:
             response, latency = await with_attempts(
                 f"prompt {prompt.id}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
-        except (BadRequestError, RetryableError) as exc:
+        except BadRequestError as exc:
+            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+        except RetryableError as exc:
+            if not await self._prompt_at_fault(exc, answers, tries):
+                raise _Held from None
             return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
         return result_record(prompt.id, prompt.line, response, latency, origin)
+
+    async def _prompt_at_fault(self, exc: RetryableError, answers: int, tries: int) -> bool:
+        """Whether a prompt whose every try failed for a server-side reason failed for its own:
+        the server answered other requests since its first try, or answers a probe now. If not,
+        the server is taken out of rotation."""
+        engine = self.engine
+        if not engine.in_rotation:
+            return False
+        if engine.watch.rotation.answers > answers:
+            return True
+        try:
+            await engine.probe()
+        except (BadRequestError, OverloadedError):
+            return True
+        except GenerationError as probe_error:
+            engine.eject(f"a prompt's {tries} tries failed ({exc.message[:120]}) and so did a "
+                         f"probe ({probe_error.message[:120]})")
+            return False
+        return True
 
     async def _send(
         self, manifest: JobManifest, prompt: Prompt, origin: Origin, delivery: _Delivery,
     ) -> tuple[dict[str, Any], float]:
-        """One try: a slot, the request, its answer and latency; a server found down is waited
-        for (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S) and the request sent again. A
-        refusal of what fleetgen added on its own (a field, the model name) is learned and the
-        request sent again at once, spending nothing."""
+        """One try: a slot, the request, its answer and latency.
+
+        What spends nothing is handled here: a server found down is waited for
+        (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S); a full one (429, 503) is sent
+        again after its Retry-After or a backoff, under a cut ceiling; a refusal of what
+        fleetgen added on its own (a field, the model name) is learned and the request sent
+        again at once. A server-caused failure is counted toward taking the server out of
+        rotation, and raised for the prompt's attempts."""
         job = manifest.name
         thinking = manifest.params.thinking_of(prompt.body)
+        engine = self.engine
+        refusals = 0
         while True:
             try:
-                server = await self.engine.connected(self.settings.server_down_wait_s)
+                server = await engine.connected(self.settings.server_down_wait_s)
                 body = server.prepare(prompt.body, thinking=thinking)
                 waited = time.monotonic()
-                async with self.engine.limiter:
-                    if job in self._quality.held or self.engine.draining:
+                async with engine.limiter:
+                    if job in self._quality.held or engine.draining or not engine.in_rotation:
                         raise _Held
                     delivery.leaves()
                     start = time.monotonic()
                     delivery.queue_wait_s += start - waited
                     metrics.request_started(job, origin.worker, origin.server)
                     try:
-                        response = await self.engine.client.chat(body)
+                        response = await engine.client.chat(body)
                     finally:
                         metrics.request_ended(job, origin.worker, origin.server)
                 latency = time.monotonic() - start
-                self.engine.observe_answer(start, latency, _output_tokens(response))
+                engine.answered(start, latency)
                 return response, latency
+            except OverloadedError as exc:
+                delivery.server_lost()
+                if engine.health_failures:
+                    # /health fails too: a server starting or draining, not a full one.
+                    engine.server_failed()
+                    await engine.wait_ready(self.settings.server_down_wait_s)
+                    continue
+                refusals += 1
+                wait_s = engine.overloaded(exc, refusals)
+                log.debug("prompt %s: %s; sending again in %.1fs", prompt.id, exc.message, wait_s)
+                await asyncio.sleep(wait_s)
+                await engine.watch.budget.resend()
             except BadRequestError as exc:
+                engine.refused(exc)
                 learned = server.learn(exc.status, exc.message, body, prompt.body)
                 if learned is not None:
-                    log.warning("worker %s: %s %s (it answered %s)", self.engine.worker,
-                                self.engine.server_url, learned, exc.message[:200])
+                    log.warning("worker %s: %s %s (it answered %s)", engine.worker,
+                                engine.server_url, learned, exc.message[:200])
                 elif not server.resend(body, prompt.body, thinking=thinking):
                     raise
+            except RetryableError as exc:
+                if engine.request_failed(exc):
+                    raise _Held from None  # out of rotation: the prompt goes back unsent
+                raise
             except ServerDownError:
                 # Not the prompt's fault: wait for the server, spend no attempt.
-                self.engine.server_failed()
+                engine.server_failed()
                 delivery.server_lost()
-                await self.engine.wait_ready(self.settings.server_down_wait_s)
+                await engine.wait_ready(self.settings.server_down_wait_s)
 
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
@@ -495,12 +559,6 @@ class BatchRunner:
             fact=self._quality.fact(manifest.name, record, thinking),
             outcome=breaker.outcome(record),
         ))
-
-
-def _output_tokens(response: dict[str, Any]) -> int:
-    usage = response.get("usage")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) else 0
 
 
 def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:

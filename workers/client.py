@@ -8,16 +8,26 @@ and nowhere else.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import email.utils
 import http.cookiejar
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import httpx
 import orjson
 
-from fleetgen.errors import BadRequestError, GenerationError, RetryableError, ServerDownError
+from fleetgen.errors import (
+    BadRequestError,
+    GenerationError,
+    OverloadedError,
+    RetryableError,
+    ServerDownError,
+)
+from fleetgen.server_info import NO_SUCH_ENDPOINT
 from fleetgen.servers import Server, detect
 
 log = logging.getLogger(__name__)
@@ -31,6 +41,10 @@ FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_
 # Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
 # SGLang and the simulator) can close one just as a request goes out on it.
 KEEPALIVE_S = 4.0
+# Statuses that say "full, come back later" rather than "failed".
+OVERLOADED = frozenset({429, 503})
+# A cold endpoint's answer is reused this long: no endpoint is asked more than once a second.
+FRESH_S = 1.0
 
 
 class ServerClient:
@@ -58,6 +72,9 @@ class ServerClient:
         transport = _aiohttp_transport()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
                                        transport=transport, cookies=_NoCookies())
+        self._endpoints = ColdEndpoints(httpx.AsyncHTTPTransport())
+        self._cold = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                       transport=self._endpoints, cookies=_NoCookies())
         # A chat request is built once per prompt from parts made here: an absolute URL parsed
         # once and fixed headers. `client.post` would re-parse and merge both (and the
         # cookies, and the timeout) for every prompt: ~10% of the worker's CPU against an
@@ -69,6 +86,11 @@ class ServerClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._cold.aclose()
+
+    def forget(self) -> None:
+        """The server restarted: what its endpoints answered before no longer holds."""
+        self._endpoints.forget()
 
     async def ready(self) -> bool:
         """`/health` is 200 only once the server has warmed up.
@@ -76,15 +98,16 @@ class ServerClient:
         As in docs/reference/sglang.md#startup."""
         try:
             async with self._mapping("GET /health"):
-                response = await self._http.get("/health", timeout=10.0)
+                response = await self._cold.get("/health", timeout=10.0)
         except GenerationError:
             return False
         return response.status_code == 200
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The client for the server's cold endpoints (`/metrics`, `/server_info`, ...)."""
-        return self._http
+        """The client for the server's cold endpoints (`/metrics`, `/server_info`, ...): at most
+        one request a second per endpoint, none to one that answered 404 (`ColdEndpoints`)."""
+        return self._cold
 
     @property
     def api_key(self) -> str | None:
@@ -93,7 +116,7 @@ class ServerClient:
     async def detect(self) -> Server:
         """What the server is: its kind, models and what it says of itself (fleetgen/servers)."""
         async with self._mapping("server detection"):
-            return await detect(self._http, timeout_s=30.0)
+            return await detect(self._cold, timeout_s=30.0)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one non-streaming chat completion and return the parsed response."""
@@ -146,12 +169,72 @@ class ServerClient:
         if status < 400:
             return
         message = _error_message(response)
-        if status == 503:
-            # Draining, starting, or a full queue (--max-queued-requests): not the prompt's fault.
-            raise ServerDownError(f"HTTP 503: {message}", status=status)
-        if status >= 500 or status == 429:
+        if status in OVERLOADED:
+            # Full (429 from TGI, routers, hosted endpoints; 503 from SGLang's waiting-queue cap,
+            # or a server starting or draining, which its /health probe tells apart): the
+            # request was not run, and is not the prompt's fault.
+            raise OverloadedError(f"HTTP {status}: {message}", status=status,
+                                  retry_after_s=retry_after_s(response))
+        if status >= 500:
             raise RetryableError(f"HTTP {status}: {message}", status=status)
         raise BadRequestError(f"HTTP {status}: {message}", status=status)
+
+
+def retry_after_s(response: httpx.Response, now: float | None = None) -> float | None:
+    """The wait a `Retry-After` header asks for (delay-seconds or an HTTP date), or None."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class ColdEndpoints(httpx.AsyncBaseTransport):
+    """The transport of a server's cold endpoints: what each GET path answered is reused for
+    `FRESH_S` (detection, the registry beat and the load watch share one request), and a path
+    the server does not have (404, 405) is not asked again until `forget` (a restart: it may
+    come back as another version)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+        self._absent: set[str] = set()
+        self._fresh: dict[str, tuple[float, int, list[tuple[bytes, bytes]], bytes]] = {}
+        self.sent: collections.Counter[str] = collections.Counter()
+
+    def forget(self) -> None:
+        self._absent.clear()
+        self._fresh.clear()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method != "GET":
+            return await self._inner.handle_async_request(request)
+        if path in self._absent:
+            return httpx.Response(404, request=request)
+        now = time.monotonic()
+        kept = self._fresh.get(path)
+        if kept is not None and now - kept[0] < FRESH_S:
+            return httpx.Response(kept[1], headers=kept[2], content=kept[3], request=request)
+        self.sent[path] += 1
+        response = await self._inner.handle_async_request(request)
+        if response.status_code in NO_SUCH_ENDPOINT:
+            self._absent.add(path)
+        # Raw bytes: the client decodes them by the headers kept with them.
+        content = b"".join([chunk async for chunk in response.aiter_raw()])
+        await response.aclose()
+        self._fresh[path] = (now, response.status_code, response.headers.raw, content)
+        return httpx.Response(response.status_code, headers=response.headers.raw,
+                              content=content, request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _NoCookies(http.cookiejar.CookieJar):

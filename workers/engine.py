@@ -26,8 +26,14 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_del
 
 from fleetgen import keys
 from fleetgen.advertise import advertised_url
-from fleetgen.errors import FleetgenError, ServerDownError
-from fleetgen.fleet import REGISTRY_BEAT_S, WorkerEntry, WorkerError
+from fleetgen.errors import (
+    BadRequestError,
+    FleetgenError,
+    GenerationError,
+    OverloadedError,
+    ServerDownError,
+)
+from fleetgen.fleet import REGISTRY_BEAT_S, ServerHealth, WorkerEntry, WorkerError
 from fleetgen.liveledger import LiveLedger
 from fleetgen.readings import parse_metrics, read_server_within
 from fleetgen.redact import redact
@@ -37,15 +43,26 @@ from fleetgen.servers import Server
 from fleetgen.settings import Settings
 from workers import loops, metrics
 from workers.client import ServerClient
-from workers.limits import Gradient, QueueWatch
+from workers.flow import ServerWatch
+from workers.limits import QueueProbe, QueueWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 1.0
 # Waiting for a server to come back: /health probes under the one backoff policy.
 READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
-# How often a server's queue gauges are read while its capacity is found from them.
+# How often a server's queue gauges are read, or a probe sent, while its capacity is found
+# from them.
 LOAD_TICK_S = 1.0
+# The one-token request that times a server's queue and tells a server out of rotation alive.
+PROBE_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+# The answer rate a probe's wait is multiplied by is measured over this window.
+ANSWER_RATE_S = 10.0
+# The worker logs a change of its in-flight limit at most this often (the newest is kept).
+LIMIT_LOG_EVERY_S = 10.0
+# Where limit changes are told: INFO, whatever the worker's log level (like the ready line).
+limits_log = logging.getLogger("workers.limits")
+limits_log.setLevel(logging.INFO)
 HOST = socket.gethostname()
 
 
@@ -149,7 +166,15 @@ class Engine:
         # until it answered once. Batches wait for it (`connected`).
         self.server: Server | None = None
         # Finds the limit of a server that does not state it; None when it does.
-        self.control: QueueWatch | Gradient | None = None
+        self.control: QueueWatch | QueueProbe | None = None
+        # What its requests met, whether it is in rotation, the overload ceiling (flow.py).
+        self.watch = ServerWatch()
+        # The limit the server's capacity calls for, before the overload ceiling.
+        self._base_limit = 1
+        self._answers: collections.deque[float] = collections.deque()
+        # A probe's latency at an idle server (the probe controller's reference).
+        self._idle_probe_s: float | None = None
+        self._limit_logged = (0.0, 0)
         self.backlog = Backlog()
         self._loop = loops.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
@@ -162,6 +187,7 @@ class Engine:
         self._refresher: concurrent.futures.Future[None] | None = None
         self._prober: concurrent.futures.Future[None] | None = None
         self._watcher: concurrent.futures.Future[None] | None = None
+        self._rotator: concurrent.futures.Future[None] | None = None
         self._found: asyncio.Event
         # Consecutive failed /health probes; the consumer gate reads it (gate.py).
         self.health_failures = 0
@@ -186,7 +212,7 @@ class Engine:
             if not self._started:
                 return
             self._started = False
-            for task in (self._refresher, self._prober, self._watcher):
+            for task in (self._refresher, self._prober, self._watcher, self._rotator):
                 if task is not None:
                     task.cancel()
             try:
@@ -220,6 +246,7 @@ class Engine:
         self._refresher = asyncio.run_coroutine_threadsafe(self._refresh_forever(), self._loop)
         self._prober = asyncio.run_coroutine_threadsafe(self._probe_forever(), self._loop)
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch_load_forever(), self._loop)
+        self._rotator = asyncio.run_coroutine_threadsafe(self._rotate_forever(), self._loop)
 
     async def _teardown(self) -> None:
         await self.client.aclose()
@@ -237,7 +264,7 @@ class Engine:
 
     async def connected(self, deadline_s: float) -> Server:
         """The server once it has been found (ServerDownError past the deadline)."""
-        if self.server is None:
+        if not self._found.is_set():
             try:
                 await asyncio.wait_for(self._found.wait(), deadline_s)
             except TimeoutError:
@@ -251,25 +278,34 @@ class Engine:
         found = await self.client.detect()
         first = self.server is None
         server = self._adopt(found)
+        probing = (self.control is None and not self.settings.max_in_flight
+                   and not server.kind.reads_load
+                   and (server.info is None or stated_capacity(server.info) is None))
+        if (first and server.model is None and not server.kind.any_model) or probing:
+            # Learn the served model from the server's own refusal of a probe, before any
+            # prompt is sent (a server pinned to one model that /v1/models does not list);
+            # and time an idle server, the probe controller's reference.
+            with contextlib.suppress(GenerationError):
+                idle = self.limiter.active == 0
+                latency = await self.probe()
+                if idle:
+                    self._idle_probe_s = latency
         capacity = self._capacity(server)
         if self.control is not None:  # measured: the controller moves the limit, not this
             self._controlled(self.control.limit)
-            if first:
-                await self._register()  # `status` says what the server is from now on
-            return capacity
-        if self.capacity is None or (capacity.effective, capacity.source) != (
-                self.capacity.effective, self.capacity.source):
-            log.log(logging.WARNING if capacity.configured and not self.settings.max_in_flight
-                    else logging.INFO,
-                    "worker %s: %s is %s; %s; keeping %d in flight", self.worker,
-                    self.server_url, server.describe(), capacity.source,
-                    self.limit_for(capacity))
-        self.capacity = capacity
-        await self.limiter.set_limit(self.limit_for(capacity))
-        metrics.set_server_capacity(self.worker, self.server_url, capacity.effective,
-                                    self.limit_for(capacity))
+        else:
+            if self.capacity is None or (capacity.effective, capacity.source) != (
+                    self.capacity.effective, self.capacity.source):
+                log.log(logging.WARNING if capacity.configured and not self.settings.max_in_flight
+                        else logging.INFO,
+                        "worker %s: %s is %s; %s; keeping %d in flight", self.worker,
+                        self.server_url, server.describe(), capacity.source,
+                        self.limit_for(capacity))
+            self.capacity = capacity
+            self._apply_limit(self.limit_for(capacity))
         if first:
-            await self._register()
+            self._found.set()
+            await self._register()  # `status` says what the server is from now on
         return capacity
 
     def _adopt(self, found: Server) -> Server:
@@ -284,7 +320,6 @@ class Engine:
                         found.describe(), known.describe())
             self.control = None
         self.server = found
-        self._found.set()
         return found
 
     def _capacity(self, server: Server) -> ServerCapacity:
@@ -296,11 +331,12 @@ class Engine:
             self.control = None
             return stated
         if self.control is None:
-            self.control = (QueueWatch(self.margin) if server.kind.reads_load else Gradient())
+            self.control = (QueueWatch(self.margin) if server.kind.reads_load
+                            else QueueProbe(self.margin, idle_s=self._idle_probe_s))
             log.info("worker %s: %s (%s) does not state how many requests it runs at once; "
                      "finding it %s", self.worker, self.server_url, server.describe(),
                      "from its queue gauges" if isinstance(self.control, QueueWatch)
-                     else "from latency per output token")
+                     else "by timing a one-token probe a second")
         control = self.control
         return ServerCapacity(control.limit, None, control.how, configured=False)
 
@@ -309,44 +345,186 @@ class Engine:
         control = self.control
         if control is None:
             return
-        self.capacity = ServerCapacity(getattr(control, "capacity", None) or limit, None,
-                                       control.how, configured=False)
+        self.capacity = ServerCapacity(control.capacity or limit, None, control.how,
+                                       configured=False)
+        self._apply_limit(limit)
+
+    def _apply_limit(self, base: int) -> None:
+        """The limiter's size: what the server's capacity calls for (`base`), under the overload
+        ceiling while one holds; a change is logged at most every LIMIT_LOG_EVERY_S."""
+        self._base_limit = max(1, base)
+        ceiling = self.watch.ceiling.value
+        limit = self._base_limit if ceiling is None else min(self._base_limit, ceiling)
+        before = self.limiter.limit
         self.limiter.limit = max(1, limit)
         self.limiter.resize()
-        metrics.set_server_capacity(self.worker, self.server_url, self.capacity.effective, limit)
+        capacity = self.capacity.effective if self.capacity else limit
+        metrics.set_server_capacity(self.worker, self.server_url, capacity, self.limiter.limit)
+        if self.limiter.limit != before:
+            now = time.monotonic()
+            last_at, last_limit = self._limit_logged
+            if now - last_at >= LIMIT_LOG_EVERY_S and self.limiter.limit != last_limit:
+                self._limit_logged = (now, self.limiter.limit)
+                limits_log.info("worker %s: in flight up to %d (was %d): %s", self.worker,
+                                self.limiter.limit, before, self.limit_reason)
 
-    def observe_answer(self, sent_at: float, latency_s: float, output_tokens: int) -> None:
-        """One answer's send time (monotonic), latency and length, for a server whose capacity
-        is measured."""
-        control = self.control
-        if isinstance(control, Gradient):
-            saturated = self.limiter.waiting > 0 or self.limiter.active >= self.limiter.limit
-            limit = control.on_answer(latency_s, output_tokens, saturated, sent_at)
-            if limit is not None:
-                self._controlled(limit)
+    @property
+    def limit_reason(self) -> str:
+        """Why the limit is what it is, in a few words (`status`, the log)."""
+        ceiling = self.watch.ceiling.value
+        if ceiling is not None and ceiling < self._base_limit and self.watch.ceiling_reason:
+            return self.watch.ceiling_reason
+        return self.capacity.source if self.capacity else "not found yet"
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.watch.rotation.in_rotation
+
+    def answered(self, sent_at: float, latency_s: float) -> None:
+        """A request was answered (any 200)."""
+        now = time.monotonic()
+        answers = self._answers
+        answers.append(now)
+        while answers and now - answers[0] > ANSWER_RATE_S:
+            answers.popleft()
+        if self.watch.answered(self._base_limit):
+            self._apply_limit(self._base_limit)
+
+    def answer_rate(self) -> float:
+        """Answers per second over the last ANSWER_RATE_S."""
+        now = time.monotonic()
+        while self._answers and now - self._answers[0] > ANSWER_RATE_S:
+            self._answers.popleft()
+        return len(self._answers) / ANSWER_RATE_S
+
+    def overloaded(self, exc: OverloadedError, refusals: int) -> float:
+        """A request refused for a full server: cut the ceiling, count it; the seconds it waits
+        before it is sent again."""
+        if self.watch.overloaded(exc, self.limiter.active + 1, self._base_limit) is not None:
+            self._apply_limit(self._base_limit)
+        metrics.request_refused(self.worker, self.server_url, "overloaded", exc.status)
+        return self.watch.overload_wait_s(exc, refusals)
+
+    def refused(self, exc: BadRequestError) -> None:
+        """A request the server refused (4xx): the server works."""
+        self.watch.refused(exc)
+        metrics.request_refused(self.worker, self.server_url, "refused", exc.status)
+
+    def request_failed(self, exc: GenerationError) -> bool:
+        """A server-caused failure; True when the server is (now) out of rotation."""
+        ejected = self.watch.failed(exc)
+        metrics.request_refused(self.worker, self.server_url, "failed", exc.status)
+        if ejected:
+            self._ejected()
+        return not self.in_rotation
+
+    def eject(self, reason: str) -> None:
+        """Take the server out of rotation (a prompt's tries all failed and a probe failed)."""
+        if self.in_rotation:
+            self.watch.rotation.eject(reason)
+            self._ejected()
+
+    def _ejected(self) -> None:
+        rotation = self.watch.rotation
+        log.warning("worker %s: %s taken out of rotation: %s; its batches go back to the queue "
+                    "and it is probed until it answers", self.worker, self.server_url,
+                    rotation.reason)
+        metrics.set_in_rotation(self.worker, self.server_url, False)
+        self.submit(self._register())
+
+    async def probe(self) -> float:
+        """One one-token request to the server; its latency. A refusal that teaches the worker
+        something (the model it is pinned to, a field it refuses) is learned and the probe
+        sent again; other errors are raised (GenerationError)."""
+        server = self.server
+        assert server is not None
+        while True:
+            stored = dict(PROBE_BODY)
+            if server.model is None and server.models:
+                stored["model"] = server.models[0]
+            body = server.prepare(stored, thinking=False)
+            start = time.monotonic()
+            try:
+                await self.client.chat(body)
+            except BadRequestError as exc:
+                learned = server.learn(exc.status, exc.message, body, stored)
+                if learned is None:
+                    raise
+                log.warning("worker %s: %s %s (it answered %s)", self.worker, self.server_url,
+                            learned, exc.message[:200])
+                continue
+            return time.monotonic() - start
+
+    async def _rotate_forever(self) -> None:
+        """While the server is out of rotation, probe it on a growing backoff; an answer (or a
+        refusal: the server runs requests) puts it back."""
+        rotation = self.watch.rotation
+        while True:
+            if rotation.in_rotation:
+                rotation.changed.clear()
+                await rotation.changed.wait()
+                continue
+            await asyncio.sleep(rotation.next_probe_s())
+            if self.server is None:
+                continue
+            try:
+                await self.probe()
+            except (BadRequestError, OverloadedError):
+                pass  # refused or full, but running requests: fit to take work
+            except GenerationError as exc:
+                log.info("worker %s: %s still out of rotation (probe %d: %s)", self.worker,
+                         self.server_url, rotation.probes, exc)
+                continue
+            rotation.rejoin()
+            log.warning("worker %s: %s answered a probe; back in rotation after %.0fs",
+                        self.worker, self.server_url, time.time() - (rotation.out_since or time.time()))
+            metrics.set_in_rotation(self.worker, self.server_url, True)
+            await self._register()
 
     async def _watch_load_forever(self) -> None:
-        """Read the queue gauges of a server whose capacity they reveal, once a tick."""
+        """Find the capacity of a server that does not state it: read its queue gauges, or
+        time a probe, once a tick while requests are in flight."""
         while True:
             await asyncio.sleep(LOAD_TICK_S)
             control, server = self.control, self.server
-            if not isinstance(control, QueueWatch) or server is None:
+            if server is None or control is None or not self.in_rotation:
                 continue
-            try:
-                response = await self.client.http.get("/metrics", timeout=LOAD_TICK_S * 5)
-                gauges = parse_metrics(response.text) if response.status_code == 200 else {}
-            except Exception as exc:  # noqa: BLE001 - a missed tick; the next one reads again
-                log.debug("worker %s: /metrics unread (%r)", self.worker, exc)
-                continue
-            if "running" not in gauges or "queue" not in gauges:
-                continue
-            saturated = self.limiter.waited or self.limiter.active >= self.limiter.limit
-            self.limiter.waited = False
-            before = control.capacity, control.limit
-            limit = control.on_load(gauges["running"], gauges["queue"], saturated)
-            if control.capacity != before[0] or (control.capacity is None and limit != before[1]):
-                log.info("worker %s: %s", self.worker, control.how)
-            self._controlled(limit)
+            if isinstance(control, QueueWatch):
+                await self._read_load(control)
+            elif self.limiter.active > 0:
+                await self._probe_load(control)
+
+    async def _probe_load(self, control: QueueProbe) -> None:
+        in_flight = self.limiter.active
+        try:
+            latency = await self.probe()
+        except GenerationError as exc:
+            log.debug("worker %s: probe unanswered (%s)", self.worker, exc)
+            return
+        saturated = self.limiter.waited or self.limiter.waiting > 0
+        self.limiter.waited = False
+        before = control.capacity
+        limit = control.on_probe(latency, in_flight, saturated, self.answer_rate())
+        if control.capacity != before:
+            log.info("worker %s: %s", self.worker, control.how)
+        self._controlled(limit)
+
+    async def _read_load(self, control: QueueWatch) -> None:
+        try:
+            response = await self.client.http.get("/metrics", timeout=LOAD_TICK_S * 5)
+            gauges = parse_metrics(response.text) if response.status_code == 200 else {}
+        except Exception as exc:  # noqa: BLE001 - a missed tick; the next one reads again
+            log.debug("worker %s: /metrics unread (%r)", self.worker, exc)
+            return
+        if "running" not in gauges or "queue" not in gauges:
+            return
+        saturated = self.limiter.waited or self.limiter.active >= self.limiter.limit
+        self.limiter.waited = False
+        before = control.capacity, control.limit
+        limit = control.on_load(gauges["running"], gauges["queue"], saturated)
+        if control.capacity != before[0] or (control.capacity is None and limit != before[1]):
+            log.info("worker %s: %s", self.worker, control.how)
+        self._controlled(limit)
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -366,6 +544,7 @@ class Engine:
         while True:
             if await self.client.ready():
                 if self.health_failures:
+                    self._restarted()
                     await self._refresh_quietly()
                 self.health_failures = 0
             else:
@@ -374,6 +553,15 @@ class Engine:
                 beat = time.monotonic()
                 await self._register()
             await asyncio.sleep(HEALTH_PROBE_S)
+
+    def _restarted(self) -> None:
+        """The server is back after failing its health probes: it may have restarted with
+        other endpoints or another capacity, so both are found again."""
+        self.client.forget()
+        if isinstance(self.control, QueueProbe):
+            self.control = None
+            self._idle_probe_s = None
+        self.watch.ceiling.value = None
 
     async def _register(self) -> None:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
@@ -398,11 +586,16 @@ class Engine:
             limit=self.limiter.limit,
             in_flight=self.limiter.active,
             updated=time.time(),
+            health=self.health(),
         )
         try:
             await self.live.publish_worker(self.worker, entry.to_json())
         except REDIS_ERRORS as exc:
             log.info("worker %s: registry update skipped (%s)", self.worker, exc)
+
+    def health(self) -> ServerHealth:
+        """How the server treated this worker's requests lately (`status`, Flower, metrics)."""
+        return self.watch.health(self.limiter.limit, self.limit_reason)
 
     def note_error(self, job: str, error: str) -> None:
         """Remember why a batch of `job` could not run here and publish it now (the registry

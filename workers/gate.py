@@ -59,15 +59,18 @@ class ServerGate(bootsteps.StartStopStep):
         if engine is None or c.task_consumer is None:
             return
         self._feed(c, engine)
-        ready = engine.health_failures < CLOSE_AFTER_FAILURES
+        # A server out of rotation (failing what it is sent) takes nothing until a probe is
+        # answered: its batches run on the other workers meanwhile.
+        ready = engine.health_failures < CLOSE_AFTER_FAILURES and engine.in_rotation
         active = {q.name for q in c.task_consumer.queues}
         wanted = [q for q in runtime.queues if q] or [keys.SHARED_QUEUE]
         if not ready and active:
             for queue in list(active):
                 c.cancel_task_queue(queue)
             self.closed_since = time.monotonic()
-            log.warning("worker %s: %s not ready; stopped taking batches", runtime.worker,
-                        engine.server_url)
+            log.warning("worker %s: %s %s; stopped taking batches", runtime.worker,
+                        engine.server_url,
+                        "not ready" if engine.in_rotation else "out of rotation")
         elif ready and not active:
             for queue in wanted:
                 c.add_task_queue(queue)
@@ -86,7 +89,8 @@ class ServerGate(bootsteps.StartStopStep):
                             engine.limiter.limit)
         _set_prefetch(c, wanted_prefetch(
             batches=backlog.batches, held=held_on_channel(c), loading=backlog.loading,
-            unsent=backlog.unsent, low_water=low_water, healthy=engine.health_failures == 0,
+            unsent=backlog.unsent, low_water=low_water,
+            healthy=engine.health_failures == 0 and engine.in_rotation,
             cap=engine.settings.batch_concurrency))
 
 

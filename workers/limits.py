@@ -9,15 +9,14 @@ them all):
   SGLang without `/server_info`): the limit doubles each tick while everything sent runs at
   once; once requests wait, what runs beside them is the server's capacity, and the limit is
   that plus the queue margin.
-- `Gradient`, for a server that shows nothing (TGI, `transformers serve`, a router, a hosted
-  endpoint): the gradient controller of Netflix's concurrency-limits and Envoy's adaptive
-  concurrency filter, judged on latency per output token (answers differ 100x in length, so
-  latency per request says nothing). Below the server's capacity more requests cost little
-  latency per token; past it they queue, and latency per token grows in proportion. The limit
-  doubles while latency per token stays within FLAT of the best seen, then grows by sqrt(limit) per
-  window, and shrinks in proportion once latency per token exceeds TOLERANCE times the best.
-  So it settles between one and TOLERANCE times the server's capacity: a few requests queue
-  at the server, none of its slots idles, and an offline job loses nothing by that queue.
+- `QueueProbe`, for a server that shows nothing (TGI, `transformers serve`, a router, a hosted
+  endpoint): a one-token request a second, timed. Answers differ 100x in length and a long one
+  says nothing for a minute; a probe's wait says within a second whether requests queue at
+  the server, and with the answer rate, how many. The limit grows by half a probe until one
+  waits (so it never passes 1.5 times the server's capacity), then sits at the measured
+  capacity plus the queue margin, and follows a capacity that falls at the next probe.
+
+Overload refusals (429, 503) cap all three from above (workers/flow.py `Ceiling`).
 
 Each controller is fed by the engine and answers with the new limit; `how` says, for `status`
 and the worker's log, how the limit was found.
@@ -27,23 +26,24 @@ from __future__ import annotations
 
 import collections
 import math
-import time
+import statistics
 from collections.abc import Callable
 
 # Limits the controllers start from: small enough for a CPU server, large enough that a GPU
-# server's slots fill within a few windows.
+# server's slots fill within a few seconds.
 QUEUE_WATCH_START = 8
-GRADIENT_START = 8
+PROBE_START = 8
 MAX_LIMIT = 8192
-# Latency per output token this many times the best seen means requests queue at the server.
-TOLERANCE = 2.0
-# While doubling, latency per token within this factor of the best is "flat": a GPU server
-# bound by its per-step overhead gives each token ~1.25x the time at 16 requests as at 4, and
-# about the same at 128.
-FLAT = 1.5
-# A window of the gradient controller: WINDOW_MIN answers while the limit doubles, then about
-# half the limit (at most WINDOW_MAX), so each judgement covers answers of many lengths.
-WINDOW_MIN, WINDOW_MAX = 4, 64
+# While ramping, the probe controller grows the limit by this factor a probe: once a probe
+# waits, at most this many times the server's capacity is in flight.
+RAMP = 1.5
+# A probe that took longer than the fastest by more than the fastest (and by at least this)
+# waited for a slot.
+QUEUED_S = 0.05
+# The probe controller's capacity is the median of this many estimates (one a waiting probe).
+ESTIMATES = 5
+# An estimate under this share of the capacity is a capacity that fell, not noise.
+FALLEN = 0.75
 # QueueWatch remembers the running count of this many ticks with a queue (a scheduler admits
 # at step boundaries, so one tick may catch a slot between two requests).
 QUEUE_MEMORY = 10
@@ -77,67 +77,58 @@ class QueueWatch:
         return self.limit
 
 
-class Gradient:
-    """The limit from latency per output token (no capacity endpoint, no load metrics)."""
+class QueueProbe:
+    """The limit from how long a one-token request waits at the server (no capacity endpoint,
+    no load gauges): the engine sends one a second while requests are in flight.
 
-    def __init__(self, start: int = GRADIENT_START,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    A server with a free slot starts a new request at its next step, so the probe comes back in
+    about the time of the fastest probe seen; a full server queues it until a slot frees. The
+    first probe that waits ends the ramp (the limit grew by RAMP a probe, so it is then at most
+    RAMP times what the server runs); from then on, what waited says how many requests queue
+    ahead of it — the wait times the rate answers come back — and the server's capacity is what
+    is in flight less that queue. The limit is that capacity plus the queue margin, and grows
+    slowly while no probe waits and the worker has requests ready.
+    """
+
+    def __init__(self, margin: Callable[[int], int], start: int = PROBE_START,
+                 idle_s: float | None = None) -> None:
         self.limit = start
-        self._now = now
-        self.best: float | None = None  # seconds per output token, the lowest window
-        # Whether the last doubling's window was already above FLAT: doubling ends at the
-        # second such window in a row, so one lucky baseline window of a few short answers
-        # does not end it early.
-        self._rose = False
-        self.last: float | None = None
-        self._slow_start = True
-        # When the limit last changed: only answers to requests sent since judge it (the
-        # answers still coming back were sent under the old limit).
-        self._since = -math.inf
-        self._latency = 0.0
-        self._tokens = 0
-        self._answers = 0
-        self._saturated = 0
+        self.capacity: int | None = None
+        self._margin = margin
+        self._ramping = True
+        # The fastest probe: at first an idle server's answer (`idle_s`, timed before any
+        # request was sent), so even the first probe under load can tell a wait.
+        self.fastest = idle_s
+        self._estimates: collections.deque[int] = collections.deque(maxlen=ESTIMATES)
         self.how = f"measuring: starting at {start} (the server states no capacity)"
 
-    def on_answer(self, latency_s: float, output_tokens: int, saturated: bool,
-                  sent_at: float = math.inf) -> int | None:
-        """One answer to a request sent at `sent_at` (the clock `now` is read on); returns the
-        new limit when its window closes, else None."""
-        if sent_at < self._since:
-            return None
-        self._latency += latency_s
-        self._tokens += max(1, output_tokens)
-        self._answers += 1
-        self._saturated += saturated
-        # While doubling, a few answers judge each step (the first answers after a step are
-        # the shortest, and a server far below its capacity gives each token the same time
-        # whatever their length); then about half the limit, to cover answers of every length.
-        need = WINDOW_MIN if self._slow_start else min(WINDOW_MAX, max(WINDOW_MIN, self.limit // 2))
-        if self._answers < need:
-            return None
-        per_token = self._latency / self._tokens
-        busy = self._saturated * 2 >= self._answers
-        self._latency, self._tokens, self._answers, self._saturated = 0.0, 0, 0, 0
-        before = self.limit
-        limit = self._judge(per_token, busy)
-        if limit != before:
-            self._since = self._now()
-        return limit
-
-    def _judge(self, per_token: float, busy: bool) -> int:
-        self.last = per_token
-        self.best = per_token if self.best is None else min(self.best, per_token)
-        ratio = per_token / self.best
-        if ratio > TOLERANCE:
-            self._slow_start = False
-            self.limit = max(1, int(self.limit * max(0.5, TOLERANCE / ratio)))
-        elif busy and self._slow_start and (ratio < FLAT or not self._rose):
-            self._rose = ratio >= FLAT
-            self.limit = min(MAX_LIMIT, self.limit * 2)
-        elif busy:
-            self._slow_start = False
-            self.limit = min(MAX_LIMIT, self.limit + max(1, int(math.sqrt(self.limit))))
-        self.how = (f"adaptive: {1000 * per_token:.1f} ms per output token, best "
-                    f"{1000 * self.best:.1f}; limit {self.limit}")
+    def on_probe(self, latency_s: float, in_flight: int, saturated: bool,
+                 answers_per_s: float) -> int:
+        """One probe's latency, taken with `in_flight` requests out; `saturated`: a request
+        waited for a slot since the last probe; `answers_per_s`: the recent answer rate."""
+        fastest = latency_s if self.fastest is None else min(self.fastest, latency_s)
+        self.fastest = fastest
+        wait = latency_s - fastest
+        # The probe waited for one slot to free per request queued ahead of it, then for its
+        # own; without answers yet, only that it waited is known.
+        ahead = max(0.0, wait * answers_per_s - 1) if answers_per_s > 0 else None
+        if wait > max(fastest, QUEUED_S) and (ahead is None or ahead >= 0.5):
+            self._ramping = False
+            if ahead is not None and in_flight > 0:
+                estimate = max(1, round(in_flight - ahead))
+                if self.capacity is not None and estimate < self.capacity * FALLEN:
+                    self._estimates.clear()  # the server lost capacity: follow it now
+                self._estimates.append(estimate)
+                self.capacity = int(statistics.median(self._estimates))
+                self.limit = min(MAX_LIMIT, self.capacity + self._margin(self.capacity))
+                self.how = (f"probe: ~{ahead:.0f} of {in_flight} in flight waited at the server, "
+                            f"so it runs ~{self.capacity} at once; keeping {self.limit}")
+            else:
+                self.how = f"probe waited {wait:.2f}s at {in_flight} in flight; holding {self.limit}"
+        elif saturated:
+            grown = (math.ceil(self.limit * RAMP) if self._ramping
+                     else self.limit + max(1, self.limit // 16))
+            self.limit = min(MAX_LIMIT, grown)
+            self.how = (f"probe: no wait at {in_flight} in flight; growing to {self.limit}"
+                        + (f" (~{self.capacity} measured)" if self.capacity else ""))
         return self.limit

@@ -105,8 +105,19 @@ SERVER_CAPACITY = Gauge(
     ("worker", "server"), registry=REGISTRY)
 IN_FLIGHT_LIMIT = Gauge(
     "fleetgen_worker_max_in_flight_requests",
-    "The worker's cap on requests in flight: server capacity plus the queue margin.",
+    "The worker's cap on requests in flight: server capacity plus the queue margin, under "
+    "the overload ceiling while the server refuses requests for being full.",
     ("worker", "server"), registry=REGISTRY)
+SERVER_REQUESTS = Counter(
+    "fleetgen_server_requests_not_answered",
+    "Requests the server did not answer, by cause: overloaded (429/503: sent again later, no "
+    "attempt spent), failed (5xx, reset, abort, timeout: the server's fault), refused (4xx: "
+    "the prompt's or the job's), and the HTTP status (empty without one).",
+    ("worker", "server", "cause", "status"), registry=REGISTRY)
+IN_ROTATION = Gauge(
+    "fleetgen_server_in_rotation",
+    "1 while the worker sends its server requests, 0 while it is out of rotation (failing "
+    "what it is sent) and probed.", ("worker", "server"), registry=REGISTRY)
 # The families labelled by job, with their label names: what `forget_job` removes.
 _BY_JOB: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
     (PROMPTS_DONE, DONE_LABELS), (PROMPTS_FAILED, FAILED_LABELS), (INPUT_TOKENS, LABELS),
@@ -292,3 +303,12 @@ def set_server_capacity(worker: str, server: str, effective: int, limit: int) ->
     """Publish the server's effective capacity and the worker's in-flight cap derived from it."""
     SERVER_CAPACITY.labels(worker, server).set(effective)
     IN_FLIGHT_LIMIT.labels(worker, server).set(limit)
+
+
+def request_refused(worker: str, server: str, cause: str, status: int | None) -> None:
+    """One request the server did not answer, by cause (workers/flow.py)."""
+    SERVER_REQUESTS.labels(worker, server, cause, "" if status is None else str(status)).inc()
+
+
+def set_in_rotation(worker: str, server: str, in_rotation: bool) -> None:
+    IN_ROTATION.labels(worker, server).set(1 if in_rotation else 0)

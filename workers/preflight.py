@@ -27,6 +27,7 @@ import orjson
 
 from fleetgen import keys, redisconn
 from fleetgen.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
+from fleetgen.fleet import LOST_AFTER_S
 from fleetgen.ledger import Ledger
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, RedisAuthError, RedisNoPermissionError
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 
 # A worker started together with its Redis (Procfile, compose) waits this long for it.
 REDIS_START_WAIT_S = 15.0
-# A registry entry newer than this belongs to a live worker (it re-registers every 5 s).
-REGISTRY_LOST_AFTER_S = 30.0
 EXIT_CONFIG = 78  # EX_CONFIG: the worker's configuration is wrong; restarting will not help
 
 
@@ -107,7 +106,7 @@ def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[s
     except orjson.JSONDecodeError:
         return None
     now = time.time() if now is None else now
-    if now - float(entry.get("updated") or 0) > REGISTRY_LOST_AFTER_S:
+    if now - float(entry.get("updated") or 0) > LOST_AFTER_S:
         return None
     names = ledger.client_names()
     if names is None:  # CLIENT LIST not allowed for this user: trust the entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -14,12 +15,14 @@ from fleetgen.dispatch import dispatch
 from fleetgen.errors import (
     PreflightError,
     ServerDownError,
+    ServerSickError,
     SinkError,
     SinkUnusableError,
     WorkerStoppingError,
 )
 from workers import metrics, preflight
 from workers.app import app, settings
+from workers.engine import Engine
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime, server_url, tune_gc
@@ -27,6 +30,7 @@ from workers.runtime import runtime, server_url, tune_gc
 log = logging.getLogger(__name__)
 # How long a worker holds a batch of a job blocked here before acking it and taking the next.
 HANDBACK_PAUSE_S = 2.0
+READY_LINE_WAIT_S = 3.0
 # Celery's own "ready." is INFO and a worker's default level is WARNING: this logger says
 # once, at any level, that the worker consumes, from where and for which server.
 ready_log = logging.getLogger("workers.ready")
@@ -69,10 +73,13 @@ def _start(sender: Any = None, **_: Any) -> None:
     _reconciler.start()
     # Last: what the worker built so far lives as long as it does (runtime.tune_gc).
     tune_gc()
-    controller = getattr(sender, "controller", None)
-    ready_log.info("worker %s ready: queues %s, server %s, concurrency %s", runtime.worker,
-                   ",".join(runtime.queues), runtime.server_url,
-                   getattr(controller, "concurrency", app.conf.worker_concurrency))
+    engine = runtime.runner().engine
+    with contextlib.suppress(ServerDownError):
+        # A moment for the server's first answer, so the line says what the worker makes of it.
+        engine.run(engine.connected(READY_LINE_WAIT_S))
+    ready_log.info("worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
+                   runtime.worker, ",".join(runtime.queues), runtime.server_url,
+                   engine.limiter.limit, engine.limit_reason)
 
 
 @worker_shutting_down.connect
@@ -100,6 +107,9 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         # no attempt spent (none was taken, or its release refunded it: batch.ending); finished
         # prompts stay checkpointed, so whoever takes it next resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
+        if isinstance(exc, ServerSickError):
+            # This server is out of rotation: the batch goes where every worker takes it.
+            queue = keys.SHARED_QUEUE
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         if not isinstance(exc, WorkerStoppingError):
@@ -111,7 +121,8 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
             time.sleep(HANDBACK_PAUSE_S)
         else:
             log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
-        return {"status": "requeued", "batch": batch, "reason": str(exc)}
+        return {"status": "requeued", "batch": batch, "reason": str(exc),
+                "server": server_summary(runner.engine)}
     except Exception as exc:
         runner.engine.note_error(job, f"{type(exc).__name__}: {exc}")
         raise
@@ -123,4 +134,14 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         return {"status": state, "job": job, "batch": batch,
                 "reason": f"job {job} is {state}: {reason or 'no reason given'}; batch {batch} "
                           f"left for `python -m producer resume {job}`"}
-    return outcome.as_dict()
+    return {**outcome.as_dict(), "server": server_summary(runner.engine)}
+
+
+def server_summary(engine: Engine) -> dict[str, Any]:
+    """How the server treated this worker's requests lately, for Flower's task results."""
+    health = engine.health()
+    return {"in_rotation": health.in_rotation, "out_reason": health.out_reason,
+            "failed_share": round(health.failed_share, 3), "failed": health.failed,
+            "refused": health.refused, "overloaded": health.overloaded,
+            "in_flight_limit": health.limit, "limit_reason": health.limit_reason,
+            "says": health.summary()}

@@ -19,6 +19,8 @@ class ServerKind:
     """One engine family. Subclasses set the class attributes; instances carry no state."""
 
     name: ClassVar[str]
+    # Whether it serves a request whatever model it names (else the served name must be sent).
+    any_model: ClassVar[bool] = False
     # Short gauge name -> (Prometheus family, how several samples combine). `running` and
     # `queue` are what the capacity discovery reads; the rest are shown in `status`.
     gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {}

@@ -11,6 +11,8 @@ from fleetgen.servers._kind import Combine, ServerKind
 
 class SGLang(ServerKind):
     name = "sglang"
+    # It answers a request of any model name with the model it serves.
+    any_model = True
     gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {
         "running": ("sglang:num_running_reqs", "sum"),
         "queue": ("sglang:num_queue_reqs", "sum"),

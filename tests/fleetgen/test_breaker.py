@@ -46,9 +46,14 @@ from workers.quality import TRIPPED_HOLD_S, QualityWatch
 
 LIMITS = Limits(streak=20, window=50, share=0.9)
 ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)
-TOO_LONG = "context_length_exceeded: The input (N tokens) is longer than the model's context " \
-           "length (N tokens)."
+UNSERVED = "invalid_request: HTTP N: The model `mN` does not exist."
 REFUSED = "invalid_request: HTTP N: tool_choice is not supported"
+
+
+def unserved(pid: str, tokens: int = 41000) -> dict[str, Any]:
+    """A refusal every server would give (a model none serves): the job's fault."""
+    return error_record(pid, 1, f"HTTP 404: The model `m{tokens}` does not exist.", 404,
+                        ORIGIN, 1)
 
 
 def too_long(pid: str, tokens: int = 41000) -> dict[str, Any]:
@@ -75,7 +80,7 @@ def entry(job: str, batch: str, record: dict[str, Any]) -> Entry:
 # The cause
 
 def test_a_cause_is_the_code_and_the_message_with_its_numbers_as_n() -> None:
-    assert outcome(too_long("p1", 41000)) == outcome(too_long("p2", 52017)) == TOO_LONG
+    assert outcome(unserved("p1", 41000)) == outcome(unserved("p2", 52017)) == UNSERVED
     assert cause("invalid_request", "HTTP 401: Unauthorized") == "invalid_request: HTTP N: Unauthorized"
 
 
@@ -88,6 +93,17 @@ def test_a_cause_is_cut_to_200_characters() -> None:
     assert len(cause("server_error", "x" * 5000)) == 200
 
 
+def test_a_prompts_own_failure_is_not_counted_however_many_come() -> None:
+    # Too long for the context, refused for its content, or a server error of one prompt
+    # while its server answered others: that prompt fails alone.
+    assert outcome(too_long("p1")) is None
+    policy = error_record("p2", 1, "HTTP 400: flagged by the content policy", 400, ORIGIN, 1)
+    assert outcome(policy) is None
+    one_500 = error_record("p3", 1, "HTTP 500: Failed to parse reasoning content", 500, ORIGIN, 4)
+    assert outcome(one_500) is None
+    assert outcome(unserved("p4")) == UNSERVED
+
+
 def test_an_answer_is_an_empty_outcome_and_a_failure_never_sent_is_not_counted() -> None:
     assert outcome(answer("p1")) == ""
     unsent = error_record("p2", 1, "not sent: batch b000003 was started 6 times", None, ORIGIN,
@@ -98,34 +114,34 @@ def test_an_answer_is_an_empty_outcome_and_a_failure_never_sent_is_not_counted()
 # The trip rules (outcomes newest first)
 
 def test_twenty_failures_in_a_row_with_one_cause_trip_it() -> None:
-    assert verdict([TOO_LONG] * 20, LIMITS) == Trip(TOO_LONG, 20, 20)
-    assert verdict([TOO_LONG] * 19 + ["", "", ""], LIMITS) is None
+    assert verdict([UNSERVED] * 20, LIMITS) == Trip(UNSERVED, 20, 20)
+    assert verdict([UNSERVED] * 19 + ["", "", ""], LIMITS) is None
 
 
 def test_an_answer_or_another_cause_among_the_newest_twenty_breaks_the_streak() -> None:
-    assert verdict([TOO_LONG] * 10 + [""] + [TOO_LONG] * 10, LIMITS) is None
-    assert verdict([TOO_LONG] * 10 + [REFUSED] + [TOO_LONG] * 10, LIMITS) is None
+    assert verdict([UNSERVED] * 10 + [""] + [UNSERVED] * 10, LIMITS) is None
+    assert verdict([UNSERVED] * 10 + [REFUSED] + [UNSERVED] * 10, LIMITS) is None
 
 
 def test_one_cause_making_ninety_percent_of_a_full_window_trips_it() -> None:
-    mixed = ([TOO_LONG] * 9 + [""]) * 5  # never 20 in a row
-    assert verdict(mixed, LIMITS) == Trip(TOO_LONG, 45, 50)
+    mixed = ([UNSERVED] * 9 + [""]) * 5  # never 20 in a row
+    assert verdict(mixed, LIMITS) == Trip(UNSERVED, 45, 50)
     assert verdict([""] + mixed[1:], LIMITS) is None  # 44 of 50
 
 
 def test_the_share_is_not_judged_before_the_window_is_full() -> None:
-    assert verdict(([TOO_LONG] * 9 + [""]) * 4 + [TOO_LONG] * 9, LIMITS) is None  # 45 of 49
+    assert verdict(([UNSERVED] * 9 + [""]) * 4 + [UNSERVED] * 9, LIMITS) is None  # 45 of 49
 
 
 def test_a_streak_of_zero_turns_the_breaker_off() -> None:
     off = Limits(streak=0, window=50, share=0.9)
-    assert verdict([TOO_LONG] * 50, off) is None
+    assert verdict([UNSERVED] * 50, off) is None
     assert off.kept == 0 and LIMITS.kept == 50
 
 
 def test_an_accepted_cause_never_trips_it_and_another_still_does() -> None:
-    assert verdict([TOO_LONG] * 50, LIMITS, accepted=[TOO_LONG]) is None
-    assert verdict([REFUSED] * 20 + [TOO_LONG] * 30, LIMITS, accepted=[TOO_LONG]) == \
+    assert verdict([UNSERVED] * 50, LIMITS, accepted=[UNSERVED]) is None
+    assert verdict([REFUSED] * 20 + [UNSERVED] * 30, LIMITS, accepted=[UNSERVED]) == \
         Trip(REFUSED, 20, 20)
 
 
@@ -157,12 +173,12 @@ def record_group(r: Any, entries: list[Entry], kept: int = 50) -> list[Any]:
 
 def test_the_record_group_pushes_an_outcome_for_each_first_copy_only(redis_client: Any) -> None:
     r = redis_client
-    group = [entry(JOB, "b1", answer("p1")), entry(JOB, "b1", too_long("p2")),
+    group = [entry(JOB, "b1", answer("p1")), entry(JOB, "b1", unserved("p2")),
              entry(JOB, "b1", answer("p1"))]
     assert record_group(r, group)[:4] == [-1, 1, 1, 0]
-    assert record_group(r, [entry(JOB, "b1", too_long("p2")), entry(JOB, "b2", refused("p3"))]) \
+    assert record_group(r, [entry(JOB, "b1", unserved("p2")), entry(JOB, "b2", refused("p3"))]) \
         [:3] == [-1, 0, 1]
-    assert outcomes(r) == [REFUSED, TOO_LONG, ""]  # newest first; no copy twice
+    assert outcomes(r) == [REFUSED, UNSERVED, ""]  # newest first; no copy twice
 
 
 def test_a_group_with_a_new_failure_gets_the_window_back_and_no_other_group_does(
@@ -170,21 +186,21 @@ def test_a_group_with_a_new_failure_gets_the_window_back_and_no_other_group_does
     r = redis_client
     r.hset(keys.job(JOB), mapping={"state": "running", "breaker_accepted": '["x"]'})
     assert record_group(r, [entry(JOB, "b1", answer("p1"))]) == [-1, 1]
-    assert record_group(r, [entry(JOB, "b1", answer("p2")), entry(JOB, "b1", too_long("p3"))]) \
-        == [-1, 1, 1, b"running", b'["x"]', TOO_LONG.encode(), b"", b""]
-    assert record_group(r, [entry(JOB, "b1", too_long("p3"))]) == [-1, 0]  # a re-run's copy
+    assert record_group(r, [entry(JOB, "b1", answer("p2")), entry(JOB, "b1", unserved("p3"))]) \
+        == [-1, 1, 1, b"running", b'["x"]', UNSERVED.encode(), b"", b""]
+    assert record_group(r, [entry(JOB, "b1", unserved("p3"))]) == [-1, 0]  # a re-run's copy
 
 
 def test_the_window_keeps_the_newest_outcomes_and_nothing_when_the_breaker_is_off(
         redis_client: Any) -> None:
     r = redis_client
-    record_group(r, [entry(JOB, "b1", too_long(f"p{i}")) for i in range(30)], kept=20)
+    record_group(r, [entry(JOB, "b1", unserved(f"p{i}")) for i in range(30)], kept=20)
     assert len(outcomes(r)) == 20
     unsent = error_record("p99", 1, "not sent", None, ORIGIN, 0, code=UNSENT_ATTEMPTS_EXHAUSTED)
     record_group(r, [entry(JOB, "b1", unsent)], kept=20)
-    assert len(outcomes(r)) == 20 and outcomes(r)[0] == TOO_LONG  # not counted
+    assert len(outcomes(r)) == 20 and outcomes(r)[0] == UNSERVED  # not counted
     r.flushdb()
-    record_group(r, [entry(JOB, "b1", too_long("p1"))], kept=0)
+    record_group(r, [entry(JOB, "b1", unserved("p1"))], kept=0)
     assert outcomes(r) == [] and r.hlen(keys.checkpoint(JOB, "b1")) == 1
 
 
@@ -206,10 +222,10 @@ def test_the_writer_calls_the_judge_only_after_a_group_with_a_new_failure(
         writer = CheckpointWriter(r, "gpu0@test", _no_canary, lambda job: 0, 0.0, judged, 50)
         try:
             await writer.add(entry(JOB, "b1", answer("p1")))
-            await writer.add(entry(JOB, "b1", too_long("p2")))
-            await writer.add(entry(JOB, "b1", too_long("p2")))  # a re-run's copy
+            await writer.add(entry(JOB, "b1", unserved("p2")))
+            await writer.add(entry(JOB, "b1", unserved("p2")))  # a re-run's copy
             await asyncio.gather(*(writer.add(entry(JOB, "b1", x))
-                                   for x in (answer("p3"), refused("p4"), too_long("p5"))))
+                                   for x in (answer("p3"), refused("p4"), unserved("p5"))))
         finally:
             await r.aclose()
         return judged.calls
@@ -247,27 +263,26 @@ def test_a_trip_pauses_the_job_with_the_cause_the_count_and_one_example(
         redis_url: str, redis_client: Any) -> None:
     ledger = Ledger(redis_client)
     make_job(ledger, JOB, "/tmp/unused")
-    held = judge(redis_url, JOB, [TOO_LONG] * 20, [refused("p7"), too_long("p8", 41234)])
+    held = judge(redis_url, JOB, [UNSERVED] * 20, [refused("p7"), unserved("p8", 41234)])
     assert held == [JOB]
     state, reason = ledger.job_state(JOB)
     assert state == STATE_PAUSED
-    assert reason.startswith(f"failures: 20 of the last 20 prompts failed with {TOO_LONG!r}; ")
+    assert reason.startswith(f"failures: 20 of the last 20 prompts failed with {UNSERVED!r}; ")
     assert f"python -m producer resume {JOB}" in reason and "--accept-failures" in reason
     breaker = job_status(ledger, JOB).breaker
     assert breaker is not None
-    assert asdict(breaker) == {"cause": TOO_LONG, "accepted": [], "example": {
-        "id": "p8", "code": "context_length_exceeded",
-        "message": "The input (41234 tokens) is longer than the model's context length "
-                   "(40960 tokens)."}}
+    assert asdict(breaker) == {"cause": UNSERVED, "accepted": [], "example": {
+        "id": "p8", "code": "invalid_request",
+        "message": "HTTP 404: The model `m41234` does not exist."}}
 
 
 def test_the_judge_leaves_a_job_alone_that_is_not_running_or_whose_window_is_healthy(
         redis_url: str, redis_client: Any) -> None:
     ledger = Ledger(redis_client)
     make_job(ledger, JOB, "/tmp/unused")
-    assert judge(redis_url, JOB, [TOO_LONG] * 19 + [""], [too_long("p1")]) == []
+    assert judge(redis_url, JOB, [UNSERVED] * 19 + [""], [unserved("p1")]) == []
     ledger.set_state(JOB, "cancelled", "cancelled by user")
-    assert judge(redis_url, JOB, [TOO_LONG], [too_long("p2")]) == []
+    assert judge(redis_url, JOB, [UNSERVED], [unserved("p2")]) == []
     assert ledger.job_state(JOB)[0] == "cancelled"
 
 
@@ -276,8 +291,8 @@ def test_the_judge_leaves_a_job_alone_that_is_not_running_or_whose_window_is_hea
 def test_dropping_failures_takes_back_their_counters_once_and_waits_for_no_lease(
         redis_client: Any) -> None:
     r, ledger = redis_client, Ledger(redis_client)
-    record_group(r, [entry(JOB, "b1", x) for x in (answer("p1"), too_long("p2"), refused("p3"))])
-    failed = [too_long("p2"), refused("p3")]
+    record_group(r, [entry(JOB, "b1", x) for x in (answer("p1"), unserved("p2"), refused("p3"))])
+    failed = [unserved("p2"), refused("p3")]
     r.set(keys.lease(JOB, "b1"), "gpu1@test/abc")
     assert ledger.drop_failures(JOB, "b1", failed) is None
     assert r.hlen(keys.checkpoint(JOB, "b1")) == 3
@@ -287,14 +302,14 @@ def test_dropping_failures_takes_back_their_counters_once_and_waits_for_no_lease
     assert set(ledger.load_checkpoint(JOB, "b1")) == {"p1"}
     stats = ledger.stats(JOB)
     assert (stats["prompts_done"], stats["prompts_failed"]) == (1, 0)
-    assert stats["error_context_length_exceeded"] == stats["error_invalid_request"] == 0
+    assert stats["error_invalid_request"] == 0
     assert float(r.hget(keys.job_part(JOB, "workers"), "gpu0@test|prompts_failed")) == 0
 
 
 # resume after a trip
 
 def tripped_job(ledger: Ledger, tmp_path: Path) -> None:
-    """A job of 8 prompts that the breaker paused on TOO_LONG: b000001 written (p0-p2 too long,
+    """A job of 8 prompts that the breaker paused on UNSERVED: b000001 written (p0-p2 too long,
     p3 refused), b000002 handed back with p4 answered, p5-p6 too long and p7 unsent."""
     r = ledger.r
     output = str(tmp_path / "out")
@@ -303,15 +318,15 @@ def tripped_job(ledger: Ledger, tmp_path: Path) -> None:
     for batch, first in (("b000001", 0), ("b000002", 4)):
         rows = [{"id": f"p{i}", "line": i + 1, "body": {"messages": []}} for i in range(first, first + 4)]
         sink.put(keys.sink_input(JOB, batch), b"".join(orjson.dumps(x) + b"\n" for x in rows))
-    one = [too_long("p0"), too_long("p1", 50000), too_long("p2"), refused("p3")]
-    two = [answer("p4"), too_long("p5"), too_long("p6")]
+    one = [unserved("p0"), unserved("p1", 50000), unserved("p2"), refused("p3")]
+    two = [answer("p4"), unserved("p5"), unserved("p6")]
     record_group(r, [entry(JOB, "b000001", x) for x in one] + [entry(JOB, "b000002", x) for x in two])
     sink.put_new(keys.sink_errors(JOB, "b000001"), b"".join(orjson.dumps(x) + b"\n" for x in one))
     sink.put_new(keys.sink_result(JOB, "b000001"), b"")
     ledger.finish_batch(JOB, "b000001", written_counts(one), "gpu0@test", [])
     r.hset(keys.job(JOB), mapping={
-        "state": STATE_PAUSED, "reason": Trip(TOO_LONG, 5, 5).reason(JOB),
-        "breaker_cause": TOO_LONG,
+        "state": STATE_PAUSED, "reason": Trip(UNSERVED, 5, 5).reason(JOB),
+        "breaker_cause": UNSERVED,
         "breaker_example": orjson.dumps({"id": "p6", "code": "context_length_exceeded",
                                          "message": "The input (41000 tokens) is longer"})})
 
@@ -326,7 +341,7 @@ def test_resume_sends_the_causes_failures_again_from_checkpoints_and_written_bat
     assert f"python -m producer resume {JOB} --accept-failures" in screen
 
     resumed = control.resume(ledger, celery_app, JOB, wait_s=1)
-    assert (resumed.cause, resumed.resent, resumed.accepted) == (TOO_LONG, 5, False)
+    assert (resumed.cause, resumed.resent, resumed.accepted) == (UNSERVED, 5, False)
     assert ledger.job_state(JOB) == (STATE_RUNNING, "")
     # b000002 sends p5 and p6 again; p0-p2 go in a new batch; the refused p3 stays failed.
     assert set(ledger.load_checkpoint(JOB, "b000002")) == {"p4"}
@@ -337,7 +352,8 @@ def test_resume_sends_the_causes_failures_again_from_checkpoints_and_written_bat
     assert again == ["p0", "p1", "p2"]
     written, stats, _, _ = ledger.counts(JOB)
     assert (stats["prompts_failed"], written["prompts_failed"]) == (1, 1)
-    assert stats["error_context_length_exceeded"] == written["error_context_length_exceeded"] == 0
+    # What is left is p3's refusal, of another cause.
+    assert stats["error_invalid_request"] == written["error_invalid_request"] == 1
     assert outcomes(redis_client) == []
     status = job_status(ledger, JOB)
     assert status.breaker is None
@@ -349,12 +365,12 @@ def test_resume_accept_failures_keeps_them_and_the_breaker_ignores_that_cause_af
     ledger = Ledger(redis_client)
     tripped_job(ledger, tmp_path)
     resumed = control.resume(ledger, celery_app, JOB, accept_failures=True, wait_s=1)
-    assert (resumed.cause, resumed.resent, resumed.accepted) == (TOO_LONG, 0, True)
+    assert (resumed.cause, resumed.resent, resumed.accepted) == (UNSERVED, 0, True)
     assert set(ledger.load_checkpoint(JOB, "b000002")) == {"p4", "p5", "p6"}
     assert ledger.all_batches(JOB) == ["b000001", "b000002"]
-    assert job_status(ledger, JOB).breaker.accepted == [TOO_LONG]
-    assert "failures  accepted, not pausing the job: " + TOO_LONG in render(job_status(ledger, JOB))
-    assert judge(redis_url, JOB, [TOO_LONG] * 50, [too_long("p9")]) == []
+    assert job_status(ledger, JOB).breaker.accepted == [UNSERVED]
+    assert "failures  accepted, not pausing the job: " + UNSERVED in render(job_status(ledger, JOB))
+    assert judge(redis_url, JOB, [UNSERVED] * 50, [unserved("p9")]) == []
     assert judge(redis_url, JOB, [REFUSED] * 20, [refused("p10")]) == [JOB]
 
 
@@ -392,26 +408,22 @@ SIM = ("--max-running-requests", "2", "--decode-tps", "100", "--mean-output-toke
 PROMPTS = 300
 MARKER = "step by step"  # in every prompt below
 FAULTS = {
-    # A 400 for every prompt (`--fail-prompt`: "too long"), failed at once. In batches of 16
-    # the trip comes as the second batch runs, whose prompts at the server fail too: both
+    # A model no server serves: vLLM answers 404 to every prompt, failed at once. In batches of
+    # 16 the trip comes as the second batch runs, whose prompts at the server fail too: both
     # are written, and resume sends their failures again in new batches (a requeue round).
-    "refused": (("--fail-prompt", MARKER), 16,
-                "context_length_exceeded: HTTP N: The input (N tokens) is longer than the "
-                "model's context length (N tokens).", "HTTP 400: The input ("),
-    # A 500 for every request: each prompt fails once its tries are spent. The trip comes
-    # within the first batch of 40, which goes back unwritten: resume takes the failures out
-    # of its checkpoint, so that its next run sends them again.
-    "server-errors": (("--fail-rate", "1"), 40,
-               "server_error: HTTP N: Internal server error: simulated failure (--fail-rate)",
-               "HTTP 500: Internal server error: simulated failure"),
+    "wrong-model": (("--flavor", "vllm"), ("--model", "nosuch"), 16,
+                    "invalid_request: HTTP N: The model `nosuch` does not exist.",
+                    "HTTP 404: The model `nosuch` does not exist."),
 }
+# The fixed server serves the model the job names.
+FIXED = ("--flavor", "vllm", "--served-model-name", "nosuch")
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_again(
+def test_a_refusal_every_server_gives_pauses_the_job_and_resume_sends_them_again(
         stack: Stack, tmp_path: Path, fault: str) -> None:
-    flags, batch_size, cause_text, message = FAULTS[fault]
+    flags, job_flags, batch_size, cause_text, message = FAULTS[fault]
     sim, url = stack.sim("sim0", *SIM, *flags)
     port = int(url.rsplit(":", 1)[1])
     stack.worker(0, url)
@@ -419,7 +431,7 @@ def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_agai
             for i in range(PROMPTS)]
     src = write_jsonl(tmp_path / "prompts.jsonl", rows)
     stack.producer("enqueue", str(src), "--job", fault, "--output", str(tmp_path / "out"),
-                   "--batch-size", str(batch_size), "--no-canary")
+                   "--batch-size", str(batch_size), "--no-canary", *job_flags)
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
 
     def paused_and_idle() -> bool:
@@ -445,7 +457,7 @@ def test_a_server_failing_every_prompt_pauses_the_job_and_resume_sends_them_agai
 
     # The server is fixed: the same port, without the fault.
     sim.stop()
-    stack.sim("sim0-fixed", *SIM, port=port)
+    stack.sim("sim0-fixed", *SIM, *FIXED, port=port)
     out = stack.producer("resume", fault).stdout
     sent = re.search(r"sending again (\d+) prompts that failed with ", out)
     assert sent and cause_text in out, out

@@ -12,7 +12,7 @@ from fleetgen.job import GenerationParams
 from fleetgen.records import Origin, result_record
 from fleetgen.server_info import parse_server_info
 from fleetgen.servers import KINDS, Server
-from workers.limits import Gradient, QueueWatch
+from workers.limits import QueueProbe, QueueWatch
 
 STORED = GenerationParams().request_body({"messages": [{"role": "user", "content": "hi"}]})
 STRICT_422 = "HTTP 422: Unexpected fields in the request: {'separate_reasoning'}"
@@ -128,36 +128,52 @@ def test_queue_watch_does_not_grow_a_limit_nobody_waited_for() -> None:
     assert watch.on_load(running=3, waiting=0, saturated=False) == 8
 
 
-def ms_per_token(limit: int, capacity: int, step_s: float = 0.01) -> float:
-    """A server with `capacity` slots: below it every request decodes at one token per step;
-    past it the extra requests queue, and latency per token grows in proportion."""
-    return step_s * max(1.0, limit / capacity)
+def probe_latency(in_flight: int, capacity: int, answer_s: float, base_s: float = 0.02) -> float:
+    """A server with `capacity` slots and answers of `answer_s`: a probe starts at once while a
+    slot is free, else after the requests queued ahead of it (a slot frees every
+    answer_s / capacity)."""
+    queued = max(0, in_flight + 1 - capacity)
+    return base_s + queued * answer_s / capacity
 
 
-def run_gradient(capacity: int, windows: int = 60) -> list[int]:
-    control = Gradient(start=4)
+def run_probes(capacity: int, answer_s: float, probes: int = 30) -> list[int]:
+    """The limits a QueueProbe sets, one probe a second, the worker always having work."""
+    control = QueueProbe(margin=lambda n: max(4, n // 10), start=8, idle_s=0.02)
     limits = []
-    for _ in range(windows):
-        per_token = ms_per_token(control.limit, capacity)
-        new = None
-        while new is None:
-            new = control.on_answer(per_token * 300, 300, saturated=True)
-        limits.append(new)
+    for _ in range(probes):
+        n = control.limit
+        rate = min(n, capacity) / answer_s
+        limits.append(control.on_probe(probe_latency(n, capacity, answer_s), n, True, rate))
     return limits
 
 
-@pytest.mark.parametrize("capacity", [3, 24, 200])
-def test_the_gradient_controller_settles_between_capacity_and_twice_it(capacity: int) -> None:
-    settled = run_gradient(capacity)[-20:]
-    assert min(settled) >= capacity
-    assert max(settled) <= 2 * capacity + 2 * int(capacity ** 0.5) + 2
+@pytest.mark.parametrize("answer_s", [1.0, 25.0, 60.0])
+@pytest.mark.parametrize("capacity", [3, 24, 64, 200])
+def test_the_probe_fills_a_server_within_seconds_and_never_passes_one_and_a_half_times_it(
+        capacity: int, answer_s: float) -> None:
+    limits = run_probes(capacity, answer_s)
+    full_at = next(i for i, n in enumerate(limits) if n >= capacity)
+    assert full_at <= 10
+    assert max(limits) <= max(1.5 * capacity, capacity + 4)
+    assert all(capacity <= n <= capacity + max(4, capacity // 10) + 1 for n in limits[-10:])
 
 
-def test_the_gradient_controller_does_not_grow_when_nothing_waits() -> None:
-    control = Gradient(start=4)
+def test_the_probe_follows_a_capacity_that_falls_at_the_next_probe() -> None:
+    control = QueueProbe(margin=lambda n: 4, start=8, idle_s=0.02)
+    for _ in range(20):
+        n = control.limit
+        control.on_probe(probe_latency(n, 64, 20.0), n, True, min(n, 64) / 20.0)
+    assert 64 <= control.limit <= 70
+    n = control.limit  # the server restarts with 16 slots; the worker still has n out
+    limit = control.on_probe(probe_latency(n, 16, 20.0), n, True, 16 / 20.0)
+    assert 16 <= limit <= 21
+
+
+def test_the_probe_does_not_grow_a_limit_nobody_waited_for() -> None:
+    control = QueueProbe(margin=lambda n: 4, start=8)
     for _ in range(10):
-        control.on_answer(0.3, 300, saturated=False)
-    assert control.limit == 4
+        control.on_probe(0.02, 3, False, 0.5)
+    assert control.limit == 8
 
 
 def test_an_aborted_answer_is_not_read_as_reasoning_split_and_a_think_block_is() -> None:
@@ -171,31 +187,3 @@ def test_an_aborted_answer_is_not_read_as_reasoning_split_and_a_think_block_is()
     assert result_record("q", 1, vllm, 0.1, origin)["reasoning_content"] == "because"
 
 
-def test_answers_to_requests_sent_before_the_limit_changed_do_not_judge_it() -> None:
-    clock = [1.0]
-    control = Gradient(start=4, now=lambda: clock[0])
-    while control.on_answer(0.3, 300, saturated=True, sent_at=0.0) is None:
-        pass
-    assert control.limit == 8  # doubled at 1.0
-    # Slow answers still coming back from before the doubling: they say nothing of 8.
-    for _ in range(20):
-        assert control.on_answer(30.0, 300, saturated=True, sent_at=0.5) is None
-    assert control.limit == 8
-    while control.on_answer(0.3, 300, saturated=True, sent_at=1.5) is None:
-        pass
-    assert control.limit == 16
-
-
-def test_one_lucky_window_does_not_stop_the_doubling() -> None:
-    control = Gradient(start=8)
-    # The first window is a lucky one: against it the next ones look 1.45-1.55x slower.
-    per_token = [0.055, 0.085, 0.08, 0.082, 0.085]
-    for value in per_token:
-        while control.on_answer(value * 100, 100, saturated=True) is None:
-            pass
-    assert control.limit == 8 * 2 ** len(per_token)
-    # Two windows above 1.5x in a row end it.
-    for value in (0.09, 0.09):
-        while control.on_answer(value * 100, 100, saturated=True) is None:
-            pass
-    assert control.limit < 8 * 2 ** (len(per_token) + 2)

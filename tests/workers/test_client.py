@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 import pytest
 
-from fleetgen.errors import BadRequestError, RetryableError, ServerDownError
+from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerDownError
 from fleetgen.server_info import server_capacity
 from tests.sim_helpers import chat_body, free_port, running_sim
 from workers.client import ServerClient
@@ -102,9 +102,10 @@ def test_a_refused_connection_means_the_server_is_down() -> None:
 
 
 @pytest.mark.parametrize(("status", "error"), [
-    (b"503 Service Unavailable", ServerDownError),  # draining or a full queue
+    (b"503 Service Unavailable", OverloadedError),  # a full queue (or draining: /health says)
     (b"500 Internal Server Error", RetryableError),
-    (b"429 Too Many Requests", RetryableError),
+    (b"502 Bad Gateway", RetryableError),
+    (b"429 Too Many Requests", OverloadedError),
     (b"404 Not Found", BadRequestError),
 ])
 def test_http_statuses_map_to_the_workers_error_types(status: bytes,
@@ -301,5 +302,54 @@ def test_the_client_holds_more_requests_at_once_than_a_default_pool_allows() -> 
             chats = [client.chat(chat_body(f"q{n}")) for n in range(wanted)]
             answers = await asyncio.wait_for(asyncio.gather(*chats), timeout=120)
             assert len(answers) == wanted
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    (b"Retry-After: 7\r\n", 7.0),
+    (b"Retry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\n", 0.0),  # a date in the past: at once
+    (b"Retry-After: soon\r\n", None),
+    (b"", None),
+])
+def test_a_429_carries_the_servers_retry_after(header: bytes, seconds: float | None) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        body = b'{"error":"Model is overloaded","error_type":"overloaded"}'
+        writer.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                     + header + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _), client_of(url) as client:
+            with pytest.raises(OverloadedError, match="overloaded") as caught:
+                await client.chat(chat_body())
+            assert caught.value.status == 429
+            assert caught.value.retry_after_s == seconds
+
+    asyncio.run(run())
+
+
+def test_an_endpoint_that_answered_404_is_not_asked_again_until_the_server_restarts() -> None:
+    asked: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            asked.append(head.split(b" ")[1])
+            writer.write(respond(b"404 Not Found", b'{"detail":"Not Found"}'))
+            await writer.drain()
+
+    async def run() -> None:
+        async with raw_server(handler) as (url, _), client_of(url) as client:
+            for _ in range(3):
+                assert (await client.http.get("/server_info")).status_code == 404
+            assert asked == [b"/server_info"]
+            client.forget()
+            assert (await client.http.get("/server_info")).status_code == 404
+            assert asked == [b"/server_info", b"/server_info"]
 
     asyncio.run(run())

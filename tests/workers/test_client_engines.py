@@ -85,7 +85,7 @@ def test_a_strict_server_and_a_vllm_server_answer_every_prompt_with_no_setting(
         assert job == "vllm" or not failures
     strict_log, vllm_log = ((tmp_path / f"gpu{n}.log").read_text() for n in (0, 1))
     assert "(openai, model 'sim/Qwen3.6-27B') does not state how many requests it runs at " \
-           "once; finding it from latency per output token" in strict_log
+           "once; finding it by timing a one-token probe a second" in strict_log
     assert "(vllm 0.11.0, model 'sim/Qwen3.6-27B') does not state" in vllm_log
     assert "finding it from its queue gauges" in vllm_log and "running while" in vllm_log
     assert "server aborted the generation (finish_reason 'abort')" in vllm_log

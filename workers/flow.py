@@ -1,0 +1,289 @@
+"""The worker's server as a load balancer sees a backend: what its requests met, whether it is
+fit to take work, how hard to push it while it says it is full.
+
+Every request's end is one of a few causes, each with one response (docs/guides/failure-modes.md):
+
+- answered: counted; an overload ceiling grows back by one request per round trip.
+- overloaded (HTTP 429, 503, a queue-full refusal): the request was not run. It costs no
+  attempt and never reaches the failure breaker; it is sent again after the server's
+  `Retry-After` (else the one backoff policy), and the ceiling on requests in flight is cut by
+  half (at most once a second: a burst of refusals is one signal). `Ceiling`.
+- server (5xx, a reset, an abort, a timeout): tried again under the prompt's attempts, within a
+  retry budget. `EJECT_AFTER` of them in a row take the server out of rotation (Envoy's
+  consecutive-5xx outlier detection): the worker stops sending, hands its batches back with no
+  attempt spent, takes no new one, and probes the server with a one-token request on a growing
+  backoff; a probe that is answered puts it back. `Rotation`.
+- prompt / job (a 4xx): the prompt fails alone; only a refusal that is not the prompt's own
+  (records.job_caused) is judged by the failure breaker, which pauses the job.
+
+Resends of both kinds are throttled per server (gRPC's retry throttling): each first try earns
+`RETRY_RATIO` of a resend token, and tokens also trickle in at `RETRY_FLOOR_PER_S`; a resend
+takes one or waits for it. So a server that refuses everything sees at most a fifth more
+requests than it is sent first tries, plus one a second: never a hot loop. `RetryBudget`.
+
+`Outcomes` keeps the last `WINDOW_S` of it per second for `producer status`, the registry entry,
+`/metrics` and Flower's task results (fleetgen/fleet.py `ServerHealth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetgen.errors import GenerationError, OverloadedError
+from fleetgen.fleet import ServerHealth
+from fleetgen.retry import backoff_delay
+
+log = logging.getLogger(__name__)
+
+# How far back the request counts shown in `status` reach.
+WINDOW_S = 300.0
+# Server-caused failures in a row that take a server out of rotation: a server that answers
+# even a third of its requests almost never fails five in a row; one that fails everything
+# does within a second.
+EJECT_AFTER = 5
+# Probes of a server out of rotation: the first after this, then doubling with jitter.
+PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S = 2.0, 60.0
+# A refused request waits for the server's Retry-After, else this backoff (doubling per
+# refusal of the same request, with full jitter).
+OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
+# The ceiling's multiplicative decrease, and how often it may be cut.
+DECREASE = 0.5
+CUT_EVERY_S = 1.0
+# Resend tokens: earned per first try, the trickle that keeps a lone request going, the cap.
+RETRY_RATIO = 0.2
+RETRY_FLOOR_PER_S = 1.0
+RETRY_TOKENS_MAX = 20.0
+
+
+def label(exc: GenerationError) -> str:
+    """How `status` names a request's end: `HTTP 500`, `timeout`, `reset`, `aborted`."""
+    if exc.status is not None:
+        return f"HTTP {exc.status}"
+    text = exc.message.lower()
+    if "aborted" in text:
+        return "aborted"
+    if "timed out" in text:
+        return "timeout"
+    return "reset"
+
+
+class Outcomes:
+    """Request ends over the last `window_s`, in one-second buckets of label counts."""
+
+    def __init__(self, window_s: float = WINDOW_S, now: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._now = now
+        # (second, kind, label) -> count, one deque entry per second that saw a request.
+        self._buckets: collections.deque[tuple[int, collections.Counter[tuple[str, str]]]] = (
+            collections.deque())
+
+    def add(self, kind: str, what: str = "") -> None:
+        second = int(self._now())
+        if not self._buckets or self._buckets[-1][0] != second:
+            self._buckets.append((second, collections.Counter()))
+        self._buckets[-1][1][(kind, what)] += 1
+        self._trim(second)
+
+    def counts(self) -> collections.Counter[tuple[str, str]]:
+        self._trim(int(self._now()))
+        total: collections.Counter[tuple[str, str]] = collections.Counter()
+        for _, bucket in self._buckets:
+            total.update(bucket)
+        return total
+
+    def _trim(self, second: int) -> None:
+        while self._buckets and self._buckets[0][0] <= second - self.window_s:
+            self._buckets.popleft()
+
+
+class Ceiling:
+    """A cap on requests in flight that overload refusals cut (multiplicative decrease) and
+    answers grow back (one request per round trip: the cap's worth of answers); lifted once it
+    no longer binds."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.value: int | None = None
+        self._now = now
+        self._cut_at = -math.inf
+        self._credit = 0
+
+    def cut(self, in_flight: int, limit: int) -> int | None:
+        """An overload refusal with `in_flight` requests out under `limit`: the new ceiling, or
+        None when it was cut less than CUT_EVERY_S ago (the same burst)."""
+        now = self._now()
+        if now - self._cut_at < CUT_EVERY_S:
+            return None
+        self._cut_at = now
+        base = min(limit, max(1, in_flight), self.value or limit)
+        self.value = max(1, int(base * DECREASE))
+        self._credit = 0
+        return self.value
+
+    def grow(self, limit: int) -> bool:
+        """One answer; True when the ceiling moved (or was lifted)."""
+        if self.value is None:
+            return False
+        self._credit += 1
+        if self._credit < self.value:
+            return False
+        self._credit = 0
+        self.value += 1
+        if self.value >= limit:
+            self.value = None
+        return True
+
+
+class RetryBudget:
+    """Resend tokens for one server: first tries earn them, resends spend them."""
+
+    def __init__(self, ratio: float = RETRY_RATIO, floor_per_s: float = RETRY_FLOOR_PER_S,
+                 cap: float = RETRY_TOKENS_MAX, now: Callable[[], float] = time.monotonic) -> None:
+        self.ratio, self.floor_per_s, self.cap = ratio, floor_per_s, cap
+        self._now = now
+        self.tokens = cap
+        self._at = now()
+        self.waited_s = 0.0
+
+    def first_try(self) -> None:
+        self._refill()
+        self.tokens = min(self.cap, self.tokens + self.ratio)
+
+    def take(self) -> float:
+        """Take a token if there is one (0.0), else the seconds until the next one."""
+        self._refill()
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.floor_per_s
+
+    async def resend(self) -> None:
+        """Wait for a resend token."""
+        while (wait := self.take()) > 0:
+            self.waited_s += wait
+            await asyncio.sleep(wait)
+
+    def _refill(self) -> None:
+        now = self._now()
+        self.tokens = min(self.cap, self.tokens + (now - self._at) * self.floor_per_s)
+        self._at = now
+
+
+@dataclass
+class Rotation:
+    """Whether the server takes work: out after EJECT_AFTER server-caused failures in a row (or
+    a failed check), back when a probe is answered."""
+
+    now: Callable[[], float] = time.monotonic
+    in_rotation: bool = True
+    out_since: float | None = None  # unix time, for `status`
+    reason: str | None = None
+    ejections: int = 0
+    probes: int = 0
+    failures_in_a_row: int = 0
+    # Answers ever received: a prompt asks whether any came since its first failure.
+    answers: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def answered(self) -> None:
+        self.answers += 1
+        self.failures_in_a_row = 0
+
+    def failed(self, what: str) -> bool:
+        """A server-caused failure; True when it takes the server out of rotation now."""
+        self.failures_in_a_row += 1
+        if self.in_rotation and self.failures_in_a_row >= EJECT_AFTER:
+            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what})")
+            return True
+        return False
+
+    def eject(self, reason: str) -> None:
+        if not self.in_rotation:
+            return
+        self.in_rotation = False
+        self.out_since = time.time()
+        self.reason = reason
+        self.ejections += 1
+        self.probes = 0
+        self.changed.set()
+
+    def rejoin(self) -> None:
+        self.in_rotation = True
+        self.out_since = None
+        self.reason = None
+        self.failures_in_a_row = 0
+        self.changed.set()
+
+    def next_probe_s(self) -> float:
+        self.probes += 1
+        return backoff_delay(self.probes, PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S)
+
+
+class ServerWatch:
+    """One worker's view of its server: outcomes, rotation, overload ceiling, resend budget."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.outcomes = Outcomes(now=now)
+        self.rotation = Rotation(now=now)
+        self.ceiling = Ceiling(now=now)
+        self.budget = RetryBudget(now=now)
+        # Why the limit is what it is, when an overload set it (`status`, the log).
+        self.ceiling_reason: str | None = None
+
+    def answered(self, limit: int) -> bool:
+        """A request answered; True when the overload ceiling moved."""
+        self.outcomes.add("answered")
+        self.rotation.answered()
+        moved = self.ceiling.grow(limit)
+        if moved and self.ceiling.value is None:
+            self.ceiling_reason = None
+        return moved
+
+    def overloaded(self, exc: OverloadedError, in_flight: int, limit: int) -> int | None:
+        """A refusal for being full; the new ceiling when this one cut it."""
+        what = label(exc)
+        self.outcomes.add("overloaded", what)
+        cut = self.ceiling.cut(in_flight, limit)
+        if cut is not None:
+            self.ceiling_reason = f"cut to {cut} after {what} (server full)"
+        return cut
+
+    def failed(self, exc: GenerationError) -> bool:
+        """A server-caused failure; True when it takes the server out of rotation."""
+        what = label(exc)
+        self.outcomes.add("failed", what)
+        return self.rotation.failed(what)
+
+    def refused(self, exc: GenerationError) -> None:
+        """A 4xx: the server works, the request (or the job) is at fault."""
+        self.outcomes.add("refused", label(exc))
+        self.rotation.answered()
+
+    def overload_wait_s(self, exc: OverloadedError, refusals: int) -> float:
+        """How long a refused request waits before it is sent again."""
+        if exc.retry_after_s is not None:
+            # Spread the herd the header would line up: up to a tenth more.
+            return exc.retry_after_s * random.uniform(1.0, 1.1)
+        return backoff_delay(refusals, OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S)
+
+    def health(self, limit: int, limit_reason: str | None) -> ServerHealth:
+        counts = self.outcomes.counts()
+        by: dict[str, dict[str, int]] = {"answered": {}, "overloaded": {}, "failed": {},
+                                         "refused": {}}
+        for (kind, what), n in counts.items():
+            by[kind][what or "ok"] = by[kind].get(what or "ok", 0) + n
+        rotation = self.rotation
+        return ServerHealth(
+            window_s=self.outcomes.window_s,
+            answered=sum(by["answered"].values()),
+            failed=by["failed"], refused=by["refused"], overloaded=by["overloaded"],
+            in_rotation=rotation.in_rotation, out_since=rotation.out_since,
+            out_reason=rotation.reason, ejections=rotation.ejections,
+            limit=limit, limit_reason=self.ceiling_reason or limit_reason,
+        )
