@@ -94,6 +94,13 @@ class ServerHealth:
     limit: int
     limit_reason: str | None
 
+    @classmethod
+    def quiet(cls, limit: int = 1, window_s: float = 300.0) -> ServerHealth:
+        """A server in rotation that no request has reached yet."""
+        return cls(window_s=window_s, answered=0, failed={}, refused={}, overloaded={},
+                   in_rotation=True, out_since=None, out_reason=None, ejections=0, limit=limit,
+                   limit_reason=None)
+
     @property
     def requests(self) -> int:
         return (self.answered + sum(self.failed.values()) + sum(self.refused.values())
@@ -149,7 +156,8 @@ class WorkerEntry:
     local_server: str
     # What the server said at the beat, for `status` where it cannot be read live.
     reading: ServerReading
-    # `ready` or `server-down` as written; `registry` turns a stale entry `lost`.
+    # `ready`, `server-down` (its /health fails) or `out-of-rotation` (it fails what it is
+    # sent) as written; `registry` turns a stale entry `lost`.
     state: str
     server_kind: str | None
     effective_max_running_requests: int | None
@@ -212,6 +220,8 @@ class FleetRow:
     job_prompts_failed: int
     job_output_tokens: int
     job_output_tokens_per_s: float | None
+    # How the server treated the worker's requests lately (None for a lost worker).
+    health: ServerHealth | None
 
 
 def registry(ledger: Ledger, now: float) -> dict[str, WorkerEntry]:
@@ -280,6 +290,7 @@ def fleet_rows(
             job_prompts_failed=int(mine.get("prompts_failed", 0)),
             job_output_tokens=int(tokens),
             job_output_tokens_per_s=round(tokens / elapsed_s, 1) if elapsed_s > 0 else None,
+            health=entry.health if entry else None,
         ))
     return rows
 

@@ -188,6 +188,9 @@ def render_fleet(rows: list[FleetRow]) -> list[str]:
     lines += [f"  {row.worker}: {row.server_kind}; {_num(row.limit)} in flight at "
               f"most ({row.capacity_source})"
               for row in rows if row.server_kind and row.capacity_source]
+    # What a server did to its worker's requests, only where it was more than answer them.
+    lines += [f"  {row.worker}: {said}" for row in rows if row.health is not None
+              for said in row.health.summary()]
     return lines + _render_tuning(rows)
 
 

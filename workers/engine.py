@@ -578,7 +578,8 @@ class Engine:
             server=self.advertised_url,
             local_server=self.server_url,
             reading=reading,
-            state="ready" if self.health_failures == 0 else "server-down",
+            state=("server-down" if self.health_failures
+                   else "ready" if self.in_rotation else "out-of-rotation"),
             server_kind=self.server.describe() if self.server else None,
             effective_max_running_requests=capacity.effective if capacity else None,
             requested_max_running_requests=capacity.requested if capacity else None,

@@ -40,7 +40,7 @@ import redis
 
 from fleetgen import keys
 from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
-from fleetgen.fleet import WorkerEntry
+from fleetgen.fleet import ServerHealth, WorkerEntry
 from fleetgen.job import GenerationParams, InputInfo, JobManifest
 from fleetgen.jobview import job_status
 from fleetgen.ledger import RENEW_LEASE, Ledger
@@ -185,7 +185,7 @@ class Units:
             local_server="http://127.0.0.1:30000", reading=reading, state="ready",
             server_kind="sglang 0.5.9, model 'm'", effective_max_running_requests=72,
             requested_max_running_requests=72, capacity_source="internal_states", limit=72,
-            in_flight=70, updated=time.time())
+            in_flight=70, updated=time.time(), health=ServerHealth.quiet(72))
         self.r.hset(keys.WORKERS, entry.worker, entry.to_json())
 
     def status(self, i: int) -> None:

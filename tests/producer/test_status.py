@@ -28,6 +28,7 @@ from fleetgen.fleet import (
     FETCH_DEADLINE_S,
     LOST_AFTER_S,
     FleetRow,
+    ServerHealth,
     WorkerEntry,
     WorkerError,
     read_fleet,
@@ -62,7 +63,7 @@ FLEET_FIELDS = {
     "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
     "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
     "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s", "server_kind",
-    "capacity_source",
+    "capacity_source", "health",
 }
 
 
@@ -415,7 +416,8 @@ def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **ext
               "reading": asdict(ServerReading("unknown")), "state": "ready", "server_kind": None,
               "effective_max_running_requests": 7, "requested_max_running_requests": 8,
               "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
-              "limit": 11, "in_flight": 0, "updated": time.time() - age_s, **extra}
+              "limit": 11, "in_flight": 0, "updated": time.time() - age_s,
+              "health": asdict(ServerHealth.quiet(11)), **extra}
     entry = WorkerEntry.from_json(orjson.dumps(fields))
     ledger.r.hset(keys.WORKERS, worker, entry.to_json())
 
@@ -848,3 +850,38 @@ def test_exporting_a_cancelled_job_the_canary_held_says_the_canary_held_it(
     err = capsys.readouterr().err
     assert "failed its quality check (the canary paused it after 200 answers; it is " \
            "cancelled now: cancelled by user)" in err, err
+
+
+def test_status_names_a_sick_server_an_overloaded_one_and_one_out_of_rotation(
+    ledger: Ledger,
+) -> None:
+    url = "http://127.0.0.1:9"  # nothing listens: the published figures are what status shows
+    sick = ServerHealth(window_s=300.0, answered=683, failed={"HTTP 500": 317}, refused={},
+                        overloaded={}, in_rotation=True, out_since=None, out_reason=None,
+                        ejections=0, limit=20, limit_reason=None)
+    full = ServerHealth(window_s=300.0, answered=900, failed={}, refused={},
+                        overloaded={"HTTP 429": 150}, in_rotation=True, out_since=None,
+                        out_reason=None, ejections=0, limit=8,
+                        limit_reason="cut to 8 after HTTP 429 (server full)")
+    out = ServerHealth(window_s=300.0, answered=10, failed={"HTTP 502": 5}, refused={},
+                       overloaded={}, in_rotation=False, out_since=NOW - 20,
+                       out_reason="5 requests in a row failed (HTTP 502)", ejections=1, limit=20,
+                       limit_reason=None)
+    fine = ServerHealth(window_s=300.0, answered=990, failed={"HTTP 500": 10}, refused={},
+                        overloaded={}, in_rotation=True, out_since=None, out_reason=None,
+                        ejections=0, limit=20, limit_reason=None)
+    for name, health in (("gpu0@a", sick), ("gpu1@a", full), ("gpu2@a", out), ("gpu3@a", fine)):
+        register(ledger, name, url, health=asdict(health),
+                 state="out-of-rotation" if health is out else "ready")
+    lines = render_fleet(read_fleet(ledger, {}, elapsed_s=60.0))
+    said = "\n".join(lines)
+    assert "gpu0@a: 32% of requests failed in the last 5 min (HTTP 500: 317)" in said, said
+    assert ("gpu1@a: server full: 30.0 refusals/min (HTTP 429: 150); in flight up to 8 "
+            "(cut to 8 after HTTP 429 (server full))") in said, said
+    assert ("gpu2@a: out of rotation: 5 requests in a row failed (HTTP 502); probing it, "
+            "batches go to the other workers") in said, said
+    assert "gpu2@a: 33% of requests failed" in said, said
+    # A server failing one request in a hundred is not called out.
+    assert not any(line.startswith("  gpu3@a: ") and "failed" in line for line in lines), said
+    row = next(r for r in read_fleet(ledger, {}, elapsed_s=60.0) if r.worker == "gpu2@a")
+    assert row.worker_state == "out-of-rotation" and row.health == out

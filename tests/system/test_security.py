@@ -33,7 +33,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from fleetgen import keys
-from fleetgen.fleet import WorkerEntry
+from fleetgen.fleet import ServerHealth, WorkerEntry
 from fleetgen.ledger import Ledger
 from fleetgen.readings import ServerReading
 from fleetgen.redact import redact, redact_argv
@@ -429,7 +429,8 @@ def plant(r: Any, server: str) -> None:
         last_error=None, server=server, local_server=server,
         reading=ServerReading("up"), state="ready", server_kind=None,
         effective_max_running_requests=None, requested_max_running_requests=None,
-        capacity_source=None, limit=1, in_flight=0, updated=time.time())
+        capacity_source=None, limit=1, in_flight=0, updated=time.time(),
+        health=ServerHealth.quiet())
     r.hset(keys.WORKERS, "gpu9@planted", entry.to_json())
 
 
