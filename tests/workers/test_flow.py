@@ -1,0 +1,123 @@
+"""The worker's view of its server (workers/flow.py), on a test clock: the overload ceiling's
+cut and growth, the resend budget, taking a server out of rotation, and what `status` is told."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleetgen.errors import OverloadedError, RetryableError
+from fleetgen.fleet import ServerHealth
+from workers.flow import (
+    EJECT_AFTER,
+    OVERLOAD_BACKOFF_MAX_S,
+    Ceiling,
+    Outcomes,
+    RetryBudget,
+    Rotation,
+    ServerWatch,
+    label,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_an_overload_halves_the_ceiling_once_a_burst_and_answers_grow_it_back() -> None:
+    clock = Clock()
+    ceiling = Ceiling(now=clock)
+    assert ceiling.cut(in_flight=20, limit=24) == 10
+    assert ceiling.cut(in_flight=10, limit=24) is None  # the same burst of refusals
+    clock.t += 1.5
+    assert ceiling.cut(in_flight=10, limit=24) == 5
+    grown = [ceiling.grow(limit=24) for _ in range(5)]
+    assert grown == [False] * 4 + [True] and ceiling.value == 6  # one per round trip
+    for _ in range(sum(range(6, 24))):
+        ceiling.grow(limit=24)
+    assert ceiling.value is None  # lifted once it no longer binds
+
+
+def test_resends_are_a_fifth_of_first_tries_plus_one_a_second() -> None:
+    clock = Clock()
+    budget = RetryBudget(now=clock)
+    budget.tokens = 0.0
+    assert budget.take() == pytest.approx(1.0)  # the next token trickles in within a second
+    for _ in range(10):
+        budget.first_try()
+    assert budget.take() == 0.0  # ten first tries earned two resends
+    assert budget.take() == 0.0
+    assert budget.take() > 0
+    clock.t += 1.0
+    assert budget.take() == 0.0
+
+
+def test_five_server_failures_in_a_row_take_a_server_out_and_an_answer_resets_the_count() -> None:
+    rotation = Rotation()
+    for _ in range(EJECT_AFTER - 1):
+        assert not rotation.failed("HTTP 500")
+    rotation.answered()
+    assert [rotation.failed("HTTP 500") for _ in range(EJECT_AFTER)] == [False] * 4 + [True]
+    assert not rotation.in_rotation and rotation.reason == "5 requests in a row failed (HTTP 500)"
+    delays = [rotation.next_probe_s() for _ in range(8)]
+    assert all(0 <= d <= 60 for d in delays)
+    rotation.rejoin()
+    assert rotation.in_rotation and rotation.reason is None and rotation.ejections == 1
+
+
+def test_outcomes_are_kept_for_the_window_only() -> None:
+    clock = Clock()
+    outcomes = Outcomes(window_s=60, now=clock)
+    outcomes.add("failed", "HTTP 500")
+    clock.t += 30
+    outcomes.add("answered")
+    assert outcomes.counts() == {("failed", "HTTP 500"): 1, ("answered", ""): 1}
+    clock.t += 45
+    assert outcomes.counts() == {("answered", ""): 1}
+
+
+def test_a_refused_request_waits_for_retry_after_else_a_growing_jittered_backoff() -> None:
+    watch = ServerWatch()
+    told = OverloadedError("HTTP 429: full", status=429, retry_after_s=5.0)
+    assert all(5.0 <= watch.overload_wait_s(told, 1) <= 5.5 for _ in range(20))
+    untold = OverloadedError("HTTP 503: The request queue is full.", status=503)
+    assert all(0 <= watch.overload_wait_s(untold, n) <= OVERLOAD_BACKOFF_MAX_S
+               for n in range(1, 12))
+
+
+def test_the_health_says_what_the_requests_met_by_cause() -> None:
+    watch = ServerWatch()
+    for _ in range(7):
+        watch.answered(limit=16)
+    watch.failed(RetryableError("HTTP 500: boom", status=500))
+    watch.failed(RetryableError("server aborted the generation (finish_reason 'abort')"))
+    watch.overloaded(OverloadedError("HTTP 429: full", status=429), in_flight=16, limit=16)
+    health = watch.health(limit=8, limit_reason="probe")
+    assert (health.answered, health.failed, health.overloaded) == (
+        7, {"HTTP 500": 1, "aborted": 1}, {"HTTP 429": 1})
+    assert health.failed_share == pytest.approx(2 / 9)
+    assert health.limit_reason == "cut to 8 after HTTP 429 (server full)"
+    assert health.summary()[0].startswith("22% of requests failed in the last 5 min")
+    assert ServerHealth.quiet().summary() == []
+
+
+def test_requests_are_named_by_status_or_by_what_ended_them() -> None:
+    assert label(RetryableError("HTTP 502: Bad Gateway", status=502)) == "HTTP 502"
+    assert label(RetryableError("POST /v1/chat/completions: timed out (ReadTimeout)")) == "timeout"
+    assert label(RetryableError("POST /v1/chat/completions: connection lost")) == "reset"
+
+
+def test_rotation_changes_wake_whoever_waits_for_them() -> None:
+    async def run() -> None:
+        rotation = Rotation()
+        waiter = asyncio.create_task(rotation.changed.wait())
+        await asyncio.sleep(0)
+        rotation.eject("a probe failed")
+        await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(run())
