@@ -174,7 +174,8 @@ class Engine:
         self._answers: collections.deque[float] = collections.deque()
         # A probe's latency at an idle server (the probe controller's reference).
         self._idle_probe_s: float | None = None
-        self._limit_logged = (0.0, 0)
+        # When the limit was last logged, and what it was then.
+        self._limit_logged = (-LIMIT_LOG_EVERY_S, 1)
         self.backlog = Backlog()
         self._loop = loops.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetgen-loop", daemon=True)
@@ -361,12 +362,17 @@ class Engine:
         capacity = self.capacity.effective if self.capacity else limit
         metrics.set_server_capacity(self.worker, self.server_url, capacity, self.limiter.limit)
         if self.limiter.limit != before:
-            now = time.monotonic()
-            last_at, last_limit = self._limit_logged
-            if now - last_at >= LIMIT_LOG_EVERY_S and self.limiter.limit != last_limit:
-                self._limit_logged = (now, self.limiter.limit)
-                limits_log.info("worker %s: in flight up to %d (was %d): %s", self.worker,
-                                self.limiter.limit, before, self.limit_reason)
+            self._log_limit()
+
+    def _log_limit(self) -> None:
+        """Log the limit if it changed since it was last logged, at most every
+        LIMIT_LOG_EVERY_S (the registry beat calls again, so the newest is logged)."""
+        now = time.monotonic()
+        last_at, last_limit = self._limit_logged
+        if now - last_at >= LIMIT_LOG_EVERY_S and self.limiter.limit != last_limit:
+            self._limit_logged = (now, self.limiter.limit)
+            limits_log.info("worker %s: in flight up to %d (was %d): %s", self.worker,
+                            self.limiter.limit, last_limit, self.limit_reason)
 
     @property
     def limit_reason(self) -> str:
@@ -551,6 +557,7 @@ class Engine:
                 self.health_failures += 1
             if time.monotonic() - beat >= REGISTRY_BEAT_S:
                 beat = time.monotonic()
+                self._log_limit()
                 await self._register()
             await asyncio.sleep(HEALTH_PROBE_S)
 

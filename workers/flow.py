@@ -158,7 +158,7 @@ class RetryBudget:
     def take(self) -> float:
         """Take a token if there is one (0.0), else the seconds until the next one."""
         self._refill()
-        if self.tokens >= 1.0:
+        if self.tokens >= 1.0 - 1e-9:  # ten fifths make one, float sums aside
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.floor_per_s
