@@ -40,6 +40,11 @@ RAMP = 1.5
 # A probe that took longer than the fastest by more than the fastest (and by at least this)
 # waited for a slot.
 QUEUED_S = 0.05
+# Before any answer has come back, a probe waited for a slot only if it took this many times
+# the fastest probe and this long: a GPU server's steps grow a few times longer from a handful of
+# requests to a full batch, and a slot of a server running long answers frees every tenth of a
+# second or more.
+RAMP_WAIT_FACTOR, RAMP_WAIT_S = 4.0, 0.25
 # The probe controller's capacity is the median of this many estimates (one a waiting probe).
 ESTIMATES = 5
 # An estimate under this share of the capacity is a capacity that fell, not noise.
@@ -110,9 +115,12 @@ class QueueProbe:
         self.fastest = fastest
         wait = latency_s - fastest
         # The probe waited for one slot to free per request queued ahead of it, then for its
-        # own; without answers yet, only that it waited is known.
+        # own. Before any answer, only how long it waited is known: a wait many times the
+        # fastest probe is a queue; a few times it may be longer steps of a busier server.
         ahead = max(0.0, wait * answers_per_s - 1) if answers_per_s > 0 else None
-        if wait > max(fastest, QUEUED_S) and (ahead is None or ahead >= 0.5):
+        waited = (wait > max(RAMP_WAIT_FACTOR * fastest, RAMP_WAIT_S) if ahead is None
+                  else wait > max(fastest, QUEUED_S) and ahead >= 0.5)
+        if waited:
             self._ramping = False
             if ahead is not None and in_flight > 0:
                 estimate = max(1, round(in_flight - ahead))

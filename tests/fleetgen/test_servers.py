@@ -169,6 +169,17 @@ def test_the_probe_follows_a_capacity_that_falls_at_the_next_probe() -> None:
     assert 16 <= limit <= 21
 
 
+def test_before_any_answer_longer_steps_do_not_end_the_ramp_and_a_queue_does() -> None:
+    control = QueueProbe(margin=lambda n: 4, start=8, idle_s=0.1)
+    for latency in (0.2, 0.3, 0.35):  # a busier GPU server's longer steps
+        control.on_probe(latency, control.limit, True, answers_per_s=0.0)
+    assert control.limit == 27  # 8 -> 12 -> 18 -> 27
+    control.on_probe(2.0, control.limit, True, answers_per_s=0.0)  # waited for a slot
+    assert control.limit == 27
+    control.on_probe(0.2, control.limit, True, answers_per_s=0.0)
+    assert control.limit == 28  # past the ramp: grows by a sixteenth
+
+
 def test_the_probe_does_not_grow_a_limit_nobody_waited_for() -> None:
     control = QueueProbe(margin=lambda n: 4, start=8)
     for _ in range(10):

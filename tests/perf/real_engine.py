@@ -178,6 +178,8 @@ MODE_DEFAULTS: dict[str, tuple[str, int, int, float, str, str, float]] = {
 # Kept from the budget for what follows the last run's cap: the job's cancel, status and export,
 # the worker's warm shutdown (15 s at most), Valkey's and the server's stop, the results.
 RESERVE_S = 40.0
+# The warm-up before the measured runs: every prompt once with this many tokens, at most this long.
+WARM_UP_TOKENS, WARM_UP_CAP_S = 32, 60.0
 # The node modes: a rolling restart once this share of the job has come back, a SIGKILL of the
 # server once this share has (and the restart is done): both while the job still runs.
 RESTART_AT, KILL_AT = 0.2, 0.6
@@ -610,6 +612,8 @@ class Bench:
             self.start_server(model_dir)
         with self.stage("probes"):
             self.results["probes"] = self.probe_server()
+        with self.stage("warm-up"):
+            self.results["warm_up"] = self.warm_up()
         plan = [(order, client) for order in cfg.orders for client in PAIRS[order]]
         self.results["plan"] = [f"{o}{i + 1} {c}" for i, (o, c) in enumerate(plan)]
         finished = True
@@ -753,6 +757,20 @@ class Bench:
                       f"orphaned requests in {result.drain_s:.0f}s")
 
     # -- the direct client
+
+    def warm_up(self) -> dict[str, Any]:
+        """Short answers to every prompt at up to twice the direct client's concurrency, not
+        measured: a fresh server's first requests of each batch size pay for kernels and
+        allocations that later ones reuse, and whichever client ran first paid for them."""
+        warm = [{**p, "id": f"warm-{p['id']}", "sampling": {**p["sampling"],
+                                                             "max_tokens": WARM_UP_TOKENS}}
+                for p in self.prompts]
+        records, wall, unfinished = asyncio.run(direct_client(
+            self.server_url, self.model_name, warm, 2 * self.cfg.concurrency, WARM_UP_CAP_S))
+        answered = sum(1 for r in records if r["status"] == 200)
+        log.info("warm-up: %d short answers in %.1fs", answered, wall)
+        return {"answers": answered, "wall_s": round(wall, 1), "unfinished": unfinished,
+                "max_tokens": WARM_UP_TOKENS, "concurrency": 2 * self.cfg.concurrency}
 
     def run_direct(self, label: str, cap_s: float) -> RunResult:
         result = RunResult(label, "direct", cap_s=round(cap_s, 1))
