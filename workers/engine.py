@@ -56,6 +56,9 @@ READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 LOAD_TICK_S = 1.0
 # The one-token request that times a server's queue and tells a server out of rotation alive.
 PROBE_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+# A server that has not answered the first probe by then is used without what it would have
+# taught (the model it is pinned to is then learned from the first prompt's refusal).
+FIRST_PROBE_S = 10.0
 # The answer rate a probe's wait is multiplied by is measured over this window.
 ANSWER_RATE_S = 10.0
 # The worker logs a change of its in-flight limit at most this often (the newest is kept).
@@ -286,9 +289,9 @@ class Engine:
             # Learn the served model from the server's own refusal of a probe, before any
             # prompt is sent (a server pinned to one model that /v1/models does not list);
             # and time an idle server, the probe controller's reference.
-            with contextlib.suppress(GenerationError):
+            with contextlib.suppress(GenerationError, TimeoutError):
                 idle = self.limiter.active == 0
-                latency = await self.probe()
+                latency = await asyncio.wait_for(self.probe(), FIRST_PROBE_S)
                 if idle:
                     self._idle_probe_s = latency
         capacity = self._capacity(server)
