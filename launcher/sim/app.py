@@ -28,6 +28,7 @@ from launcher.sim.generate import generate
 from launcher.sim.metrics import CONTENT_TYPE
 from launcher.sim.protocol import RequestError
 from launcher.sim.simulator import Simulator, Status
+from launcher.sim.stress import StressMiddleware
 
 log = logging.getLogger(__name__)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # never need the API key (auth.py in SGLang)
@@ -192,4 +193,4 @@ def asgi_app(sim: Simulator) -> ASGIApp:
     app: ASGIApp = FastPath(sim, create_app(sim))
     if sim.cfg.api_key:
         app = ApiKeyMiddleware(app, sim.cfg.api_key, sim.cfg.flavor)
-    return app
+    return StressMiddleware(app, sim)

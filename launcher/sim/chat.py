@@ -27,6 +27,7 @@ from launcher.sim.protocol import ChatRequest, RequestError, bad_request, flavor
 from launcher.sim.responses import ChatView
 from launcher.sim.scheduler import QueueFullError, SimRequest
 from launcher.sim.simulator import Simulator
+from launcher.sim.stress import media_type, refusal
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
 
 STREAM_TICK = 0.02  # wall seconds between stream writes, whatever --speed is
@@ -104,16 +105,6 @@ def _check_context(sim: Simulator, prompt_tokens: int, max_new: int | None,
         raise bad_request(message, flavor) from exc
 
 
-def _simulated_failure(flavor: str) -> RequestError:
-    """--fail-rate's 500: SGLang's and vLLM's handlers answer JSON; the strict server's
-    unhandled exception is Starlette's plain text."""
-    if flavor == "strict":
-        return RequestError(500, b"Internal Server Error")
-    type_ = "Internal Server Error" if flavor == "vllm" else "InternalServerError"
-    return flavor_error(flavor, 500, "Internal server error: simulated failure (--fail-rate)",
-                        type_)
-
-
 def _identity(sim: Simulator, req: ChatRequest, given_rid: str | None) -> tuple[str, str]:
     """(response id, model echoed) in the flavour's manner."""
     cfg = sim.cfg
@@ -164,7 +155,7 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     key = "\x00".join(f"{m.role}\x01{t}" for m, t in zip(req.messages, texts, strict=True))
     key_bytes = (key + "\x02" + ",".join(t["function"]["name"] for t in tools)).encode()
     if sim.should_fail(key_bytes, index):
-        raise _simulated_failure(flavor)
+        raise refusal(sim.stress.fail_status, flavor, message="simulated failure (--fail-rate)")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # SGLang leaves room for one more token; vLLM's get_max_tokens fills the context
     room = cfg.context_len - prompt_tokens - (1 if flavor == "sglang" else 0)
@@ -183,6 +174,8 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     try:
         sim.scheduler.submit(sreq)
     except QueueFullError as exc:
+        if cfg.overload == "429":
+            raise refusal(429, flavor, cfg.retry_after) from exc
         raise flavor_error(flavor, 503, str(exc), "503") from exc
     return ChatJob(sreq, plan, _view(sim, req, rid, model, prompt_tokens, thinking))
 
@@ -202,8 +195,8 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
                                    job.sreq.aborted)
         return Response(body, media_type=JSON)
     except RequestError as err:
-        media = JSON if err.body.startswith(b"{") else "text/plain; charset=utf-8"
-        return Response(err.body, status_code=err.status, media_type=media)
+        return Response(err.body, status_code=err.status, media_type=media_type(err.body),
+                        headers=err.headers)
     finally:
         if job is None or not job.sreq.streaming:
             sim.leave()

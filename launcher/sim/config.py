@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.sim.errors import SimError
+from launcher.sim.stress import Window, WindowError
 
 # The command a user types: `--help` and a flag error name it. The flags are SGLang's, and
 # a flag error still exits 2 as SGLang's argparse does.
@@ -28,6 +29,7 @@ LOG_FORMATS = ("r", "2026-01", "2025-10", "2025-07", "2025-06")
 # Which server's HTTP API is imitated (docs/development/simulator.md#other-engines): SGLang,
 # vLLM's OpenAI-compatible server, or a strict OpenAI-schema server like `transformers serve`.
 FLAVORS = ("sglang", "vllm", "strict")
+OVERLOADS = ("queue", "429", "503")
 NONE_WORDS = ("none", "")  # `--reasoning-parser none` turns a sim default parser off
 
 
@@ -150,7 +152,18 @@ class SimConfig:
     startup_delay: float = _opt(0.0, "seconds /health answers 503 after the port opens",
                                 type=float)
     health_latency: float = _opt(0.0, "seconds each healthy /health takes", type=float)
-    fail_rate: float = _opt(0.0, "share of requests answered 500", type=float)
+    fail_rate: float = _opt(0.0, "share of requests answered --fail-status", type=float)
+    fail_status: int = _opt(500, "what --fail-rate answers: 500, or 502/504 as a proxy would",
+                            type=int)
+    overload: str = _opt("queue", "a request that finds the running slots and the waiting queue "
+                         "(--max-queued-requests, 0 unless set) full: queue it anyway "
+                         "(SGLang's default), or refuse it with 429 + Retry-After (TGI, "
+                         "routers) or SGLang's 503", choices=OVERLOADS)
+    retry_after: int = _opt(5, "Retry-After seconds of a 429 (0: no header)", type=int)
+    error_window: tuple[str, ...] = _opt(
+        (), "START:SECONDS:STATUS[:chat|all]: from START s after the start, for SECONDS "
+        "(wall clock), answer STATUS at once (chat: the generation routes, /health stays 200; "
+        "all: every route)", action="append")
     fail_prompt: tuple[str, ...] = _opt((), "rid prefix or content marker → context 400",
                                         action="append")
     crash_after_requests: int | None = _opt(None, "die (-9) on receiving request N+1",
@@ -189,6 +202,15 @@ class SimConfig:
             raise ConfigError("--context-length must be >= 16")
         if min(self.tp_size, self.dp_size, self.pp_size) < 1:
             raise ConfigError("--tp-size, --dp-size and --pp-size must be >= 1")
+        if not 400 <= self.fail_status <= 599:
+            raise ConfigError(f"--fail-status must be a 4xx or 5xx status, got {self.fail_status}")
+        if self.retry_after < 0:
+            raise ConfigError("--retry-after must be >= 0")
+        try:
+            for window in self.error_window:
+                Window.parse(window)
+        except WindowError as exc:
+            raise ConfigError(str(exc)) from None
         if self.enable_dp_attention and self.tp_size % self.dp_size:
             raise ConfigError("--enable-dp-attention: --dp-size must divide --tp-size")
 
@@ -230,6 +252,18 @@ class SimConfig:
         return per_step / step_s * self.speed
 
     @property
+    def queued_cap(self) -> int | None:
+        """Requests that may wait beyond the running ones (None: no limit). A server that
+        refuses when full (--overload) keeps no queue unless --max-queued-requests says."""
+        if self.max_queued_requests is not None:
+            return self.max_queued_requests
+        return None if self.overload == "queue" else 0
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        return tuple(Window.parse(w) for w in self.error_window)
+
+    @property
     def hybrid(self) -> bool:
         """Whether the Mamba-hybrid capacity model applies."""
         return self.profile == "mamba-hybrid"
@@ -241,6 +275,7 @@ class SimConfig:
         ns = parser.parse_args(argv)
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
         values["fail_prompt"] = tuple(ns.fail_prompt or ())
+        values["error_window"] = tuple(ns.error_window or ())
         if ns.max_num_seqs is not None:
             if values["flavor"] != "vllm":  # SGLang has no such flag: it exits 2 on it
                 parser.error("unrecognized arguments: --max-num-seqs (only with --flavor vllm)")

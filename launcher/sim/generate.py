@@ -24,6 +24,7 @@ from launcher.sim.chat import JSON, STREAM_TICK
 from launcher.sim.protocol import RequestError, error_body
 from launcher.sim.scheduler import QueueFullError, SimRequest
 from launcher.sim.simulator import Simulator
+from launcher.sim.stress import media_type, refusal
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -78,7 +79,9 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
         raise _error(str(exc)) from exc
     key = (text if text is not None else ",".join(map(str, ids or ()))).encode()
     if sim.should_fail(key, index):
-        raise RequestError(500, b"Internal Server Error")
+        # /generate's 500 is Starlette's plain text, as the strict flavour's chat route's.
+        raise refusal(sim.stress.fail_status, "strict" if sim.stress.fail_status == 500
+                      else cfg.flavor, message="simulated failure (--fail-rate)")
     stop = params.get("stop")
     plan = plan_output(TextRequest(
         key=key, seed=cfg.seed, mean_tokens=cfg.mean_output_tokens, sigma=cfg.output_sigma,
@@ -90,6 +93,8 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
     try:
         sim.scheduler.submit(sreq)
     except QueueFullError as exc:
+        if cfg.overload == "429":
+            raise refusal(429, cfg.flavor, cfg.retry_after) from exc
         raise RequestError(503, error_body(str(exc), "503", 503)) from exc
     return sreq, plan
 
@@ -160,8 +165,8 @@ async def generate(sim: Simulator, request: Request) -> Response:
     except RequestError as err:
         for sreq, _ in jobs:
             sim.scheduler.abort_request(sreq)
-        media = JSON if err.body.startswith(b"{") else "text/plain; charset=utf-8"
-        return Response(err.body, status_code=err.status, media_type=media)
+        return Response(err.body, status_code=err.status, media_type=media_type(err.body),
+                        headers=err.headers)
     finally:
         if not streaming or not jobs:
             sim.leave()

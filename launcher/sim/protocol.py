@@ -143,10 +143,12 @@ class ChatRequest(BaseModel):
 class RequestError(SimError):
     """A request answered with an error body instead of a completion."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(body.decode(errors="replace"))
         self.status = status
         self.body = body
+        self.headers = headers or {}
 
 
 def error_body(message: str, type_: str, code: int) -> bytes:

@@ -87,6 +87,8 @@ class Scheduler:
         self.cfg = cfg
         self.capacity = capacity
         self.cap = capacity.effective_running
+        # The most requests running and waiting at once (GET /sim/stats).
+        self.peak_in_flight = 0
         self.rate = cfg.decode_rate(self.cap)  # per request, with the batch full
         self.prefill_rate = math.inf if cfg.instant else cfg.prefill_tps * cfg.speed
         self.on_finish = on_finish
@@ -134,12 +136,13 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         """Queue `req`; raise QueueFullError beyond --max-queued-requests."""
-        limit = self.cfg.max_queued_requests
+        limit = self.cfg.queued_cap
         # waiters that the pending admission pass will start do not count against the cap
         if limit is not None and len(self.waiting) >= limit + self.cap - len(self.running):
             raise QueueFullError("The request queue is full.")
         self.waiting.append(req)
         self.by_rid[req.rid] = req
+        self.peak_in_flight = max(self.peak_in_flight, len(self.waiting) + len(self.running))
         self._schedule_admit()
 
     def abort(self, rid: str) -> bool:

@@ -23,6 +23,7 @@ from launcher.sim.capacity import Capacity, plan_capacity
 from launcher.sim.config import SimConfig
 from launcher.sim.metrics import Metrics, build_metrics
 from launcher.sim.scheduler import Scheduler, SimRequest
+from launcher.sim.stress import Stress
 
 log = logging.getLogger("launcher.sim.server")
 sched_log = logging.getLogger(logs.SCHEDULER_LOGGER)
@@ -55,6 +56,8 @@ class Simulator:
         self.started_at = time.time()
         self.startup_seconds = 0.0
         self.received = 0
+        # The misbehaviours in force and what /sim/stats counts (stress.py).
+        self.stress = Stress(cfg.windows, cfg.fail_rate, cfg.fail_status)
         self.inflight = 0
         self.idle: asyncio.Event | None = None
         self.on_fatal: Callable[[], None] = self._no_fatal_handler
@@ -116,7 +119,8 @@ class Simulator:
 
     def should_fail(self, key: bytes, index: int) -> bool:
         """--fail-rate: the request number is part of the draw, so a retry can succeed."""
-        return self.cfg.fail_rate > 0 and self.draw(key, index) < self.cfg.fail_rate
+        rate = self.stress.fail_rate
+        return rate > 0 and self.draw(key, index) < rate
 
     def abort_point(self, key: bytes, index: int, n_tokens: int) -> int | None:
         """--abort-rate: the token count at which this request is aborted, or None.

@@ -129,7 +129,7 @@ def test_a_503_while_health_is_fine_is_waited_out_without_a_request_loop(
 
 def test_a_proxy_answering_502_for_45_seconds_is_waited_out_and_never_pauses_the_job(
         stack: Stack, tmp_path: Path) -> None:
-    sim, url = stack.sim("sim0", "--decode-tps", "100", "--mean-output-tokens", "100",
+    _, url = stack.sim("sim0", "--decode-tps", "100", "--mean-output-tokens", "100",
                          "--speed", "2", "--max-running-requests", "8")
     worker = stack.worker(0, url)
     rows = chat_rows(240)
