@@ -48,8 +48,9 @@ WINDOW_S = 300.0
 # even a third of its requests almost never fails five in a row; one that fails everything
 # does within a second.
 EJECT_AFTER = 5
-# Probes of a server out of rotation: the first after this, then doubling with jitter.
-PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S = 2.0, 60.0
+# Probes of a server out of rotation: the first within this, then doubling with jitter, at
+# most one a second; the cap is how long a healed server may wait to be used again.
+PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S, PROBE_MIN_S = 2.0, 30.0, 1.0
 # A refused request waits for the server's Retry-After, else this backoff (doubling per
 # refusal of the same request, with full jitter).
 OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
@@ -221,8 +222,9 @@ class Rotation:
         self.changed.set()
 
     def next_probe_s(self) -> float:
+        """The wait before the next probe: the one backoff policy, never under a second."""
         self.probes += 1
-        return backoff_delay(self.probes, PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S)
+        return max(PROBE_MIN_S, backoff_delay(self.probes, PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S))
 
 
 class ServerWatch:
