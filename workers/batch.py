@@ -58,8 +58,14 @@ T = TypeVar("T")
 
 
 class _Held(Exception):
-    """The prompt's request was not sent: its job was paused, its worker is stopping, or its
-    server went out of rotation."""
+    """The prompt's request was not sent, and why: its job was paused (`PAUSED`), its worker is
+    stopping (`STOPPING`), or its server went out of rotation (`OUT`)."""
+
+    PAUSED, STOPPING, OUT = "paused", "stopping", "out of rotation"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -397,16 +403,17 @@ class BatchRunner:
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
-        results = {p.id: r for p, r in zip(todo, records, strict=True) if r is not None}
+        results = {p.id: r for p, r in zip(todo, records, strict=True) if isinstance(r, dict)}
+        held = {r.why for r in records if isinstance(r, _Held)}
         unsent = len(todo) - len(results)
-        if unsent and self.engine.draining:
+        if _Held.STOPPING in held:
             raise WorkerStoppingError(f"worker {self.engine.worker} is stopping; batch "
                                       f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
-        if unsent and not self.engine.in_rotation:
+        if _Held.OUT in held:
             raise ServerSickError(
-                f"{self.engine.server_url} is out of rotation "
-                f"({self.engine.watch.rotation.reason}); batch {manifest.name}/{batch} handed "
-                f"back with {unsent} prompts unsent")
+                f"{self.engine.server_url} went out of rotation "
+                f"({self.engine.watch.rotation.reason or 'since back'}); batch "
+                f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
         if unsent:
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
             # were not sent. The batch is released unwritten and resumed by `resume`.
@@ -416,13 +423,13 @@ class BatchRunner:
 
     async def _prompt(
         self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
-    ) -> dict[str, Any] | None:
-        """The prompt's checkpointed record, or None if its job was paused before it was sent."""
+    ) -> dict[str, Any] | _Held:
+        """The prompt's checkpointed record, or why it was not sent (`_Held`)."""
         delivery = _Delivery(self.engine.backlog)
         try:
             record = await self._generate_one(manifest, prompt, origin, delivery)
-        except _Held:
-            return None
+        except _Held as held:
+            return held
         finally:
             delivery.ends()
         _observe(manifest.name, record, delivery.queue_wait_s, origin)
@@ -462,7 +469,7 @@ class BatchRunner:
             return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
         except RetryableError as exc:
             if not await self._prompt_at_fault(exc, answers, tries):
-                raise _Held from None
+                raise _Held(_Held.OUT) from None
             return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
         return result_record(prompt.id, prompt.line, response, latency, origin)
 
@@ -506,9 +513,14 @@ class BatchRunner:
                 body = server.prepare(prompt.body, thinking=thinking)
                 waited = time.monotonic()
                 async with engine.limiter:
-                    if job in self._quality.held or engine.draining or not engine.in_rotation:
-                        raise _Held
+                    if engine.draining:
+                        raise _Held(_Held.STOPPING)
+                    if job in self._quality.held:
+                        raise _Held(_Held.PAUSED)
+                    if not engine.in_rotation:
+                        raise _Held(_Held.OUT)
                     delivery.leaves()
+                    engine.request_sent()
                     start = time.monotonic()
                     delivery.queue_wait_s += start - waited
                     metrics.request_started(job, origin.worker, origin.server)
@@ -541,7 +553,7 @@ class BatchRunner:
                     raise
             except RetryableError as exc:
                 if engine.request_failed(exc):
-                    raise _Held from None  # out of rotation: the prompt goes back unsent
+                    raise _Held(_Held.OUT) from None  # the prompt goes back unsent
                 raise
             except ServerDownError:
                 # Not the prompt's fault: wait for the server, spend no attempt.

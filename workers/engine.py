@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -44,7 +45,7 @@ from fleetgen.settings import Settings
 from workers import loops, metrics
 from workers.client import ServerClient
 from workers.flow import ServerWatch
-from workers.limits import QueueProbe, QueueWatch
+from workers.limits import PROBE_START, QueueProbe, QueueWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +60,8 @@ PROBE_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "
 # A server that has not answered the first probe by then is used without what it would have
 # taught (the model it is pinned to is then learned from the first prompt's refusal).
 FIRST_PROBE_S = 10.0
+# Requests that found the server back at once refresh what is known of it once.
+REFRESH_AGAIN_S = 1.0
 # The answer rate a probe's wait is multiplied by is measured over this window.
 ANSWER_RATE_S = 10.0
 # The worker logs a change of its in-flight limit at most this often (the newest is kept).
@@ -177,6 +180,7 @@ class Engine:
         self._answers: collections.deque[float] = collections.deque()
         # A probe's latency at an idle server (the probe controller's reference).
         self._idle_probe_s: float | None = None
+        self._refreshed_at = -math.inf
         # When the limit was last logged, and what it was then.
         self._limit_logged = (-LIMIT_LOG_EVERY_S, 1)
         self.backlog = Backlog()
@@ -389,6 +393,10 @@ class Engine:
     def in_rotation(self) -> bool:
         return self.watch.rotation.in_rotation
 
+    def request_sent(self) -> None:
+        """A request leaves for the server (what a run of failures is weighed against)."""
+        self.watch.rotation.sent()
+
     def answered(self, sent_at: float, latency_s: float) -> None:
         """A request was answered (any 200)."""
         now = time.monotonic()
@@ -484,9 +492,10 @@ class Engine:
                 log.info("worker %s: %s still out of rotation (probe %d: %s)", self.worker,
                          self.server_url, rotation.probes, exc)
                 continue
+            out_s = time.time() - (rotation.out_since or time.time())
             rotation.rejoin()
             log.warning("worker %s: %s answered a probe; back in rotation after %.0fs",
-                        self.worker, self.server_url, time.time() - (rotation.out_since or time.time()))
+                        self.worker, self.server_url, out_s)
             metrics.set_in_rotation(self.worker, self.server_url, True)
             await self._register()
 
@@ -568,10 +577,12 @@ class Engine:
         """The server is back after failing its health probes: it may have restarted with
         other endpoints or another capacity, so both are found again."""
         self.client.forget()
-        if isinstance(self.control, QueueProbe):
-            self.control = None
-            self._idle_probe_s = None
         self.watch.ceiling.value = None
+        if isinstance(self.control, QueueProbe):
+            # Measured again from the start: the requests waiting for the server go back at
+            # the ramp's first limit, not at the old server's (the idle probe's time is kept).
+            self.control = None
+            self._apply_limit(PROBE_START)
 
     async def _register(self) -> None:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
@@ -622,6 +633,11 @@ class Engine:
             self.submit(self._register())
 
     async def _refresh_quietly(self) -> None:
+        """Find the server again, once however many requests were waiting for it."""
+        now = time.monotonic()
+        if now - self._refreshed_at < REFRESH_AGAIN_S:
+            return
+        self._refreshed_at = now
         try:
             await self.refresh_capacity()
         except FleetgenError as exc:

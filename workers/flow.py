@@ -3,16 +3,18 @@ fit to take work, how hard to push it while it says it is full.
 
 Every request's end is one of a few causes, each with one response (docs/guides/failure-modes.md):
 
-- answered: counted; an overload ceiling grows back by one request per round trip.
+- answered: counted; an overload ceiling grows back by a quarter each quiet second.
 - overloaded (HTTP 429, 503, a queue-full refusal): the request was not run. It costs no
   attempt and never reaches the failure breaker; it is sent again after the server's
-  `Retry-After` (else the one backoff policy), and the ceiling on requests in flight is cut by
-  half (at most once a second: a burst of refusals is one signal). `Ceiling`.
+  `Retry-After` (else the one backoff policy), and the ceiling on requests in flight is cut to
+  a tenth under what was in flight (at most once a second: a burst of refusals is one
+  signal). `Ceiling`.
 - server (5xx, a reset, an abort, a timeout): tried again under the prompt's attempts, within a
-  retry budget. `EJECT_AFTER` of them in a row take the server out of rotation (Envoy's
-  consecutive-5xx outlier detection): the worker stops sending, hands its batches back with no
-  attempt spent, takes no new one, and probes the server with a one-token request on a growing
-  backoff; a probe that is answered puts it back. `Rotation`.
+  retry budget. `EJECT_AFTER` of them in a row, which are also most of what was sent lately,
+  take the server out of rotation (Envoy's outlier detection): the worker stops sending,
+  hands its batches back with no attempt spent, takes no new one, and probes the server with
+  a one-token request on a growing backoff; a probe that is answered puts it back.
+  `Rotation`.
 - prompt / job (a 4xx): the prompt fails alone; only a refusal that is not the prompt's own
   (records.job_caused) is judged by the failure breaker, which pauses the job.
 
@@ -44,19 +46,26 @@ log = logging.getLogger(__name__)
 
 # How far back the request counts shown in `status` reach.
 WINDOW_S = 300.0
-# Server-caused failures in a row that take a server out of rotation: a server that answers
-# even a third of its requests almost never fails five in a row; one that fails everything
-# does within a second.
+# A server goes out of rotation after this many server-caused failures in a row that are also
+# FAILING_SHARE of the requests sent it over the last FAILING_WINDOW_S. A run alone would not
+# do: failures come back in milliseconds and answers after seconds, so the first requests to
+# end at a server answering two thirds of them may well be five failures; what was sent
+# meanwhile, still running, says the server works.
 EJECT_AFTER = 5
+FAILING_SHARE, FAILING_WINDOW_S = 0.9, 10.0
 # Probes of a server out of rotation: the first within this, then doubling with jitter, at
 # most one a second; the cap is how long a healed server may wait to be used again.
-PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S, PROBE_MIN_S = 2.0, 30.0, 1.0
+PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S, PROBE_MIN_S = 2.0, 10.0, 1.0
 # A refused request waits for the server's Retry-After, else this backoff (doubling per
 # refusal of the same request, with full jitter).
 OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
-# The ceiling's multiplicative decrease, and how often it may be cut.
-DECREASE = 0.5
+# The ceiling: a refusal cuts it to a tenth under what was in flight (that many the server
+# would not take), at most once a second (a burst of refusals is one signal); a second without
+# one grows it by a quarter, so it is back within seconds of an outage, whatever the answers'
+# length.
+DECREASE = 0.9
 CUT_EVERY_S = 1.0
+GROW_EVERY_S, GROWTH = 1.0, 0.25
 # Resend tokens: earned per first try, the trickle that keeps a lone request going, the cap.
 RETRY_RATIO = 0.2
 RETRY_FLOOR_PER_S = 1.0
@@ -105,37 +114,35 @@ class Outcomes:
 
 
 class Ceiling:
-    """A cap on requests in flight that overload refusals cut (multiplicative decrease) and
-    answers grow back (one request per round trip: the cap's worth of answers); lifted once it
-    no longer binds."""
+    """A cap on requests in flight that overload refusals cut and quiet seconds grow back;
+    lifted once it no longer binds."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.value: int | None = None
         self._now = now
-        self._cut_at = -math.inf
-        self._credit = 0
+        self._changed_at = -math.inf
 
     def cut(self, in_flight: int, limit: int) -> int | None:
         """An overload refusal with `in_flight` requests out under `limit`: the new ceiling, or
         None when it was cut less than CUT_EVERY_S ago (the same burst)."""
         now = self._now()
-        if now - self._cut_at < CUT_EVERY_S:
+        if self.value is not None and now - self._changed_at < CUT_EVERY_S:
             return None
-        self._cut_at = now
+        self._changed_at = now
         base = min(limit, max(1, in_flight), self.value or limit)
-        self.value = max(1, int(base * DECREASE))
-        self._credit = 0
+        self.value = max(1, min(base - 1, int(base * DECREASE)))
         return self.value
 
     def grow(self, limit: int) -> bool:
-        """One answer; True when the ceiling moved (or was lifted)."""
+        """Called with each answer: True when the ceiling moved (or was lifted) because a
+        second passed without a refusal."""
         if self.value is None:
             return False
-        self._credit += 1
-        if self._credit < self.value:
+        now = self._now()
+        if now - self._changed_at < GROW_EVERY_S:
             return False
-        self._credit = 0
-        self.value += 1
+        self._changed_at = now
+        self.value += max(1, int(self.value * GROWTH))
         if self.value >= limit:
             self.value = None
         return True
@@ -191,6 +198,12 @@ class Rotation:
     # Answers ever received: a prompt asks whether any came since its first failure.
     answers: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # When requests were sent and when they failed, over the last FAILING_WINDOW_S.
+    _sent: collections.deque[float] = field(default_factory=collections.deque)
+    _failed: collections.deque[float] = field(default_factory=collections.deque)
+
+    def sent(self) -> None:
+        self._sent.append(self.now())
 
     def answered(self) -> None:
         self.answers += 1
@@ -199,8 +212,16 @@ class Rotation:
     def failed(self, what: str) -> bool:
         """A server-caused failure; True when it takes the server out of rotation now."""
         self.failures_in_a_row += 1
-        if self.in_rotation and self.failures_in_a_row >= EJECT_AFTER:
-            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what})")
+        now = self.now()
+        self._failed.append(now)
+        for times in (self._sent, self._failed):
+            while times and now - times[0] > FAILING_WINDOW_S:
+                times.popleft()
+        failing = len(self._failed) >= FAILING_SHARE * max(1, len(self._sent))
+        if self.in_rotation and self.failures_in_a_row >= EJECT_AFTER and failing:
+            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what}), "
+                       f"{len(self._failed)} of the {len(self._sent)} sent in "
+                       f"{FAILING_WINDOW_S:.0f} s")
             return True
         return False
 
@@ -215,6 +236,8 @@ class Rotation:
         self.changed.set()
 
     def rejoin(self) -> None:
+        self._sent.clear()
+        self._failed.clear()
         self.in_rotation = True
         self.out_since = None
         self.reason = None
@@ -243,8 +266,11 @@ class ServerWatch:
         self.outcomes.add("answered")
         self.rotation.answered()
         moved = self.ceiling.grow(limit)
-        if moved and self.ceiling.value is None:
-            self.ceiling_reason = None
+        if moved:
+            value = self.ceiling.value
+            self.ceiling_reason = (None if value is None else
+                                   f"{value} since the server refused requests for being full; "
+                                   "growing back")
         return moved
 
     def overloaded(self, exc: OverloadedError, in_flight: int, limit: int) -> int | None:

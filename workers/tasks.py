@@ -114,10 +114,11 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         if not isinstance(exc, WorkerStoppingError):
             runner.engine.note_error(job, str(exc))
-        if isinstance(exc, SinkUnusableError):
-            # The job is blocked here, not the batch: other workers take it. The pause keeps
-            # this worker (its gate sees a batch loading) from taking it straight back.
-            log.info("batch %s/%s: handed back to %s (job blocked here)", job, batch, queue)
+        if isinstance(exc, SinkUnusableError | ServerSickError):
+            # The job or the server is blocked here, not the batch: other workers take it. The
+            # pause keeps this worker (its gate sees a batch loading, then closes for a server
+            # out of rotation) from taking it straight back.
+            log.info("batch %s/%s: handed back to %s (%s)", job, batch, queue, exc)
             time.sleep(HANDBACK_PAUSE_S)
         else:
             log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
