@@ -1,6 +1,6 @@
 """`python -m tests.perf`: run the performance suite, print the table, write results/perf/.
 
-    python -m tests.perf                          # everything (~8 min on 2 cores)
+    python -m tests.perf                          # everything (~25 min on 2 cores, figure 11 ~15)
     python -m tests.perf --only saturation        # figures 1-3 only
     python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
@@ -8,6 +8,7 @@
     python -m tests.perf --only timings           # figure 8: how soon things happen
     python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
     python -m tests.perf --only engines           # figure 10: vLLM and strict servers, no setting
+    python -m tests.perf --only flow              # figure 11: a server under stress (~15 min)
     python -m tests.perf real-engine --mode dry         # a real server (real_engine.py)
     python -m tests.perf replay                   # the reference run, hands-off (replay.py)
 
@@ -38,6 +39,7 @@ from tests.perf import (
     engines,
     enqueue_cost,
     export_cost,
+    flow,
     overhead,
     real_engine,
     replay,
@@ -51,7 +53,7 @@ from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
 BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings",
-              "short", "engines")
+              "short", "engines", "flow")
 # Commands beside the suite, each with its own flags, processes and results folder:
 # `python -m tests.perf real-engine --help`.
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main,
@@ -77,6 +79,7 @@ class PerfConfig:
     batch_size: int | None = None
     keep: bool = False
     short_pairs: int = 1
+    flow_scenarios: tuple[str, ...] = flow.SCENARIOS
 
     def __post_init__(self) -> None:
         unknown = set(self.only) - set(BENCHMARKS)
@@ -108,6 +111,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
     p.add_argument("--keep", action="store_true", help="keep the run folders (logs, requests)")
     p.add_argument("--short-pairs", type=int, default=PerfConfig.short_pairs,
                    help="figure 9: runs of each pipeline, alternating")
+    p.add_argument("--flow-scenario", action="append", choices=flow.SCENARIOS,
+                   help="figure 11: this scenario only (repeatable)")
     a = p.parse_args(argv)
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
@@ -116,7 +121,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                       overhead_runs=a.overhead_runs, export_mb=a.export_mb,
                       export_baseline=a.export_baseline, s3=a.s3, profile=not a.no_profile,
                       worker_env=env, batch_size=a.batch_size, keep=a.keep,
-                      short_pairs=a.short_pairs)
+                      short_pairs=a.short_pairs,
+                      flow_scenarios=tuple(a.flow_scenario or flow.SCENARIOS))
 
 
 class Suite:
@@ -132,7 +138,8 @@ class Suite:
         steps: dict[str, Callable[[], None]] = {
             "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
-            "timings": self.timings, "short": self.short, "engines": self.engines}
+            "timings": self.timings, "short": self.short, "engines": self.engines,
+            "flow": self.flow}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -219,6 +226,10 @@ class Suite:
         self.results["short"] = short.run_pairs(self.tmp / "short", self.redis.url,
                                                 self.cfg.short_pairs)
 
+    def flow(self) -> None:
+        self.results["flow"] = flow.run_flow(self.tmp / "flow", self.redis.url,
+                                             self.cfg.flow_scenarios)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite (or a command of COMMANDS); exit 0 when every figure met its target, 1
@@ -238,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         suite.results["duration_s"] = time.monotonic() - started
         suite.results["machine"]["loadavg_end"] = list(os.getloadavg())
         paths = report.write(cfg.out, suite.results, suite.runs)
+        if "flow" in suite.results:
+            paths.append(flow.write(cfg.out, suite.results))
     finally:
         if not cfg.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    rows = report.rows(suite.results)
+    rows = report.rows(suite.results) + flow.rows(suite.results)
     print(report.table(rows))
     print("\nwrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                  for p in paths) + (f"; run folder {tmp}" if cfg.keep else ""))
