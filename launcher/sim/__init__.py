@@ -9,6 +9,7 @@ Everything it raises on purpose has one root:
       RequestError            an HTTP error answer, status and body as SGLang sends it (protocol.py)
       ContextLengthError      the input is longer than the context (protocol.py)
       QueueFullError          --max-queued-requests reached (scheduler.py)
+      WindowError             an --error-window or /sim/misbehave value it cannot use (stress.py)
 """
 
 from launcher.sim.config import ConfigError, SimConfig

@@ -27,7 +27,7 @@ from launcher.services import wait_until
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, wait_job_done, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-READY = re.compile(r"worker (\S+) ready: queues (\S+), server (\S+), concurrency (\d+)")
+READY = re.compile(r"worker (\S+) ready: queues (\S+), server (\S+), requests in flight up to (\d+)")
 
 
 def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
