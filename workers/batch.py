@@ -55,6 +55,8 @@ from workers.quality import QualityWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A server whose /health answers within this of a lost connection was not down.
+UP_AT_ONCE_S = 1.0
 
 
 class _Held(Exception):
@@ -506,43 +508,24 @@ class BatchRunner:
         job = manifest.name
         thinking = manifest.params.thinking_of(prompt.body)
         engine = self.engine
-        refusals = 0
         while True:
             try:
                 server = await engine.connected(self.settings.server_down_wait_s)
                 body = server.prepare(prompt.body, thinking=thinking)
                 waited = time.monotonic()
                 async with engine.limiter:
-                    if engine.draining:
-                        raise _Held(_Held.STOPPING)
-                    if job in self._quality.held:
-                        raise _Held(_Held.PAUSED)
-                    if not engine.in_rotation:
-                        raise _Held(_Held.OUT)
+                    self._may_send(job)
                     delivery.leaves()
-                    engine.request_sent()
-                    start = time.monotonic()
-                    delivery.queue_wait_s += start - waited
-                    metrics.request_started(job, origin.worker, origin.server)
-                    try:
-                        response = await engine.client.chat(body)
-                    finally:
-                        metrics.request_ended(job, origin.worker, origin.server)
+                    delivery.queue_wait_s += time.monotonic() - waited
+                    start, response = await self._exchange(job, prompt, body, origin)
                 latency = time.monotonic() - start
                 engine.answered(start, latency)
                 return response, latency
-            except OverloadedError as exc:
+            except OverloadedError:
+                # Refused, and /health fails too: a server starting or draining, not a full one.
                 delivery.server_lost()
-                if engine.health_failures:
-                    # /health fails too: a server starting or draining, not a full one.
-                    engine.server_failed()
-                    await engine.wait_ready(self.settings.server_down_wait_s)
-                    continue
-                refusals += 1
-                wait_s = engine.overloaded(exc, refusals)
-                log.debug("prompt %s: %s; sending again in %.1fs", prompt.id, exc.message, wait_s)
-                await asyncio.sleep(wait_s)
-                await engine.watch.budget.resend()
+                engine.server_failed()
+                await engine.wait_ready(self.settings.server_down_wait_s)
             except BadRequestError as exc:
                 engine.refused(exc)
                 learned = server.learn(exc.status, exc.message, body, prompt.body)
@@ -555,11 +538,53 @@ class BatchRunner:
                 if engine.request_failed(exc):
                     raise _Held(_Held.OUT) from None  # the prompt goes back unsent
                 raise
-            except ServerDownError:
+            except ServerDownError as exc:
                 # Not the prompt's fault: wait for the server, spend no attempt.
                 engine.server_failed()
                 delivery.server_lost()
+                waited = time.monotonic()
                 await engine.wait_ready(self.settings.server_down_wait_s)
+                if time.monotonic() - waited < UP_AT_ONCE_S:
+                    # /health answered at once: the server is up and dropped this request (a
+                    # reset): its failure, counted and resent within the budget like a 5xx.
+                    if engine.request_failed(exc):
+                        raise _Held(_Held.OUT) from None
+                    await engine.watch.budget.resend()
+
+    def _may_send(self, job: str) -> None:
+        """Raise `_Held` when the prompt must not be sent now, with why."""
+        engine = self.engine
+        if engine.draining:
+            raise _Held(_Held.STOPPING)
+        if job in self._quality.held:
+            raise _Held(_Held.PAUSED)
+        if not engine.in_rotation:
+            raise _Held(_Held.OUT)
+
+    async def _exchange(self, job: str, prompt: Prompt, body: dict[str, Any],
+                        origin: Origin) -> tuple[float, dict[str, Any]]:
+        """The request and its answer, holding a slot: when and what it was answered. A
+        refusal for a full server is waited out here, the slot kept, so that it frees no slot
+        for the next request to be refused in turn; the wait is the server's Retry-After or the
+        backoff, then a resend token. A refusal while /health fails too is raised (down)."""
+        engine = self.engine
+        refusals = 0
+        while True:
+            start = time.monotonic()
+            metrics.request_started(job, origin.worker, origin.server)
+            try:
+                return start, await engine.client.chat(body)
+            except OverloadedError as exc:
+                if engine.health_failures:
+                    raise
+                refusals += 1
+                wait_s = engine.overloaded(exc, refusals)
+                log.debug("prompt %s: %s; sending again in %.1fs", prompt.id, exc.message, wait_s)
+            finally:
+                metrics.request_ended(job, origin.worker, origin.server)
+            await asyncio.sleep(wait_s)
+            await engine.watch.budget.resend()
+            self._may_send(job)
 
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]

@@ -43,8 +43,10 @@ FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_
 KEEPALIVE_S = 4.0
 # Statuses that say "full, come back later" rather than "failed".
 OVERLOADED = frozenset({429, 503})
-# A cold endpoint's answer is reused this long: no endpoint is asked more than once a second.
+# A cold endpoint's answer is reused this long: no endpoint is asked more than once a second,
+# but liveness, which must say the truth now (its own loop asks it once a second).
 FRESH_S = 1.0
+LIVENESS = frozenset({"/health"})
 
 
 class ServerClient:
@@ -220,7 +222,7 @@ class ColdEndpoints(httpx.AsyncBaseTransport):
             return httpx.Response(404, request=request)
         now = time.monotonic()
         kept = self._fresh.get(path)
-        if kept is not None and now - kept[0] < FRESH_S:
+        if kept is not None and now - kept[0] < FRESH_S and path not in LIVENESS:
             return httpx.Response(kept[1], headers=kept[2], content=kept[3], request=request)
         self.sent[path] += 1
         response = await self._inner.handle_async_request(request)

@@ -393,10 +393,6 @@ class Engine:
     def in_rotation(self) -> bool:
         return self.watch.rotation.in_rotation
 
-    def request_sent(self) -> None:
-        """A request leaves for the server (what a run of failures is weighed against)."""
-        self.watch.rotation.sent()
-
     def answered(self, sent_at: float, latency_s: float) -> None:
         """A request was answered (any 200)."""
         now = time.monotonic()
@@ -417,7 +413,7 @@ class Engine:
     def overloaded(self, exc: OverloadedError, refusals: int) -> float:
         """A request refused for a full server: cut the ceiling, count it; the seconds it waits
         before it is sent again."""
-        if self.watch.overloaded(exc, self.limiter.active + 1, self._base_limit) is not None:
+        if self.watch.overloaded(exc, self.limiter.active, self._base_limit) is not None:
             self._apply_limit(self._base_limit)
         metrics.request_refused(self.worker, self.server_url, "overloaded", exc.status)
         return self.watch.overload_wait_s(exc, refusals)
@@ -429,7 +425,8 @@ class Engine:
 
     def request_failed(self, exc: GenerationError) -> bool:
         """A server-caused failure; True when the server is (now) out of rotation."""
-        ejected = self.watch.failed(exc)
+        # The failed request gave its slot back: what holds one is running.
+        ejected = self.watch.failed(exc, self.limiter.active)
         metrics.request_refused(self.worker, self.server_url, "failed", exc.status)
         if ejected:
             self._ejected()

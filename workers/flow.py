@@ -3,15 +3,16 @@ fit to take work, how hard to push it while it says it is full.
 
 Every request's end is one of a few causes, each with one response (docs/guides/failure-modes.md):
 
-- answered: counted; an overload ceiling grows back by a quarter each quiet second.
+- answered: counted; an overload ceiling grows back each quiet second.
 - overloaded (HTTP 429, 503, a queue-full refusal): the request was not run. It costs no
   attempt and never reaches the failure breaker; it is sent again after the server's
-  `Retry-After` (else the one backoff policy), and the ceiling on requests in flight is cut to
-  a tenth under what was in flight (at most once a second: a burst of refusals is one
-  signal). `Ceiling`.
+  `Retry-After` (else the one backoff policy), keeping its slot meanwhile (so a refusal frees
+  no slot for the next request to be refused in turn), and the ceiling on requests in flight
+  is cut to a tenth under what was in flight (at most once a second: a burst of refusals is
+  one signal). `Ceiling`.
 - server (5xx, a reset, an abort, a timeout): tried again under the prompt's attempts, within a
-  retry budget. `EJECT_AFTER` of them in a row, which are also most of what was sent lately,
-  take the server out of rotation (Envoy's outlier detection): the worker stops sending,
+  retry budget. `EJECT_AFTER` of them in a row, which are also half of what the server did
+  lately (running requests included), take the server out of rotation (Envoy's outlier detection): the worker stops sending,
   hands its batches back with no attempt spent, takes no new one, and probes the server with
   a one-token request on a growing backoff; a probe that is answered puts it back.
   `Rotation`.
@@ -47,25 +48,23 @@ log = logging.getLogger(__name__)
 # How far back the request counts shown in `status` reach.
 WINDOW_S = 300.0
 # A server goes out of rotation after this many server-caused failures in a row that are also
-# FAILING_SHARE of the requests sent it over the last FAILING_WINDOW_S. A run alone would not
-# do: failures come back in milliseconds and answers after seconds, so the first requests to
-# end at a server answering two thirds of them may well be five failures; what was sent
-# meanwhile, still running, says the server works.
+# FAILING_SHARE of what it did over the last FAILING_WINDOW_S: its answers, its failures and
+# the requests it is running now. A run alone would not do: failures come back in milliseconds
+# and answers after seconds, so the first requests to end at a server answering two thirds of
+# them may well be five failures, while the rest, still running, say the server works.
 EJECT_AFTER = 5
-FAILING_SHARE, FAILING_WINDOW_S = 0.9, 10.0
+FAILING_SHARE, FAILING_WINDOW_S = 0.5, 10.0
 # Probes of a server out of rotation: the first within this, then doubling with jitter, at
 # most one a second; the cap is how long a healed server may wait to be used again.
 PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S, PROBE_MIN_S = 2.0, 10.0, 1.0
 # A refused request waits for the server's Retry-After, else this backoff (doubling per
 # refusal of the same request, with full jitter).
 OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
-# The ceiling: a refusal cuts it to a tenth under what was in flight (that many the server
-# would not take), at most once a second (a burst of refusals is one signal); a second without
-# one grows it by a quarter, so it is back within seconds of an outage, whatever the answers'
-# length.
+# The ceiling: a refusal cuts it to a tenth under what was in flight, at most once a second (a
+# burst of refusals is one signal); it grows back each second without one (`Ceiling`), whatever
+# the answers' length.
 DECREASE = 0.9
-CUT_EVERY_S = 1.0
-GROW_EVERY_S, GROWTH = 1.0, 0.25
+CUT_EVERY_S = GROW_EVERY_S = 1.0
 # Resend tokens: earned per first try, the trickle that keeps a lone request going, the cap.
 RETRY_RATIO = 0.2
 RETRY_FLOOR_PER_S = 1.0
@@ -115,10 +114,16 @@ class Outcomes:
 
 class Ceiling:
     """A cap on requests in flight that overload refusals cut and quiet seconds grow back;
-    lifted once it no longer binds."""
+    lifted once it no longer binds.
+
+    The first refusal of an episode says how many the server took (`good`: what was in flight
+    less the refused one). A quiet second doubles the ceiling back up to that, then adds one:
+    after an outage the server is full again within seconds, and at a server that refuses only
+    beyond its slots the ceiling rises past them by one before the next refusal."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.value: int | None = None
+        self.good = 1
         self._now = now
         self._changed_at = -math.inf
 
@@ -130,6 +135,8 @@ class Ceiling:
             return None
         self._changed_at = now
         base = min(limit, max(1, in_flight), self.value or limit)
+        if self.value is None:
+            self.good = max(1, base - 1)
         self.value = max(1, min(base - 1, int(base * DECREASE)))
         return self.value
 
@@ -142,7 +149,7 @@ class Ceiling:
         if now - self._changed_at < GROW_EVERY_S:
             return False
         self._changed_at = now
-        self.value += max(1, int(self.value * GROWTH))
+        self.value = min(2 * self.value, self.good) if self.value < self.good else self.value + 1
         if self.value >= limit:
             self.value = None
         return True
@@ -198,30 +205,30 @@ class Rotation:
     # Answers ever received: a prompt asks whether any came since its first failure.
     answers: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # When requests were sent and when they failed, over the last FAILING_WINDOW_S.
-    _sent: collections.deque[float] = field(default_factory=collections.deque)
+    # When requests were answered and when they failed, over the last FAILING_WINDOW_S.
+    _answered: collections.deque[float] = field(default_factory=collections.deque)
     _failed: collections.deque[float] = field(default_factory=collections.deque)
-
-    def sent(self) -> None:
-        self._sent.append(self.now())
 
     def answered(self) -> None:
         self.answers += 1
         self.failures_in_a_row = 0
+        self._answered.append(self.now())
 
-    def failed(self, what: str) -> bool:
-        """A server-caused failure; True when it takes the server out of rotation now."""
+    def failed(self, what: str, running: int = 0) -> bool:
+        """A server-caused failure, with `running` requests out there now; True when it takes
+        the server out of rotation."""
         self.failures_in_a_row += 1
         now = self.now()
         self._failed.append(now)
-        for times in (self._sent, self._failed):
+        for times in (self._answered, self._failed):
             while times and now - times[0] > FAILING_WINDOW_S:
                 times.popleft()
-        failing = len(self._failed) >= FAILING_SHARE * max(1, len(self._sent))
-        if self.in_rotation and self.failures_in_a_row >= EJECT_AFTER and failing:
-            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what}), "
-                       f"{len(self._failed)} of the {len(self._sent)} sent in "
-                       f"{FAILING_WINDOW_S:.0f} s")
+        failed, seen = len(self._failed), len(self._failed) + len(self._answered) + running
+        if (self.in_rotation and self.failures_in_a_row >= EJECT_AFTER
+                and failed >= FAILING_SHARE * seen):
+            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what}); "
+                       f"{failed} failed, {len(self._answered)} answered in "
+                       f"{FAILING_WINDOW_S:.0f} s, {running} running")
             return True
         return False
 
@@ -236,7 +243,7 @@ class Rotation:
         self.changed.set()
 
     def rejoin(self) -> None:
-        self._sent.clear()
+        self._answered.clear()
         self._failed.clear()
         self.in_rotation = True
         self.out_since = None
@@ -282,11 +289,12 @@ class ServerWatch:
             self.ceiling_reason = f"cut to {cut} after {what} (server full)"
         return cut
 
-    def failed(self, exc: GenerationError) -> bool:
-        """A server-caused failure; True when it takes the server out of rotation."""
+    def failed(self, exc: GenerationError, running: int = 0) -> bool:
+        """A server-caused failure with `running` requests out; True when it takes the server
+        out of rotation."""
         what = label(exc)
         self.outcomes.add("failed", what)
-        return self.rotation.failed(what)
+        return self.rotation.failed(what, running)
 
     def refused(self, exc: GenerationError) -> None:
         """A 4xx: the server works, the request (or the job) is at fault."""

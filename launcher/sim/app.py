@@ -4,6 +4,8 @@ As in docs/reference/sglang.md#endpoints. With --flavor vllm the routes are vLLM
 OpenAI server's (`/health`, `/ping`, `/version`, `/v1/models`, `/v1/chat/completions`,
 `/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
 `/v1/chat/completions`); any other path is FastAPI's 404 (docs/development/simulator.md).
+Every flavour also has the simulator's own `POST /sim/misbehave` and `GET /sim/stats`
+(stress.py), behind --api-key like the engine's routes.
 
 Handlers take the raw Request and return Responses built with orjson: FastAPI's body
 parsing and response_model machinery would cost more than the whole simulated request.
@@ -22,13 +24,13 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from launcher.sim import info, protocol
+from launcher.sim import info, protocol, stress
 from launcher.sim.chat import JSON, chat_completions
 from launcher.sim.generate import generate
 from launcher.sim.metrics import CONTENT_TYPE
 from launcher.sim.protocol import RequestError
 from launcher.sim.simulator import Simulator, Status
-from launcher.sim.stress import StressMiddleware
+from launcher.sim.stress import OWN_PREFIX, StressMiddleware, WindowError
 
 log = logging.getLogger(__name__)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # never need the API key (auth.py in SGLang)
@@ -42,7 +44,8 @@ def _json(data: Any, status: int = 200) -> Response:
 
 class ApiKeyMiddleware:
     """`Authorization: Bearer KEY` on every route but health, readiness and metrics (vLLM:
-    on the `/v1` routes only)."""
+    on the `/v1` routes only); the simulator's own `/sim/` routes need it in every flavour,
+    since they change how the server answers."""
 
     def __init__(self, app: ASGIApp, api_key: str, flavor: str = "sglang") -> None:
         self.app = app
@@ -51,7 +54,7 @@ class ApiKeyMiddleware:
 
     def _guarded(self, path: str) -> bool:
         if self.flavor == "vllm":
-            return path.startswith("/v1")
+            return path.startswith(("/v1", OWN_PREFIX))
         return not path.startswith(OPEN_PREFIXES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -91,6 +94,19 @@ def create_app(sim: Simulator) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def _chat(request: Request) -> Response:
         return await chat_completions(sim, request)
+
+    @app.post("/sim/misbehave")
+    async def _misbehave(request: Request) -> Response:
+        try:
+            sim.stress.misbehave(orjson.loads(await request.body() or b"{}"))
+        except (orjson.JSONDecodeError, WindowError) as exc:
+            return _json({"error": str(exc)}, 400)
+        log.info("misbehaviour now %s", sim.stress.state())
+        return _json(sim.stress.state())
+
+    @app.get("/sim/stats")
+    async def _stats() -> Response:
+        return _json(stress.stats(sim))
 
     if flavor == "vllm":
         app.add_api_route("/ping", health, methods=["GET", "POST"])

@@ -25,9 +25,9 @@ from fastapi.responses import StreamingResponse
 from launcher.sim import protocol, responses, tokenizer
 from launcher.sim.protocol import ChatRequest, RequestError, bad_request, flavor_error
 from launcher.sim.responses import ChatView
-from launcher.sim.scheduler import QueueFullError, SimRequest
+from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
-from launcher.sim.stress import media_type, refusal
+from launcher.sim.stress import media_type
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
 
 STREAM_TICK = 0.02  # wall seconds between stream writes, whatever --speed is
@@ -154,8 +154,7 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
                                             sim.fail_prompt_hit(given_rid, texts))
     key = "\x00".join(f"{m.role}\x01{t}" for m, t in zip(req.messages, texts, strict=True))
     key_bytes = (key + "\x02" + ",".join(t["function"]["name"] for t in tools)).encode()
-    if sim.should_fail(key_bytes, index):
-        raise refusal(sim.stress.fail_status, flavor, message="simulated failure (--fail-rate)")
+    sim.fail_if_drawn(key_bytes, index)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # SGLang leaves room for one more token; vLLM's get_max_tokens fills the context
     room = cfg.context_len - prompt_tokens - (1 if flavor == "sglang" else 0)
@@ -171,12 +170,7 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     sreq = SimRequest(rid, prompt_tokens, plan.n_tokens if abort_at is None else abort_at,
                       req.stream, sim.scheduler.loop, abort_planned=abort_at is not None)
     sreq.finish_reason = "length" if plan.finish == "length" else "stop"
-    try:
-        sim.scheduler.submit(sreq)
-    except QueueFullError as exc:
-        if cfg.overload == "429":
-            raise refusal(429, flavor, cfg.retry_after) from exc
-        raise flavor_error(flavor, 503, str(exc), "503") from exc
+    sim.submit(sreq)
     return ChatJob(sreq, plan, _view(sim, req, rid, model, prompt_tokens, thinking))
 
 

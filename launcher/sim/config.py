@@ -75,7 +75,8 @@ class SimConfig:
     context_length: int | None = _opt(None, "context length (model default 40960)", type=int)
     mem_fraction_static: float | None = _opt(None, "KV budget fraction (auto 0.841)", type=float)
     max_running_requests: int | None = _opt(None, "requested running cap (§7)", type=int)
-    max_queued_requests: int | None = _opt(None, "waiting-queue cap; beyond it 503", type=int)
+    max_queued_requests: int | None = _opt(None, "waiting-queue cap; beyond it 503 (--overload "
+                                           "429: 429)", type=int)
     max_total_tokens: int | None = _opt(None, "cap on the KV pool in tokens", type=int)
     chunked_prefill_size: int = _opt(8192, "echoed in the summary line", type=int)
     max_prefill_tokens: int = _opt(16384, "echoed in the summary line", type=int)
@@ -161,9 +162,10 @@ class SimConfig:
                          "routers) or SGLang's 503", choices=OVERLOADS)
     retry_after: int = _opt(5, "Retry-After seconds of a 429 (0: no header)", type=int)
     error_window: tuple[str, ...] = _opt(
-        (), "START:SECONDS:STATUS[:chat|all]: from START s after the start, for SECONDS "
-        "(wall clock), answer STATUS at once (chat: the generation routes, /health stays 200; "
-        "all: every route)", action="append")
+        (), "START:SECONDS:STATUS[:chat|all]: from START s after the server is ready, for "
+        "SECONDS (wall clock, not scaled by --speed), answer STATUS at once (chat: the "
+        "generation routes, /health stays 200; all: every route); repeatable",
+        action="append")
     fail_prompt: tuple[str, ...] = _opt((), "rid prefix or content marker → context 400",
                                         action="append")
     crash_after_requests: int | None = _opt(None, "die (-9) on receiving request N+1",
@@ -202,17 +204,26 @@ class SimConfig:
             raise ConfigError("--context-length must be >= 16")
         if min(self.tp_size, self.dp_size, self.pp_size) < 1:
             raise ConfigError("--tp-size, --dp-size and --pp-size must be >= 1")
+        self._check_stress()
+        if self.enable_dp_attention and self.tp_size % self.dp_size:
+            raise ConfigError("--enable-dp-attention: --dp-size must divide --tp-size")
+
+    def _check_stress(self) -> None:
+        """The flags of a server under stress (stress.py)."""
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ConfigError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
+        if self.overload not in OVERLOADS:
+            raise ConfigError(f"--overload must be one of {', '.join(OVERLOADS)}, "
+                              f"got {self.overload!r}")
         if not 400 <= self.fail_status <= 599:
             raise ConfigError(f"--fail-status must be a 4xx or 5xx status, got {self.fail_status}")
         if self.retry_after < 0:
-            raise ConfigError("--retry-after must be >= 0")
+            raise ConfigError(f"--retry-after must be >= 0 seconds, got {self.retry_after}")
         try:
             for window in self.error_window:
                 Window.parse(window)
         except WindowError as exc:
             raise ConfigError(str(exc)) from None
-        if self.enable_dp_attention and self.tp_size % self.dp_size:
-            raise ConfigError("--enable-dp-attention: --dp-size must divide --tp-size")
 
     @property
     def served_name(self) -> str:
@@ -261,6 +272,7 @@ class SimConfig:
 
     @property
     def windows(self) -> tuple[Window, ...]:
+        """The --error-window values, parsed."""
         return tuple(Window.parse(w) for w in self.error_window)
 
     @property

@@ -21,10 +21,10 @@ from fastapi.responses import StreamingResponse
 
 from launcher.sim import protocol, tokenizer
 from launcher.sim.chat import JSON, STREAM_TICK
-from launcher.sim.protocol import RequestError, error_body
-from launcher.sim.scheduler import QueueFullError, SimRequest
+from launcher.sim.protocol import RequestError
+from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
-from launcher.sim.stress import media_type, refusal
+from launcher.sim.stress import media_type
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -78,10 +78,7 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
     except protocol.ContextLengthError as exc:
         raise _error(str(exc)) from exc
     key = (text if text is not None else ",".join(map(str, ids or ()))).encode()
-    if sim.should_fail(key, index):
-        # /generate's 500 is Starlette's plain text, as the strict flavour's chat route's.
-        raise refusal(sim.stress.fail_status, "strict" if sim.stress.fail_status == 500
-                      else cfg.flavor, message="simulated failure (--fail-rate)")
+    sim.fail_if_drawn(key, index, plain_500=True)
     stop = params.get("stop")
     plan = plan_output(TextRequest(
         key=key, seed=cfg.seed, mean_tokens=cfg.mean_output_tokens, sigma=cfg.output_sigma,
@@ -90,12 +87,7 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
         min_tokens=int(params.get("min_new_tokens") or 0),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ())))
     sreq = SimRequest(rid, prompt_tokens, plan.n_tokens, stream, sim.scheduler.loop)
-    try:
-        sim.scheduler.submit(sreq)
-    except QueueFullError as exc:
-        if cfg.overload == "429":
-            raise refusal(429, cfg.flavor, cfg.retry_after) from exc
-        raise RequestError(503, error_body(str(exc), "503", 503)) from exc
+    sim.submit(sreq)
     return sreq, plan
 
 

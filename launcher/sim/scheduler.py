@@ -87,8 +87,6 @@ class Scheduler:
         self.cfg = cfg
         self.capacity = capacity
         self.cap = capacity.effective_running
-        # The most requests running and waiting at once (GET /sim/stats).
-        self.peak_in_flight = 0
         self.rate = cfg.decode_rate(self.cap)  # per request, with the batch full
         self.prefill_rate = math.inf if cfg.instant else cfg.prefill_tps * cfg.speed
         self.on_finish = on_finish
@@ -142,7 +140,6 @@ class Scheduler:
             raise QueueFullError("The request queue is full.")
         self.waiting.append(req)
         self.by_rid[req.rid] = req
-        self.peak_in_flight = max(self.peak_in_flight, len(self.waiting) + len(self.running))
         self._schedule_admit()
 
     def abort(self, rid: str) -> bool:

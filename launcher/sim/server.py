@@ -82,6 +82,7 @@ async def _bring_up(sim: Simulator) -> None:
     if sim.dead:
         return
     sim.status = Status.UP
+    sim.stress.mark_ready()
     sim.startup_seconds = time.time() - sim.started_at
     log.info("The server is fired up and ready to roll!")
     sim.ready.set()

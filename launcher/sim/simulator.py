@@ -2,7 +2,8 @@
 
 The HTTP layer (app.py) and the process layer (server.py) both act on one Simulator. What
 "dying" means is injected as `on_fatal`: a real process SIGKILLs itself (exit code -9), an
-in-thread test server just stops serving.
+in-thread test server just stops serving. A generation request's refusals for a drawn
+failure (`fail_if_drawn`) and a full server (`submit`) are decided here, once for every route.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from launcher.sim import logs
 from launcher.sim.capacity import Capacity, plan_capacity
 from launcher.sim.config import SimConfig
 from launcher.sim.metrics import Metrics, build_metrics
-from launcher.sim.scheduler import Scheduler, SimRequest
-from launcher.sim.stress import Stress
+from launcher.sim.scheduler import QueueFullError, Scheduler, SimRequest
+from launcher.sim.stress import Stress, refusal
 
 log = logging.getLogger("launcher.sim.server")
 sched_log = logging.getLogger(logs.SCHEDULER_LOGGER)
@@ -117,10 +118,29 @@ class Simulator:
         digest = hashlib.blake2b(key + b"|%d|%d" % (self.cfg.seed, salt), digest_size=8)
         return int.from_bytes(digest.digest(), "little") / 2.0**64
 
-    def should_fail(self, key: bytes, index: int) -> bool:
-        """--fail-rate: the request number is part of the draw, so a retry can succeed."""
+    def fail_if_drawn(self, key: bytes, index: int, plain_500: bool = False) -> None:
+        """--fail-rate: raise --fail-status's answer for a drawn share of requests; the request
+        number is part of the draw, so a retry can succeed. A 500 is the flavour's error body,
+        or Starlette's plain text with `plain_500` (what SGLang's /generate sends)."""
         rate = self.stress.fail_rate
-        return rate > 0 and self.draw(key, index) < rate
+        if rate > 0 and self.draw(key, index) < rate:
+            status = self.stress.fail_status
+            flavor = "strict" if plain_500 and status == 500 else self.cfg.flavor
+            raise refusal(status, flavor, self.cfg.retry_after, "simulated failure (--fail-rate)")
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a generation request, or refuse it as --overload says when the running slots
+        and the waiting queue are full (429 with Retry-After, else SGLang's 503); a refused
+        request never reaches the scheduler, so it costs no server time."""
+        scheduler = self.scheduler
+        try:
+            scheduler.submit(req)
+        except QueueFullError as exc:
+            status = 429 if self.cfg.overload == "429" else 503
+            raise refusal(status, self.cfg.flavor, self.cfg.retry_after) from exc
+        # in flight only grows here, so its peak is seen here
+        in_flight = len(scheduler.waiting) + len(scheduler.running)
+        self.stress.peak_in_flight = max(self.stress.peak_in_flight, in_flight)
 
     def abort_point(self, key: bytes, index: int, n_tokens: int) -> int | None:
         """--abort-rate: the token count at which this request is aborted, or None.

@@ -3,19 +3,24 @@ the simulator saw, for the tests of the worker's flow control (docs/development/
 
 - `--overload 429|503`: a request that finds the running slots and the waiting queue full is
   refused at once (TGI, routers and hosted endpoints answer 429 with `Retry-After`; SGLang
-  with `--max-queued-requests` 503), instead of waiting in an unbounded queue.
+  with `--max-queued-requests` 503), instead of waiting in an unbounded queue
+  (Simulator.submit decides it).
 - `--fail-status`: the status `--fail-rate` answers (a 502 or 504 is a proxy's).
 - `--error-window START:SECONDS:STATUS[:chat|all]`: every request of the window's scope is
   answered STATUS at once: `chat` the generation routes only (a proxy whose backend restarts,
-  a full queue: `/health` stays 200), `all` every route.
+  a full queue: `/health` stays 200), `all` every route. Windows run on the wall clock from
+  the moment the server is ready.
 - `POST /sim/misbehave` starts a window now or changes the failure rate of a running server;
-  `GET /sim/stats` says what the server received and how it answered. Neither is an SGLang
-  route, neither needs the API key, and neither is counted.
+  `GET /sim/stats` says what the server received and how it answered. Both are the
+  simulator's own routes (app.py): in every flavour, behind `--api-key`, never refused by a
+  window and never counted.
+
+`refusal` builds every one of these answers, so a status reads the same whichever
+misbehaviour sent it.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,10 +36,14 @@ if TYPE_CHECKING:
     from launcher.sim.simulator import Simulator
 
 SCOPES = ("chat", "all")
-GENERATION = frozenset({("POST", "/v1/chat/completions"), ("POST", "/generate"),
-                        ("PUT", "/generate")})
-OWN_ROUTES = ("/sim/misbehave", "/sim/stats")
-PROXY_REASONS = {502: "Bad Gateway", 504: "Gateway Time-out"}
+OWN_PREFIX = "/sim/"  # the simulator's own routes: /sim/misbehave, /sim/stats
+CHAT_ROUTE = ("POST", "/v1/chat/completions")
+SGLANG_GENERATE = (("POST", "/generate"), ("PUT", "/generate"))
+QUEUE_FULL = "The request queue is full."  # SGLang's scheduler, --max-queued-requests
+PROXY_REASONS = {502: "Bad Gateway", 504: "Gateway Time-out"}  # nginx's reason phrases
+MISBEHAVE_KEYS = frozenset(("status", "seconds", "scope", "fail_rate", "fail_status", "clear"))
+MISBEHAVE_SHAPES = ('{"status": 503, "seconds": 45, "scope": "chat"}, '
+                    '{"fail_rate": 0.3, "fail_status": 500} or {"clear": true}')
 JSON = "application/json"
 
 
@@ -42,10 +51,16 @@ class WindowError(SimError, ValueError):
     """An --error-window or /sim/misbehave value the simulator cannot use."""
 
 
+def check_status(status: int, what: str) -> None:
+    """A refusal's status is a 4xx or a 5xx."""
+    if not 400 <= status <= 599:
+        raise WindowError(f"{what} is a 4xx or 5xx status, not {status}")
+
+
 @dataclass(frozen=True)
 class Window:
     """Requests of `scope` are answered `status` from `start_s` for `seconds` (seconds after
-    the server started; wall clock, not scaled by --speed)."""
+    the server became ready; wall clock, not scaled by --speed)."""
 
     start_s: float
     seconds: float
@@ -54,6 +69,7 @@ class Window:
 
     @classmethod
     def parse(cls, text: str) -> Window:
+        """`START:SECONDS:STATUS[:chat|all]`, as --error-window takes it."""
         parts = text.split(":")
         if len(parts) not in (3, 4):
             raise WindowError(f"--error-window {text!r}: expected START:SECONDS:STATUS[:chat|all]")
@@ -63,32 +79,42 @@ class Window:
         except ValueError:
             raise WindowError(f"--error-window {text!r}: START and SECONDS are numbers, STATUS "
                               "an HTTP status") from None
-        window.check()
+        try:
+            window.check()
+        except WindowError as exc:
+            raise WindowError(f"--error-window {text!r}: {exc}") from None
         return window
 
     def check(self) -> None:
+        """Raise WindowError unless the window can be served."""
         if self.start_s < 0 or self.seconds <= 0:
             raise WindowError("an error window starts at 0 s or later and lasts more than 0 s")
-        if not 400 <= self.status <= 599:
-            raise WindowError(f"an error window's status is 4xx or 5xx, not {self.status}")
+        check_status(self.status, "an error window's status")
         if self.scope not in SCOPES:
-            raise WindowError(f"an error window's scope is one of {', '.join(SCOPES)}")
+            raise WindowError(f"an error window's scope is one of {', '.join(SCOPES)}, "
+                              f"not {self.scope!r}")
 
     def covers(self, elapsed_s: float, generation: bool) -> bool:
+        """Whether a request `elapsed_s` after ready is refused (generation: of a chat or
+        /generate route)."""
         return (self.start_s <= elapsed_s < self.start_s + self.seconds
                 and (generation or self.scope == "all"))
 
 
 def refusal(status: int, flavor: str, retry_after_s: int = 0,
             message: str = "simulated failure") -> RequestError:
-    """The answer a real server (or its proxy) gives with `status`."""
+    """The answer a real server (or the proxy before it) gives with `status`.
+
+    429: TGI's overload body with `Retry-After` (none when `retry_after_s` is 0). 503: SGLang's
+    queue full. 502, 504: nginx's HTML page. 500: the engine's own error (`flavor`'s; "strict"
+    is Starlette's plain text). Any other: the flavour's JSON error with `message`.
+    """
     if status == 429:
-        # TGI's shape; routers and hosted endpoints say much the same.
         headers = {"retry-after": str(retry_after_s)} if retry_after_s else {}
         return RequestError(429, orjson.dumps({"error": "Model is overloaded",
                                                "error_type": "overloaded"}), headers)
     if status == 503:
-        return RequestError(503, error_body("The request queue is full.", "503", 503))
+        return RequestError(503, error_body(QUEUE_FULL, "503", 503))
     if status in PROXY_REASONS:
         reason = f"{status} {PROXY_REASONS[status]}"
         return RequestError(status, (f"<html>\r\n<head><title>{reason}</title></head>\r\n<body>"
@@ -102,136 +128,6 @@ def refusal(status: int, flavor: str, retry_after_s: int = 0,
     return flavor_error(flavor, status, message, str(status))
 
 
-class Stress:
-    """The misbehaviours in force and the counts `/sim/stats` gives."""
-
-    def __init__(self, windows: tuple[Window, ...], fail_rate: float, fail_status: int,
-                 now: Callable[[], float] = time.monotonic) -> None:
-        self._now = now
-        self.started = now()
-        self.windows = list(windows)
-        self.fail_rate = fail_rate
-        self.fail_status = fail_status
-        self.requests = 0
-        self.answered = 0
-        self.refused: collections.Counter[int] = collections.Counter()
-        self.probes: collections.Counter[str] = collections.Counter()
-
-    def window_status(self, generation: bool) -> int | None:
-        """The status an error window answers a request with now, or None."""
-        if not self.windows:
-            return None
-        elapsed = self._now() - self.started
-        for window in self.windows:
-            if window.covers(elapsed, generation):
-                return window.status
-        return None
-
-    def misbehave(self, data: Any) -> None:
-        """Apply a `/sim/misbehave` body (WindowError when it makes no sense)."""
-        if not isinstance(data, dict):
-            raise WindowError("a JSON object: {status, seconds, scope}, {fail_rate, "
-                              "fail_status} or {clear: true}")
-        if data.get("clear"):
-            self.windows.clear()
-            self.fail_rate = 0.0
-        if "status" in data:
-            try:
-                window = Window(self._now() - self.started, float(data.get("seconds", 30)),
-                                int(data["status"]), str(data.get("scope", "chat")))
-            except (TypeError, ValueError):
-                raise WindowError("status is an HTTP status, seconds a number") from None
-            window.check()
-            self.windows.append(window)
-        if "fail_rate" in data:
-            rate = float(data["fail_rate"])
-            if not 0.0 <= rate <= 1.0:
-                raise WindowError("fail_rate is within [0, 1]")
-            self.fail_rate = rate
-        if "fail_status" in data:
-            self.fail_status = int(data["fail_status"])
-
-    def state(self) -> dict[str, Any]:
-        elapsed = self._now() - self.started
-        return {"elapsed_s": round(elapsed, 1), "fail_rate": self.fail_rate,
-                "fail_status": self.fail_status,
-                "windows": [{"start_s": w.start_s, "seconds": w.seconds, "status": w.status,
-                             "scope": w.scope, "active": w.covers(elapsed, True)}
-                            for w in self.windows]}
-
-
-class StressMiddleware:
-    """The outermost layer of the simulator's app: error windows, the counts, the own routes."""
-
-    def __init__(self, app: ASGIApp, sim: Simulator) -> None:
-        self.app = app
-        self.sim = sim
-        self.stress = sim.stress
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        method, path = scope.get("method", ""), scope.get("path", "")
-        if path in OWN_ROUTES:
-            await self._own(method, path, receive, send)
-            return
-        generation = (method, path) in GENERATION
-        if generation:
-            self.stress.requests += 1
-        elif method == "GET":
-            self.stress.probes[path] += 1
-        status = self.stress.window_status(generation)
-        if status is not None:
-            err = refusal(status, self.sim.cfg.flavor, self.sim.cfg.retry_after,
-                          "simulated failure (--error-window)")
-            await _send_error(err, send, self._counted(generation, send))
-            return
-        await self.app(scope, receive, self._counted(generation, send) if generation else send)
-
-    def _counted(self, generation: bool, send: Send) -> Send:
-        stress = self.stress
-
-        async def counted(message: Message) -> None:
-            if generation and message["type"] == "http.response.start":
-                if message["status"] == 200:
-                    stress.answered += 1
-                else:
-                    stress.refused[message["status"]] += 1
-            await send(message)
-
-        return counted
-
-    async def _own(self, method: str, path: str, receive: Receive, send: Send) -> None:
-        if path == "/sim/stats" and method == "GET":
-            await _send_json(self.stats(), 200, send)
-            return
-        if path == "/sim/misbehave" and method == "POST":
-            body = b""
-            more = True
-            while more:
-                message = await receive()
-                body += message.get("body", b"")
-                more = message.get("more_body", False)
-            try:
-                self.stress.misbehave(orjson.loads(body or b"{}"))
-            except (orjson.JSONDecodeError, WindowError, TypeError, ValueError) as exc:
-                await _send_json({"error": str(exc)}, 400, send)
-                return
-            await _send_json(self.stress.state(), 200, send)
-            return
-        await _send_json({"detail": "Method Not Allowed"}, 405, send)
-
-    def stats(self) -> dict[str, Any]:
-        scheduler = self.sim.scheduler
-        return {"requests": self.stress.requests, "answered": self.stress.answered,
-                "refused": {str(k): v for k, v in sorted(self.stress.refused.items())},
-                "peak_in_flight": scheduler.peak_in_flight,
-                "running": len(scheduler.running), "waiting": len(scheduler.waiting),
-                "running_cap": scheduler.cap, "probes": dict(sorted(self.stress.probes.items())),
-                **self.stress.state()}
-
-
 def media_type(body: bytes) -> str:
     """What an error body is: JSON, a proxy's HTML page or plain text."""
     if body.startswith(b"{"):
@@ -239,18 +135,166 @@ def media_type(body: bytes) -> str:
     return "text/html" if body.startswith(b"<") else "text/plain; charset=utf-8"
 
 
-async def _send_error(err: RequestError, send: Send,
-                      counted: Callable[[Message], Awaitable[None]]) -> None:
+def _number(data: dict[str, Any], key: str) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WindowError(f"{key} is a number, not {value!r}")
+    return float(value)
+
+
+def _status(data: dict[str, Any], key: str) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WindowError(f"{key} is an HTTP status, not {value!r}")
+    check_status(value, key)
+    return value
+
+
+class Stress:
+    """The misbehaviours in force and the counts `/sim/stats` gives.
+
+    The counts are plain attributes bumped once per request (StressMiddleware,
+    Simulator.submit): the simulator serves thousands of requests a second.
+    """
+
+    def __init__(self, windows: tuple[Window, ...], fail_rate: float, fail_status: int,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self.ready_at: float | None = None  # the windows' clock starts when the server is ready
+        self.windows = list(windows)
+        self.fail_rate = fail_rate
+        self.fail_status = fail_status
+        self.requests = 0
+        self.answered = 0
+        self.refused: dict[int, int] = {}
+        self.probes: dict[str, int] = {}
+        self.peak_in_flight = 0
+
+    def mark_ready(self) -> None:
+        """The server is ready: the error windows' START counts from now."""
+        self.ready_at = self._now()
+
+    def elapsed(self) -> float:
+        """Seconds since the server became ready (0 before)."""
+        return 0.0 if self.ready_at is None else self._now() - self.ready_at
+
+    def window_status(self, generation: bool) -> int | None:
+        """The status an error window answers a request with now, or None."""
+        if not self.windows or self.ready_at is None:
+            return None
+        elapsed = self._now() - self.ready_at
+        for window in self.windows:
+            if window.covers(elapsed, generation):
+                return window.status
+        return None
+
+    def misbehave(self, data: Any) -> None:
+        """Apply a `/sim/misbehave` body, all of it or (WindowError) none of it.
+
+        `clear` ends every window and sets the failure rate to 0 first; `status` with
+        `seconds` (and `scope`, chat by default) starts a window now; `fail_rate` and
+        `fail_status` replace --fail-rate's and --fail-status's values.
+        """
+        if not isinstance(data, dict) or not set(data) <= MISBEHAVE_KEYS:
+            raise WindowError(f"expected a JSON object like {MISBEHAVE_SHAPES}")
+        window = None
+        if "status" in data:
+            if "seconds" not in data:
+                raise WindowError("a window needs seconds as well as a status")
+            window = Window(self.elapsed(), _number(data, "seconds"), _status(data, "status"),
+                            data.get("scope", "chat"))
+            window.check()
+        elif "seconds" in data or "scope" in data:
+            raise WindowError("seconds and scope describe a window: give its status too")
+        rate = self.fail_rate
+        if "fail_rate" in data:
+            rate = _number(data, "fail_rate")
+            if not 0.0 <= rate <= 1.0:
+                raise WindowError(f"fail_rate is within [0, 1], not {rate}")
+        fail_status = _status(data, "fail_status") if "fail_status" in data else self.fail_status
+        if data.get("clear"):
+            self.windows.clear()
+            self.fail_rate = 0.0
+        if window is not None:
+            self.windows.append(window)
+        if "fail_rate" in data:
+            self.fail_rate = rate
+        self.fail_status = fail_status
+
+    def state(self) -> dict[str, Any]:
+        """The misbehaviours in force (the answer of /sim/misbehave)."""
+        elapsed = self.elapsed()
+        return {"elapsed_s": round(elapsed, 1), "fail_rate": self.fail_rate,
+                "fail_status": self.fail_status,
+                "windows": [{"start_s": round(w.start_s, 1), "seconds": w.seconds,
+                             "status": w.status, "scope": w.scope,
+                             "active": self.ready_at is not None and w.covers(elapsed, True)}
+                            for w in self.windows]}
+
+
+def stats(sim: Simulator) -> dict[str, Any]:
+    """The body of `GET /sim/stats`: what the server saw since it started, its load now, and
+    the misbehaviours in force (`elapsed_s` is the error windows' clock)."""
+    stress, scheduler = sim.stress, sim.scheduler
+    return {"requests": stress.requests, "answered": stress.answered,
+            "refused": {str(k): v for k, v in sorted(stress.refused.items())},
+            "peak_in_flight": stress.peak_in_flight, "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting), "running_cap": scheduler.cap,
+            "probes": dict(sorted(stress.probes.items())), **stress.state()}
+
+
+class StressMiddleware:
+    """The outermost layer of the simulator's app: the error windows and the counts.
+
+    Outside the API key check, as a proxy before the server is: a window answers before the
+    server would, and the counts see every answer, a 401 included.
+    """
+
+    def __init__(self, app: ASGIApp, sim: Simulator) -> None:
+        self.app = app
+        self.stress = sim.stress
+        self.flavor = sim.cfg.flavor
+        self.retry_after = sim.cfg.retry_after
+        routes = (CHAT_ROUTE, *SGLANG_GENERATE) if self.flavor == "sglang" else (CHAT_ROUTE,)
+        self.generation = frozenset(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path.startswith(OWN_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        stress, method = self.stress, scope["method"]
+        generation = (method, path) in self.generation
+        if generation:
+            stress.requests += 1
+            send = self._counted(send)
+        elif method == "GET":
+            stress.probes[path] = stress.probes.get(path, 0) + 1
+        status = stress.window_status(generation)
+        if status is None:
+            await self.app(scope, receive, send)
+            return
+        err = refusal(status, self.flavor, self.retry_after, "simulated failure (--error-window)")
+        await _send_error(err, send)
+
+    def _counted(self, send: Send) -> Send:
+        stress = self.stress
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if status == 200:
+                    stress.answered += 1
+                else:
+                    stress.refused[status] = stress.refused.get(status, 0) + 1
+            await send(message)
+
+        return counted
+
+
+async def _send_error(err: RequestError, send: Callable[[Message], Awaitable[None]]) -> None:
     headers = [(b"content-type", media_type(err.body).encode()),
                (b"content-length", str(len(err.body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in err.headers.items()]
-    await counted({"type": "http.response.start", "status": err.status, "headers": headers})
-    await counted({"type": "http.response.body", "body": err.body})
-
-
-async def _send_json(data: Any, status: int, send: Send) -> None:
-    body = orjson.dumps(data)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", JSON.encode()),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": err.body})

@@ -33,18 +33,19 @@ def test_an_overload_cuts_the_ceiling_once_a_burst_and_quiet_seconds_grow_it_bac
     clock = Clock()
     ceiling = Ceiling(now=clock)
     assert ceiling.cut(in_flight=20, limit=24) == 18  # a tenth under what was in flight
+    assert ceiling.good == 19  # what the server took when it first refused
     assert ceiling.cut(in_flight=18, limit=24) is None  # the same burst of refusals
     clock.t += 1.5
-    assert ceiling.cut(in_flight=3, limit=24) == 2  # the server took only three
+    assert ceiling.cut(in_flight=3, limit=24) == 2  # an outage: it took none of them
     assert not ceiling.grow(limit=24)  # an answer in the same second
-    clock.t += 1.0
-    assert ceiling.grow(limit=24) and ceiling.value == 3
     values = []
     while ceiling.value is not None:
         clock.t += 1.0
         ceiling.grow(limit=24)
         values.append(ceiling.value)
-    assert values == [4, 5, 6, 7, 8, 10, 12, 15, 18, 22, None]  # lifted once it stops binding
+    # Doubling back to what the server took, then one more a second; lifted once it is the
+    # limit.
+    assert values == [4, 8, 16, 19, 20, 21, 22, 23, None]
 
 
 def test_resends_are_a_fifth_of_first_tries_plus_one_a_second() -> None:
@@ -80,10 +81,9 @@ def test_a_run_of_fast_failures_among_requests_still_running_keeps_the_server() 
     # Two thirds answered, but the failures come back first: the run is not the server's
     # whole story while most of what was sent is still running.
     rotation = Rotation()
-    for _ in range(30):
-        rotation.sent()
-    assert not any(rotation.failed("HTTP 500") for _ in range(10))
+    assert not any(rotation.failed("HTTP 500", running=20) for _ in range(10))
     assert rotation.in_rotation
+    assert rotation.failed("HTTP 500", running=1)  # the rest failed too: it fails everything
 
 
 def test_outcomes_are_kept_for_the_window_only() -> None:
