@@ -4,8 +4,9 @@ Celery runs batches in pool threads; each hands its coroutine to this loop. All 
 the process share one limiter sized from what the server really runs at once (plus a small
 margin), so when one batch's tail drains, the next batch's prompts take the free slots: the
 server stays full across batch boundaries. Where that figure comes from depends on the server's
-kind (fleetgen/servers): SGLang states it, vLLM's queue gauges reveal it, any other server's
-latency per output token is measured; `FLEETGEN_MAX_IN_FLIGHT` overrides all three.
+kind (fleetgen/servers): SGLang states it, vLLM's queue gauges reveal it, for any other server
+a one-token probe is timed (workers/limits.py); `FLEETGEN_MAX_IN_FLIGHT` overrides all three,
+and a server refusing requests for being full caps them (workers/flow.py).
 """
 
 from __future__ import annotations
