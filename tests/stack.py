@@ -117,7 +117,7 @@ class Stack:
         proc = Proc(name, argv, self.env(), self.tmp / f"{name}.log").start()
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(url) or not proc.alive(), 30, what=f"{name} healthy")
+        wait_until(lambda: healthy(url) or not proc.alive(), 30, what=f"{name} healthy")
         assert proc.alive(), proc.log()
         return proc, url
 
@@ -180,11 +180,9 @@ def _ok(url: str) -> bool:
         return False
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+def healthy(url: str) -> bool:
+    """Whether the server at `url` answers /health with 200 now."""
+    return _ok(f"{url}/health")
 
 
 def python_stacks(pid: int) -> str:

@@ -59,7 +59,7 @@ from tests.perf.real_engine import direct_client
 from tests.perf.report import Row, table
 from tests.perf.sampler import WORKER_FAMILIES, Sampler
 from tests.perf.workload import Workload
-from tests.stack import PYTHON, Proc
+from tests.stack import PYTHON, Proc, healthy
 
 # Tokens/s of one running request: an answer of max_tokens takes max_tokens / 20 seconds.
 DECODE_TPS = 20.0
@@ -409,17 +409,10 @@ def restart_sim(fleet: Fleet, sim: Sim, name: str, flags: list[str]) -> Sim:
             *flags]
     proc = Proc(name, argv, fleet.env(), fleet.tmp / f"{name}.log").start()
     fleet.procs.append(proc)
-    wait_for(lambda: _healthy(sim.url) or not proc.alive(), READY_TIMEOUT_S, what=f"{name} up")
+    wait_for(lambda: healthy(sim.url) or not proc.alive(), READY_TIMEOUT_S, what=f"{name} up")
     if not proc.alive():
         raise RuntimeError(f"simulator {name} exited:\n{proc.log()}")
     return Sim(proc, sim.url, record)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # The worker's in-flight limit on its /metrics.

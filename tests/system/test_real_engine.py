@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -26,7 +25,16 @@ from launcher.ports import free_port
 from launcher.services import S3Server, wait_until
 from tests.conftest import unavailable
 from tests.engine_model import serve_argv, serve_env
-from tests.stack import PYTHON, ROOT, Proc, Stack, iter_ids, wait_job_done, write_jsonl
+from tests.stack import (
+    PYTHON,
+    ROOT,
+    Proc,
+    Stack,
+    healthy,
+    iter_ids,
+    wait_job_done,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -69,17 +77,10 @@ def engine_url(stack: Stack, engine_model: Path) -> str:
     server = Proc("transformers-serve", argv, env, stack.tmp / "transformers-serve.log").start()
     stack.procs.append(server)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url) or not server.alive(), SERVER_START_S, interval=0.5,
+    wait_until(lambda: healthy(url) or not server.alive(), SERVER_START_S, interval=0.5,
                what="transformers serve answering /health")
     assert server.alive(), server.log()
     return url
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def prompt_rows(n: int) -> list[dict[str, Any]]:
