@@ -519,7 +519,7 @@ class BatchRunner:
                     delivery.queue_wait_s += time.monotonic() - waited
                     start, response = await self._exchange(job, prompt, body, origin)
                 latency = time.monotonic() - start
-                engine.answered(start, latency)
+                engine.answered()
                 return response, latency
             except OverloadedError:
                 # Refused, and /health fails too: a server starting or draining, not a full one.

@@ -394,7 +394,7 @@ class Engine:
     def in_rotation(self) -> bool:
         return self.watch.rotation.in_rotation
 
-    def answered(self, sent_at: float, latency_s: float) -> None:
+    def answered(self) -> None:
         """A request was answered (any 200)."""
         now = time.monotonic()
         answers = self._answers

@@ -212,7 +212,9 @@ class Rotation:
     def answered(self) -> None:
         self.answers += 1
         self.failures_in_a_row = 0
-        self._answered.append(self.now())
+        now = self.now()
+        self._answered.append(now)
+        self._forget(now)
 
     def failed(self, what: str, running: int = 0) -> bool:
         """A server-caused failure, with `running` requests out there now; True when it takes
@@ -220,9 +222,7 @@ class Rotation:
         self.failures_in_a_row += 1
         now = self.now()
         self._failed.append(now)
-        for times in (self._answered, self._failed):
-            while times and now - times[0] > FAILING_WINDOW_S:
-                times.popleft()
+        self._forget(now)
         failed, seen = len(self._failed), len(self._failed) + len(self._answered) + running
         if (self.in_rotation and self.failures_in_a_row >= EJECT_AFTER
                 and failed >= FAILING_SHARE * seen):
@@ -231,6 +231,12 @@ class Rotation:
                        f"{FAILING_WINDOW_S:.0f} s, {running} running")
             return True
         return False
+
+    def _forget(self, now: float) -> None:
+        """Drop the answers and failures older than FAILING_WINDOW_S."""
+        for times in (self._answered, self._failed):
+            while times and now - times[0] > FAILING_WINDOW_S:
+                times.popleft()
 
     def eject(self, reason: str) -> None:
         if not self.in_rotation:

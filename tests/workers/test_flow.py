@@ -86,6 +86,15 @@ def test_a_run_of_fast_failures_among_requests_still_running_keeps_the_server() 
     assert rotation.failed("HTTP 500", running=1)  # the rest failed too: it fails everything
 
 
+def test_a_healthy_server_keeps_only_the_last_ten_seconds_of_answers() -> None:
+    clock = Clock()
+    rotation = Rotation(now=clock)
+    for _ in range(1000):
+        rotation.answered()
+        clock.t += 0.1
+    assert len(rotation._answered) <= 101  # the window, not every answer ever
+
+
 def test_outcomes_are_kept_for_the_window_only() -> None:
     clock = Clock()
     outcomes = Outcomes(window_s=60, now=clock)
