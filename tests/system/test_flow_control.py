@@ -87,6 +87,18 @@ def first_attempts_only(lines: list[dict[str, Any]]) -> None:
     assert not spent, f"attempts spent: {spent}"
 
 
+def done_clean(stack: Stack, tmp_path: Path, job: str, rows: list[dict[str, Any]],
+               timeout: float) -> list[dict[str, Any]]:
+    """The job ends done, never paused, every prompt exported once as an answer, no attempt
+    spent; its export's lines."""
+    status = done_never_paused(stack, job, timeout=timeout)
+    lines = exported(stack, tmp_path, job)
+    exactly_once(lines, rows)
+    assert status.failed == 0 and not any("error" in x for x in lines)
+    first_attempts_only(lines)
+    return lines
+
+
 def test_a_server_that_sheds_load_with_429_runs_the_job_to_the_end_spending_nothing(
         stack: Stack, tmp_path: Path) -> None:
     _, url = stack.sim("sim0", *QUICK, "--flavor", "strict", "--max-running-requests", "16",
@@ -94,11 +106,7 @@ def test_a_server_that_sheds_load_with_429_runs_the_job_to_the_end_spending_noth
     stack.worker(0, url)
     rows = chat_rows(200)
     enqueue(stack, tmp_path, "shed", rows)
-    status = done_never_paused(stack, "shed", timeout=240)
-    lines = exported(stack, tmp_path, "shed")
-    exactly_once(lines, rows)
-    assert status.failed == 0 and not any("error" in x for x in lines)
-    first_attempts_only(lines)
+    done_clean(stack, tmp_path, "shed", rows, timeout=240)
     stats = sim_stats(url)
     # Refused requests are resent after the server's Retry-After under a cut ceiling: a few
     # per answer at most, not dozens (a worker that resends at once makes ~45 per answer).
@@ -139,11 +147,7 @@ def test_a_proxy_answering_502_for_45_seconds_is_waited_out_and_never_pauses_the
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     wait_until(lambda: job_status(ledger, "proxy").done >= 20, 120, what="the job under way")
     misbehave(url, status=502, seconds=45, scope="chat")
-    status = done_never_paused(stack, "proxy", timeout=400)
-    lines = exported(stack, tmp_path, "proxy")
-    exactly_once(lines, rows)
-    assert status.failed == 0 and not any("error" in x for x in lines)
-    first_attempts_only(lines)
+    done_clean(stack, tmp_path, "proxy", rows, timeout=400)
     log = worker.log_path.read_text()
     assert re.search(r"taken out of rotation: \d+ requests in a row failed \(HTTP 502\)", log), \
         worker.log()
@@ -158,12 +162,8 @@ def test_one_sick_server_of_two_the_job_finishes_on_the_other_and_status_names_i
     stack.worker(1, sick)
     rows = chat_rows(300)
     enqueue(stack, tmp_path, "sick", rows)
-    status = done_never_paused(stack, "sick", timeout=240)
-    lines = exported(stack, tmp_path, "sick")
-    exactly_once(lines, rows)
-    assert status.failed == 0 and not any("error" in x for x in lines)
+    lines = done_clean(stack, tmp_path, "sick", rows, timeout=240)
     assert {x["worker"] for x in lines} == {"gpu0@test"}
-    first_attempts_only(lines)
     screen = stack.producer("status", "sick").stdout
     assert re.search(r"gpu1@test: out of rotation: \d+ requests in a row failed \(HTTP 500\)",
                      screen), screen
