@@ -1,5 +1,9 @@
 """Per-prompt output records: what a result line and an error line contain.
 
+`id` is the prompt's input id on both, so every line of a job's output and of its JSONL export
+names its prompt in the same field. An error line also carries it as `custom_id`, the field
+OpenAI's Batch error format names it by; `is_failure` tells the two kinds apart.
+
 Result line (`results/{batch}.jsonl`):
     {"id", "line", "reasoning_content", "content", "tool_calls", "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens"},
@@ -133,7 +137,7 @@ def error_record(
 ) -> dict[str, Any]:
     code = code or error_code(status, message)
     return {
-        "id": f"fg-{prompt_id}",
+        "id": prompt_id,
         "custom_id": prompt_id,
         "response": (
             {"status_code": status, "body": {"error": {"message": message, "code": code}}}

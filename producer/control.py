@@ -107,7 +107,7 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
         if resend:
             resumed.resent += _requeue(
                 ledger, app, job, None, keep=lambda error: (breaker.outcome(error) == cause
-                                                            and error["custom_id"] not in resent)
+                                                            and error["id"] not in resent)
             ).prompts
     resumed.batches = redispatch_idle(ledger, app, job, manifest.queue)
     return resumed
@@ -152,7 +152,7 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
             continue
         if ledger.drop_failures(job, batch, failed) is None:
             raise JobError(f"job {job}: batch {batch} started while resume ran; run resume again")
-        ids.update(r["custom_id"] for r in failed)
+        ids.update(r["id"] for r in failed)
     return ids
 
 
@@ -197,7 +197,7 @@ def _requeue(
 
     def collect(record: dict[str, Any]) -> None:
         if is_failure(record) and (keep is None or keep(record)):
-            failed[record["custom_id"]] = record["error"]["code"]
+            failed[record["id"]] = record["error"]["code"]
 
     # The job's one reading: a prompt of a requeue batch not written yet has no outcome (its
     # round will give it one), so it is not requeued twice.

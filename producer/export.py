@@ -26,9 +26,10 @@ FORMATS = ("jsonl", "openai", "parquet")
 
 
 def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
-    """A result or error in OpenAI Batch output format."""
+    """A result or error in OpenAI Batch output format: `custom_id` is the input id, `id` the
+    request's own id (`fg-` and the input id), on every line."""
     if is_failure(record):
-        return {"id": record["id"], "custom_id": record["custom_id"],
+        return {"id": f"fg-{record['id']}", "custom_id": record["id"],
                 "response": record["response"], "error": record["error"]}
     message: dict[str, Any] = {"role": "assistant", "content": record["content"],
                                "reasoning_content": record["reasoning_content"]}
@@ -89,7 +90,7 @@ def _write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> int:
         for r in rows:
             failed = is_failure(r)
             usage = r.get("usage") or {}
-            columns["id"].append(r["custom_id"] if failed else r["id"])
+            columns["id"].append(r["id"])
             columns["status"].append("failed" if failed else "ok")
             columns["reasoning_content"].append(None if failed else r["reasoning_content"])
             columns["content"].append(None if failed else r["content"])

@@ -259,10 +259,7 @@ def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
             errors: dict[str, dict[str, Any]] = {}
             if batch in layout.done:
                 for record in batch_records(sink, job, batch):
-                    if is_failure(record):
-                        errors[record["custom_id"]] = record
-                    else:
-                        results[record["id"]] = record
+                    (errors if is_failure(record) else results)[record["id"]] = record
             requeued = index.lookup(ids)
             for prompt_id in ids:
                 chosen = _choose(results.get(prompt_id), requeued.get(prompt_id),
@@ -288,7 +285,7 @@ def _index_requeue_batch(sink: Sink, job: str, batch: str, layout: Layout, index
     # writes) succeeded.
     for record in batch_records(sink, job, batch):
         if is_failure(record):
-            index.put(record["custom_id"], FAILURE, orjson.dumps(record))
+            index.put(record["id"], FAILURE, orjson.dumps(record))
         elif not index.put(record["id"], SUCCESS, orjson.dumps(record)):
             report.duplicates_dropped += 1
 

@@ -169,7 +169,8 @@ def test_the_three_formats_keep_their_record_shapes(
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "reasoning_tokens": 3,
                              "total_tokens": 12}
     assert body["choices"][0]["message"]["reasoning_content"] == "thinking in b000001"
-    assert openai[3] == {k: stored[3][k] for k in ("id", "custom_id", "response", "error")}
+    assert openai[3] == {"id": "fg-p00003", "custom_id": "p00003",
+                         **{k: stored[3][k] for k in ("response", "error")}}
 
     # Row groups of 10 rows: the file is written in parts, never held whole.
     monkeypatch.setattr(export, "ROW_GROUP_ROWS", 10)
@@ -186,6 +187,24 @@ def test_the_three_formats_keep_their_record_shapes(
         "content": "An answer.", "tool_calls": None, "finish_reason": "stop", "prompt_tokens": 5,
         "completion_tokens": 7, "reasoning_tokens": 3, "error": None, "worker": "gpu0@test",
         "attempt": 1}
+
+
+def test_every_exported_line_names_its_input_id_in_the_same_field_in_each_format(
+    ledger: Ledger, sink: Sink, tmp_path: Path, cli_env: None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pyarrow.parquet as pq
+
+    job = Job(ledger, sink, tmp_path, prompts=12)
+    job.finish(fail={"p00002", "p00007"})
+    for fmt in export.FORMATS:
+        assert run_export(capsys, "job", "--to", str(tmp_path / f"e.{fmt}"), "--format", fmt)[0] == 0
+    answers_and_failures = read_jsonl(tmp_path / "e.jsonl")
+    assert [r["id"] for r in answers_and_failures] == job.ids
+    assert [("error" in r) for r in answers_and_failures].count(True) == 2
+    openai = read_jsonl(tmp_path / "e.openai")
+    assert [r["custom_id"] for r in openai] == job.ids
+    assert [r["id"] for r in openai] == [f"fg-{i}" for i in job.ids]
+    assert pq.read_table(tmp_path / "e.parquet").column("id").to_pylist() == job.ids
 
 
 def test_a_requeued_failure_that_then_succeeded_is_exported_once_as_a_success(
@@ -233,7 +252,7 @@ def test_a_success_is_final_and_among_failures_the_latest_round_wins(
     rows = read_jsonl(tmp_path / "e.jsonl")
     assert rows[2]["reasoning_content"] == "thinking in r09-000001"  # the success stands
     failed = rows[1]
-    assert failed["custom_id"] == "p00001" and failed["id"] == "fg-p00001"
+    assert failed["custom_id"] == "p00001" and failed["id"] == "p00001"
     assert report["failed_by_code"] == {"context_length_exceeded": 1}
 
 
