@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from fleetgen import broker, keys
+from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
 from fleetgen.commandline import CommandParser
 from fleetgen.errors import FleetgenError, JobError
@@ -479,7 +479,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         print(orjson.dumps({**report.as_dict(), "written": written}).decode(), flush=True)
     else:
         print(f"reconcile: {report.line()}", flush=True)
-    shortfall = report.problem()
+    shortfall = report.problem(ledger.job_state(args.job)[0] if ledger is not None else None)
     if shortfall and not args.partial:
         reason, fix = shortfall
         raise CommandError(f"{reason}; {fix}, or pass --partial to export what exists")
@@ -640,8 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {redact(exc)}", file=sys.stderr)
         return RET_ERROR
     except RedisAuthError as exc:
-        print(f"error: Redis at {redact(settings.redis_url)} refused the password ({redact(exc)});"
-              " check REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE", file=sys.stderr)
+        print(f"error: {redisconn.auth_refused(settings.redis_url, exc)}", file=sys.stderr)
         return RET_ERROR
     except RedisNoPermissionError as exc:
         print(f"error: the Redis user of {redact(settings.redis_url)} may not do this ({exc}); "

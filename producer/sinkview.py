@@ -40,6 +40,7 @@ import orjson
 
 from fleetgen import keys
 from fleetgen.job import JobManifest
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
 from fleetgen.records import is_failure
 from fleetgen.sink import Sink, batch_records
 
@@ -157,8 +158,10 @@ class Reconcile:
             "missing_ids": self.missing_ids,
         }
 
-    def problem(self) -> tuple[str, str] | None:
-        """Why this is not the whole dataset, and what to do about it; None when it is."""
+    def problem(self, state: str | None = None) -> tuple[str, str] | None:
+        """Why this is not the whole dataset, and what to do about it; None when it is. `state`
+        is the job's state in the ledger (None: unknown): a paused or cancelled job is not
+        waited for but resumed."""
         stored = f"{self.input_batches:,} of {self.batches:,} batch inputs stored"
         if not self.complete:
             return (f"enqueue of job {self.job} did not finish: {stored}",
@@ -168,8 +171,12 @@ class Reconcile:
                     "deleted)", "re-run the same enqueue command")
         if self.missing > 0:
             examples = ", ".join(self.missing_ids[:5])
-            return (f"job {self.job} is not finished: {self.missing:,} of {self.total:,} prompts "
-                    f"have no outcome yet (e.g. {examples})",
+            outcomes = (f"{self.missing:,} of {self.total:,} prompts have no outcome yet (e.g. "
+                        f"{examples})")
+            if state in (STATE_PAUSED, STATE_CANCELLED):
+                return (f"job {self.job} is {state}: {outcomes}",
+                        f"resume it to finish them (python -m producer resume {self.job})")
+            return (f"job {self.job} is not finished: {outcomes}",
                     f"wait for it (python -m producer status {self.job})")
         if self.missing < 0:
             return (f"job {self.job} has {-self.missing:,} more outcomes than its manifest's "

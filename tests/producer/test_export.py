@@ -270,6 +270,25 @@ def test_a_requeue_batch_that_has_not_run_makes_its_prompts_missing_again(
     assert err.startswith("error: job job is not finished: 1 of 30 prompts have no outcome yet")
 
 
+def test_exporting_a_cancelled_job_says_it_is_cancelled_and_how_to_resume_it(
+    ledger: Ledger, sink: Sink, tmp_path: Path, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = Job(ledger, sink, tmp_path)
+    job.store_inputs()
+    job.run(1)
+    job.run(2)
+    ledger.set_state("job", "cancelled", "cancelled by user")
+    to = tmp_path / "e.jsonl"
+    code, _, err = run_export(capsys, "job", "--to", str(to))
+    assert code == 1 and not to.exists()
+    assert err == (
+        "error: job job is cancelled: 10 of 30 prompts have no outcome yet (e.g. p00020, p00021, "
+        "p00022, p00023, p00024); resume it to finish them (python -m producer resume job), or "
+        "pass --partial to export what exists\n")
+    assert run_export(capsys, "job", "--to", str(to), "--partial")[0] == 0
+    assert outcome_ids(read_jsonl(to)) == job.ids[:20]
+
+
 def test_export_refuses_a_job_whose_enqueue_did_not_finish(
     ledger: Ledger, sink: Sink, tmp_path: Path, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
