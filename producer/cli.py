@@ -455,6 +455,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from producer import sinkview
 
     out = sys.stderr if args.json else sys.stdout
+    unwritable = export.format_problem(args.format)
+    if unwritable:
+        raise CommandError(unwritable, RET_BAD_INPUT)
     manifest, ledger = _exported_job(args, settings, out)
     if ledger is not None:
         _check_quality(ledger, args)

@@ -11,6 +11,7 @@ under PATH; and it refuses a PATH that must not be written (`target_problem`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import secrets
 from collections.abc import Iterable
@@ -23,6 +24,14 @@ from fleetgen.job import InputInfo
 from fleetgen.records import is_failure
 
 FORMATS = ("jsonl", "openai", "parquet")
+
+
+def format_problem(fmt: str) -> str | None:
+    """Why `fmt` cannot be written here, or None: checked before the job is read, so a missing
+    library costs no reading."""
+    if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        return "--format parquet needs pyarrow, which is not installed: pip install 'fleetgen[parquet]'"
+    return None
 
 
 def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:

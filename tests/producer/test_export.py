@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
@@ -205,6 +206,26 @@ def test_every_exported_line_names_its_input_id_in_the_same_field_in_each_format
     assert [r["custom_id"] for r in openai] == job.ids
     assert [r["id"] for r in openai] == [f"fg-{i}" for i in job.ids]
     assert pq.read_table(tmp_path / "e.parquet").column("id").to_pylist() == job.ids
+
+
+def test_parquet_without_pyarrow_says_how_to_install_it_before_reading_the_job(
+    ledger: Ledger, sink: Sink, tmp_path: Path, cli_env: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer import sinkview
+
+    Job(ledger, sink, tmp_path).finish()
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # what an import finds when not installed
+
+    def no_reading(*args: object) -> None:
+        raise AssertionError("the job was read")
+
+    monkeypatch.setattr(sinkview, "survey", no_reading)
+    to = tmp_path / "e.parquet"
+    code, out, err = run_export(capsys, "job", "--to", str(to), "--format", "parquet")
+    assert (code, out, to.exists()) == (2, "", False)
+    assert err == ("error: --format parquet needs pyarrow, which is not installed: "
+                   "pip install 'fleetgen[parquet]'\n")
 
 
 def test_a_requeued_failure_that_then_succeeded_is_exported_once_as_a_success(
