@@ -22,6 +22,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.sentinel import Sentinel
 
+from fleetgen.redact import redact
+
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_PORT = 26379
 
@@ -44,6 +46,20 @@ def _master_kwargs(url: str) -> dict[str, Any]:
     if first.username:
         kwargs["username"] = unquote(first.username)
     return kwargs
+
+
+def auth_refused(url: str, exc: Exception) -> str:
+    """What to tell the user when the Redis `url` names did not let them in (an
+    AuthenticationError): it wants a password and `url` gave none, or it refused the one
+    given. Never the password itself."""
+    where = redact(url)
+    if "password" not in _master_kwargs(url):
+        return (f"Redis at {where} needs a password and none was given: put it in REDIS_URL "
+                "(redis://:PASSWORD@HOST:PORT/0) or set FLEETGEN_REDIS_PASSWORD_FILE=FILE (the "
+                "embedded Redis keeps its password in DATA/password of its --data-dir, "
+                ".fleetgen/redis/password by default)")
+    return (f"Redis at {where} refused the password that was given ({redact(exc)}); check "
+            "REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE")
 
 
 def _socket_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

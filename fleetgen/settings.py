@@ -23,11 +23,16 @@ from fleetgen.errors import FleetgenError
 from fleetgen.redact import redact
 from fleetgen.retry import backoff
 
-# The embedded Valkey of `python -m launcher redis` listens here, and keeps the password it
-# generates in this file (relative to where it was started); a bare `python -m producer` or
-# `celery -A workers worker` run there finds both without configuration.
+# The embedded Valkey of `python -m launcher redis` listens here by default, keeps the password
+# it generates in this file (relative to where it was started) and, while it runs, the port it
+# serves in the file beside it; a bare `python -m producer` or `celery -A workers worker` run
+# there finds both without configuration, and so does one whose REDIS_URL names that port on
+# loopback without a password (the README's `--port` advice).
 EMBEDDED_REDIS_URL = "redis://127.0.0.1:6389/0"
 EMBEDDED_REDIS_PASSWORD_FILE = Path(".fleetgen/redis/password")
+EMBEDDED_REDIS_PORT_FILE = EMBEDDED_REDIS_PASSWORD_FILE.with_name("port")
+# The names a REDIS_URL gives this machine by: only there can the embedded Valkey be.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # The clone (an editable install's source tree). The repository's `.env` names the password
 # file relatively; loaded in another directory (`cd ~ && celery -A workers flower`), that name
 # is resolved here when the working directory has no such file (locate_secret_file).
@@ -173,10 +178,9 @@ class Settings:
                 str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
                 read_secret_file(locate_secret_file(Path(env["FLEETGEN_REDIS_PASSWORD_FILE"])),
                                  PASSWORD_FILE_WAIT_S))
-        elif "redis_url" not in kwargs and (
-                embedded := locate_secret_file(EMBEDDED_REDIS_PASSWORD_FILE)).is_file():
-            # The embedded Valkey's own default: a bare command next to it needs no setting.
-            kwargs["redis_url"] = with_password(EMBEDDED_REDIS_URL, read_secret_file(embedded))
+        elif (embedded := embedded_redis_url(
+                str(kwargs["redis_url"]) if "redis_url" in kwargs else None)) is not None:
+            kwargs["redis_url"] = embedded
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def redis_endpoints(self) -> list[tuple[str, int]]:
@@ -214,6 +218,42 @@ def with_password(url: str, password: str) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def embedded_redis_url(url: str | None) -> str | None:
+    """The URL to reach the embedded Valkey with its password, for a command given no password
+    file: `url` (REDIS_URL) with the password when it names the port the embedded Valkey serves
+    on loopback and carries no credentials, the embedded Valkey's own address when `url` is
+    None; None when there is no embedded Valkey next to this command or `url` names another
+    server (which must never be sent its password)."""
+    password_file = locate_secret_file(EMBEDDED_REDIS_PASSWORD_FILE)
+    if not password_file.is_file():
+        return None
+    served = _served_port(password_file.with_name(EMBEDDED_REDIS_PORT_FILE.name))
+    if url is None:
+        url = EMBEDDED_REDIS_URL if served is None else f"redis://127.0.0.1:{served}/0"
+    elif served is None or _port(url) != served:
+        return None
+    else:
+        parts = urlsplit(url)
+        if (parts.scheme != "redis" or parts.hostname not in LOOPBACK_HOSTS or parts.username
+                or parts.password):
+            return None
+    return with_password(url, read_secret_file(password_file))
+
+
+def _port(url: str) -> int | None:
+    try:
+        return urlsplit(url).port or 6379
+    except ValueError:  # no port number: not the embedded Valkey's URL
+        return None
+
+
+def _served_port(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def locate_secret_file(path: Path) -> Path:

@@ -43,10 +43,11 @@ class ChildProcess:
 
     def __init__(self, argv: Sequence[str], log_path: Path, *, env: Mapping[str, str],
                  cwd: Path | None = None, header: str | None = None,
-                 with_parent: bool = True) -> None:
+                 with_parent: bool = True, pass_fds: Sequence[int] = ()) -> None:
         """Start `argv`. `header` is written to the log first (a line saying what starts);
         `with_parent=False` lets the child outlive the thread that started it (a test that
-        starts workers from a helper thread, the stack `launcher demo --keep` leaves up)."""
+        starts workers from a helper thread, the stack `launcher demo --keep` leaves up);
+        `pass_fds` stay open in the child (an embedded server's data dir lock)."""
         parent = os.getpid()
 
         def die_with_parent_or_exit() -> None:
@@ -62,7 +63,7 @@ class ChildProcess:
             # Python-level lock, which is what makes preexec_fn safe enough with threads here.
             self.popen = subprocess.Popen(
                 list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds),
                 preexec_fn=die_with_parent_or_exit if with_parent else None,  # noqa: PLW1509
             )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import signal
 import sys
@@ -28,8 +29,21 @@ from pathlib import Path
 
 from fleetgen.commandline import CommandParser
 from launcher.child import ChildProcess
-from launcher.ports import HOST, port_is_free
-from launcher.services import S3Ports, redis_password, s3_credentials, wait_until
+from launcher.ports import (
+    HOST,
+    busy_reason,
+    ephemeral_range,
+    ephemeral_text,
+    in_ephemeral_range,
+    port_is_free,
+)
+from launcher.services import (
+    S3Ports,
+    data_dir_holder,
+    redis_password,
+    s3_credentials,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
@@ -66,7 +80,17 @@ class DemoPorts:
         if base < 1024 or S3Ports(ports.s3).grpc["admin"] > MAX_PORT:
             raise ValueError(f"--port-base {base}: use 1024..{MAX_PORT - S3Ports(S3_OFFSET).grpc['admin']}"
                              " (the stack takes B..B+18 and B+10018)")
+        if inside := in_ephemeral_range(ports.all()):
+            highest = ephemeral_range()[0] - 1 - S3Ports(S3_OFFSET).grpc["admin"]
+            raise ValueError(
+                f"--port-base {base}: the stack's ports {', '.join(map(str, inside))} lie in "
+                f"{ephemeral_text()}: a server there fails at random. Use a base from 1024 to "
+                f"{highest} (the stack takes B..B+18 and B+10018)")
         return ports
+
+    def all(self) -> list[int]:
+        """Every port of the stack."""
+        return sorted(port for ports in self.taken().values() for port in ports)
 
     def taken(self) -> dict[str, list[int]]:
         """Each process's ports."""
@@ -155,11 +179,15 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     state = (args.state_dir or ROOT / DEFAULT_STATE).resolve()
-    busy = [f"{name} ({', '.join(map(str, numbers))})" for name, numbers in ports.taken().items()
-            if not all(port_is_free(port) for port in numbers)]
+    if (shared := state_in_use(state)) is not None:
+        print(f"demo: {shared}", file=sys.stderr)
+        return 2
+    busy = [f"{name}: port {port} is {busy_reason(port)}"
+            for name, numbers in ports.taken().items() for port in numbers
+            if not port_is_free(port)]
     if busy:
         kept = kept_stack(state)
-        print(f"demo: ports in use: {'; '.join(busy)}; "
+        print("demo: " + "; ".join(busy) + "; "
               + (f"a stack kept by `demo --keep` runs (honcho pid {kept}): stop it with "
                  f"`kill {kept}`, or --port-base B moves them all" if kept else
                  "is another stack running? (--port-base B moves them all)"), file=sys.stderr)
@@ -181,6 +209,9 @@ def main(argv: list[str]) -> int:
         print(f"stack up in {time.monotonic() - started:.1f}s  "
               f"(Flower: http://{HOST}:{ports.flower}, log: {log_path})")
         code = _run_job(args, honcho.pid if keep else None)
+    except StackExited as exc:
+        print(f"demo: {exc}\nthe whole log: {_shown_path(log_path)}", file=sys.stderr)
+        code = 1
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo: {exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}", file=sys.stderr)
         code = 1
@@ -195,6 +226,25 @@ def main(argv: list[str]) -> int:
         print(kept_text(honcho.pid, ports, state))
     print(f"demo wall time {time.monotonic() - started:.1f}s")
     return code
+
+
+def state_in_use(state: Path) -> str | None:
+    """Why the demo must not start on the state folder `state`, or None: an embedded Redis or
+    S3 (another stack's, a `launcher redis|s3`) runs on one of its data dirs. Two stacks on one
+    folder rewrite each other's AOF and join each other's SeaweedFS."""
+    for part in ("redis", "s3"):
+        holder = data_dir_holder(state / part)
+        if holder is None:
+            continue
+        kept = kept_stack(state)
+        pid = kept or (holder.split()[1] if holder.startswith("pid ") else None)
+        stop = (f"stop it (`kill {kept}`: the honcho of a `demo --keep`)" if kept else
+                f"stop it (`kill {pid}`)" if pid else "stop it")
+        return (f"{_shown_path(state / part)} is in use by {holder}: another stack uses the state "
+                f"folder {_shown_path(state)}, and two stacks must never share one; {stop}, or "
+                "give this demo its own with --state-dir DIR (and --port-base B if its ports "
+                "are taken too)")
+    return None
 
 
 def kept_stack(state: Path) -> int | None:
@@ -258,11 +308,46 @@ def _wait_ready(honcho: ChildProcess, log_path: Path) -> None:
 
     def ready() -> bool:
         if honcho.poll() is not None:
-            raise RuntimeError(f"the stack exited (code {honcho.returncode})")
+            raise StackExited(stack_failure(log_path.read_text(errors="replace"))
+                              or f"the stack exited (code {honcho.returncode})")
         text = log_path.read_text(errors="replace")
         return text.count("fired up and ready to roll") >= 2 and text.count(" ready.") >= 2
 
     wait_until(ready, 180, what="servers and workers ready")
+
+
+class StackExited(RuntimeError):
+    """honcho ended before the stack was ready: one of its processes died."""
+
+
+# A honcho log line: `12:00:01 redis.1  | text`; honcho's own lines come from `system`.
+_HONCHO_LINE = re.compile(r"^\S+ (?P<name>[\w-]+?)(?:\.\d+)?\s+\| ?(?P<text>.*)$")
+_STOPPED = re.compile(r"^(?P<name>[\w-]+?)\.\d+ stopped \(rc=(?P<rc>-?\d+)\)")
+# A line that says why a process died: Go's glog fatal and error lines (SeaweedFS), a taken
+# port, then anything naming an error; the last such line of the process wins.
+_CAUSE = (re.compile(r"^[FE]\d{4} |address already in use|not available"),
+          re.compile(r"(?i)error|fatal|panic|abort|failed|exception|refused|denied"))
+CULPRIT_LINES = 10
+
+
+def stack_failure(log: str) -> str | None:
+    """Which process of honcho's `log` ended the stack, with its exit code, the line that says
+    why and its own last lines (not the others' shutdown); None if no process had stopped."""
+    lines: list[tuple[str, str]] = []
+    for raw in log.splitlines():
+        if match := _HONCHO_LINE.match(raw):
+            lines.append((match["name"], match["text"]))
+    stopped = next((m for name, text in lines if name == "system"
+                    and (m := _STOPPED.match(text))), None)
+    if stopped is None:
+        return None
+    name = stopped["name"]
+    own = [text for who, text in lines if who == name]
+    cause = next((text for pattern in _CAUSE for text in reversed(own) if pattern.search(text)),
+                 own[-1] if own else "(it wrote nothing)")
+    last = "\n".join(f"  {name} | {text}" for text in own[-CULPRIT_LINES:])
+    return (f"the stack stopped: {name} exited (code {stopped['rc']}): {cause.strip()}\n"
+            f"--- the last lines of {name} ---\n{last}")
 
 
 def _quoted(value: str) -> str:

@@ -1,5 +1,13 @@
 """TCP ports on this machine, for every part of the launcher: the loopback address its servers
-listen on by default, a port nothing listens on, whether a server could bind a port.
+listen on by default, a port nothing listens on, whether a server could bind a port, and why it
+could not.
+
+A port can be taken two ways. A server listens on it: `port_holder` names that process, found
+as `ss -ltnp` finds it, without `ss` (the listening socket's inode in /proc/net/tcp and tcp6,
+then the process whose /proc/PID/fd links to it). Or a connection holds it as its local end (an
+outgoing connection, or one in TIME-WAIT): the kernel hands those local ports out of its
+ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), so a server port inside that range is
+taken at random, by no process a user could stop. `busy_reason` says which.
 
 Shared like launcher/child.py and launcher/errors.py: node supervision checks its servers' ports
 with it without loading the embedded services (launcher.services), which load the settings.
@@ -7,9 +15,17 @@ with it without loading the embedded services (launcher.services), which load th
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Iterable
+from pathlib import Path
 
 HOST = "127.0.0.1"
+# Where Linux reads its ephemeral range from, and its default when the file cannot be read.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL = (32768, 60999)
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+_COMMAND_CHARS = 120
 
 
 def free_port(host: str = HOST) -> int:
@@ -28,3 +44,81 @@ def port_is_free(port: int, host: str = HOST) -> bool:
         except OSError:
             return False
         return True
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (first, last), inclusive."""
+    try:
+        first, last = (int(cell) for cell in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+    return first, last
+
+
+def in_ephemeral_range(ports: Iterable[int]) -> list[int]:
+    """The ones of `ports` inside the kernel's ephemeral range."""
+    first, last = ephemeral_range()
+    return [port for port in ports if first <= port <= last]
+
+
+def ephemeral_text() -> str:
+    """Why a port in the ephemeral range is a poor server port, for messages."""
+    first, last = ephemeral_range()
+    return (f"the kernel's ephemeral range {first}-{last} ({EPHEMERAL_RANGE_FILE}), from which "
+            f"outgoing connections take their local ports at random; pick a port below {first}")
+
+
+def busy_reason(port: int) -> str:
+    """Why a server cannot bind `port` (which it cannot): the process listening there, or the
+    connection holding it (see the module doc)."""
+    holder = port_holder(port)
+    if holder is not None:
+        return f"in use by {holder}"
+    if in_ephemeral_range([port]):
+        return f"held by a connection, not a server: it lies in {ephemeral_text()}"
+    return ("held by a connection, not a server (no process listens on it: one connected from "
+            "it, or one closed a moment ago and in TIME-WAIT); try again shortly or pick another")
+
+
+def port_holder(port: int) -> str | None:
+    """`pid 4242 (COMMAND)` of the process listening on TCP `port`, `a process of another
+    user` when /proc does not show whose socket it is, None when nothing listens there."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    links = {f"socket:[{inode}]" for inode in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:  # not ours to read, or it exited meanwhile
+            continue
+        if any(_link(fd) in links for fd in fds):
+            try:
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").strip()
+            except OSError:
+                return f"pid {proc.name}"
+            return f"pid {proc.name} ({command.decode(errors='replace')[:_COMMAND_CHARS]})"
+    return "a process of another user"
+
+
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:  # closed meanwhile
+        return ""
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cells = row.split()
+            if len(cells) > 9 and cells[3] == _LISTEN and int(cells[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cells[9])
+    return inodes

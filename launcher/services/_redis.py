@@ -2,7 +2,8 @@
 
 Locked by default: at its first start the server generates a password into `DATA/password`
 (0600, in a 0700 data dir); Valkey gets it as the `default` user's SHA-256 in `DATA/users.acl`,
-never on its command line. More users (least-privilege ones for workers, the producer, Flower:
+never on its command line. While it runs, `DATA/port` says which port it serves, so a client
+next to the data dir finds the password for that port (fleetgen/settings.py). More users (least-privilege ones for workers, the producer, Flower:
 docs/security.md) are added with `ACL SETUSER` and kept across restarts by `ACL SAVE`, which
 writes the same file. Protected mode stays on.
 """
@@ -18,12 +19,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from fleetgen.settings import EMBEDDED_REDIS_PORT_FILE
 from launcher.ports import free_port
 from launcher.services._credentials import new_secret, read_or_create, write_private
 from launcher.services._embedded import BinaryNotFoundError, EmbeddedServer
 
 PASSWORD_FILE = "password"
 ACL_FILE = "users.acl"
+# The port it serves, written at each start and removed at its stop: a client next to the data
+# dir whose REDIS_URL names that port on loopback gets the password from it (fleetgen.settings).
+PORT_FILE = EMBEDDED_REDIS_PORT_FILE.name
 
 
 def redis_password(data_dir: Path) -> str:
@@ -94,6 +99,10 @@ class RedisServer(EmbeddedServer):
         self._require_free([self.port])
         self.password = redis_password(self.data_dir)
         self._write_acl()
+        write_private(self.data_dir / PORT_FILE, f"{self.port}\n")
+
+    def _after_exit(self) -> None:
+        (self.data_dir / PORT_FILE).unlink(missing_ok=True)
 
     def _write_acl(self) -> None:
         """`users.acl` with the default user behind the password file's password, and every
