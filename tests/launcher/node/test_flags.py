@@ -212,3 +212,100 @@ def test_dry_run_warns_about_a_flag_the_release_rejects(tmp_path: Path) -> None:
                   "lots", "--mamba-radix-cache-strategy", "no_buffer")
     assert "warning: --max-mamba-cache-size: 'lots' is not an int (sglang 0.5.23)" in out
     assert "mamba-radix-cache-strategy" in out and out.count("  warning:") == 1
+
+
+# Switches declared through argparse actions other than store_true (SGLang 0.5.23's own text).
+
+ACTIONS_0_5_23 = '''
+class DeprecatedAction(argparse.Action):
+    def __init__(self, option_strings, dest, error_message=None, nargs=0, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+class DeprecatedStoreTrueAction(argparse.Action):
+    def __init__(self, option_strings, dest, new_flag=None, nargs=0, const=True,
+                 default=False, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, const=const, default=default)
+
+class DeprecatedStoreConstAction(argparse.Action):
+    def __init__(self, option_strings, dest, new_flag=None, const_value=None, nargs=0,
+                 default=None, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, default=default, **kwargs)
+
+class DeprecatedAliasStoreAction(argparse.Action):
+    def __init__(self, option_strings, dest, new_flag=None, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+'''
+
+SERVER_ARGS_0_5_23 = '''
+class ServerArgs:
+    lora_strict_loading: A[bool, Arg(help="s", action=argparse.BooleanOptionalAction)] = False
+    lora_paths: A[Optional[list], Arg(help="p", action=LoRAPathAction,
+                                       action_kwargs={"type": str, "nargs": "*"})] = None
+    model_checksum: A[Optional[str], Arg(help="c", nargs="?", const="")] = None
+    enable_dp_attention: A[bool, Arg(no_cli=True, resolvable=True)] = False
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--enable-dp-attention", action=DeprecatedStoreTrueAction,
+                            new_flag="--attn-dp-size <dp-size>", help="Deprecated.")
+        parser.add_argument("--collect-tokens-histogram", action=DeprecatedAction, help="x")
+        parser.add_argument("--monokernel-backend", action=DeprecatedStoreConstAction,
+                            dest="enable_amd_monokernel", nargs=None, choices=["amd"],
+                            const_value=True, default=False)
+        parser.add_argument("--old-size", action=DeprecatedAliasStoreAction, type=int)
+'''
+
+
+def test_actions_that_take_no_value_are_read_as_switches() -> None:
+    from launcher.node import read_actions
+    actions = read_actions(ACTIONS_0_5_23)
+    flags = {n: f.to_json() for n, f in read_source(SERVER_ARGS_0_5_23, actions).items()}
+    assert flags == {
+        "--enable-dp-attention": {"kind": "switch"},
+        "--collect-tokens-histogram": {"kind": "switch"},
+        "--lora-strict-loading": {"kind": "switch"},
+        "--no-lora-strict-loading": {"kind": "switch"},  # BooleanOptionalAction adds it
+        "--lora-paths": {"kind": "str", "many": True, "optional": True},
+        "--model-checksum": {"kind": "str", "optional": True},
+        "--monokernel-backend": {"kind": "any", "choices": ["amd"]},
+        "--old-size": {"kind": "int"},
+    }
+
+
+# Flags SGLang declares as switches (store_true, a deprecated store-true action or
+# BooleanOptionalAction), sampled from each release's server_args.py and arg_groups/fields/.
+SWITCHES = {
+    "0.5.1": ["--enable-dp-attention", "--disable-radix-cache", "--enable-metrics",
+              "--disable-cuda-graph"],
+    "0.5.13": ["--enable-dp-attention", "--collect-tokens-histogram", "--stream-output",
+               "--lora-strict-loading", "--no-lora-strict-loading"],
+    "0.5.20": ["--enable-dp-attention", "--disable-cuda-graph", "--ple-offload-embedding",
+               "--no-ple-offload-embedding", "--enable-metrics"],
+    "0.5.23": ["--enable-dp-attention", "--disable-cuda-graph", "--enable-metrics",
+               "--disable-radix-cache", "--lora-strict-loading", "--enable-tf32-matmul",
+               "--no-enable-tf32-matmul", "--mm-enable-dp-encoder"],
+}
+
+
+@pytest.mark.parametrize("release", sorted(SWITCHES))
+def test_the_table_says_switch_for_each_switch_sglang_declares(release: str) -> None:
+    for flag in SWITCHES[release]:
+        assert check_args([flag], release) == [], (release, flag)
+        assert check_args([flag, "1"], release) == [
+            f"{flag}: a switch takes no value, got '1' (sglang {release})"]
+
+
+def test_a_flag_whose_value_may_be_left_out_stands_alone() -> None:
+    assert check_args(["--model-checksum"], "0.5.23") == []
+    assert check_args(["--model-checksum", "abc"], "0.5.23") == []
+    assert check_args(["--max-mamba-cache-size"], "0.5.23") == [
+        "--max-mamba-cache-size: needs a value (sglang 0.5.23)"]
+
+
+def test_dry_run_of_dp_attention_gives_no_warning(tmp_path: Path) -> None:
+    profile = tmp_path / "node.toml"
+    profile.write_text('model = "/models/q"\nsglang_version = "0.5.23"\n')
+    out = dry_run(tmp_path, "--gpus", "0-1", "--profile", str(profile), "--",
+                  "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")
+    assert "warning" not in out and "needs a value" not in out
+    assert "1 server(s) of 2 (--tp-size 2 --dp-size 2 --enable-dp-attention)" in out
