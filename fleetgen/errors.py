@@ -15,6 +15,7 @@
       LeaseLostError         another worker owns the batch now: stop without writing
       WorkerStoppingError    this worker is shutting down: hand the batch back, spend no attempt
       JobError               unknown job, bad job state or manifest
+        UnknownJobError      Redis holds no job of that name
         JobNotRunningError   a batch of a paused or cancelled job was dropped
         JobBusyError         another command holds the job's lock (enqueue, requeue, rebuild)
         ModelChoiceError     the server serves several models and the job names none
@@ -84,6 +85,15 @@ class WorkerStoppingError(FleetgenError):
 
 class JobError(FleetgenError):
     """The job does not exist, or the operation does not fit its state."""
+
+
+class UnknownJobError(JobError):
+    """Redis holds no job of that name: a typo, a job whose keys expired after it finished,
+    or a Redis that lost its data (the job's output tells the last two apart)."""
+
+    def __init__(self, message: str, job: str) -> None:
+        super().__init__(message)
+        self.job = job
 
 
 class JobNotRunningError(JobError):

@@ -20,7 +20,7 @@ import redis
 from redis.lock import Lock
 
 from fleetgen import keys, redisconn
-from fleetgen.errors import JobError
+from fleetgen.errors import JobError, UnknownJobError
 from fleetgen.job import JobManifest
 from fleetgen.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
 
@@ -175,9 +175,8 @@ class Ledger:
     def load_job(self, name: str) -> JobManifest:
         raw = self.r.hget(keys.job(name), "manifest")
         if raw is None:
-            raise JobError(f"no job named {name!r} in {self._where()} (if Redis lost its data, "
-                           f"`python -m producer rebuild {name} --output URI` rebuilds the job "
-                           "from its output)")
+            raise UnknownJobError(f"no job named {name!r} in {self._where()} (`python -m producer "
+                                  "jobs` lists them)", name)
         return JobManifest.from_json(raw)
 
     def job_exists(self, name: str) -> bool:
@@ -249,7 +248,7 @@ class Ledger:
 
     def _where(self) -> str:
         kw = self.r.connection_pool.connection_kwargs
-        return f"redis {kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
+        return f"Redis at {kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
 
     # Batches
 

@@ -62,6 +62,15 @@ def open_sink(uri: str, *, addressing_style: str = "path") -> Sink:
     raise SinkError(f"{uri}: unsupported output scheme {parsed.scheme!r} (use s3:// or a folder)")
 
 
+def absolute(uri: str) -> str:
+    """The output `uri` as every process must read it back: a folder as its absolute path (a
+    relative one would be resolved in each reader's own working folder), `~` expanded;
+    `s3://` and `file://` URIs as given."""
+    if urlparse(uri).scheme:
+        return uri
+    return os.path.abspath(os.path.expanduser(uri))
+
+
 def location(uri: str) -> str:
     """The output `uri` in one spelling, ending in `/`, to tell whether two outputs overlap:
     `s3://bucket/prefix/`, or a folder's absolute path (`~`, `..` and symlinks resolved)."""

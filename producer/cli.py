@@ -22,7 +22,7 @@ import orjson
 from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
 from fleetgen.commandline import CommandParser
-from fleetgen.errors import FleetgenError, JobError
+from fleetgen.errors import FleetgenError, JobError, UnknownJobError
 from fleetgen.job import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -30,7 +30,7 @@ from fleetgen.job import (
     GenerationParams,
     JobManifest,
 )
-from fleetgen.ledger import STATE_RUNNING, Ledger
+from fleetgen.ledger import STATE_CANCELLED, STATE_RUNNING, Ledger
 from fleetgen.redact import redact
 from fleetgen.retry import (
     REDIS_ERRORS,
@@ -39,7 +39,7 @@ from fleetgen.retry import (
     RedisNoPermissionError,
 )
 from fleetgen.settings import Settings, SettingsError
-from fleetgen.sink import open_sink
+from fleetgen.sink import absolute, location, open_sink
 from producer import export, report
 from producer.enqueue import (
     MAX_DEFAULT_BATCH,
@@ -65,6 +65,8 @@ RET_INTERRUPTED = 130
 RET_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 STDIN = "-"
 STDIN_NAME = "<stdin>"  # the input's name in errors and the manifest when it came from stdin
+# Where a job writes when neither --output nor FLEETGEN_OUTPUT names a place: beside the user.
+DEFAULT_OUTPUT = "fleetgen-output"
 
 EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
@@ -203,7 +205,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         _check_input_file(args.input)
     if args.batch_size is not None and args.batch_size < 1:
         raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
-    output = args.output or os.environ.get("FLEETGEN_OUTPUT") or str(Path("fleetgen-output").resolve())
+    if args.output is not None and not args.output.strip():
+        raise CommandError("--output is empty: give s3://bucket/prefix or a folder, or leave it "
+                           "out for $FLEETGEN_OUTPUT, else ./fleetgen-output", RET_BAD_INPUT)
+    output = absolute(args.output) if args.output is not None else _default_output()
     try:
         params = GenerationParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -262,6 +267,12 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     if report.enqueued == 0:
         print("  nothing to do")
     return RET_OK
+
+
+def _default_output() -> str:
+    """The output of a command given no --output: $FLEETGEN_OUTPUT, else ./fleetgen-output (a
+    folder as its absolute path)."""
+    return absolute(os.environ.get("FLEETGEN_OUTPUT") or DEFAULT_OUTPUT)
 
 
 def _check_input_file(path: Path) -> None:
@@ -499,11 +510,6 @@ def _exported_job(args: argparse.Namespace, settings: Settings,
     does not know (or a Redis that cannot be reached) is read from the sink alone."""
     if args.output is None:
         ledger = Ledger.connect(settings)
-        if not ledger.job_exists(args.job):
-            raise CommandError(
-                f"no job named {args.job!r} in Redis; if Redis lost its data, `python -m "
-                f"producer export {args.job} --to {args.to} --output URI` reads the job's output "
-                f"alone (and `python -m producer rebuild {args.job} --output URI` rebuilds it)")
         return ledger.load_job(args.job), ledger
     try:
         ledger = Ledger.connect(settings)
@@ -538,7 +544,7 @@ def _check_quality(ledger: Ledger, args: argparse.Namespace) -> None:
 
 
 def _same_output(job: str, known: str, given: str) -> None:
-    if known.rstrip("/") != given.rstrip("/"):
+    if location(known) != location(given):
         raise CommandError(f"job {job} writes to {known}, not {given}")
 
 
@@ -551,6 +557,30 @@ def _stored_manifest(job: str, output: str) -> JobManifest:
         raise CommandError(f"no job {job} in {output}: {sink.describe(keys.sink_manifest(job))} "
                            "does not exist")
     return manifest
+
+
+def _unknown_job(job: str, output: str) -> str | None:
+    """What `output` says of a job Redis does not hold, or None when it holds no such job (a
+    typo: the error alone says enough). A job that finished had its keys expire after
+    FLEETGEN_JOB_RETENTION; any other was lost by Redis and can be rebuilt."""
+    from fleetgen.jobview import STATE_DONE
+    from producer.sinkview import stored_manifest, stored_state
+
+    try:
+        sink = open_sink(output)
+        if stored_manifest(sink, job) is None:
+            return None
+        state = stored_state(sink, job)
+    except FleetgenError:
+        return None  # an output that cannot be read says nothing either way
+    where = sink.describe(f"{job}/")
+    export_it = f"`python -m producer export {job} --to FILE --output {output}`"
+    if state is not None and state[0] in (STATE_DONE, STATE_CANCELLED):
+        return (f"{where} holds job {job}, which finished ({state[0]}): Redis forgets a finished "
+                f"job FLEETGEN_JOB_RETENTION after it finished, and its output keeps it all; "
+                f"{export_it} exports it")
+    return (f"{where} holds job {job}: if Redis lost its data, `python -m producer rebuild {job} "
+            f"--output {output}` puts it back ({export_it} reads the output alone)")
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
@@ -636,6 +666,12 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
+    except UnknownJobError as exc:
+        print(f"error: {redact(exc)}", file=sys.stderr)
+        found = _unknown_job(exc.job, getattr(args, "output", None) or _default_output())
+        if found:
+            print(found, file=sys.stderr)
+        return RET_ERROR
     except SettingsError as exc:  # bad input, like a bad flag; its text may quote a URL
         print(f"error: {redact(exc)}", file=sys.stderr)
         return RET_BAD_INPUT

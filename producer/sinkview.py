@@ -41,6 +41,7 @@ import orjson
 from fleetgen import keys
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
+from fleetgen.progress import progress_key
 from fleetgen.records import is_failure
 from fleetgen.sink import Sink, batch_records
 
@@ -51,6 +52,20 @@ def stored_manifest(sink: Sink, job: str) -> JobManifest | None:
     """The manifest enqueue stored beside the job's objects, or None if there is none."""
     raw = sink.get(keys.sink_manifest(job))
     return JobManifest.from_json(raw) if raw else None
+
+
+def stored_state(sink: Sink, job: str) -> tuple[str, str] | None:
+    """The job's state and its reason as its progress.json last recorded them (`done`,
+    `running`, `paused`, `cancelled`, ...), or None without one. The workers write it within a
+    minute of a change, and `pause`, `cancel` and `resume` at once (producer/control.py)."""
+    raw = sink.get(progress_key(job))
+    if not raw:
+        return None
+    try:
+        status = orjson.loads(raw)
+        return str(status["state"]), str(status.get("reason") or "")
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None  # a file someone else wrote there: no state recorded
 
 
 @dataclass

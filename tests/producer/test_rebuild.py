@@ -61,7 +61,7 @@ def half_requeued(ledger: Ledger, app: Any, folder: Path) -> SinkJob:
 
 def test_export_reads_a_job_redis_lost_from_its_output_alone(
     ledger: Ledger, celery_app: Any, tmp_path: Path, cli_env: None,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job = half_requeued(ledger, celery_app, tmp_path)
     job.write_pending(fail={"p00002": SERVER})
@@ -70,8 +70,12 @@ def test_export_reads_a_job_redis_lost_from_its_output_alone(
 
     code = main(["export", "rounds", "--to", str(tmp_path / "e.jsonl")])
     err = capsys.readouterr().err
-    assert code == 1 and "no job named 'rounds' in Redis" in err
-    assert f"export rounds --to {tmp_path / 'e.jsonl'} --output URI` reads the job's output" in err
+    assert code == 1 and "no job named 'rounds' in Redis" in err and "rebuild" not in err
+    monkeypatch.setenv("FLEETGEN_OUTPUT", job.output)  # the output holds the job: say so
+    code = main(["export", "rounds", "--to", str(tmp_path / "e.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 1 and f"`python -m producer rebuild rounds --output {job.output}`" in err
+    assert f"`python -m producer export rounds --to FILE --output {job.output}`" in err
 
     code = main(["export", "rounds", "--to", str(tmp_path / "e.jsonl"), "--output", job.output])
     out, err = capsys.readouterr()
