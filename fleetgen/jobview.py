@@ -370,19 +370,33 @@ def _eta(
     unwritten: int, unanswered: int, in_flight: int, state: str, clock: dict[str, float],
     answer_s: float,
 ) -> int | None:
-    """Seconds until every prompt is written: the prompts not sent yet at the recent rate (a
-    slot frees for each answer), then one mean answer time for the last of them; at least 1 s
-    while a prompt is unwritten. None while the job does not run or answered nothing lately."""
+    """Seconds until every prompt is written: the prompts not sent yet at the rate the fleet
+    answers now (a slot frees for each answer), then one mean answer time for the last of
+    them; at least 1 s while a prompt is unwritten. None while the job does not run or
+    answered nothing lately."""
     if not unwritten:
         return 0
     if state != STATE_RUNNING:
         return None
     if not unanswered:
         return 1  # every prompt answered: their last batches are being written
-    per_s = clock["prompts"] / clock["window"]
+    per_s = _rate_now(clock, in_flight, answer_s)
     if per_s <= 0:
         return None
     return max(1, math.ceil((unanswered - in_flight) / per_s + answer_s))
+
+
+def _rate_now(clock: dict[str, float], in_flight: int, answer_s: float) -> float:
+    """Prompts a second the fleet answers now: the recent window's rate, or what the requests
+    in flight give (each slot answers once a mean answer time) if that is more. The window
+    lags a fleet that has just started or gone on (after a pause, an outage, a rebuild) or is
+    still raising its concurrency: it counts the seconds before the first answers could come
+    back, and whole minutes. Nothing answered in the window: no rate, however many are in
+    flight (no answer time is known of the fleet as it runs now)."""
+    recent = clock["prompts"] / clock["window"]
+    if recent <= 0 or answer_s <= 0:
+        return recent
+    return max(recent, in_flight / answer_s)
 
 
 def _tokens(stats: dict[str, float], done: int) -> Tokens:

@@ -159,9 +159,10 @@ def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledge
     # 22 of those 24 are answers of 100 tokens (2 were failures).
     assert s.rate.output_tokens_per_s_5m == pytest.approx(22 * 100 / 60, abs=0.1)
     assert s.rate.output_tokens_per_s_all == pytest.approx(62 * 100 / 600, abs=0.1)
-    # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the recent rate,
-    # then one mean answer time (0.5 s).
-    assert s.eta_s == math.ceil(32 / (24 / 60) + 0.5)
+    # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the rate the fleet
+    # answers now, then one mean answer time (0.5 s). 4 requests in flight answered in 0.5 s
+    # each are 8 prompts/s, more than the window's 0.4.
+    assert s.eta_s == math.ceil(32 / max(24 / 60, 4 / 0.5) + 0.5) == 5
     assert asdict(s.tokens) == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
                            "reasoning_share": 0.6}
     assert s.finish_reasons == {"length": 3, "stop": 59}
@@ -885,3 +886,80 @@ def test_status_names_a_sick_server_an_overloaded_one_and_one_out_of_rotation(
     assert not any(line.startswith("  gpu3@a: ") and "failed" in line for line in lines), said
     row = next(r for r in read_fleet(ledger, {}, elapsed_s=60.0) if r.worker == "gpu2@a")
     assert row.worker_state == "out-of-rotation" and row.health == out
+
+
+class Fleet:
+    """A fleet's answers, second by second: `slots` requests at once once ramped (from one,
+    doubling every `doubling_s`), each answered `answer_s` after it was sent, prompts sent in
+    order. `answered[i]` is when the i-th prompt's answer came, in seconds from the start."""
+
+    def __init__(self, prompts: int, slots: int, answer_s: float, doubling_s: float) -> None:
+        self.slots, self.answer_s, self.doubling_s = slots, answer_s, doubling_s
+        self.sent: list[float] = []
+        t, flying = 0.0, 0
+        while len(self.sent) < prompts:
+            flying = sum(1 for s in self.sent if s + answer_s > t)
+            room = int(min(slots, 2 ** (t / doubling_s))) - flying
+            self.sent += [t] * min(max(0, room), prompts - len(self.sent))
+            t += 0.5
+        self.answered = [s + answer_s for s in self.sent]
+
+    def in_flight(self, t: float) -> int:
+        return sum(1 for s in self.sent if s <= t < s + self.answer_s)
+
+
+def run_fleet(ledger: Ledger, job: str, fleet: Fleet, start: float, first: int, batch: int,
+              since: float, until: float) -> None:
+    """Record, as workers do, the fleet's answers that came between `since` and `until` (seconds
+    from `start`); prompt i (from `first`) is in batch i // `batch` + 1, leased while it runs."""
+    w = Worker(ledger, "gpu0@a")
+    for i, at in enumerate(fleet.answered):
+        if since < at <= until:
+            b = keys.batch_id((first + i) // batch + 1)
+            answer_taking(w, job, b, int((start + at) // 60), latency_s=fleet.answer_s)
+    for i, sent in enumerate(fleet.sent):
+        b = keys.batch_id((first + i) // batch + 1)
+        if sent <= until < fleet.answered[i] and b not in ledger.running_batches(job):
+            ledger.acquire(job, b, "token", 30)
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=start + until - 1,
+             in_flight=fleet.in_flight(until))
+
+
+@pytest.mark.parametrize("after_s", [24, 30, 45, 70, 120, 600])
+def test_eta_of_a_fleet_raising_its_concurrency_is_the_time_it_takes_at_its_rate_now(
+    ledger: Ledger, after_s: int,
+) -> None:
+    # Answers of 20 s on 64 slots, the flow controller doubling from one slot every 4 s: the
+    # window counts the 20 s before the first answer and the ramp (23x too long, as users saw).
+    fleet = Fleet(prompts=3000, slots=64, answer_s=20.0, doubling_s=4.0)
+    start = NOW - 5
+    make_job(ledger, "ramp", "/tmp/out", prompts=3000, batch_size=100, created_at=start)
+    run_fleet(ledger, "ramp", fleet, start, 0, 100, since=0, until=after_s)
+    s = job_status(ledger, "ramp", start + after_s)
+    left = max(fleet.answered) - after_s
+    assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (s.eta_s, left)
+
+
+@pytest.mark.parametrize("after_s", [30, 45, 60, 90])
+def test_eta_after_a_rebuild_is_the_time_the_rest_takes_at_the_fleets_rate_now(
+    ledger: Ledger, after_s: int,
+) -> None:
+    # The job ran an hour; Redis lost its data; `rebuild` put back what the sink holds (27,000
+    # prompts written) and the workers went on at a second 40 of a minute, their concurrency
+    # back at 128 after 28 s: the window counts the 20 s before the first answer.
+    manifest = make_job(ledger, "lost", "/tmp/out", prompts=30000, batch_size=100,
+                        created_at=NOW - 3600)
+    written = 27000
+    ledger.r.flushdb()
+    ledger.restore(manifest, done=[keys.batch_id(i) for i in range(1, written // 100 + 1)],
+                   rounds=[], last_round=0,
+                   written={"prompts_done": written, "prompts_failed": 0},
+                   live={"prompts_done": written, "latency_s": written * 20.0,
+                         "output_tokens": written * 100.0, "finish_stop": written})
+    fleet = Fleet(prompts=3000, slots=128, answer_s=20.0, doubling_s=4.0)
+    went_on = NOW + 40
+    run_fleet(ledger, "lost", fleet, went_on, written, 100, since=0, until=after_s)
+    s = job_status(ledger, "lost", went_on + after_s)
+    assert s.done == written
+    left = max(fleet.answered) - after_s
+    assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (s.eta_s, left)
