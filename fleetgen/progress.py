@@ -51,6 +51,18 @@ def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings |
         return False
 
 
+def record_state(ledger: Ledger, job: str, now: float) -> bool:
+    """Write the job's progress.json now, whatever the minute's turn: an operator's pause,
+    cancel or resume is in the output before the command returns, and a rebuild after Redis
+    lost the job keeps it (producer/rebuild.py). Never raises; True if written."""
+    try:
+        return _write(ledger, job, now, None)
+    except SinkError as exc:
+        log.warning("job %s: progress.json not written (%s): a rebuild would not know its "
+                    "state", job, exc)
+        return False
+
+
 def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> bool:
     status = job_status(ledger, job, now)
     mark = _fingerprint(status)

@@ -4,7 +4,9 @@ Pause and cancel stop new batches from starting (workers ack and drop their deli
 running batches of a paused job finish, those of a cancelled job stop at their next heartbeat
 with their finished prompts kept in the checkpoint. Resume re-dispatches every batch that is
 neither done, nor running, nor waiting in the broker; after a failure breaker pause it first
-sends the prompts that failed with the breaker's cause again (fleetgen/breaker.py).
+sends the prompts that failed with the breaker's cause again (fleetgen/breaker.py). Each of the
+three records the job's new state in its output at once (progress.json), so a rebuild after
+Redis lost the job keeps a pause or a cancel (producer/rebuild.py).
 
 `requeue --failed` finds the failed prompts in the job's one reading (producer/sinkview.py, as
 `export` does), numbers its round past every round the ledger or the sink knows, and holds the
@@ -31,6 +33,7 @@ from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.progress import record_state
 from fleetgen.records import is_failure
 from fleetgen.retry import backoff
 from fleetgen.sink import Sink, iter_jsonl, open_sink
@@ -41,11 +44,13 @@ from producer.rebuild import count_written
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
     _created(ledger, job)
     ledger.set_state(job, STATE_PAUSED, reason)
+    record_state(ledger, job, time.time())
 
 
 def cancel(ledger: Ledger, job: str) -> None:
     _created(ledger, job)
     ledger.set_state(job, STATE_CANCELLED, "cancelled by user")
+    record_state(ledger, job, time.time())
 
 
 def _created(ledger: Ledger, job: str) -> JobManifest:
@@ -103,6 +108,7 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
             # A fresh window: the old outcomes are settled, either way.
             ledger.clear_breaker_window(job)
         ledger.set_state(job, STATE_RUNNING)
+        record_state(ledger, job, time.time())
         resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
         if resend:
             resumed.resent += _requeue(

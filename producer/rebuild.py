@@ -4,8 +4,9 @@ Redis holds the ledger for speed and visibility; the sink is the truth. When Red
 data (restarted without AOF or RDB, a failover that lost writes, FLUSHALL), or the ledger is in
 doubt, one reading of the sink (producer/sinkview.py) gives back all it says of written work:
 
-- the manifest, and the job `running` if Redis had no state for it (a pause or a cancel lived
-  in Redis only);
+- the manifest, and the job's state: a job Redis did not know gets the pause or the cancel
+  its progress.json last recorded (`pause`, `cancel` and `resume` write it at once, the
+  workers within a minute of their own pauses), else it runs;
 - the done set: every batch with a result object;
 - the written counters: the reading's done, failed and failures by code, which `export` counts
   and `status` shows;
@@ -35,7 +36,7 @@ import orjson
 
 from fleetgen import keys
 from fleetgen.job import JobManifest
-from fleetgen.ledger import Ledger
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
 from fleetgen.records import counters, written_counts
 from fleetgen.sink import Sink, batch_records
 from producer import sinkview
@@ -54,6 +55,7 @@ class Rebuilt:
     last_round: int  # the last requeue round's number (0: none)
     found: sinkview.Reconcile
     checkpointed: int  # prompts kept in the checkpoints of unwritten batches
+    stopped: tuple[str, str] | None = None  # the pause or cancel (and reason) kept from the sink
 
     def lines(self) -> list[str]:
         total = self.enqueued + self.requeued
@@ -72,6 +74,10 @@ class Rebuilt:
         if self.checkpointed:
             out.append(f"kept {self.checkpointed:,} prompts checkpointed in Redis (their batches "
                        "are not written yet)")
+        if self.stopped is not None:
+            state, reason = self.stopped
+            out.append(f"{state} as its output recorded ({reason or 'no reason given'}): "
+                       f"`python -m producer resume {self.job}` runs it again")
         if not self.complete:
             out.append(f"enqueue of job {self.job} did not finish ({f.input_batches:,} of "
                        f"{self.enqueued:,} batch inputs stored): run the same enqueue command "
@@ -83,6 +89,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     """Put back the ledger's record of `manifest`'s job from its sink (see the module doc);
     the caller holds the job's lock."""
     job = manifest.name
+    known = ledger.job_exists(job)
     live: Counter[str] = Counter()
     thinking = manifest.params.thinking  # a line's own setting lives in its input only
 
@@ -98,10 +105,19 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     live["batches_done"] = len(layout.done)
     ledger.restore(manifest, done=layout.done, rounds=layout.requeue,
                    last_round=layout.last_round, written=found.written(), live=live)
+    stopped = None if known or not manifest.complete else _stopped(sink, job)
+    if stopped is not None:
+        ledger.set_state(job, *stopped)
     return Rebuilt(job=job, where=sink.describe(f"{job}/"), complete=manifest.complete,
                    enqueued=manifest.batches, requeued=len(layout.requeue),
                    written=len(layout.done), last_round=layout.last_round, found=found,
-                   checkpointed=checkpointed)
+                   checkpointed=checkpointed, stopped=stopped)
+
+
+def _stopped(sink: Sink, job: str) -> tuple[str, str] | None:
+    """The pause or cancel the job's output recorded last, or None (it ran, or finished)."""
+    state = sinkview.stored_state(sink, job)
+    return state if state is not None and state[0] in (STATE_PAUSED, STATE_CANCELLED) else None
 
 
 def _batches(manifest: JobManifest, requeue: list[str]) -> list[str]:

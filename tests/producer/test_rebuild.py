@@ -158,6 +158,30 @@ def test_rebuild_puts_back_a_lost_job_says_what_it_found_and_keeps_checkpoints(
     assert code == 1 and "writes to" in capsys.readouterr().err
 
 
+def test_a_paused_job_redis_lost_is_rebuilt_paused_and_a_resumed_one_running(
+    ledger: Ledger, celery_app: Any, tmp_path: Path, cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = SinkJob(ledger, celery_app, tmp_path)
+    job.write("b000001")
+    assert main(["pause", "rounds"]) == 0
+    ledger.r.flushdb()
+    assert main(["rebuild", "rounds", "--output", job.output]) == 0
+    out = capsys.readouterr().out
+    assert ("  paused as its output recorded (paused by user): `python -m producer resume "
+            "rounds` runs it again") in out.splitlines()
+    assert "re-dispatched" not in out
+    assert ledger.job_state("rounds") == ("paused", "paused by user")
+    assert not ledger.queued_batches("rounds")
+
+    assert main(["resume", "rounds"]) == 0
+    ledger.r.flushdb()
+    assert main(["rebuild", "rounds", "--output", job.output]) == 0
+    out = capsys.readouterr().out
+    assert "as its output recorded" not in out and "re-dispatched 2 batches" in out
+    assert ledger.job_state("rounds")[0] == "running"
+
+
 def test_rebuild_of_a_job_whose_enqueue_did_not_finish_says_to_run_it_again(
     ledger: Ledger, celery_app: Any, tmp_path: Path, cli_env: None,
     capsys: pytest.CaptureFixture[str],
