@@ -4,6 +4,8 @@ A server runs at most its effective cap (docs/reference/sglang.md#max-running-re
 work waits in its queue, the limit that binds is one of: the Mamba state slots, the KV pool,
 the request itself (`--max-running-requests`, or the speculative default 48), or, above the
 largest CUDA-graph batch, eager decode. With an empty queue nothing binds and no flag helps.
+Advice comes only from load seen: a server that never ran requests, or whose running peak never
+reached its cap (or the largest CUDA graph), gets none, since no limit was met.
 
 The prediction uses memory-bound decode: one step costs `a + b x running` and yields the same
 tokens per request, so tokens/s in all scale as `n / (a + b n)`; a and b are the reference
@@ -55,6 +57,7 @@ class Observed:
 
     samples: int
     running: float | None = None
+    peak_running: float | None = None  # the most seen running at once (the log's, or a sample's)
     queue: float | None = None
     kv_usage: float | None = None
     mamba_usage: float | None = None
@@ -154,21 +157,28 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
 
     if n is None or n <= 0:
         return verdict("unknown", "the effective cap is not known yet")
-    running_text = f"{obs.running:.0f}" if obs.running is not None else str(n)
+    peak = obs.peak_running if obs.peak_running is not None else obs.running
+    if peak is None:
+        return verdict(binding, f"cap {n}: no load seen yet, so nothing to advise")
+    running_text = f"{obs.running:.0f}" if obs.running is not None else f"a peak of {peak:.0f}"
     pools = _pools_text(obs, slots, held)
     if obs.queue is not None and obs.queue < QUEUE_EMPTY:
         return verdict("idle", f"nothing binds: the queue is empty ({running_text} running of "
                        f"{n}{pools}); more concurrency needs more work")
     mfs = _float(flag_value(argv, "--mem-fraction-static"))
     flags: list[str] = []
-    # Only a batch that really runs above the graphs' size pays for it; the step model does
-    # not say how much graphs save, so this advice names no gain.
-    if graph_bs is not None and n > graph_bs and (obs.running is None or obs.running > graph_bs):
+    # Only a batch that really ran above the graphs' size paid for it, and only a cap that was
+    # reached bound anything. The step model does not say how much graphs save, so that advice
+    # names no gain.
+    if graph_bs is not None and n > graph_bs and peak > graph_bs:
         binding, target = "cuda-graph", n
         flags = ["--cuda-graph-max-bs-decode", str(n)]
         if isinstance(cap_info.get("version"), str):  # spelled as that release takes it
             flags = adapt_flags(flags, str(cap_info["version"]))[0]
         why = f"batches above {graph_bs} run without CUDA graphs ({running_text} running{pools})"
+    elif peak < n:
+        return verdict(binding, f"cap {n} never reached (at most {peak:.0f} running): "
+                       "nothing to advise")
     elif binding == "mamba" and slots:
         ratio = max(1, slots // n)
         target = _grow(n, requested, obs.kv_usage)
@@ -322,8 +332,10 @@ async def observe(url: str, window_s: float, interval_s: float,
             if loop.time() + interval_s > end:
                 break
             await asyncio.sleep(interval_s)
-    return Observed(samples=len(rows), **{k: _mean(rows, k) for k in (
-        "running", "queue", "kv_usage", "mamba_usage", "tokens_per_s")})
+    running = [row["running"] for row in rows if "running" in row]
+    return Observed(samples=len(rows), peak_running=max(running, default=None),
+                    **{k: _mean(rows, k) for k in (
+                        "running", "queue", "kv_usage", "mamba_usage", "tokens_per_s")})
 
 
 def _mean(rows: Sequence[Mapping[str, float]], key: str) -> float | None:

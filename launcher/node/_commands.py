@@ -442,11 +442,12 @@ def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
         lines.append(_rollout_text(rollout))
     if state.get("tune"):
         lines.append(describe_tune(state["tune"]))
-    # One line of advice per ready GPU with flags to try, from its capacity alone (no HTTP:
-    # `launcher advise` samples the live figures first).
+    # One line of advice per ready GPU with flags to try, from its capacity and the running
+    # peak its log showed (no HTTP: `launcher advise` samples the live figures first); a server
+    # that never ran anything gets none.
     for g in state.get("gpus", []):
-        if g.get("state") == "ready" and g.get("capacity"):
-            tip = advise(g)
+        if g.get("state") == "ready" and g.get("capacity") and g.get("peak_running"):
+            tip = advise(g, Observed(samples=0, peak_running=float(g["peak_running"])))
             if tip.flags:
                 lines.append(f"advice {tip.line()} (check: launcher advise)")
     return "\n".join(line.rstrip() for line in lines)

@@ -133,7 +133,14 @@ class Slot:
                 "port": self.server.spec.port, "url": self.server.spec.url,
                 **self.server.to_json(), "ready_s": self.ready_s,
                 "capacity": dataclasses.asdict(self.reading) if self.reading else None,
+                "peak_running": self.peak_running,
                 "worker": self.worker.to_json() if self.worker else None}
+
+    @property
+    def peak_running(self) -> int | None:
+        """The most requests its log showed running at once since this start (None before any
+        decode batch): the load `status` advises from."""
+        return self.follower.report.run.peak_running if self.follower else None
 
 
 @dataclass(frozen=True)
@@ -366,7 +373,10 @@ class Supervisor:
         bad_since: float | None = None
         next_probe = self.clock.now() + self.policy.health_interval_s
         while not self._asked(slot):
+            peak = slot.peak_running
             follower.poll()
+            if slot.peak_running != peak:
+                self.changed()
             code = child.proc.poll()
             if code is not None:
                 follower.poll(final=True)

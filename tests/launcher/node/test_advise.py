@@ -95,14 +95,41 @@ def test_the_prediction_follows_the_step_cost_of_memory_bound_decode() -> None:
     assert relative_throughput(16, 16) == 1.0
 
 
+def status_of(gpu: dict[str, Any]) -> str:
+    return render_status({"supervisor_pid": 1, "supervisor_alive": True, "updated_at": 0.0,
+                          "gpus": [{**gpu, "port": 30000, "pid": 5, "since": 0.0,
+                                    "restarts": 0, "pid_alive": True}]}, now=1.0)
+
+
 def test_status_shows_one_line_of_advice_per_bound_gpu() -> None:
-    state = {"supervisor_pid": 1, "supervisor_alive": True, "updated_at": 0.0,
-             "gpus": [{**entry("mamba", 16, 128, slots=80), "port": 30000, "pid": 5,
-                       "since": 0.0, "restarts": 0, "pid_alive": True}]}
-    text = render_status(state, now=1.0)
-    assert ("advice gpu0: bound by 80 Mamba slots at 16 running: `--max-mamba-cache-size 200 "
-            "--mem-fraction-static 0.93` → ~40 running (+49% tokens/s) (check: launcher advise)"
-            ) in text
+    text = status_of({**entry("mamba", 16, 128, slots=80), "peak_running": 16})
+    assert ("advice gpu0: bound by 80 Mamba slots at a peak of 16 running: "
+            "`--max-mamba-cache-size 200 --mem-fraction-static 0.93` → ~40 running "
+            "(+49% tokens/s) (check: launcher advise)") in text
+
+
+def test_status_advises_nothing_for_a_server_that_never_ran_a_request() -> None:
+    # The quick start's idle node: asked 40, and the simulator's 4096 above graphs of 256.
+    assert "advice" not in status_of(entry("request", 40, 40))
+    assert "advice" not in status_of({**entry("request", 4096, None, graph_bs=256),
+                                      "peak_running": None})
+
+
+def test_status_advises_nothing_where_the_running_peak_never_reached_the_bound() -> None:
+    assert "advice" not in status_of({**entry("request", 40, 40), "peak_running": 12})
+    assert "advice" not in status_of({**entry("request", 4096, None, graph_bs=256),
+                                      "peak_running": 200})
+    reached = status_of({**entry("request", 4096, None, graph_bs=256), "peak_running": 300})
+    assert "advice gpu0: batches above 256 run without CUDA graphs (a peak of 300 running" \
+        in reached
+
+
+def test_advise_without_any_sample_of_load_offers_no_flag() -> None:
+    advice = advise(entry("request", 40, 40), Observed(samples=0))
+    assert advice.flags == () and "no load seen yet" in advice.why
+    below = advise(entry("mamba", 16, 128, slots=80),
+                   Observed(samples=3, running=4, peak_running=9, queue=0.8))
+    assert below.flags == () and "cap 16 never reached (at most 9 running)" in below.why
 
 
 def test_advice_offers_no_flag_the_servers_release_lacks() -> None:

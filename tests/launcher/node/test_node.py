@@ -161,6 +161,8 @@ def test_up_brings_two_simulated_gpus_to_ready_and_stop_leaves_nothing(
     assert "running" in rows[0]
     assert rows[1].split()[:4] == ["GPU", "PORT", "PID", "STATE"]
     assert [r.split()[3] for r in rows[2:4]] == ["ready", "ready"]
+    # Servers that never ran a request: no limit was met, so nothing is advised.
+    assert "advice" not in status.stdout and "CUDA graphs" not in status.stdout
 
     assert n.stop() == 0
     assert not any(alive(pid) for pid in n.pids)
