@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.keys import METRICS_BASE_PORT, gpu_queue
-from fleetgen.redact import redact_argv
+from fleetgen.redact import redact, redact_argv
 from launcher.errors import PortBusyError
 from launcher.node._args import (
     NEWEST_SGLANG,
@@ -57,6 +57,12 @@ RANDOM_NCCL_RANGE = range(22000, 30000)
 # host (--base-port 30000 and 31000) take 9400+N and 10400+N, not both 9400+N.
 METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
+# What the workers inherit that says where they talk to, and what each means when unset: the
+# Redis of the queues, the S3 endpoint of the results, the default output. The dry run shows
+# them (redacted) so a wrong one is seen before anything starts.
+WORKER_ENDPOINTS = {"REDIS_URL": "unset: this machine's embedded Redis",
+                    "AWS_ENDPOINT_URL": "unset: AWS S3",
+                    "FLEETGEN_OUTPUT": None}
 # SGLang's parallelism flags in every spelling merge_args treats as one flag.
 TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 DP_FLAGS = ("--dp-size", "--data-parallel-size", "--dp")
@@ -285,13 +291,19 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
 
     The environment shown is what the launcher adds to the inherited one: the profile's `env`
     and the GPU pinning; the argv is exactly the one `up` executes, flags renamed for the
-    SGLang version in use.
+    SGLang version in use. With workers, the first lines also show where they would talk to:
+    the inherited WORKER_ENDPOINTS, credentials masked.
     """
     head = f"{plan.version_text()}, {len(plan.gpus)} GPU(s)"
     parallel = plan.parallel
     if parallel.width > 1:
         head += f" in {len(specs)} server(s) of {parallel.width} ({parallel.text()})"
     lines = [f"{head}, logs in {plan.log_dir}"]
+    if workers:
+        inherited = [f"{k}={shlex.quote(redact(plan.env[k], name=k))}" if plan.env.get(k)
+                     else f"{k} ({unset})" for k, unset in WORKER_ENDPOINTS.items()
+                     if plan.env.get(k) or unset]
+        lines.append("workers inherit " + ", ".join(inherited))
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
         nccl = flag_value(spec.argv, "--nccl-port")

@@ -309,3 +309,27 @@ def test_dry_run_of_dp_attention_gives_no_warning(tmp_path: Path) -> None:
                   "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")
     assert "warning" not in out and "needs a value" not in out
     assert "1 server(s) of 2 (--tp-size 2 --dp-size 2 --enable-dp-attention)" in out
+
+
+def test_dry_run_shows_where_the_workers_would_talk_to_with_credentials_masked(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "REDIS_URL": "redis://:sekrit@10.0.0.9:6379/0",
+           "AWS_ENDPOINT_URL": "http://10.0.0.9:8333", "FLEETGEN_OUTPUT": "s3://runs/night"}
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "up", "--dry-run", "--sim", "--workers", "--gpus",
+         "0", "--run-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert ("workers inherit REDIS_URL='redis://:***@10.0.0.9:6379/0', "
+            "AWS_ENDPOINT_URL=http://10.0.0.9:8333, FLEETGEN_OUTPUT=s3://runs/night"
+            ) in done.stdout
+    assert "sekrit" not in done.stdout
+    bare = {k: v for k, v in env.items()
+            if k not in ("REDIS_URL", "AWS_ENDPOINT_URL", "FLEETGEN_OUTPUT")}
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "up", "--dry-run", "--sim", "--workers", "--gpus",
+         "0", "--run-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=bare, check=False)
+    assert "workers inherit REDIS_URL (unset: this machine's embedded Redis), " \
+        "AWS_ENDPOINT_URL (unset: AWS S3)\n" in done.stdout
