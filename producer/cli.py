@@ -42,12 +42,16 @@ from fleetgen.settings import Settings, SettingsError
 from fleetgen.sink import absolute, location, open_sink
 from producer import export, report
 from producer.enqueue import (
+    CHECKING,
     MAX_DEFAULT_BATCH,
     MIN_BATCHES,
     MIN_DEFAULT_BATCH,
+    QUEUEING,
+    STORING,
     EnqueueInterrupted,
     EnqueueReport,
     EnqueueRequest,
+    Progress,
     enqueue,
 )
 from producer.export import FORMATS
@@ -227,7 +231,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         # a report of what was stored, and the job left for the same command to finish.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            report = enqueue(request, Ledger.connect(settings), app, _progress(path))
+            report = enqueue(request, Ledger.connect(settings), app, _progress())
         except InputErrors as exc:
             if sys.stderr.isatty():
                 print(file=sys.stderr)  # off the progress bar's line
@@ -298,40 +302,54 @@ def _spooled_stdin() -> Iterator[Path]:
 
 
 def _interrupted(r: EnqueueReport, source: str) -> None:
-    """What an interrupted enqueue stored, and how to finish it."""
+    """What an interrupted enqueue stored and queued, and how to finish it."""
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if not r.batches:
-        print(f"interrupted while reading {source}: nothing was stored or queued", file=sys.stderr)
-    elif r.complete:
-        print(f"interrupted: job {r.job} is running; {r.enqueued:,} of its batches were queued "
-              "by this run. Run the same command again to queue the rest (nothing runs twice).",
+        print(f"interrupted while checking {source}: nothing was stored or queued",
               file=sys.stderr)
+    elif r.complete and r.enqueued < r.to_queue:
+        print(f"interrupted: job {r.job} is running; {r.enqueued:,} of the {r.to_queue:,} "
+              f"batches this run was queueing are queued. Run the same command again to queue "
+              f"the other {r.to_queue - r.enqueued:,} (none is queued twice).", file=sys.stderr)
+    elif r.complete and r.to_queue:
+        print(f"interrupted: job {r.job} is running; all {r.to_queue:,} batches this run was "
+              "queueing are queued: nothing is left to do.", file=sys.stderr)
+    elif r.complete:
+        print(f"interrupted: job {r.job} has every batch input stored; its batches were not "
+              "queued yet. Run the same command again to queue them.", file=sys.stderr)
     else:
         print(f"interrupted: job {r.job} was not started: {r.uploaded + r.already_stored:,} of "
               f"{r.batches:,} batch inputs are stored and no batch runs until all are. Run the "
               "same command again to store the rest and start it.", file=sys.stderr)
 
 
-def _progress(path: Path) -> Callable[[int, int], None]:
-    """A one-line progress bar on stderr for both passes over the file (a terminal only)."""
-    total = max(1, path.stat().st_size)
-    interactive = sys.stderr.isatty()
-    state: dict[str, Any] = {"phase": "validating", "start": time.monotonic(), "last": 0,
-                             "seen": time.monotonic()}
+# What each phase of enqueue does, on its progress bar.
+PHASE_LABELS = {CHECKING: "checking the input", STORING: "storing batch inputs",
+                QUEUEING: "queueing batches"}
 
-    def show(bytes_read: int, lines: int) -> None:
+
+def _progress() -> Progress:
+    """A one-line progress bar on stderr per phase of enqueue (a terminal only): the file's
+    bytes while it is checked and while its batch inputs are stored, then batches queued."""
+    interactive = sys.stderr.isatty()
+    state: dict[str, Any] = {"phase": None, "start": 0.0}
+
+    def show(phase: str, done: int, total: int) -> None:
         if not interactive:
             return
-        if bytes_read < state["last"]:  # the second pass (store and queue) has begun
-            print(file=sys.stderr)
-            state.update(phase="queueing", start=state["seen"])
-        state["last"], state["seen"] = bytes_read, time.monotonic()
+        if phase != state["phase"]:
+            if state["phase"] is not None:
+                print(file=sys.stderr)  # the last phase's bar stays, finished
+            state.update(phase=phase, start=time.monotonic())
         elapsed = max(1e-6, time.monotonic() - state["start"])
-        eta = (total - bytes_read) / max(1.0, bytes_read / elapsed)
-        done = int(30 * bytes_read / total)
-        print(f"\r{state['phase']:<10} [{'#' * done}{'.' * (30 - done)}] {100 * bytes_read / total:5.1f}%"
-              f"  {lines:,} lines  {lines / elapsed:,.0f} lines/s  eta {eta:.0f}s    ",
+        total = max(1, total)
+        eta = (total - done) / max(1e-6, done / elapsed) if done else 0.0
+        filled = int(30 * done / total)
+        amount = (f"{done:,} of {total:,} batches" if phase == QUEUEING
+                  else f"{done / 1e6:,.1f} of {total / 1e6:,.1f} MB")
+        print(f"\r{PHASE_LABELS[phase]:<20} [{'#' * filled}{'.' * (30 - filled)}] "
+              f"{100 * done / total:5.1f}%  {amount}  eta {eta:.0f}s    ",
               end="", file=sys.stderr, flush=True)
 
     return show
@@ -476,6 +494,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     if problem:
         raise CommandError(problem)
     sink = open_sink(manifest.output)
+    if sink.endpoint() is not None:
+        print(f"reading {sink.describe(args.job + '/')} at S3 endpoint {sink.endpoint()}",
+              file=out, flush=True)
     layout = sinkview.survey(sink, args.job)
     report = sinkview.Reconcile.of(manifest, layout)
     written: int | None = None

@@ -9,9 +9,13 @@ Creating a job is a transaction a user can interrupt:
    or export acts on it), then every batch input that is not in the sink yet is uploaded to
    `{output}/{job}/inputs/`, then the manifest is rewritten with `complete: true` — the last
    object written — and the job is set `running` and its batches are queued.
+It reports its progress in three phases, in order: CHECKING (reading the whole file: every line
+validated, the file hashed), STORING (reading it again: each batch's input written to the sink;
+only while the job is being created) and QUEUEING (sending the batches to the broker).
 Batch boundaries are a pure function of the file and the batch size, so running the same
 command again resumes: an interrupted creation uploads exactly the inputs still missing, and a
-running job re-queues only batches that are neither done nor waiting. A job Redis lost (its
+running job queues only batches that are neither done nor waiting (running, or in the broker:
+one marked queued that an interrupted run never sent is sent then). A job Redis lost (its
 manifest is in the sink) has its ledger rebuilt from the sink first (producer/rebuild.py): its
 requeue rounds run again too, and the report says what was rebuilt.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
@@ -63,6 +67,17 @@ MIN_BATCHES = 64
 MIN_DEFAULT_BATCH = 48
 MAX_DEFAULT_BATCH = 256
 UPLOAD_THREADS = 16
+# Batches sent to the broker between two progress reports.
+QUEUE_CHUNK = 100
+
+# The phases of `enqueue`, in order, as its progress callback names them: `progress(phase,
+# done, total)` counts bytes of the file in the first two, batches in the last.
+CHECKING = "checking"
+STORING = "storing"
+QUEUEING = "queueing"
+Progress = Callable[[str, int, int], None]
+
+
 class EnqueueInterrupted(Exception):
     """Ctrl-C or SIGTERM during enqueue; `report` says how far it got."""
 
@@ -93,6 +108,9 @@ class EnqueueReport:
     uploaded: int = 0
     already_stored: int = 0
     complete: bool = False
+    # Batches this run set out to queue, and those that reached the broker (on an interrupt:
+    # those found there, running or done).
+    to_queue: int = 0
     enqueued: int = 0
     skipped_done: int = 0
     skipped_queued: int = 0
@@ -111,27 +129,42 @@ def enqueue(
     req: EnqueueRequest,
     ledger: Ledger,
     app: Celery,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> EnqueueReport:
     """Create or resume the job; raises EnqueueInterrupted (with what was done) on Ctrl-C."""
     validate_job_name(req.job)
     report = EnqueueReport(job=req.job)
+    sending: list[str] = []
     try:
-        _enqueue(req, ledger, app, progress, report)
+        _enqueue(req, ledger, app, progress or _silent, report, sending)
     except KeyboardInterrupt:
+        if sending:
+            # Ctrl-C may land in a send, or after the last one: the broker says what went.
+            report.enqueued = _queued_now(ledger, req.job, sending)
         raise EnqueueInterrupted(report) from None
     return report
 
 
+def _silent(phase: str, done: int, total: int) -> None:
+    """No progress shown."""
+
+
+def _file_pass(progress: Progress, phase: str, path: Path) -> Callable[[int, int], None]:
+    """The input reader's callback (bytes read, lines read) as `phase`'s progress in bytes."""
+    size = path.stat().st_size
+    return lambda read, _lines: progress(phase, read, size)
+
+
 def _enqueue(
-    req: EnqueueRequest, ledger: Ledger, app: Celery,
-    progress: Callable[[int, int], None] | None, report: EnqueueReport,
+    req: EnqueueRequest, ledger: Ledger, app: Celery, progress: Progress,
+    report: EnqueueReport, sending: list[str],
 ) -> None:
     sink = open_sink(req.output)
     _check_output(req.job, req.output, ledger, sink)
     rejects = Rejects()
     on_error = rejects if req.skip_invalid else None
-    summary = validate_file(req.path, progress=progress, on_error=on_error, name=req.input_name)
+    summary = validate_file(req.path, progress=_file_pass(progress, CHECKING, req.path),
+                            on_error=on_error, name=req.input_name)
     if summary.prompts == 0:
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
@@ -163,9 +196,11 @@ def _enqueue(
             report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
             rejects.upload(sink, f"{req.job}/rejects.jsonl")
         if manifest.complete and known:
+            report.complete = True
             ledger.save_job(manifest)
             pending = _pending_batches(manifest, sink, ledger, report)
         elif manifest.complete:
+            report.complete = True
             # Redis lost the job: its ledger is rebuilt from the sink, requeue rounds included.
             report.rebuilt = rebuild(ledger, manifest, sink)
             pending = _pending_batches(manifest, sink, ledger, report)
@@ -177,8 +212,14 @@ def _enqueue(
             ledger.mark_queued(manifest.name, pending)
             ledger.activate(manifest)
             ledger.note_inputs_stored(manifest.name, None)
-        report.complete = True
-        report.enqueued += dispatch(app, ledger, manifest.name, pending, manifest.queue)
+            report.complete = True
+        report.to_queue = len(pending)
+        sending.extend(pending)
+        progress(QUEUEING, 0, len(pending))
+        for start in range(0, len(pending), QUEUE_CHUNK):
+            chunk = pending[start:start + QUEUE_CHUNK]
+            report.enqueued += dispatch(app, ledger, manifest.name, chunk, manifest.queue)
+            progress(QUEUEING, report.enqueued, len(pending))
 
 
 def _check_output(job: str, output: str, ledger: Ledger, sink: Sink) -> None:
@@ -238,11 +279,12 @@ def _check_resume(
 
 
 def _batches(
-    path: Path, sizes: list[int], progress: Callable[[int, int], None] | None
+    path: Path, sizes: list[int], progress: Progress
 ) -> Iterator[tuple[str, list[PromptRecord]]]:
     chunk: list[PromptRecord] = []
     index = 0
-    for record in read_prompts(path, skip_invalid=True, progress=progress):
+    reading = _file_pass(progress, STORING, path)
+    for record in read_prompts(path, skip_invalid=True, progress=reading):
         chunk.append(record)
         if len(chunk) == sizes[min(index, len(sizes) - 1)]:
             index += 1
@@ -254,7 +296,7 @@ def _batches(
 
 def _store_inputs(
     req: EnqueueRequest, manifest: JobManifest, sink: Sink, ledger: Ledger,
-    report: EnqueueReport, progress: Callable[[int, int], None] | None,
+    report: EnqueueReport, progress: Progress,
 ) -> JobManifest:
     """Upload every batch input the sink lacks, then store the complete manifest in the sink
     (its last object); returns it. The caller sets the job running."""
@@ -289,13 +331,15 @@ def _store_inputs(
 def _pending_batches(
     manifest: JobManifest, sink: Sink, ledger: Ledger, report: EnqueueReport
 ) -> list[str]:
-    """The job's batches that are neither done (in the sink) nor waiting (queued, running)."""
+    """The job's batches that are neither done (in the sink) nor waiting (running, or in the
+    broker). One the ledger marks queued that is in no broker list was never sent (its
+    enqueue was interrupted before the send) or its message was lost: it is pending too."""
     job = manifest.name
     in_sink = {Path(k).stem for k in sink.list_keys(keys.sink_results_prefix(job))
                if k.endswith(".jsonl") and keys.is_batch(Path(k).stem)}
     # Written but not recorded (Redis lost it, or its worker died first): counted from the sink.
     done = count_written(ledger, sink, job, in_sink)
-    waiting = set(ledger.queued_batches(job)) | set(ledger.running_batches(job))
+    waiting = set(ledger.running_batches(job)) | _in_broker(ledger, job, ledger.queued_batches(job))
     pending = []
     for batch in ledger.all_batches(job):
         if batch in done:
@@ -305,6 +349,21 @@ def _pending_batches(
         else:
             pending.append(batch)
     return pending
+
+
+def _in_broker(ledger: Ledger, job: str, batches: Iterable[str]) -> set[str]:
+    """Those of `batches` with a message in a broker list or held unacked by a worker (the
+    broker is read only when there are some)."""
+    wanted = set(batches)
+    if not wanted:
+        return set()
+    return {b for j, b in ledger.broker_batches(grace_s=math.inf) if j == job} & wanted
+
+
+def _queued_now(ledger: Ledger, job: str, batches: list[str]) -> int:
+    """How many of `batches` reached the broker: in it, running or done."""
+    gone = set(ledger.running_batches(job)) | ledger.done_batches(job)
+    return len(_in_broker(ledger, job, batches) | (gone & set(batches)))
 
 
 def _drain(uploads: list[Future[None]]) -> int:
@@ -323,9 +382,13 @@ def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes
 
 
 __all__ = [
+    "CHECKING",
+    "QUEUEING",
+    "STORING",
     "EnqueueInterrupted",
     "EnqueueReport",
     "EnqueueRequest",
+    "Progress",
     "default_batch_size",
     "enqueue",
 ]

@@ -25,7 +25,7 @@ from fleetgen.records import UNSENT_ATTEMPTS_EXHAUSTED
 from fleetgen.settings import Settings
 from launcher.services import S3Server, wait_until
 from producer import cli
-from producer.enqueue import EnqueueInterrupted, EnqueueRequest, enqueue
+from producer.enqueue import STORING, EnqueueInterrupted, EnqueueRequest, enqueue
 from tests.stack import Stack, chat_rows, iter_ids, queue_depth, wait_job_done, write_jsonl
 from workers.reconciler import Reconciler
 
@@ -51,16 +51,14 @@ def _ids(lines: list[dict[str, Any]]) -> list[str]:
 
 
 class Interrupt:
-    """A progress callback that presses Ctrl-C after `after` lines of enqueue's second pass."""
+    """A progress callback that presses Ctrl-C once enqueue has read `share` of the file to
+    store its batch inputs."""
 
-    def __init__(self, after: int) -> None:
-        self.after, self.passes, self.last = after, 0, -1
+    def __init__(self, share: float) -> None:
+        self.share = share
 
-    def __call__(self, bytes_read: int, lines: int) -> None:
-        if bytes_read < self.last or self.passes == 0:
-            self.passes += 1  # the second pass starts from the top of the file again
-        self.last = bytes_read
-        if self.passes == 2 and lines >= self.after:
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase == STORING and done >= self.share * total:
             raise KeyboardInterrupt
 
 
@@ -80,7 +78,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     request = EnqueueRequest(path=src, job="cut", output=str(out), params=GenerationParams(),
                              batch_size=10, canary={"enabled": False})
     with pytest.raises(EnqueueInterrupted) as caught:
-        enqueue(request, ledger, celery_app, Interrupt(after=1500))
+        enqueue(request, ledger, celery_app, Interrupt(share=0.5))
     report = caught.value.report
     batches = report.batches  # 300 of 10, the last eighth cut finer (fleetgen.job.batch_sizes)
     assert batches > 300 and not report.complete
@@ -123,7 +121,7 @@ def test_ctrl_c_during_enqueue_says_what_was_stored_and_how_to_resume(
 ) -> None:
     src = write_jsonl(tmp_path / "p.jsonl", chat_rows(400))
     monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setattr(cli, "_progress", lambda path: Interrupt(after=100))
+    monkeypatch.setattr(cli, "_progress", lambda: Interrupt(share=0.25))
     code = cli.main(["enqueue", str(src), "--job", "ctrlc", "--output", str(tmp_path / "out"),
                      "--batch-size", "10"])
     err = capsys.readouterr().err

@@ -276,3 +276,99 @@ def test_a_bad_setting_is_one_error_line_naming_the_variable(
     monkeypatch.setenv("FLEETGEN_LEASE_TTL_S", "-3")
     assert main(["jobs"]) == 2
     assert "error: FLEETGEN_LEASE_TTL_S must be >= 0" in capsys.readouterr().err
+
+
+# Ctrl-C: what the message counts is what Redis holds, and the same command finishes the job.
+
+
+def queued_batches(r: Any, job: str) -> set[str]:
+    """The job's batches with a message in the broker (each once: the test checks the depth)."""
+    from fleetgen.ledger import Ledger
+
+    return {b for j, b in Ledger(r).broker_batches(grace_s=float("inf")) if j == job}
+
+
+def interrupted_count(err: str) -> tuple[int, int]:
+    """(queued, of) from the interrupted message's "N of the M batches ... are queued"."""
+    import re
+
+    found = re.search(r"([\d,]+) of the ([\d,]+) batches this run was queueing are queued", err)
+    assert found, err
+    return int(found[1].replace(",", "")), int(found[2].replace(",", ""))
+
+
+def test_ctrl_c_while_queueing_counts_the_batches_in_the_broker_and_a_rerun_queues_the_rest(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from celery import Celery
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(150))
+    send = Celery.send_task
+    sent = []
+
+    def send_then_ctrl_c(self: Celery, *args: Any, **kwargs: Any) -> Any:
+        if len(sent) == 120:
+            raise KeyboardInterrupt  # Ctrl-C while the 121st batch is sent
+        sent.append(1)
+        return send(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(Celery, "send_task", send_then_ctrl_c)
+        assert enqueue(tmp_path, str(src), "cut", "--batch-size", "1") == 130
+    err = capsys.readouterr().err
+    queued, of = interrupted_count(err)
+    in_broker = queued_batches(cli, "cut")
+    assert queued == len(in_broker) == 120 and of == 150
+    assert queue_depth(cli, keys.SHARED_QUEUE) == 120
+    assert f"Run the same command again to queue the other {of - queued}" in err
+
+    assert enqueue(tmp_path, str(src), "cut", "--batch-size", "1") == 0
+    out = capsys.readouterr().out
+    assert "job cut resumed" in out and f"enqueued {of - queued} batches" in out
+    assert f"{queued} already queued or running" in out
+    # Every batch once in the broker: none was sent twice, none was left out.
+    assert len(queued_batches(cli, "cut")) == queue_depth(cli, keys.SHARED_QUEUE) == 150
+
+
+def test_ctrl_c_after_the_last_batch_was_queued_says_all_are_queued(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import producer.enqueue
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(150))
+    dispatch = producer.enqueue.dispatch
+
+    def dispatch_then_ctrl_c(app: Any, ledger: Any, job: str, batches: Any, queue: str) -> int:
+        sent = dispatch(app, ledger, job, batches, queue)
+        if len(queued_batches(cli, job)) == 150:
+            raise KeyboardInterrupt  # the last batch is in the broker; enqueue has not returned
+        return sent
+
+    monkeypatch.setattr(producer.enqueue, "dispatch", dispatch_then_ctrl_c)
+    assert enqueue(tmp_path, str(src), "whole", "--batch-size", "1") == 130
+    err = capsys.readouterr().err
+    assert "job whole is running; all 150 batches this run was queueing are queued" in err
+    assert len(queued_batches(cli, "whole")) == queue_depth(cli, keys.SHARED_QUEUE) == 150
+
+
+@pytest.mark.parametrize("phase", ["checking", "storing"])
+def test_ctrl_c_before_queueing_says_what_was_stored_and_queues_nothing(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    phase: str,
+) -> None:
+    from producer import cli as command
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(150))
+
+    def ctrl_c(at: str, done: int, total: int) -> None:
+        if at == phase:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "_progress", lambda: ctrl_c)
+    assert enqueue(tmp_path, str(src), "early", "--batch-size", "1") == 130
+    err = capsys.readouterr().err
+    if phase == "checking":
+        assert f"interrupted while checking {src}: nothing was stored or queued" in err
+    else:
+        assert "interrupted: job early was not started" in err
+    assert queue_depth(cli, keys.SHARED_QUEUE) == 0
