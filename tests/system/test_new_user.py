@@ -150,7 +150,7 @@ def test_a_bare_command_in_another_directory_finds_the_embedded_redis_password(
     clone_elsewhere: Path, redis_server: RedisServer,
 ) -> None:
     """`producer status mine` from another folder, with no .env loaded: the embedded
-    default password of the clone, not none (`refused the password`)."""
+    default password of the clone, not none (`needs a password and none was given`)."""
     settings = Settings.from_env({})
     assert f":{redis_server.password}@127.0.0.1:6389/0" in settings.redis_url
 

@@ -121,7 +121,8 @@ def test_the_producer_names_redis_without_its_password_when_it_is_refused_or_unr
 ) -> None:
     wrong = f"redis://:wrong-{secrets.token_hex(8)}@127.0.0.1:{redis_server.port}/0"
     unreachable = redis_url.replace(f":{redis_server.port}/", f":{free_port()}/")
-    for url, says in ((wrong, "refused the password"), (unreachable, "cannot reach Redis")):
+    for url, says in ((wrong, "refused the password that was given"),
+                      (unreachable, "cannot reach Redis")):
         result = subprocess.run(
             [PYTHON, "-m", "producer", "jobs"], cwd=ROOT,
             env={**os.environ, "REDIS_URL": url}, capture_output=True, text=True, timeout=60,
@@ -129,6 +130,22 @@ def test_the_producer_names_redis_without_its_password_when_it_is_refused_or_unr
         assert result.returncode == 1, result.stderr
         assert says in result.stderr and "redis://:***@127.0.0.1:" in result.stderr
         assert url.split("@")[0].split(":")[-1] not in result.stdout + result.stderr
+
+
+def test_the_producer_says_redis_needs_a_password_when_none_was_given(
+    redis_server: RedisServer,
+) -> None:
+    """Not "refused the password": none was sent."""
+    bare = f"redis://127.0.0.1:{redis_server.port}/0"
+    env = {k: v for k, v in os.environ.items() if k != "FLEETGEN_REDIS_PASSWORD_FILE"}
+    result = subprocess.run([PYTHON, "-m", "producer", "jobs"], cwd=ROOT,
+                            env={**env, "REDIS_URL": bare}, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"error: Redis at {bare} needs a password and none was given")
+    assert "REDIS_URL (redis://:PASSWORD@HOST:PORT/0)" in result.stderr
+    assert "FLEETGEN_REDIS_PASSWORD_FILE=" in result.stderr
+    assert "refused" not in result.stderr
 
 
 # --- the embedded Valkey ------------------------------------------------------------------------

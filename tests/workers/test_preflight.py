@@ -87,8 +87,19 @@ def test_a_worker_whose_redis_refuses_its_password_refuses_to_start(
     wrong = re.sub(r"redis://:[^@]*@", "redis://:WRONG-pass-123@", redis_url)
     line = refusal(start_worker(stack, "badpass", "-Q", "gpu0",
                                 env={"REDIS_URL": wrong, "SGLANG_URL": "http://127.0.0.1:9"}))
-    assert "refused the password" in line
+    assert "refused the password that was given" in line
     assert "WRONG-pass-123" not in line
+
+
+def test_a_worker_given_no_redis_password_says_one_is_needed(
+    stack: Stack, redis_url: str,
+) -> None:
+    bare = re.sub(r"redis://:[^@]*@", "redis://", redis_url)
+    line = refusal(start_worker(stack, "nopass", "-Q", "gpu0",
+                                env={"REDIS_URL": bare, "SGLANG_URL": "http://127.0.0.1:9"},
+                                drop=("FLEETGEN_REDIS_PASSWORD_FILE",)))
+    assert line.startswith(f"error: Redis at {bare} needs a password and none was given")
+    assert "FLEETGEN_REDIS_PASSWORD_FILE" in line
 
 
 def test_a_worker_with_no_redis_at_its_address_refuses_to_start(stack: Stack) -> None:
