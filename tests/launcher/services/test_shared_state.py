@@ -222,11 +222,11 @@ def test_the_demo_names_the_process_that_died_and_why_not_the_shutdown(tmp_path:
 def connection_port() -> Iterator[int]:
     """The local port of an open outgoing connection: the kernel took it from its ephemeral
     range, and nothing listens on it."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        with socket.create_connection(server.getsockname()) as client:
-            peer, _ = server.accept()
-            with peer:
-                yield client.getsockname()[1]
+    with (socket.create_server(("127.0.0.1", 0)) as server,
+          socket.create_connection(server.getsockname()) as client):
+        peer, _ = server.accept()
+        with peer:
+            yield client.getsockname()[1]
 
 
 def test_a_port_held_by_a_connection_is_named_as_such_with_the_ephemeral_range(
