@@ -41,6 +41,7 @@ class Sink(Protocol):
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str) -> Iterator[str]: ...
     def describe(self, key: str) -> str: ...
+    def endpoint(self) -> str | None: ...
     def manifests_above(self) -> Iterator[tuple[str, bytes]]: ...
 
 
@@ -163,6 +164,10 @@ class LocalSink:
     def describe(self, key: str) -> str:
         return str(self._path(key))
 
+    def endpoint(self) -> str | None:
+        """None: a folder is reached through no endpoint."""
+        return None
+
     def manifests_above(self) -> Iterator[tuple[str, bytes]]:
         """Each `manifest.json` in this folder and every folder above it, nearest first, as
         (path, bytes); one that cannot be read is passed over. A job's manifest there means this
@@ -201,11 +206,14 @@ class S3Sink:
 
     def require_bucket(self) -> None:
         """SinkError unless the bucket exists and these credentials may use it."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError, NoCredentialsError
 
-        where = f"s3://{self.bucket} at {self._s3.meta.endpoint_url}"
+        where = f"s3://{self.bucket} at {self.endpoint()}"
         try:
             self._s3.head_bucket(Bucket=self.bucket)
+        except NoCredentialsError as exc:
+            raise SinkError(f"{where}: no credentials (set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from exc
         except ClientError as exc:
             if _status(exc) == 404:
                 raise SinkError(f"{where}: no such bucket (fleetgen never creates buckets: "
@@ -287,6 +295,15 @@ class S3Sink:
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
+
+    def endpoint(self) -> str:
+        """The S3 endpoint, said to be AWS's own when it is: boto3 goes to AWS unless
+        AWS_ENDPOINT_URL (or the AWS config) names another store, which is easy to miss."""
+        url: str = self._s3.meta.endpoint_url
+        host = urlparse(url).hostname or ""
+        if host == "amazonaws.com" or host.endswith(".amazonaws.com"):
+            return f"AWS ({url}; AWS_ENDPOINT_URL is not set to another S3 store)"
+        return url
 
     def manifests_above(self) -> Iterator[tuple[str, bytes]]:
         """Each `manifest.json` at this prefix and every prefix above it up to the bucket,

@@ -101,6 +101,32 @@ def test_any_other_failure_of_s3_is_a_sink_error_naming_the_object(
             call()
 
 
+@pytest.fixture
+def plain_aws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shell with no AWS variable set, no AWS files and no instance metadata: what a new
+    user's machine has. boto3 then goes to AWS itself, and finds no credentials before it
+    sends anything."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # A fresh boto3 session: the default one keeps the credentials an earlier test found.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+
+
+def test_an_s3_output_without_an_endpoint_or_credentials_says_it_is_aws_and_none_were_found(
+        plain_aws: None) -> None:
+    with pytest.raises(SinkError) as caught:
+        open_sink("s3://my-bucket/runs")
+    assert str(caught.value) == (
+        "s3://my-bucket at AWS (https://s3.amazonaws.com; AWS_ENDPOINT_URL is not set to another "
+        "S3 store): no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+        "AWS_PROFILE)")
+
+
 def test_on_sink_rides_out_errors_until_its_deadline() -> None:
     failures = [SinkError("down"), SinkError("still down")]
 

@@ -464,4 +464,9 @@ def test_export_from_s3_streams_the_same_dataset(
     rows = read_jsonl(tmp_path / "s3.jsonl")
     assert outcome_ids(rows) == job.ids
     assert rows[3]["reasoning_content"] == "thinking in r01-000001"
+    # The first line names the S3 store read (here the test's own; AWS itself when no
+    # AWS_ENDPOINT_URL is set).
+    code, out, _ = run_export(capsys, "job", "--to", str(tmp_path / "s3.jsonl"), "--force")
+    assert code == 0 and out.splitlines()[0] == (
+        f"reading s3://{s3_server.bucket}/runs/job/ at S3 endpoint {s3_server.endpoint_url}")
     assert rows[40]["custom_id"] == "p00040"
