@@ -10,7 +10,10 @@
   lists no metric the code lacks;
 - no file refers to the reference notes outside the repository; every `docs/...md#anchor` and
   every SGLang `§N` in the code points to a section that exists;
-- the one-machine walkthrough (docs/getting-started/own-data.md) runs as written and exports.
+- the one-machine walkthrough (docs/getting-started/own-data.md) runs as written and exports,
+  and the README's quick start is its commands, in its order;
+- the log lines the docs tell a reader to wait for are the lines the code prints;
+- no example port in the docs lies in the kernel's ephemeral range.
 """
 
 from __future__ import annotations
@@ -177,7 +180,8 @@ def launcher_parser(command: str, monkeypatch: pytest.MonkeyPatch) -> argparse.A
 def cli_sections() -> dict[tuple[str, str], str]:
     """docs/reference/cli.md cut into (program, command) sections by its ## and ### headings."""
     sections: dict[tuple[str, str], str] = {}
-    program, commands, lines = "", [""], []
+    program, commands = "", [""]
+    lines: list[str] = []
     for line in [*page("reference/cli.md").splitlines(), "## end"]:
         if line.startswith(("## ", "### ")):
             for command in commands:
@@ -381,7 +385,7 @@ def test_the_demo_page_says_keep_leaves_the_stack_up_and_how_to_stop_it() -> Non
 def test_the_walkthrough_says_what_to_do_about_a_taken_port_and_another_directory() -> None:
     text = " ".join(page("getting-started/own-data.md").split())
     assert "error: port 30000 on 127.0.0.1 is in use by pid 4242" in text
-    assert "give the worker of step 4 the same one in `SGLANG_URL`" in text
+    assert "give the worker of step 3 the same one in `SGLANG_URL`" in text
     assert "else in the clone (where `.env` names it), so a command run from another " \
            "directory finds it too" in text
 
@@ -404,12 +408,189 @@ def test_the_gpu_node_guide_answers_a_new_users_questions() -> None:
     assert "6389" in (ROOT / "docker/control.yaml").read_text()
 
 
-def test_several_nodes_has_an_add_a_node_checklist() -> None:
+def add_a_node_checklist() -> str:
     text = page("getting-started/several-nodes.md")
-    checklist = text.split("### Adding node 2: a checklist", 1)[1].split("\n### ", 1)[0]
-    steps = re.findall(r"^\d+\. \*\*(.+?)\*\*", checklist, re.MULTILINE)
-    assert steps == ["Reach the shared services.", "The same settings as node 1.", "Install",
-                     "Dry run:", "Start", "Check"]
+    return text.split("### Adding node 2: a checklist", 1)[1].split("\n### ", 1)[0]
+
+
+def test_several_nodes_has_an_add_a_node_checklist() -> None:
+    steps = re.findall(r"^\d+\. \*\*(.+?)\*\*", add_a_node_checklist(), re.MULTILINE)
+    assert steps == ["Install", "Copy node 1's secrets", "The same settings as node 1",
+                     "Reach the shared services.", "Dry run:", "Start", "Check"]
+
+
+def test_the_add_a_node_checklist_can_be_typed_as_it_stands() -> None:
+    """Item 12: the checklist asked for `redis-cli` (not installed), port 6379 against the
+    embedded 6389, and never said which of node 1's secret files to copy under which
+    variables."""
+    checklist = add_a_node_checklist()
+    lines = shell_lines(checklist)
+    assert [line for line in lines if "redis-cli" in line] == []
+    assert "python -m producer jobs" in [line.strip() for line in lines]
+    # The embedded services of node 1, reachable from node 2, on the ports they really take.
+    assert any("launcher redis --host 10.0.0.2" in line for line in lines)
+    assert any("launcher s3 --host 10.0.0.2" in line for line in lines)
+    exports = dict(re.findall(r"^\s*export (\w+)=(\S+)$", "\n".join(lines), re.MULTILINE))
+    assert exports["REDIS_URL"] == "redis://10.0.0.2:6389/0"
+    assert exports["AWS_ENDPOINT_URL"] == "http://10.0.0.2:8333"
+    # Each copied secret file lands where a variable names it.
+    copied = {Path(src).name: dest for src, dest in
+              re.findall(r"^\s*scp \S+:(\S+) (\S+)$", "\n".join(lines), re.MULTILINE)}
+    assert set(copied) == {"password", "credentials"}
+    home = "$HOME/"
+    assert exports["FLEETGEN_REDIS_PASSWORD_FILE"] == copied["password"].replace("~/", home)
+    assert exports["AWS_SHARED_CREDENTIALS_FILE"] == copied["credentials"].replace("~/", home)
+    configuration = page("reference/configuration.md")
+    assert [name for name in exports if not mentions(configuration, name)] == []
+
+
+def command_of(line: str) -> str:
+    """A shell line without its trailing `# comment`."""
+    return re.sub(r"\s+#\s.*$", "", line).strip()
+
+
+def test_the_readme_quick_start_is_the_walkthroughs_commands_in_order() -> None:
+    """Item 11: the README's quick start and the walkthrough gave different flags in a
+    different order; the README's lines are lines of the blocks the walkthrough test runs."""
+    readme = [command_of(line) for line in quick_start() if command_of(line)]
+    walkthrough = [command_of(line) for block in walkthrough_blocks()
+                   for line in block.script.splitlines()]
+    assert len(readme) == 6
+    assert [line for line in readme if line not in walkthrough] == []
+    remaining = iter(walkthrough)
+    assert all(line in remaining for line in readme), "the README's order is the walkthrough's"
+
+
+def test_the_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_layer() -> None:
+    """Item 11: the README's test line gave no duration and did not name the fast layer."""
+    fast = next(line for line in shell_lines(page("development/testing.md")) if "not e2e" in line)
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    assert f"`{fast}`" in readme
+    assert "whole test suite, about 32 minutes on two cores" in readme
+    assert "The fast layer alone takes about a minute" in readme
+
+
+def test_the_walkthrough_says_what_flower_and_an_s3_output_want() -> None:
+    """Item 14: Flower's API wants a login; an s3:// output without AWS_ENDPOINT_URL goes to
+    real AWS."""
+    text = " ".join(page(WALKTHROUGH).split())
+    assert "FLOWER_BASIC_AUTH=ops:secret .venv/bin/celery -A workers flower" in text
+    assert "curl -fsS -u ops:secret 'http://127.0.0.1:5555/api/workers?refresh=1'" in text
+    assert "its API (`/api/...`, which the pages' buttons such as *Refresh* use) answers 401" \
+        in text
+    assert "Without `AWS_ENDPOINT_URL`, boto3 calls **real AWS**" in text
+    env = "".join(block.script for block in walkthrough_blocks() if block.kind == "env")
+    for name in ("AWS_ENDPOINT_URL", "AWS_SHARED_CREDENTIALS_FILE", "AWS_DEFAULT_REGION"):
+        assert f"export {name}=" in env
+    flower = " ".join(page("guides/flower.md").split("## What it shows", 1)[0].split())
+    assert "answers 401 until Flower has one: start it with `FLOWER_BASIC_AUTH=user:password`" \
+        in flower
+
+
+# The lines the docs tell a reader to wait for, as the code prints them (printf formats).
+LOG_FORMATS = {
+    "launcher/services/_command.py":
+        "%s: serving %s (ports %s) until SIGTERM/SIGINT; credentials in %s",
+    "launcher/sim/server.py": "The server is fired up and ready to roll!",
+    "workers/tasks.py": "worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
+    "workers/engine.py": "worker %s: %s is %s; %s; keeping %d in flight",
+    "celery/apps/worker.py": "%s ready.",  # Celery's own
+}
+LOG_WORDS = (": serving ", " ready", "fired up", " in flight")
+
+
+def source_of(module_path: str) -> str:
+    path = ROOT / module_path
+    if not path.is_file():
+        spec = importlib.util.find_spec(module_path.removesuffix(".py").replace("/", "."))
+        assert spec is not None and spec.origin is not None
+        path = Path(spec.origin)
+    return path.read_text(encoding="utf-8")
+
+
+def prints(fmt: str, quote: str) -> bool:
+    """The code's `fmt` can print the line `quote` shows: `<x>` stands for a value, and a
+    trailing `...` for the rest of the line. A value holds no `;` and no parenthesis."""
+    line = re.sub(r"<[^>]+>", "x", " ".join(quote.split()))
+    tokens = [t for t in re.split(r"(%[sd])", fmt) if t]
+
+    def pattern(part: list[str]) -> str:
+        return "".join({"%s": r"[^;()]+", "%d": r"\d+"}.get(t, re.escape(t)) for t in part)
+
+    if not line.endswith("..."):
+        return re.fullmatch(pattern(tokens), line) is not None
+    start = line.removesuffix("...")
+    for k, token in enumerate([*tokens, ""]):
+        rest = {"%s": r"[^;()]*", "%d": r"\d*"}.get(token) or "(?:{})".format(
+            "|".join(re.escape(token[:n]) for n in range(len(token) + 1)))
+        if re.fullmatch(pattern(tokens[:k]) + rest, start):
+            return True
+    return False
+
+
+def quoted_log_lines(text: str) -> list[str]:
+    """The `code spans` and ```text lines of `text` that quote a ready or serving line."""
+    texts = re.findall(r"```text\n(.*?)```", text, re.DOTALL)
+    spans = re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+    quotes = [line for block in texts for line in block.splitlines()] + spans
+    return [q for q in quotes if any(word in " ".join(q.split()) for word in LOG_WORDS)]
+
+
+def test_the_ready_lines_the_docs_quote_are_the_lines_the_code_prints() -> None:
+    """Item 11: the walkthrough quoted Redis' ready line without the ports it names."""
+    for module_path, fmt in LOG_FORMATS.items():
+        assert f'"{fmt}"' in source_of(module_path) or f"'{fmt}'" in source_of(module_path), \
+            f"{module_path} no longer prints {fmt!r}"
+    quotes = [*quoted_log_lines(README.read_text(encoding="utf-8")),
+              *quoted_log_lines(page(WALKTHROUGH))]
+    assert len(quotes) >= 8
+    assert [q for q in quotes if not any(prints(f, q) for f in LOG_FORMATS.values())] == []
+
+
+def test_quoting_a_log_line_checks_the_words_between_its_values() -> None:
+    serving = LOG_FORMATS["launcher/services/_command.py"]
+    assert prints(serving, "redis: serving ...")
+    assert prints(serving, "redis: serving redis://127.0.0.1:6389/0 (ports 6389) until "
+                           "SIGTERM/SIGINT; credentials in ...")
+    assert not prints(serving, "redis: serving redis://127.0.0.1:6389/0 until SIGTERM/SIGINT; "
+                               "credentials in ...")
+    assert prints(LOG_FORMATS["celery/apps/worker.py"], "gpu0@<host> ready.")
+    assert not prints(LOG_FORMATS["celery/apps/worker.py"], "gpu0@<host> ready!")
+
+
+# The kernel hands ports 32768-60999 (net.ipv4.ip_local_port_range) to outgoing connections:
+# a server told to listen there can find its port taken by any client of the machine.
+EPHEMERAL_PORTS = range(32768, 61000)
+# A port in an example: after a host (not a FILE:LINE) and a colon, a port flag, a *_PORT
+# variable, or the word port.
+EXAMPLE_PORT = re.compile(
+    r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|[a-z][\w.-]*)(?<!\.jsonl)(?<!\.py)(?<!\.md)"
+    r":(\d{2,5})\b"
+    r"|--[\w-]*port[\w-]*[= ](\d{2,5})\b|_PORT=(\d{2,5})\b|\bports? (\d{2,5})\b",
+    re.IGNORECASE)
+
+
+def example_ports(text: str) -> list[tuple[int, str]]:
+    """(port, line) for each example port in `text`, leaving out lines that state the range."""
+    found = []
+    for line in text.splitlines():
+        if "32768" in line and "60999" in line:
+            continue
+        found += [(int(next(g for g in m.groups() if g)), line.strip())
+                  for m in EXAMPLE_PORT.finditer(line)]
+    return found
+
+
+def test_no_example_port_in_the_docs_lies_in_the_ephemeral_range() -> None:
+    """Item 4: an example on an ephemeral port (status.md showed servers on 34849 and 47441)
+    teaches a port that may be taken at any moment."""
+    assert example_ports("curl 127.0.0.1:34849/x; --port 47441; prompts.jsonl:40000") == [
+        (34849, "curl 127.0.0.1:34849/x; --port 47441; prompts.jsonl:40000"),
+        (47441, "curl 127.0.0.1:34849/x; --port 47441; prompts.jsonl:40000")]
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    found = [(port, line) for path in pages for port, line in example_ports(text_of(path) or "")]
+    assert len(found) > 50
+    assert [(port, line) for port, line in found if port in EPHEMERAL_PORTS] == []
 
 
 def test_the_input_format_page_tells_the_typo_hint_and_the_canary_demo_file() -> None:
@@ -421,26 +602,31 @@ def test_the_input_format_page_tells_the_typo_hint_and_the_canary_demo_file() ->
 # --- the one-machine walkthrough ------------------------------------------------------------
 
 WALKTHROUGH = "getting-started/own-data.md"
-# Every port the walkthrough's processes listen on: Valkey, SeaweedFS (S3 and its inner
-# parts), the simulator, the worker's metrics.
-WALKTHROUGH_PORTS = (6389, *range(8333, 8342), 18341, 30000, 9400)
+# Every port the walkthrough's processes listen on: Valkey, the simulator, the worker's
+# metrics, SeaweedFS (S3 and its inner parts).
+WALKTHROUGH_PORTS = (6389, 30000, 9400, *range(8333, 8342), 18341)
+# What a fresh terminal does not have: settings a developer's shell may hold.
+FRESH_TERMINAL_DROPS = ("REDIS_URL", "SGLANG_URL", "CELERY_APP", "AWS_", "FLEETGEN_")
 READY_TIMEOUT_S = 180.0
 STEP_TIMEOUT_S = 600.0
 
 
 @dataclasses.dataclass
 class Block:
-    kind: str  # env, terminal or step
+    kind: str  # env (kept for the blocks after it), terminal N, or step
     script: str
+    terminal: int | None = None
     ready: str | None = None
 
 
 def walkthrough_blocks() -> list[Block]:
-    """The shell blocks of the walkthrough marked `<!-- walkthrough: KIND[; ready when "X"] -->`."""
+    """The shell blocks of the walkthrough marked
+    `<!-- walkthrough: env | step | terminal N; ready when "X" -->`."""
     found = re.findall(
-        r"<!-- walkthrough: (\w+)(?:; ready when \"([^\"]+)\")? -->\n```sh\n(.*?)```",
+        r"<!-- walkthrough: (\w+)(?: (\d+))?(?:; ready when \"([^\"]+)\")? -->\n```sh\n(.*?)```",
         page(WALKTHROUGH), re.DOTALL)
-    return [Block(kind, script, ready or None) for kind, ready, script in found]
+    return [Block(kind, script, int(n) if n else None, ready or None)
+            for kind, n, ready, script in found]
 
 
 def port_taken(port: int) -> bool:
@@ -462,59 +648,79 @@ class Terminal:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def interrupt(self) -> None:
+        """Ctrl-C, as a reader stops the part; killed if it has not stopped in 30 s."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.out.close()
+
 
 @pytest.fixture
-def terminals() -> Iterator[list[Terminal]]:
-    """The walkthrough's long-running parts; stopped as Ctrl-C would, last started first."""
-    started: list[Terminal] = []
+def terminals() -> Iterator[dict[int, Terminal]]:
+    """The walkthrough's long-running parts by terminal; stopped last started first."""
+    started: dict[int, Terminal] = {}
     yield started
-    for term in reversed(started):
-        if term.process.poll() is None:
-            os.killpg(term.process.pid, signal.SIGINT)
-            try:
-                term.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(term.process.pid, signal.SIGKILL)
-                term.process.wait(10)
-        term.out.close()
+    for term in reversed(started.values()):
+        term.interrupt()
+
+
+def fresh_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(FRESH_TERMINAL_DROPS)}
+
+
+def test_the_walkthrough_marks_its_blocks_for_the_test_that_runs_it() -> None:
+    blocks = walkthrough_blocks()
+    assert [b.terminal for b in blocks if b.kind == "terminal"] == [1, 2, 3, 4, 5, 3]
+    assert all(b.ready for b in blocks if b.kind == "terminal")
+    assert [b.kind for b in blocks].count("env") == 1
+    assert "export mine " in blocks[-1].script or "export mine-s3 " in blocks[-1].script
 
 
 @pytest.mark.e2e
 def test_the_one_machine_walkthrough_runs_as_written_and_exports(
-    tmp_path: Path, terminals: list[Terminal]
+    tmp_path: Path, terminals: dict[int, Terminal]
 ) -> None:
     blocks = walkthrough_blocks()
-    assert [b.kind for b in blocks].count("env") == 1
-    assert [b.kind for b in blocks].count("terminal") == 4
-    assert "export" in blocks[-1].script
     taken = [port for port in WALKTHROUGH_PORTS if port_taken(port)]
     if taken:
         unavailable(f"the walkthrough's ports are taken: {taken}")
     # The walkthrough runs from the repository root, where .venv is; here a scratch folder
     # with that venv linked in stands for it, so the run leaves nothing in the repository.
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
-    env = next(b.script for b in blocks if b.kind == "env")
+    env, fresh = "", fresh_environment()
     for n, block in enumerate(blocks):
-        if block.kind == "terminal":
-            log = tmp_path / f"terminal{len(terminals) + 1}.log"
+        if block.kind == "env":
+            env += block.script
+        elif block.kind == "terminal":
+            assert block.terminal is not None and block.ready is not None
+            if block.terminal in terminals:  # the same terminal again: Ctrl-C, then the line
+                terminals.pop(block.terminal).interrupt()
+            log = tmp_path / f"block{n}-terminal{block.terminal}.log"
             out = log.open("wb")
             process = subprocess.Popen(
-                ["bash", "-c", env + block.script], cwd=tmp_path, stdout=out,
+                ["bash", "-c", env + block.script], cwd=tmp_path, stdout=out, env=fresh,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            term = Terminal(process, log, out)
-            terminals.append(term)
-            assert block.ready, f"block {n}: a terminal says what to wait for"
+            term = terminals[block.terminal] = Terminal(process, log, out)
             deadline = time.monotonic() + READY_TIMEOUT_S
             while block.ready not in term.text():
                 assert process.poll() is None, f"block {n} exited:\n{term.text()}"
                 assert time.monotonic() < deadline, f"block {n} not ready:\n{term.text()}"
                 time.sleep(0.2)
-        elif block.kind == "step":
-            done = subprocess.run(["bash", "-ec", env + block.script], cwd=tmp_path, check=False,
-                                  capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-            logs = "\n".join(f"--- {t.log.name}\n{t.text()[-3000:]}" for t in terminals)
+        else:
+            done = subprocess.run(["bash", "-ec", env + block.script], cwd=tmp_path, env=fresh,
+                                  check=False, capture_output=True, text=True,
+                                  timeout=STEP_TIMEOUT_S)
+            logs = "\n".join(f"--- {t.log.name}\n{t.text()[-3000:]}" for t in terminals.values())
             assert done.returncode == 0, f"step {n} failed:\n{block.script}\n{done.stdout}" \
                 f"\n{done.stderr}\n{logs}"
-    rows = [json.loads(line) for line in (tmp_path / "mine.jsonl").read_text().splitlines()]
-    assert [row["id"] for row in rows] == ["q1", "q2", "q3"]
-    assert all(row["content"] for row in rows)
+    ids = [json.loads(line)["id"] for line in (tmp_path / "prompts.jsonl").read_text().splitlines()
+           if "custom_id" not in line] + ["q3"]
+    for export in ("mine.jsonl", "mine-s3.jsonl"):
+        rows = [json.loads(line) for line in (tmp_path / export).read_text().splitlines()]
+        assert sorted(row["id"] for row in rows) == sorted(ids)
+        assert all(row["content"] for row in rows)
