@@ -141,16 +141,19 @@ def build_parser() -> CommandParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
     p.add_argument("--no-servers", action="store_true",
                    help="skip the live per-GPU table (no /metrics or /server_info requests)")
-    command("jobs", "list jobs with their state and progress", "")
+    command("jobs", "list the jobs Redis holds (running, paused, and finished ones until "
+            "FLEETGEN_JOB_RETENTION expires them) with their state and progress", "")
     p = command("requeue", "send failed prompts again (e.g. after raising the context)",
                 "distill-v1 --failed")
     p.add_argument("job", help="the job's name")
-    p.add_argument("--failed", action="store_true", required=True, help="requeue failed prompts")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="prompts per batch (default: the job's batch size)")
+    p.add_argument("--failed", action="store_true", required=True,
+                   help="required: send every prompt whose newest outcome is a failure")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="prompts per new batch (default: the job's batch size)")
     for name, text in (("pause", "start no new batches (running ones finish)"),
-                       ("cancel", "stop the job: no new batches, running ones stop"),
-                       ("resume", "run a paused or stopped job again")):
+                       ("cancel", "stop the job: no new batches, running ones stop (resume "
+                        "runs it again)"),
+                       ("resume", "run a paused or cancelled job again")):
         p = command(name, text, "distill-v1")
         p.add_argument("job", help="the job's name")
         if name == "resume":
@@ -164,23 +167,25 @@ def build_parser() -> CommandParser:
                 "distill-v1 --to distill-v1.parquet --format parquet --partial",
                 "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
     p.add_argument("job", help="the job's name")
-    p.add_argument("--to", type=Path, required=True, help="file to write (never the job's input)")
+    p.add_argument("--to", type=Path, required=True, metavar="PATH",
+                   help="required: the file to write (never the job's input)")
     p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format")
     p.add_argument("--partial", action="store_true",
-                   help="export what exists of a job that is not finished (or not fully enqueued)")
+                   help="export what exists of a job that is not finished, or whose enqueue did "
+                   "not finish")
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
     p.add_argument("--json", action="store_true",
                    help="print the reconcile as one JSON object (other messages go to stderr)")
     p.add_argument("--output", default=None, metavar="URI",
-                   help="the job's output: when Redis does not know the job (it lost its data), "
-                   "the export reads the sink there alone")
+                   help="the job's output, s3://bucket/prefix or a folder (default: the output "
+                   "Redis has for it); a job Redis does not know is exported from there alone")
     p = command("rebuild", "rebuild a job's ledger in Redis from its output (after Redis lost "
                 "its data): what is done, its counts and requeue rounds; the rest runs again",
                 "distill-v1 --output s3://bucket/runs", "distill-v1")
     p.add_argument("job", help="the job's name")
     p.add_argument("--output", default=None, metavar="URI",
-                   help="the job's output (needed when Redis does not know the job; default: "
-                   "the output Redis has for it)")
+                   help="the job's output, s3://bucket/prefix or a folder (default: the output "
+                   "Redis has for it); needed when Redis does not know the job")
     p = command("report", "write one HTML page of a job: throughput per GPU, capacity, latency, "
                 "lengths, finish reasons, failures, canary",
                 "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
