@@ -53,7 +53,7 @@ PASSWORD_FILE = ".fleetgen/redis/password"
 def free_base() -> int:
     """A demo port base whose every port is free now."""
     for _ in range(50):
-        base = random.randrange(20000, 29000, 20)
+        base = random.randrange(10000, 22700, 20)  # B+10018 stays below the ephemeral range
         if all(port_is_free(p) for ports in DemoPorts.from_base(base).taken().values()
                for p in ports):
             return base
@@ -96,12 +96,20 @@ def test_demo_keep_leaves_the_stack_running_and_says_where_flower_is_and_how_to_
         assert httpx.get(f"http://127.0.0.1:{base + 3}/healthcheck", timeout=10).status_code in (
             200, 401)
         assert not port_is_free(base) and not port_is_free(base + 1)
-        # A second demo on these ports names the kept stack and how to stop it.
+        # A second demo on this state folder names the kept stack and how to stop it.
         again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                                timeout=120, check=False)
         assert again.returncode == 2
-        assert f"a stack kept by `demo --keep` runs (honcho pid {pid}): stop it with " \
-               f"`kill {pid}`" in again.stderr
+        assert again.stderr.startswith("demo: state/redis is in use by pid ")
+        assert f"stop it (`kill {pid}`: the honcho of a `demo --keep`)" in again.stderr
+        assert "--state-dir DIR" in again.stderr
+        # On another state folder, its ports are what it names.
+        elsewhere = subprocess.run([*argv, "--state-dir", str(tmp_path / "other")], cwd=tmp_path,
+                                   env=env, capture_output=True, text=True, timeout=120,
+                                   check=False)
+        assert elsewhere.returncode == 2
+        assert f"redis: port {base} is in use by pid " in elsewhere.stderr
+        assert "is another stack running?" in elsewhere.stderr
         # Meanwhile honcho stopped nothing (it logs `NAME stopped (rc=...)` for each).
         os.kill(pid, 0)
         assert "stopped (rc=" not in (state / "demo.log").read_text(errors="replace")

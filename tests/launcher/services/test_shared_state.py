@@ -5,6 +5,7 @@ names the process that died, and a port held by a connection says so."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import fleetgen.settings
 from fleetgen.settings import Settings
 from launcher.demo import DemoPorts, stack_failure
 from launcher.errors import PortBusyError
-from launcher.ports import busy_reason, ephemeral_range, free_port
+from launcher.ports import busy_reason, ephemeral_range, free_port, port_is_free
 from launcher.services import (
     DataDirBusyError,
     RedisServer,
@@ -152,6 +153,15 @@ def test_a_data_dir_is_free_again_once_its_server_stopped(tmp_path: Path, valkey
         assert again.alive()
 
 
+def free_base() -> int:
+    """A demo port base whose every port is free now."""
+    for _ in range(50):
+        base = random.randrange(10000, 22700, 20)
+        if all(port_is_free(port) for port in DemoPorts.from_base(base).all()):
+            return base
+    pytest.skip("no free block of demo ports")
+
+
 def run_demo(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher", "demo", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=240, check=False)
@@ -162,7 +172,7 @@ def test_the_demo_refuses_a_state_folder_another_stack_uses_naming_the_process(
 ) -> None:
     proc, _ = moved_redis
     log_before = (here / ".fleetgen" / "redis" / "valkey.log").read_bytes()
-    done = run_demo("--state-dir", str(here / ".fleetgen"), "--port-base", "12100")
+    done = run_demo("--state-dir", str(here / ".fleetgen"), "--port-base", str(free_base()))
     assert done.returncode == 2, done.stderr
     assert f"in use by pid {proc.pid} (" in done.stderr
     assert f"kill {proc.pid}" in done.stderr and "--state-dir" in done.stderr
@@ -207,7 +217,7 @@ def test_the_demo_names_the_process_that_died_and_why_not_the_shutdown(tmp_path:
     state = tmp_path / "state"
     (state / "redis").mkdir(parents=True, mode=0o700)
     (state / "redis" / "users.acl").write_text("user bob on this-is-no-acl-rule\n")
-    done = run_demo("--state-dir", str(state), "--port-base", "12200")
+    done = run_demo("--state-dir", str(state), "--port-base", str(free_base()))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "demo: the stack stopped: redis exited (code 3): " in done.stderr
     assert "ACL errors" in done.stderr.splitlines()[0]
