@@ -114,7 +114,8 @@ class DemoPorts:
 PORTS_HELP = ("take the ports from B: B Redis, B+1 and B+2 the simulated servers, B+3 Flower, "
               "B+4 and B+5 the workers' metrics, B+10..B+18 and B+10018 S3 (SeaweedFS). "
               "Default: Redis 6389, S3 8333-8341 and 18341, servers 30000-30001, Flower 5555, "
-              "metrics 9400-9401")
+              "metrics 9400-9401. B+10018 must stay below the kernel's ephemeral range "
+              "(32768 on most Linux systems)")
 # The developer's own AWS identity must neither configure nor reach the embedded S3.
 FOREIGN_AWS = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 

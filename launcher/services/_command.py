@@ -35,7 +35,7 @@ from fleetgen.commandline import CommandParser
 from fleetgen.redact import redact
 from fleetgen.settings import SettingsError
 from launcher.errors import LauncherError
-from launcher.ports import HOST
+from launcher.ports import HOST, ephemeral_text, in_ephemeral_range
 from launcher.services._redis import RedisServer
 from launcher.services._s3 import S3Ports, S3Server
 
@@ -139,6 +139,10 @@ def make_server(run: ServiceRun) -> RedisServer | S3Server:
 
 def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
     """Run `server` until `stop` is set or the server dies; always leave it stopped."""
+    ports = server.ports.all() if isinstance(server, S3Server) else [server.port]
+    if inside := in_ephemeral_range(ports):
+        log.warning("%s: port(s) %s lie in %s", server.name, ", ".join(map(str, inside)),
+                    ephemeral_text())
     try:
         server.start()
         taken = server.ports.text() if isinstance(server, S3Server) else str(server.port)

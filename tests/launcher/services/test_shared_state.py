@@ -269,3 +269,23 @@ def test_the_demo_refuses_a_port_base_reaching_into_the_ephemeral_range(
     assert f"pick a port below {first}" in capsys.readouterr().err
     assert all(port < first for port in DemoPorts().all())
     assert all(port < first for port in DemoPorts.from_base(21000).all())
+
+
+def test_launcher_redis_on_a_port_in_the_ephemeral_range_warns_and_names_a_better_one(
+    tmp_path: Path, valkey_bin: Path,
+) -> None:
+    port = free_port()  # the kernel's pick for port 0 comes from its ephemeral range
+    first, _ = ephemeral_range()
+    assert port >= first
+    out = tmp_path / "launcher.log"
+    with out.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher", "redis", "--port", str(port),
+                                 "--data-dir", str(tmp_path / "redis")], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: "serving" in out.read_text(), 20, what="`launcher redis` to serve")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert f"redis: port(s) {port} lie in the kernel's ephemeral range" in out.read_text()
+    assert f"pick a port below {first}" in out.read_text()
