@@ -233,6 +233,7 @@ def _requeue(
     ledger.record_round(job, batches, Counter(failed[row["id"]] for row in rows))
     if ledger.job_state(job)[0] == STATE_CANCELLED:
         ledger.set_state(job, STATE_RUNNING)
+        record_state(ledger, job, time.time())
     dispatch(app, ledger, job, batches, manifest.queue)
     return RequeueReport(len(rows), len(batches), round_no)
 

@@ -237,13 +237,16 @@ def test_a_job_whose_redis_was_flushed_mid_way_is_rebuilt_by_its_enqueue_and_end
     again = stack.producer(*enqueue)
     assert "Redis did not know the job: its ledger was rebuilt from" in again.stdout
     assert "requeue rounds: r01 to r01; the next is r02" in again.stdout
+    # The pause was recorded in the output: the rebuilt job keeps it.
+    assert "paused as its output recorded (paused by user)" in again.stdout
     status = orjson.loads(stack.producer("status", "lost", "--json", "--no-servers").stdout)
     partial = orjson.loads(stack.producer("export", "lost", "--to", str(tmp_path / "p.out"),
                                           "--partial", "--json").stdout)
     assert {k: status[k] for k in ("done", "failed")} == {k: partial[k] for k in ("done", "failed")}
     assert status["errors"] == partial["failed_by_code"]
-    assert status["done"] >= 30 and status["state"] == "running"
+    assert status["done"] >= 30 and status["state"] == "paused"
 
+    stack.producer("resume", "lost")
     stack.worker(0, url, name="gpu0b")
     status = wait_job_done(stack, "lost", timeout=240)
     export = orjson.loads(stack.producer("export", "lost", "--to", str(tmp_path / "all.jsonl"),

@@ -558,8 +558,9 @@ class OperatorActions(RuleBasedStateMachine):
     def flushall(self, ways: dict[str, str]) -> None:
         """Redis loses every key (FLUSHALL), and the operator brings each job back as the docs
         say: `rebuild JOB --output URI` or its enqueue run again (`ways`). What the loss may cost:
-        answers checkpointed but not written (generated again), and pauses and cancels (the job
-        runs); what it may not: anything written (its figures do not go down)."""
+        answers checkpointed but not written (generated again), and a pause, cancel or resume
+        run while S3 was down (the job comes back as its progress.json last recorded it); what
+        it may not: anything written (its figures do not go down)."""
         with self.step(f"flushall({ways!r})"):
             ledger = self.ledger()
             before = {job: job_status(ledger, job) for job in ways if ledger.job_exists(job)}
@@ -567,7 +568,7 @@ class OperatorActions(RuleBasedStateMachine):
             self.transcript.append("  FLUSHALL")
             for job, way in ways.items():
                 model = self.jobs[job]
-                model.state, model.verified = "running", None
+                model.verified = None
                 if way == "enqueue":
                     ran = self.cli(model.enqueue_args(model.owner or "main"), f"enqueue {job} (again)")
                     self.learn_owner(model)
@@ -577,6 +578,8 @@ class OperatorActions(RuleBasedStateMachine):
                     self.rebuild(model)
                 if job in before and ledger.job_exists(job):
                     self.expect_nothing_written_lost(model, before[job], job_status(ledger, job))
+                if ledger.job_exists(job) and ledger.job_state(job)[0] != "creating":
+                    model.state = ledger.job_state(job)[0]
 
     def rebuild(self, model: JobModel) -> None:
         job = model.name
@@ -743,7 +746,8 @@ class OperatorActions(RuleBasedStateMachine):
             self.learn_owner(model)
             model.rerun = ran.code != 0
         assert not model.rerun, f"re-running the enqueue of {model.name} failed three times"
-        if model.state != "running":
+        # A job rebuilt by this enqueue has the state its progress.json recorded.
+        if model.state != "running" or self.ledger().job_state(model.name)[0] != "running":
             ran = self.cli(["resume", model.name], f"resume {model.name}")
             assert ran.code == 0, ran.line()
             model.state = "running"
