@@ -69,6 +69,8 @@ RET_INTERRUPTED = 130
 RET_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 STDIN = "-"
 STDIN_NAME = "<stdin>"  # the input's name in errors and the manifest when it came from stdin
+# `status --watch` redraws this often: a batch's answers move the figures every second or so.
+WATCH_INTERVAL_S = 2.0
 # Where a job writes when neither --output nor FLEETGEN_OUTPUT names a place: beside the user.
 DEFAULT_OUTPUT = "fleetgen-output"
 
@@ -106,41 +108,56 @@ def build_parser() -> CommandParser:
         return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
                               epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}")
 
-    p = command("enqueue", "validate a JSONL file and queue its prompts as batches",
+    p = command("enqueue", "check a JSONL file, store its prompts in the output as batches and "
+                "queue them; the same command again resumes an interrupted enqueue",
                 "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
                 "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3")
-    p.add_argument("input", type=Path,
-                   help="JSONL: messages / prompt / OpenAI Batch lines; - reads stdin (needs --job)")
-    p.add_argument("--job", help="job name (default: the file's name without extension)")
-    p.add_argument("--output", default=None,
-                   help="s3://bucket/prefix or a folder (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("input", type=Path, metavar="FILE",
+                   help="JSONL file: messages / prompt / OpenAI Batch lines; - reads stdin "
+                   "(needs --job)")
+    p.add_argument("--job", metavar="NAME", help="the job's name (default: the file's name without extension)")
+    p.add_argument("--output", default=None, metavar="URI",
+                   help="the job's output, s3://bucket/prefix or a folder; the job writes under "
+                   "URI/JOB/ (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help="most tokens generated per prompt (a line's own max_tokens wins)")
-    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T",
                    help="sampling temperature (a line's own temperature wins)")
-    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P",
                    help="nucleus sampling top_p (a line's own top_p wins)")
-    p.add_argument("--no-thinking", action="store_true", help="send enable_thinking=false")
-    p.add_argument("--model", default=None, help="model name sent to the servers")
-    p.add_argument("--queue", default=keys.SHARED_QUEUE,
+    p.add_argument("--no-thinking", action="store_true",
+                   help="send enable_thinking=false (default: thinking on; a line's own "
+                   "chat_template_kwargs wins)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="model name sent to the servers (default: each server's own model)")
+    p.add_argument("--queue", default=keys.SHARED_QUEUE, metavar="Q",
                    help=f"{keys.SHARED_QUEUE}: every GPU takes the job; gpu3 pins it to GPU 3"
                    " (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help=f"prompts per batch (default: prompts/{MIN_BATCHES} within "
-                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH})")
+                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}; a resumed job keeps its own)")
     p.add_argument("--canary", default=None, metavar="SPEC",
-                   help="quality thresholds, e.g. 'empty_content=0.5,length=off,min_completions=100'")
-    p.add_argument("--no-canary", action="store_true", help="do not pause on bad answers")
+                   help="quality thresholds over the defaults, e.g. "
+                   "'empty_content=0.5,length=off,min_completions=100' (default: the canary's "
+                   "defaults, docs/guides/running-a-job.md)")
+    p.add_argument("--no-canary", action="store_true",
+                   help="turn the quality canary off: never pause on bad answers")
     p.add_argument("--skip-invalid", action="store_true",
-                   help="enqueue the valid lines; write rejects next to the output")
+                   help="enqueue the valid lines; write the invalid ones to URI/JOB/rejects.jsonl "
+                   "(default: an invalid line stops the enqueue before anything is written)")
     p = command("status", "progress, rate, ETA, tokens and workers of a job",
                 "distill-v1", "distill-v1 --watch", "distill-v1 --json")
-    p.add_argument("job", help="the job's name")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--watch", action="store_true", help="redraw every --interval seconds (Ctrl-C stops)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    p.add_argument("job", metavar="JOB", help="the job's name")
+    p.add_argument("--json", action="store_true",
+                   help="print the same figures as one JSON object (one line per redraw with "
+                   "--watch)")
+    p.add_argument("--watch", action="store_true",
+                   help="redraw every --interval seconds until Ctrl-C")
+    p.add_argument("--interval", type=float, default=None, metavar="S",
+                   help=f"seconds between --watch's redraws (default: {WATCH_INTERVAL_S:g})")
     p.add_argument("--no-servers", action="store_true",
-                   help="skip the live per-GPU table (no /metrics or /server_info requests)")
+                   help="leave out the live per-GPU table (no /metrics or /server_info requests; "
+                   "fleet is null in --json)")
     command("jobs", "list the jobs Redis holds (running, paused, and finished ones until "
             "FLEETGEN_JOB_RETENTION expires them) with their state and progress", "")
     p = command("requeue", "send failed prompts again (e.g. after raising the context)",
@@ -225,6 +242,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         )
     except JobError as exc:
         raise CommandError(str(exc), RET_BAD_INPUT) from None
+    if args.canary is not None and args.no_canary:
+        raise CommandError("--canary sets the canary's thresholds and --no-canary turns it off: "
+                           "pass one of them", RET_BAD_INPUT)
     thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
     with _spooled_stdin() if from_stdin else nullcontext(args.input) as path:
         request = EnqueueRequest(
@@ -349,12 +369,12 @@ def _progress() -> Progress:
             state.update(phase=phase, start=time.monotonic())
         elapsed = max(1e-6, time.monotonic() - state["start"])
         total = max(1, total)
-        eta = (total - done) / max(1e-6, done / elapsed) if done else 0.0
+        eta = f"{(total - done) / (done / elapsed):.0f}s" if done else "-"
         filled = int(30 * done / total)
         amount = (f"{done:,} of {total:,} batches" if phase == QUEUEING
                   else f"{done / 1e6:,.1f} of {total / 1e6:,.1f} MB")
         print(f"\r{PHASE_LABELS[phase]:<20} [{'#' * filled}{'.' * (30 - filled)}] "
-              f"{100 * done / total:5.1f}%  {amount}  eta {eta:.0f}s    ",
+              f"{100 * done / total:5.1f}%  {amount}  eta {eta}    ",
               end="", file=sys.stderr, flush=True)
 
     return show
@@ -364,6 +384,12 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from fleetgen.jobview import job_status
     from producer.status import render
 
+    if args.interval is not None and not args.watch:
+        raise CommandError("--interval sets how often --watch redraws: add --watch",
+                           RET_BAD_INPUT)
+    if args.interval is not None and not args.interval > 0:
+        raise CommandError("--interval must be more than 0 seconds", RET_BAD_INPUT)
+    interval = WATCH_INTERVAL_S if args.interval is None else args.interval
     ledger = Ledger.connect(settings)
     ledger.load_job(args.job)
     try:
@@ -377,11 +403,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 text = render(status)
                 if args.watch:
                     text = f"\x1b[2J\x1b[H{text}\n\n  {time.strftime('%H:%M:%S')}, every " \
-                           f"{args.interval:g}s; Ctrl-C to stop"
+                           f"{interval:g}s; Ctrl-C to stop"
                 print(text, flush=True)
             if not args.watch:
                 return RET_OK
-            time.sleep(args.interval)
+            time.sleep(interval)
     except KeyboardInterrupt:
         # Ctrl-C is how a watch ends; it is not an error.
         return RET_OK

@@ -122,6 +122,15 @@ def test_job_flags_out_of_range_are_refused_before_anything_is_written(
     assert cli.dbsize() == 0 and not (tmp_path / "out").exists()
 
 
+def test_canary_thresholds_with_the_canary_off_are_refused_before_anything_is_written(
+    cli: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(10))
+    assert enqueue(tmp_path, str(src), "both", "--canary", "length=off", "--no-canary") == 2
+    assert "--no-canary turns it off: pass one of them" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not cli.exists(keys.job("both"))
+
+
 def test_a_sampling_typo_stops_enqueue_with_file_line_field_and_a_hint(
     cli: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

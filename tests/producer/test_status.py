@@ -588,6 +588,20 @@ def test_status_of_an_unknown_job_is_an_error(ledger: Ledger, cli_env: None,
     assert "no job named 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flags", "why"), [
+    (["--interval", "5"], "--interval sets how often --watch redraws: add --watch"),
+    (["--watch", "--interval", "0"], "--interval must be more than 0 seconds"),
+    (["--watch", "--interval", "-1"], "--interval must be more than 0 seconds"),
+], ids=["without-watch", "zero", "negative"])
+def test_an_interval_that_cannot_pace_a_watch_is_refused(
+    ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str], flags: list[str], why: str,
+) -> None:
+    half_done_job(ledger)
+    assert main(["status", "half", *flags]) == 2
+    captured = capsys.readouterr()
+    assert f"error: {why}" in captured.err and captured.out == ""
+
+
 def test_jobs_lists_each_job_with_state_progress_and_reason(
     ledger: Ledger, cli_env: None, capsys: pytest.CaptureFixture[str],
 ) -> None:
