@@ -41,7 +41,7 @@ from launcher.node._gpus import group_gpus
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE
 from launcher.node._supervisor import Order, OrderError
-from launcher.ports import HOST, port_is_free
+from launcher.ports import HOST, ephemeral_range, port_is_free
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")
@@ -291,7 +291,7 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
 
     The environment shown is what the launcher adds to the inherited one: the profile's `env`
     and the GPU pinning; the argv is exactly the one `up` executes, flags renamed for the
-    SGLang version in use. With workers, the first lines also show where they would talk to:
+    SGLang version in use. With workers, the last line also shows where they would talk to:
     the inherited WORKER_ENDPOINTS, credentials masked.
     """
     head = f"{plan.version_text()}, {len(plan.gpus)} GPU(s)"
@@ -299,11 +299,6 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
     if parallel.width > 1:
         head += f" in {len(specs)} server(s) of {parallel.width} ({parallel.text()})"
     lines = [f"{head}, logs in {plan.log_dir}"]
-    if workers:
-        inherited = [f"{k}={shlex.quote(redact(plan.env[k], name=k))}" if plan.env.get(k)
-                     else f"{k} ({unset})" for k, unset in WORKER_ENDPOINTS.items()
-                     if plan.env.get(k) or unset]
-        lines.append("workers inherit " + ", ".join(inherited))
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
         nccl = flag_value(spec.argv, "--nccl-port")
@@ -324,24 +319,50 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
             lines.append(f"  worker SGLANG_URL={worker.env['SGLANG_URL']} "
                          + (f"FLEETGEN_METRICS_PORT={metrics} " if metrics else "")
                          + shlex.join(worker.argv))
+    if workers:
+        inherited = [f"{k}={shlex.quote(redact(plan.env[k], name=k))}" if plan.env.get(k)
+                     else f"{k} ({unset})" for k, unset in WORKER_ENDPOINTS.items()
+                     if plan.env.get(k) or unset]
+        lines.append("workers inherit " + ", ".join(inherited))
     return "\n".join(lines)
 
 
 def check_ports(specs: Mapping[int, LaunchSpec],
                 metrics: Mapping[int, int | None] | None = None) -> None:
     """Every HTTP and NCCL port, and each worker's /metrics port in `metrics` (lead GPU ->
-    port), must be free now; raise PortBusyError naming the first taken."""
+    port), must lie between 1024 and the kernel's ephemeral range and be free now; raise
+    PortBusyError naming the first that does not.
+
+    Below 1024 only root may listen; inside the ephemeral range outgoing connections take their
+    local ports at random, so a server port there fails at random. Every port moves with
+    --base-port, so the message names the bases that keep them all in between.
+    """
     def who(gpu: int) -> str:  # "GPU 3", or "server gpu0-1" for one over several GPUs
         name = specs[gpu].name if gpu in specs else gpu_queue(gpu)
         return f"GPU {gpu}" if name == gpu_queue(gpu) else f"server {name}"
 
+    first, last = ephemeral_range()
+    used = [p for p in (metrics or {}).values() if p is not None]
+    for spec in specs.values():
+        nccl = flag_value(spec.argv, "--nccl-port")
+        used += [p for p in (spec.port, int(nccl) if nccl else None) if p is not None]
+
+    def out_of_range(what: str, port: int) -> PortBusyError:
+        where = (f"in the kernel's ephemeral range {first}-{last}, where outgoing connections "
+                 "take their local ports at random" if port >= first
+                 else "below 1024, where only root may listen")
+        base = next(s.port - g for g, s in specs.items() if s.port is not None)
+        low, high = base + 1024 - min(used), base + first - 1 - max(used)
+        fix = (f"pass a --base-port from {low} to {high}, which keeps every port of this node "
+               f"within 1024-{first - 1}" if low <= high else "use fewer GPUs per node")
+        return PortBusyError(f"{what} {port} is {where}; {fix}")
+
     for gpu, port in (metrics or {}).items():
         if port is None:
             continue
-        if not 1024 <= port < 65536:
-            raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} (9400+N moved "
-                                "with --base-port) is out of range; pass a --base-port of "
-                                f"{DEFAULT_BASE_PORT - METRICS_BASE_PORT + 1024} or more")
+        if not 1024 <= port < first:
+            raise out_of_range(f"{who(gpu)}: its worker's metrics port (9400+N moved with "
+                               "--base-port)", port)
         if not port_is_free(port):
             raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} is already in "
                                 "use (another node's launcher on this host?); pass another "
@@ -351,8 +372,8 @@ def check_ports(specs: Mapping[int, LaunchSpec],
         nccl = flag_value(spec.argv, "--nccl-port")
         ports = [("HTTP", spec.port)] + ([("NCCL", int(nccl))] if nccl else [])
         for role, port in ports:
-            if not 0 < port < 65536:
-                raise PortBusyError(f"{who(gpu)}: {role} port {port} is out of range")
+            if not 1024 <= port < first:
+                raise out_of_range(f"{who(gpu)}: {role} port", port)
             if not port_is_free(port, spec.host):
                 raise PortBusyError(f"{who(gpu)}: {role} port {port} is already in use; "
                                     "stop what listens there or pass another --base-port")

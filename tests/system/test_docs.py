@@ -401,7 +401,7 @@ def test_the_gpu_node_guide_answers_a_new_users_questions() -> None:
     assert "python -m producer status distill-v1" in text and "run/max" in text
     assert "curl -s http://127.0.0.1:9400/metrics" in text
     assert "its worker's Prometheus `/metrics` on `9400+(B-30000)+i`" in text
-    assert "`--base-port 31000` (metrics 9400+*i* and 10400+*i*)" in text
+    assert "`--base-port 30100` (metrics 9400+*i* and 9500+*i*)" in text
     assert "A supported SGLang: **0.5.15 up to (not including) 0.6**" in text
     assert '"sglang>=0.5.15,<0.6"' in (ROOT / "pyproject.toml").read_text()
     assert "**Redis port.**" in text and "listens on `6389` instead" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 from launcher import node
-from launcher.ports import free_port, port_is_free
+from launcher.ports import port_is_free
 from launcher.services import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -34,11 +35,13 @@ FAST = ["--speed", "100"]  # simulated decoding 100x faster than a GPU
 
 
 def free_base(gpus: int) -> int:
-    """A base port whose HTTP ports and NCCL ports (base + 1000 + i) are all free."""
-    for _ in range(100):
-        base = free_port()
-        ports = [base + i for i in range(gpus)] + [base + 1000 + i for i in range(gpus)]
-        if base + 1000 + gpus < 65536 and all(port_is_free(p) for p in ports):
+    """A base port whose HTTP ports, NCCL ports (base + 1000 + i) and workers' metrics ports
+    (base - 20600 + i) are all free, and all below the kernel's ephemeral range, which `up`
+    refuses: bases from 21700 to 30700."""
+    for _ in range(200):
+        base = random.randrange(21700, 30700)
+        ports = [base + off + i for off in (0, 1000, -20600) for i in range(gpus)]
+        if all(port_is_free(p) for p in ports):
             return base
     raise RuntimeError("no free block of ports")
 

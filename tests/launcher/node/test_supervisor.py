@@ -13,6 +13,7 @@ import dataclasses
 import heapq
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ from launcher.node import (
     profile_from_mapping,
     select_gpus,
 )
+from launcher.ports import ephemeral_range, port_is_free
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
 from launcher.sim.simulator import Simulator
@@ -828,13 +830,52 @@ def test_read_server_falls_back_to_the_log_without_server_info(tmp_path: Path) -
 def test_up_refuses_a_busy_port_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
+        for port in random.sample(range(21700, 30700), 100):  # below the ephemeral range
+            if port_is_free(port + 1000):
+                try:
+                    busy.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                break
         busy.listen()
-        port = busy.getsockname()[1]
         code = node.main(["up", "--sim", "--gpus", "0", "--base-port", str(port),
                           "--run-dir", str(tmp_path)])
     assert code == node.EXIT_USAGE
     assert f"GPU 0: HTTP port {port} is already in use" in capsys.readouterr().err
+
+
+def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_good_bases(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, last = ephemeral_range()
+    code = node.main(["up", "--sim", "--gpus", "0-1", "--base-port", str(first - 1001),
+                      "--run-dir", str(tmp_path)])
+    assert code == node.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert (f"GPU 1: NCCL port {first} is in the kernel's ephemeral range {first}-{last}, where "
+            "outgoing connections take their local ports at random; pass a --base-port from "
+            f"1024 to {first - 1002}") in err
+    assert not (tmp_path / "node.json").exists()
+
+
+def test_up_refuses_a_base_that_puts_a_workers_metrics_port_below_1024(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = node.main(["up", "--sim", "--workers", "--gpus", "0-1", "--base-port", "21000",
+                      "--run-dir", str(tmp_path)])
+    assert code == node.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "GPU 0: its worker's metrics port (9400+N moved with --base-port) 400 is below 1024"\
+        in err
+    assert "pass a --base-port from 21624 to" in err
+
+
+def test_every_default_port_of_a_node_lies_below_the_ephemeral_range(tmp_path: Path) -> None:
+    plan = node.NodePlan(tuple(range(8)), True, True, None, node.Profile(), (),
+                         node.DEFAULT_BASE_PORT, tmp_path, {})
+    for gpu in range(8):
+        spec = plan.server_spec(gpu)
+        nccl = node.flag_value(spec.argv, "--nccl-port")
+        ports = [spec.port, int(nccl or 0), plan.metrics_port(gpu)]
+        assert all(p is not None and 1024 <= p < 32768 for p in ports), ports
 
 
 def test_status_marks_processes_that_are_gone() -> None:
