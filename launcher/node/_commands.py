@@ -62,7 +62,8 @@ ACK_TIMEOUT_S = 10.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`up`, `status` or `restart`, named by the first argument; returns the exit code."""
+    """`up`, `status`, `restart`, `advise` or `tune`, named by the first argument; returns the
+    exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {"up": cmd_up, "status": cmd_status, "restart": cmd_restart,
                 "advise": cmd_advise, "tune": cmd_tune}
@@ -101,8 +102,8 @@ def up_parser() -> CommandParser:
                    help="also run one Celery worker per server")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help="the server on GPU N (or led by it) takes BASE+N (HTTP) and "
-                        "BASE+1000+N (NCCL)"
-                   " (default: %(default)s)")
+                        "BASE+1000+N (NCCL), its worker 9400+(BASE-30000)+N (metrics); all "
+                        "must lie from 1024 to below the ephemeral range (default: %(default)s)")
     p.add_argument("--host", default=HOST,
                    help="address the servers listen on: 0.0.0.0 or this node's address lets "
                         "`producer status` on other nodes read them live")

@@ -935,3 +935,11 @@ def test_api_keys_stay_out_of_logs_and_the_state_file(tmp_path: Path) -> None:
 
     assert "s3cret" not in str(history.last) and "t0p" not in str(history.last)
     assert history.gpu()["argv"][-3:] == ["--api-key", "***", "--admin-api-key=***"]
+
+
+def test_up_help_names_every_port_the_base_moves(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        node.main(["up", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "BASE+N (HTTP)" in text and "BASE+1000+N (NCCL)" in text
+    assert "9400+(BASE-30000)+N (metrics)" in text and "(default: 30000)" in text
