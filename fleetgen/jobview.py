@@ -26,6 +26,7 @@ from fleetgen import keys
 from fleetgen.breaker import accepted_causes
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
+from fleetgen.errors import UnknownJobError
 from fleetgen.fleet import FleetRow, WorkerEntry, read_fleet, registry
 from fleetgen.job import JobManifest, batch_sizes
 from fleetgen.ledger import (
@@ -192,10 +193,11 @@ def job_status(
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
     state = STATE_DONE if finished else stored_state
     running = ledger.running_batches(job)
-    in_hand = min(remaining - checkpointed, _in_hand(ledger, manifest, running))
+    hands = _in_hand(ledger, manifest, running)
+    in_hand = min(remaining - checkpointed, sum(hands.values()))
     # One read of the registry: what the live workers have in flight and their last errors.
     entries = registry(ledger, now)
-    in_flight = min(in_hand, _sent(entries))
+    in_flight = min(in_hand, _sent(entries, hands, _other_hands(ledger, job, hands, entries)))
     waiting = remaining - checkpointed - in_hand
     times = _times(ledger, job, manifest.created_at)
     answer_s = _mean_answer_s(stats)
@@ -238,17 +240,59 @@ def job_status(
     )
 
 
-def _sent(entries: Mapping[str, WorkerEntry]) -> int:
-    """Requests the live workers have at their servers right now (their registry entries)."""
-    return sum(entry.in_flight for entry in entries.values() if entry.state != "lost")
+def _sent(
+    entries: Mapping[str, WorkerEntry], hands: Mapping[str | None, int],
+    other_hands: Mapping[str, int],
+) -> int:
+    """The job's requests at the servers right now. A worker's registry entry counts its
+    requests of every job: each live worker's are shared among the jobs whose running batches
+    it holds, by their prompts in hand there (it sends a batch's prompts as slots free,
+    whichever job's), and are at most this job's prompts in hand there."""
+    sent = 0.0
+    for name, entry in entries.items():
+        mine = hands.get(name, 0)
+        if entry.state == "lost" or not mine:
+            continue
+        sent += min(mine, entry.in_flight * mine / (mine + other_hands.get(name, 0)))
+    return round(sent)
 
 
-def _in_hand(ledger: Ledger, manifest: JobManifest, running: dict[str, float]) -> int:
-    """Prompts of running batches that have not reached the checkpoint yet (sent or waiting)."""
-    checkpointed = ledger.checkpointed_in(manifest.name, running)
+def _in_hand(
+    ledger: Ledger, manifest: JobManifest, running: Mapping[str, float],
+) -> dict[str | None, int]:
+    """Worker holding them (None: no live lease) -> the prompts of the job's running batches
+    that have not reached the checkpoint yet (sent or waiting)."""
     plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
-    sizes = sum(_batch_len(plan, manifest.batch_size, b) for b in running)
-    return max(0, sizes - checkpointed)
+    hands: dict[str | None, int] = {}
+    for batch, (holder, checkpointed) in ledger.running_holds(manifest.name, running).items():
+        left = max(0, _batch_len(plan, manifest.batch_size, batch) - checkpointed)
+        hands[holder] = hands.get(holder, 0) + left
+    return hands
+
+
+def _other_hands(
+    ledger: Ledger, job: str, hands: Mapping[str | None, int], entries: Mapping[str, WorkerEntry],
+) -> dict[str, int]:
+    """Worker -> the prompts in hand in other active jobs' running batches it holds, for the
+    live workers with requests out that hold some of `job`'s (the others' requests are not
+    shared with it)."""
+    workers = {name for name, entry in entries.items()
+               if hands.get(name) and entry.in_flight and entry.state != "lost"}
+    out: dict[str, int] = {}
+    if not workers:
+        return out
+    for other in ledger.active_job_names():
+        running = ledger.running_batches(other) if other != job else {}
+        if not running:
+            continue
+        try:
+            manifest = ledger.load_job(other)
+        except UnknownJobError:
+            continue  # expired or deleted since it was listed
+        for worker, n in _in_hand(ledger, manifest, running).items():
+            if worker in workers:
+                out[worker] = out.get(worker, 0) + n
+    return out
 
 
 def _batch_len(plan: list[int], size: int, batch: str) -> int:
@@ -284,15 +328,16 @@ def _clock(
     minutes: dict[int, dict[str, float]], times: dict[str, float], now: float, state: str,
     answer_s: float,
 ) -> dict[str, float]:
-    """The job's clock (start, end, elapsed) and its recent window (seconds, and the prompts
-    answered and output tokens written in it)."""
+    """The job's clock (start, end, elapsed) and its recent window, which ends where the clock
+    does (seconds, and the prompts answered and output tokens written in it)."""
     start = times["started"]
     end = _clock_end(times, now, state)
-    since = _window_start(minutes, start, now, answer_s)
+    # The window ends with the clock: a stopped job's recent rate is the one it stopped at.
+    since = _window_start(minutes, start, end, answer_s)
     recent = [v for m, v in minutes.items() if m >= since // 60]
     return {"start": start, "end": end, "elapsed": max(0.0, end - start),
             # At least a second: a worker's clock a little ahead must not make a huge rate.
-            "window": max(1.0, now - since),
+            "window": max(1.0, end - since),
             "prompts": sum(v["prompts"] for v in recent), "tokens": sum(v["tokens"] for v in recent)}
 
 
@@ -307,18 +352,18 @@ def _clock_end(times: dict[str, float], now: float, state: str) -> float:
 
 
 def _window_start(
-    minutes: dict[int, dict[str, float]], start: float, now: float, answer_s: float,
+    minutes: dict[int, dict[str, float]], start: float, end: float, answer_s: float,
 ) -> float:
     """Where the recent window begins: RATE_WINDOW_S (or ANSWER_TIMES mean answer times, if
-    longer) before now, in whole minutes; not before the job started, nor before the end of
+    longer) before the clock's `end`, in whole minutes; not before the job started, nor before the end of
     its last idle stretch (whole minutes without an answer, at least a minute and at least
     ANSWER_TIMES mean answer times: an outage, a pause), so that a job going again after one
     is measured from the minute it went on."""
     span = max(RATE_WINDOW_S, ANSWER_TIMES * answer_s)
-    first = max(int((now - span) // 60), int(start // 60))
+    first = max(int((end - span) // 60), int(start // 60))
     idle_enough = max(60.0, ANSWER_TIMES * answer_s)
     answered, idle = False, 0
-    for minute in range(int(now // 60), first - 1, -1):
+    for minute in range(int(end // 60), first - 1, -1):
         if minutes.get(minute, {}).get("prompts"):
             answered, idle = True, 0
         elif answered:  # a whole minute (a newer one has answers) with none

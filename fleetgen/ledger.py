@@ -459,12 +459,17 @@ class Ledger:
 
     # The job views: what `status`, progress.json and the report read
 
-    def checkpointed_in(self, name: str, batches: Iterable[str]) -> int:
-        """Prompts checkpointed so far in `batches`, read in one round trip."""
+    def running_holds(self, name: str, batches: Iterable[str]) -> dict[str, tuple[str | None, int]]:
+        """Batch -> the worker holding its lease (None when no lease is alive) and the prompts
+        checkpointed in it so far, read in one round trip."""
+        batches = list(batches)
         with self.r.pipeline(transaction=False) as p:
             for batch in batches:
+                p.get(keys.lease(name, batch))
                 p.hlen(keys.checkpoint(name, batch))
-            return sum(int(n) for n in p.execute())
+            raw = p.execute()
+        return {batch: (keys.lease_owner(token.decode()) if token is not None else None, int(n))
+                for batch, token, n in zip(batches, raw[::2], raw[1::2], strict=True)}
 
     def minutes(self, name: str) -> dict[int, dict[str, float]]:
         """Unix minute -> prompts finished (`prompts`) and output tokens written (`tokens`)."""

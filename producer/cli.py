@@ -79,7 +79,7 @@ EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
   zcat prompts.jsonl.gz | python -m producer enqueue - --job distill-v1        # from stdin
   python -m producer status distill-v1
-  python -m producer status distill-v1 --watch        # live, Ctrl-C to stop
+  python -m producer status distill-v1 --watch        # live, until it is done
   python -m producer status distill-v1 --json         # the same figures for machines
   python -m producer jobs
   python -m producer report distill-v1                 # one HTML page: plots and figures
@@ -152,7 +152,9 @@ def build_parser() -> CommandParser:
                    help="print the same figures as one JSON object (one line per redraw with "
                    "--watch)")
     p.add_argument("--watch", action="store_true",
-                   help="redraw every --interval seconds until Ctrl-C")
+                   help="redraw every --interval seconds until the job is done or cancelled "
+                   "(a paused one is watched on), or Ctrl-C; a job not enqueued yet is waited "
+                   "for")
     p.add_argument("--interval", type=float, default=None, metavar="S",
                    help=f"seconds between --watch's redraws (default: {WATCH_INTERVAL_S:g})")
     p.add_argument("--no-servers", action="store_true",
@@ -381,7 +383,7 @@ def _progress() -> Progress:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    from fleetgen.jobview import job_status
+    from fleetgen.jobview import STATE_DONE, job_status
     from producer.status import render
 
     if args.interval is not None and not args.watch:
@@ -391,10 +393,16 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError("--interval must be more than 0 seconds", RET_BAD_INPUT)
     interval = WATCH_INTERVAL_S if args.interval is None else args.interval
     ledger = Ledger.connect(settings)
-    ledger.load_job(args.job)
     try:
+        if args.watch:
+            _wait_for_job(ledger, args.job, interval)
+        else:
+            ledger.load_job(args.job)  # a job Redis does not hold is an error (main says why)
         while True:
             status = job_status(ledger, args.job, live=not args.no_servers)
+            # A done or cancelled job moves no more: its watch draws it once and ends. A
+            # paused one is watched on: it may be resumed.
+            ended = status.state in (STATE_DONE, STATE_CANCELLED)
             if args.json:
                 # One object per line under --watch, so a reader can follow it line by line.
                 option = 0 if args.watch else orjson.OPT_INDENT_2
@@ -402,15 +410,36 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 text = render(status)
                 if args.watch:
-                    text = f"\x1b[2J\x1b[H{text}\n\n  {time.strftime('%H:%M:%S')}, every " \
-                           f"{interval:g}s; Ctrl-C to stop"
+                    text = (f"\x1b[2J\x1b[H{text}\n\n  {time.strftime('%H:%M:%S')}, "
+                            f"{_watch_footer(status.state, ended, interval)}")
                 print(text, flush=True)
-            if not args.watch:
+            if not args.watch or ended:
                 return RET_OK
             time.sleep(interval)
     except KeyboardInterrupt:
         # Ctrl-C is how a watch ends; it is not an error.
         return RET_OK
+
+
+def _wait_for_job(ledger: Ledger, job: str, interval: float) -> None:
+    """Return once Redis holds `job`; until then say, once, that the watch waits for it (a
+    watcher may be started before or while the job's enqueue runs)."""
+    if ledger.job_exists(job):
+        return
+    print(f"waiting for job {job} to be enqueued … (Ctrl-C to stop)", file=sys.stderr,
+          flush=True)
+    while not ledger.job_exists(job):
+        time.sleep(interval)
+
+
+def _watch_footer(state: str, ended: bool, interval: float) -> str:
+    from fleetgen.ledger import STATE_PAUSED
+
+    if ended:
+        return f"job {state}: the watch ends here"
+    if state == STATE_PAUSED:
+        return f"every {interval:g}s, until the job is resumed and done, or cancelled; Ctrl-C to stop"
+    return f"every {interval:g}s; Ctrl-C to stop"
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:

@@ -78,18 +78,21 @@ def _render_progress(s: JobStatus) -> list[str]:
         eta = format_duration(s.eta_s)
     else:
         eta = s.state if s.state != STATE_RUNNING else "unknown"
-    # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`).
-    stopped = " (stopped)" if s.state not in (STATE_RUNNING, STATE_CREATING) else ""
+    # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`), and
+    # its recent window with it.
+    stopped = s.state not in (STATE_RUNNING, STATE_CREATING)
     waiting = f"queued {s.queued:,}" + (f"  held {s.held:,} ({s.state})" if s.held else "")
     return [
         (f"  prompts   {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
          f"  failed {s.failed:,}  checkpointed {s.checkpointed:,}"
          f"  in flight {s.in_flight:,}  in hand {s.in_hand - s.in_flight:,}  {waiting}"),
         f"  batches   {b.done:,}/{b.total:,} done, {b.running:,} running, {b.queued:,} queued",
-        (f"  rate      last {format_duration(r.window_s)} {r.prompts_per_s_5m:,.2f} prompts/s,"
+        (f"  rate      last {format_duration(r.window_s)}{' before it stopped' if stopped else ''}"
+         f" {r.prompts_per_s_5m:,.2f} prompts/s,"
          f" {r.output_tokens_per_s_5m:,.0f} out tok/s;  overall {r.prompts_per_s_all:,.2f}"
          f" prompts/s, {r.output_tokens_per_s_all:,.0f} out tok/s (all GPUs)"),
-        f"  time      elapsed {format_duration(s.elapsed_s)}{stopped}   ETA {eta}",
+        f"  time      elapsed {format_duration(s.elapsed_s)}{' (stopped)' if stopped else ''}"
+        f"   ETA {eta}",
         (f"  tokens    in {t.input:,}  out {t.output:,}  avg out {t.avg_output or 0:,.0f}"
          f"  reasoning share {100 * (t.reasoning_share or 0):.0f}%"),
         "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s.finish_reasons.items()) or "-")
@@ -161,9 +164,13 @@ def render_fleet(rows: list[FleetRow]) -> list[str]:
     """The per-GPU table for people, grouped by node when there are several; a server that did
     not answer shows `down`.
 
-    `asked` is the requested max_running_requests when the server runs fewer (e.g. Mamba slots).
+    Two limits are shown, each named for whose it is: `srv run/max` is the server's running
+    requests of its max running requests (`asked` the max_running_requests it was asked for,
+    when it runs fewer, e.g. Mamba slots); the line under the table gives each worker's
+    in-flight limit, the requests it keeps at its server at once (the ones beyond the server's
+    max wait in its queue).
     """
-    lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'run/max':>9} {'asked':>5} {'queue':>5}"
+    lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'srv run/max':>11} {'asked':>5} {'queue':>5}"
              f" {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6} | {'job done':>8}"
              f" {'job tok/s':>9}"]
     hosts = {row.host for row in rows}
@@ -176,17 +183,17 @@ def render_fleet(rows: list[FleetRow]) -> list[str]:
         asked = row.requested_max if row.requested_max != row.effective_max else None
         if row.server_state == "up":
             run_max = f"{_num(row.running)}/{_num(row.effective_max)}"
-            live = (f"{run_max:>9} {_num(asked) if asked else '':>5} {_num(row.queue):>5}"
+            live = (f"{run_max:>11} {_num(asked) if asked else '':>5} {_num(row.queue):>5}"
                     f" {_pct(row.token_usage):>7} {_pct(row.mamba_usage):>5}"
                     f" {_num(row.gen_throughput):>9} {_dec(row.accept_length):>6}")
         else:
-            live = f"{row.server_state:>9} {'':>5} {'':>5} {'':>7} {'':>5} {'':>9} {'':>6}"
+            live = f"{row.server_state:>11} {'':>5} {'':>5} {'':>7} {'':>5} {'':>9} {'':>6}"
         lines.append(
             f"  {row.worker[:22]:<22} {row.worker_state:<12} {server[:22]:<22} {live} |"
             f" {row.job_prompts_done:>8,} {_num(row.job_output_tokens_per_s):>9}"
         )
-    lines += [f"  {row.worker}: {row.server_kind}; {_num(row.limit)} in flight at "
-              f"most ({row.capacity_source})"
+    lines += [f"  {row.worker}: {row.server_kind}; worker in-flight limit {_num(row.limit)} "
+              f"({row.capacity_source})"
               for row in rows if row.server_kind and row.capacity_source]
     # What a server did to its worker's requests, only where it was more than answer them.
     lines += [f"  {row.worker}: {said}" for row in rows if row.health is not None

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -36,7 +37,7 @@ from fleetgen.fleet import (
     registry,
 )
 from fleetgen.jobview import JobStatus, job_status
-from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.readings import ServerReading, parse_metrics, read_server
 from fleetgen.records import Origin, counters, error_record, result_record, written_counts
 from launcher.ports import free_port
@@ -118,7 +119,7 @@ class Worker:
 
 def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
     """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
-    b000007 running with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
+    b000007 running on gpu0@a with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
     24 in the last minute."""
     make_job(ledger, name, output, created_at=NOW - 600)
     a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
@@ -132,7 +133,7 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
             else:
                 worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
         worker.finish_batch(name, batch, minute)
-    ledger.acquire(name, "b000007", "token", 30)
+    ledger.acquire(name, "b000007", "gpu0@a/lease", 30)
     for _ in range(4):
         a.answer(name, "b000007", MINUTE - 1)
     ledger.mark_queued(name, ["b000008", "b000009", "b000010"])
@@ -140,9 +141,11 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
 
 def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
     half_done_job(ledger)
-    # One live worker with 4 requests at its server; a lost one's count does not matter.
-    register(ledger, "gpu0@n", "http://127.0.0.1:30000", in_flight=4, updated=NOW - 3)
-    register(ledger, "gpu1@n", "http://127.0.0.1:30001", in_flight=9, updated=NOW - 300)
+    # The live worker holding b000007 has 4 requests at its server; a lost one's count does
+    # not matter, nor does a worker's that holds none of the job's batches.
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", in_flight=4, updated=NOW - 3)
+    register(ledger, "gpu1@b", "http://127.0.0.1:30001", in_flight=9, updated=NOW - 300)
+    register(ledger, "gpu2@c", "http://127.0.0.1:30002", in_flight=7, updated=NOW - 3)
     s = job_status(ledger, "half", NOW)
     # done and failed are what the sink holds; the 4 answers of the running batch are
     # checkpointed until it is written.
@@ -205,7 +208,10 @@ def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledge
     # Started at NOW - 800, last batch written at the end of minute MINUTE - 11 (NOW - 600).
     assert later.elapsed_s == 200
     assert later.rate.prompts_per_s_all == pytest.approx(20 / 200, abs=1e-3)
-    assert later.rate.prompts_per_s_5m == 0
+    # The recent window ends with the clock: its first answers came in MINUTE - 12, so the
+    # job's last two minutes, as read at its end.
+    assert later.rate.window_s == 120
+    assert later.rate.prompts_per_s_5m == pytest.approx(20 / 120, abs=1e-3)
 
 
 def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
@@ -500,7 +506,7 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
     assert table["gpu3@n"][:3] == ["lost", host, "0/16"]
     register(ledger, "gpu0@n", url, server_kind="sglang 0.5.23, model 'm'")
     rows = {r.worker: r for r in read_fleet(ledger, {}, elapsed_s=60.0)}
-    assert ("  gpu0@n: sglang 0.5.23, model 'm'; 11 in flight at most "
+    assert ("  gpu0@n: sglang 0.5.23, model 'm'; worker in-flight limit 11 "
             "(internal_states[0].effective_max_running_requests_per_dp)"
             in render_fleet(list(rows.values())))
 
@@ -758,7 +764,7 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
     for i in range(1, 13):
         batch = keys.batch_id(i)
         if i > 8:
-            ledger.acquire("tail", batch, "token", 30)
+            ledger.acquire("tail", batch, "gpu0@a/lease", 30)
         for _ in range(50 if i <= 8 else 49):
             answer_taking(w, "tail", batch, MINUTE - 1, latency_s=6.0)
         if i <= 8:
@@ -798,7 +804,7 @@ def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
     assert "ETA unknown" in render(s)
     # 60 answers in the 30 s since: 2 prompts/s, not 60 over the 5 min window (0.18/s, ETA 68 min).
     for i in (5, 6):
-        ledger.acquire("back", keys.batch_id(i), "token", 30)
+        ledger.acquire("back", keys.batch_id(i), "gpu0@a/lease", 30)
         for _ in range(30):
             w.answer("back", keys.batch_id(i), MINUTE)
     s = job_status(ledger, "back", NOW + 30)
@@ -923,10 +929,11 @@ class Fleet:
 
 
 def run_fleet(ledger: Ledger, job: str, fleet: Fleet, start: float, first: int, batch: int,
-              since: float, until: float) -> None:
-    """Record, as workers do, the fleet's answers that came between `since` and `until` (seconds
-    from `start`); prompt i (from `first`) is in batch i // `batch` + 1, leased while it runs."""
-    w = Worker(ledger, "gpu0@a")
+              since: float, until: float, worker: str = "gpu0@a") -> None:
+    """Record, as `worker` does, the fleet's answers that came between `since` and `until`
+    (seconds from `start`); prompt i (from `first`) is in batch i // `batch` + 1, leased by
+    `worker` while it runs."""
+    w = Worker(ledger, worker)
     for i, at in enumerate(fleet.answered):
         if since < at <= until:
             b = keys.batch_id((first + i) // batch + 1)
@@ -934,8 +941,8 @@ def run_fleet(ledger: Ledger, job: str, fleet: Fleet, start: float, first: int, 
     for i, sent in enumerate(fleet.sent):
         b = keys.batch_id((first + i) // batch + 1)
         if sent <= until < fleet.answered[i] and b not in ledger.running_batches(job):
-            ledger.acquire(job, b, "token", 30)
-    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=start + until - 1,
+            ledger.acquire(job, b, f"{worker}/lease", 30)
+    register(ledger, worker, "http://127.0.0.1:30000", updated=start + until - 1,
              in_flight=fleet.in_flight(until))
 
 
@@ -977,3 +984,191 @@ def test_eta_after_a_rebuild_is_the_time_the_rest_takes_at_the_fleets_rate_now(
     assert s.done == written
     left = max(fleet.answered) - after_s
     assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (s.eta_s, left)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-worker-runs-both", "a-worker-each"])
+@pytest.mark.parametrize("after_s", [45, 120, 300])
+def test_jobs_sharing_the_fleet_each_count_only_their_own_requests_in_flight_for_the_eta(
+    ledger: Ledger, shared: bool, after_s: int,
+) -> None:
+    # Two jobs of 20 s answers, each getting 64 of the fleet's 128 slots: on one worker running
+    # both jobs' batches side by side, or on a worker each. The registry counts each worker's
+    # requests of every job (128 in all); each job answers at 64 / 20 s, not 128 / 20 s.
+    fleet = Fleet(prompts=2000, slots=64, answer_s=20.0, doubling_s=4.0)
+    start = NOW - 5
+    for job, worker in (("one", "gpu0@a"), ("two", "gpu0@a" if shared else "gpu1@b")):
+        make_job(ledger, job, "/tmp/out", prompts=2000, batch_size=100, created_at=start)
+        run_fleet(ledger, job, fleet, start, 0, 100, since=0, until=after_s, worker=worker)
+    if shared:
+        register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=start + after_s - 1,
+                 in_flight=2 * fleet.in_flight(after_s))
+    left = max(fleet.answered) - after_s
+    for job in ("one", "two"):
+        s = job_status(ledger, job, start + after_s)
+        assert s.in_flight == fleet.in_flight(after_s) == 64
+        assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (job, s.eta_s, left)
+
+
+def test_a_finished_jobs_recent_rate_is_the_one_it_ended_at_however_late_it_is_read(
+    ledger: Ledger,
+) -> None:
+    # 360 answers at 2 a second over its last three minutes, the last batch written at NOW.
+    make_job(ledger, "ran", "/tmp/out", prompts=360, batch_size=120, created_at=NOW - 200)
+    w = Worker(ledger, "gpu0@a")
+    for i, minute in enumerate((MINUTE - 3, MINUTE - 2, MINUTE - 1), start=1):
+        for _ in range(120):
+            w.answer("ran", keys.batch_id(i), minute)
+        w.finish_batch("ran", keys.batch_id(i), minute)
+    # As users saw it: read again and again after the end, the rate kept falling (to 0 once
+    # the window had passed the end).
+    for later in (5, 60, 600, 7200):
+        s = job_status(ledger, "ran", NOW + later)
+        assert s.state == "done"
+        assert (s.rate.window_s, s.rate.prompts_per_s_5m) == (180, 2.0), later
+        assert "last 3m00s before it stopped 2.00 prompts/s" in render(s)
+
+
+def test_a_paused_jobs_recent_rate_is_the_one_it_was_paused_at(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.control import pause
+
+    half_done_job(ledger)  # its last minute: 24 answers, b000006 written at NOW
+    with ledger_time(monkeypatch, NOW):
+        pause(ledger, "half")
+    rates = {(s.rate.window_s, s.rate.prompts_per_s_5m)
+             for s in (job_status(ledger, "half", NOW + t) for t in (1, 90, 400, 3600))}
+    assert rates == {(60, 0.4)}
+
+
+def fleet_row(**fields: Any) -> FleetRow:
+    """A live worker's row: its server up, running `running` of `effective_max`."""
+    base: dict[str, Any] = {name: None for name in FLEET_FIELDS}
+    base.update(worker="gpu0@a", host="a", server="http://127.0.0.1:30000", worker_state="ready",
+                server_state="up", job_prompts_done=0, job_prompts_failed=0, job_output_tokens=0)
+    return FleetRow(**{**base, **fields})
+
+
+def test_the_fleet_table_says_whose_limit_each_is_the_servers_max_running_or_the_workers(
+) -> None:
+    # As a new user saw it: `run/max 0/4,096` over `4,505 in flight at most`, two limits side
+    # by side and nothing saying which is which.
+    row = fleet_row(running=0, effective_max=4096, requested_max=4096, queue=0, limit=4505,
+                    in_flight=0, server_kind="sglang 0.5.23, model 'm'",
+                    capacity_source="probe: no wait at 4096 in flight; growing to 4505")
+    header, line, *under = render_fleet([row])
+    assert "srv run/max" in header and " run/max" not in header.replace("srv run/max", "")
+    assert line.split()[3] == "0/4,096"
+    assert under == ["  gpu0@a: sglang 0.5.23, model 'm'; worker in-flight limit 4,505 (probe: "
+                     "no wait at 4096 in flight; growing to 4505)"]
+
+
+class Slept(Exception):
+    """`status --watch` went to sleep for another round."""
+
+
+def watch_rounds(monkeypatch: pytest.MonkeyPatch, *rounds: Any) -> list[int]:
+    """`status --watch` runs each of `rounds` (something that moves the job on) where it would
+    sleep, and raises Slept where it sleeps once more; returns the list of rounds run."""
+    import producer.cli
+
+    ran: list[int] = []
+
+    def sleep(_: float) -> None:
+        if len(ran) == len(rounds):
+            raise Slept
+        rounds[len(ran)]()
+        ran.append(len(ran))
+
+    monkeypatch.setattr(producer.cli, "time", SimpleNamespace(
+        time=time.time, monotonic=time.monotonic, strftime=time.strftime, sleep=sleep))
+    return ran
+
+
+def finish_job(ledger: Ledger, job: str, batches: int) -> None:
+    w = Worker(ledger, "gpu0@a")
+    minute = int(time.time() // 60)
+    for i in range(1, batches + 1):
+        for _ in range(10):
+            w.answer(job, keys.batch_id(i), minute)
+        w.finish_batch(job, keys.batch_id(i), minute)
+
+
+def test_a_watch_started_before_the_enqueue_waits_for_the_job_and_ends_when_it_is_done(
+    ledger: Ledger, cli_env: None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ran = watch_rounds(
+        monkeypatch,
+        lambda: None,  # its enqueue has not started yet
+        lambda: make_job(ledger, "soon", "/tmp/out", prompts=20),  # enqueued, running
+        lambda: finish_job(ledger, "soon", 2))  # both batches written: done
+    assert main(["status", "soon", "--watch", "--no-servers"]) == 0
+    out, err = capsys.readouterr()
+    assert len(ran) == 3
+    assert err.count("waiting for job soon to be enqueued … (Ctrl-C to stop)") == 1
+    screens = out.split("\x1b[2J\x1b[H")[1:]
+    assert [screen.splitlines()[0].split("  ")[1] for screen in screens] == ["[running]", "[done]"]
+    assert "Ctrl-C to stop" in screens[0] and screens[1].rstrip().endswith(
+        "job done: the watch ends here")
+    # Without --watch a job Redis does not hold is still an error.
+    assert main(["status", "never", "--no-servers"]) == 1
+    assert "no job named 'never'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["screen", "json"])
+def test_a_watch_ends_with_a_cancelled_job_and_watches_a_paused_one_on(
+    ledger: Ledger, cli_env: None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], json: bool,
+) -> None:
+    half_done_job(ledger)
+    flags = ["--watch", "--no-servers", *(["--json"] if json else [])]
+    ledger.set_state("half", STATE_CANCELLED, "cancelled by user")
+    watch_rounds(monkeypatch)
+    assert main(["status", "half", *flags]) == 0
+    out = capsys.readouterr().out
+    if json:
+        assert [orjson.loads(line)["state"] for line in out.splitlines()] == ["cancelled"]
+    else:
+        assert out.rstrip().endswith("job cancelled: the watch ends here")
+    # A paused job may be resumed: its watch goes on.
+    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    with pytest.raises(Slept):
+        main(["status", "half", *flags])
+    out = capsys.readouterr().out
+    if not json:
+        assert out.rstrip().endswith(
+            "every 2s, until the job is resumed and done, or cancelled; Ctrl-C to stop")
+
+
+@pytest.mark.e2e
+def test_a_watch_started_before_the_enqueue_follows_the_job_and_exits_0_when_it_is_done(
+    ledger: Ledger, redis_url: str,
+) -> None:
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "producer", "status", "later", "--watch", "--interval", "0.2",
+         "--no-servers"],
+        cwd=ROOT, env={**os.environ, "REDIS_URL": redis_url}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        said = proc.stderr.readline()
+        assert b"waiting for job later to be enqueued" in said, said + proc.stderr.read()
+        make_job(ledger, "later", "/tmp/out", prompts=20)
+        seen = b""
+        while b"job later  [running]" not in seen:
+            chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, f"status --watch exited early: {proc.wait()}"
+            seen += chunk
+        finish_job(ledger, "later", 2)
+        try:
+            rest, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"status --watch went on after the job was done:\n"
+                        f"{python_stacks(proc.pid)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    last = (seen + rest).split(b"\x1b[2J\x1b[H")[-1]
+    assert b"job later  [done]" in last and b"job done: the watch ends here" in last
