@@ -102,8 +102,9 @@ def up_parser() -> CommandParser:
                    help="also run one Celery worker per server")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help="the server on GPU N (or led by it) takes BASE+N (HTTP) and "
-                        "BASE+1000+N (NCCL), its worker 9400+(BASE-30000)+N (metrics); all "
-                        "must lie from 1024 to below the ephemeral range (default: %(default)s)")
+                        "BASE+1000+N (NCCL), its worker 9400+(BASE-30000)+N (metrics; BASE+2000+N "
+                        "for a BASE under 30000); all must lie from 1024 to below the "
+                        "ephemeral range (default: %(default)s)")
     p.add_argument("--host", default=HOST,
                    help="address the servers listen on: 0.0.0.0 or this node's address lets "
                         "`producer status` on other nodes read them live")

@@ -53,9 +53,12 @@ DEFAULT_BASE_PORT = 30000
 NCCL_OFFSET = 1000
 RANDOM_NCCL_RANGE = range(22000, 30000)
 # A worker's /metrics port moves with --base-port, as its server's does: GPU N's worker takes
-# 9400+N at the default base and 9400+(BASE-30000)+N otherwise, so two `launcher up` on one
-# host (--base-port 30000 and 31000) take 9400+N and 10400+N, not both 9400+N.
+# 9400+(BASE-30000)+N from the default base up, so two `launcher up` on one host (--base-port
+# 30000 and 31000) take 9400+N and 10400+N, not both 9400+N. Below the default base that
+# rule would walk down into the well-known services' ports (1410 for 22010): there the
+# worker's port sits beside its server's instead, at BASE+2000+N, above the NCCL ports.
 METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
+METRICS_BESIDE_OFFSET = 2 * NCCL_OFFSET
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
 # What the workers inherit that says where they talk to, and what each means when unset: the
 # Redis of the queues, the S3 endpoint of the results, the default output. The dry run shows
@@ -189,11 +192,13 @@ class NodePlan:
         raise NodeError(f"GPU {gpu} not supervised here (GPUs {list(self.gpus)})")
 
     def metrics_port(self, gpu: int) -> int | None:
-        """The /metrics port of the worker of the server led by GPU `gpu` (METRICS_OFFSET);
-        None when the environment turns the workers' metrics off (FLEETGEN_METRICS_PORT=0)."""
+        """The /metrics port of the worker of the server led by GPU `gpu` (METRICS_OFFSET,
+        METRICS_BESIDE_OFFSET below the default base); None when the environment turns the
+        workers' metrics off (FLEETGEN_METRICS_PORT=0)."""
         if self.env.get("FLEETGEN_METRICS_PORT") == "0":
             return None
-        return self.base_port + METRICS_OFFSET + gpu
+        offset = METRICS_OFFSET if self.base_port >= DEFAULT_BASE_PORT else METRICS_BESIDE_OFFSET
+        return self.base_port + offset + gpu
 
     def server_spec(self, gpu: int) -> LaunchSpec:
         """The server led by GPU `gpu`: merged arguments, adapted flag names, ports, the GPUs
@@ -361,7 +366,7 @@ def check_ports(specs: Mapping[int, LaunchSpec],
         if port is None:
             continue
         if not 1024 <= port < first:
-            raise out_of_range(f"{who(gpu)}: its worker's metrics port (9400+N moved with "
+            raise out_of_range(f"{who(gpu)}: its worker's metrics port (moved with "
                                "--base-port)", port)
         if not port_is_free(port):
             raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} is already in "

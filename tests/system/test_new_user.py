@@ -332,6 +332,8 @@ def worker_metrics(base: int, tmp_path: Path, gpus: tuple[int, ...] = (0, 1)) ->
 def test_the_workers_metrics_ports_move_with_the_base_port(tmp_path: Path) -> None:
     assert worker_metrics(30000, tmp_path) == ["9400", "9401"]
     assert worker_metrics(31000, tmp_path) == ["10400", "10401"]
+    # Under the default base, beside the server's ports: not down among well-known services.
+    assert worker_metrics(22010, tmp_path) == ["24010", "24011"]
     off = node.NodePlan((0,), True, True, None, node.Profile(), (), 31000, tmp_path,
                         {"FLEETGEN_METRICS_PORT": "0"})
     assert off.worker_spec(0, off.server_spec(0)).env["FLEETGEN_METRICS_PORT"] == "0"

@@ -857,15 +857,12 @@ def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_go
     assert not (tmp_path / "node.json").exists()
 
 
-def test_up_refuses_a_base_that_puts_a_workers_metrics_port_below_1024(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = node.main(["up", "--sim", "--workers", "--gpus", "0-1", "--base-port", "21000",
-                      "--run-dir", str(tmp_path)])
-    assert code == node.EXIT_USAGE
-    err = capsys.readouterr().err
-    assert "GPU 0: its worker's metrics port (9400+N moved with --base-port) 400 is below 1024"\
-        in err
-    assert "pass a --base-port from 21624 to" in err
+def test_a_base_under_the_default_puts_the_workers_metrics_beside_its_servers(
+        tmp_path: Path) -> None:
+    # 9400+(BASE-30000)+N would give 400 here, below 1024, and 1410 for 22010.
+    plan = node.NodePlan((0, 1), True, True, None, node.Profile(), (), 21000, tmp_path, {})
+    assert [plan.metrics_port(g) for g in (0, 1)] == [23000, 23001]
+    assert [plan.server_spec(g).port for g in (0, 1)] == [21000, 21001]
 
 
 def test_every_default_port_of_a_node_lies_below_the_ephemeral_range(tmp_path: Path) -> None:
@@ -942,4 +939,5 @@ def test_up_help_names_every_port_the_base_moves(capsys: pytest.CaptureFixture[s
         node.main(["up", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "BASE+N (HTTP)" in text and "BASE+1000+N (NCCL)" in text
-    assert "9400+(BASE-30000)+N (metrics)" in text and "(default: 30000)" in text
+    assert "9400+(BASE-30000)+N (metrics; BASE+2000+N for a BASE under 30000)" in text
+    assert "(default: 30000)" in text
