@@ -9,7 +9,8 @@ reconciler writes progress.json, the producer prints the status (producer/status
     status = job_status(ledger, "distill-v1", live=True)
     print(status.done, status.rate.prompts_per_s_5m, status.to_json().decode())
 
-The clock, the rates and the ETA are spelled out in docs/guides/status.md ("rate", "time");
+The clock, the rates, the ETA and a job's share of the requests in flight are spelled out in
+docs/guides/status.md ("rate", "time", "In flight");
 `per_second` turns per-minute tallies into rates on that clock (the report's per-GPU chart).
 """
 
@@ -329,10 +330,10 @@ def _clock(
     answer_s: float,
 ) -> dict[str, float]:
     """The job's clock (start, end, elapsed) and its recent window, which ends where the clock
-    does (seconds, and the prompts answered and output tokens written in it)."""
+    does (seconds, and the prompts answered and output tokens written in it): a stopped job's
+    recent rate is the one it stopped at, however late it is read."""
     start = times["started"]
     end = _clock_end(times, now, state)
-    # The window ends with the clock: a stopped job's recent rate is the one it stopped at.
     since = _window_start(minutes, start, end, answer_s)
     recent = [v for m, v in minutes.items() if m >= since // 60]
     return {"start": start, "end": end, "elapsed": max(0.0, end - start),
@@ -355,10 +356,10 @@ def _window_start(
     minutes: dict[int, dict[str, float]], start: float, end: float, answer_s: float,
 ) -> float:
     """Where the recent window begins: RATE_WINDOW_S (or ANSWER_TIMES mean answer times, if
-    longer) before the clock's `end`, in whole minutes; not before the job started, nor before the end of
-    its last idle stretch (whole minutes without an answer, at least a minute and at least
-    ANSWER_TIMES mean answer times: an outage, a pause), so that a job going again after one
-    is measured from the minute it went on."""
+    longer) before the clock's `end`, in whole minutes; not before the job started, nor
+    before the end of its last idle stretch (whole minutes without an answer, at least a
+    minute and at least ANSWER_TIMES mean answer times: an outage, a pause), so that a job
+    going again after one is measured from the minute it went on."""
     span = max(RATE_WINDOW_S, ANSWER_TIMES * answer_s)
     first = max(int((end - span) // 60), int(start // 60))
     idle_enough = max(60.0, ANSWER_TIMES * answer_s)
@@ -432,8 +433,8 @@ def _eta(
 
 
 def _rate_now(clock: dict[str, float], in_flight: int, answer_s: float) -> float:
-    """Prompts a second the fleet answers now: the recent window's rate, or what the requests
-    in flight give (each slot answers once a mean answer time) if that is more. The window
+    """Prompts a second the fleet answers now: the recent window's rate, or what the job's
+    requests in flight give (each slot answers once a mean answer time) if that is more. The window
     lags a fleet that has just started or gone on (after a pause, an outage, a rebuild) or is
     still raising its concurrency: it counts the seconds before the first answers could come
     back, and whole minutes. Nothing answered in the window: no rate, however many are in
