@@ -438,7 +438,8 @@ def _watch_footer(state: str, ended: bool, interval: float) -> str:
     if ended:
         return f"job {state}: the watch ends here"
     if state == STATE_PAUSED:
-        return f"every {interval:g}s, until the job is resumed and done, or cancelled; Ctrl-C to stop"
+        return (f"every {interval:g}s, until the job is resumed and done, or cancelled; "
+                "Ctrl-C to stop")
     return f"every {interval:g}s; Ctrl-C to stop"
 
 
