@@ -171,8 +171,8 @@ def render_fleet(rows: list[FleetRow]) -> list[str]:
     max wait in its queue).
     """
     lines = [f"  {'worker':<22} {'state':<12} {'server':<22} {'srv run/max':>11} {'asked':>5}"
-             f" {'queue':>5} {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6} | {'job done':>8}"
-             f" {'job tok/s':>9}"]
+             f" {'queue':>5} {'tok use':>7} {'mamba':>5} {'gen tok/s':>9} {'accept':>6}"
+             f" | {'job done':>8} {'job tok/s':>9}"]
     hosts = {row.host for row in rows}
     host: object = object()
     for row in rows:
