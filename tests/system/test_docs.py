@@ -444,6 +444,19 @@ def test_the_add_a_node_checklist_can_be_typed_as_it_stands() -> None:
     assert [name for name in exports if not mentions(configuration, name)] == []
 
 
+def test_a_gpu_node_given_another_machines_redis_is_given_its_password_and_s3_too() -> None:
+    """The GPU guides' "for real" blocks pointed the workers at a remote Redis with no
+    password and at S3 with placeholder keys: typed as they stand, every worker refused."""
+    for name in ("getting-started/gpu-node.md", "guides/gpu-nodes.md"):
+        joined = "\n".join(shell_lines(page(name)))
+        remote = re.findall(r"REDIS_URL=redis://(?!127\.0\.0\.1)([^\s/]+)", joined)
+        assert remote, name
+        for variable in ("FLEETGEN_REDIS_PASSWORD_FILE", "AWS_ENDPOINT_URL",
+                         "AWS_SHARED_CREDENTIALS_FILE", "AWS_DEFAULT_REGION"):
+            assert re.search(rf"\b{variable}=\S", joined), (name, variable)
+        assert "..." not in joined.split("REDIS_URL=", 1)[1].split("python -m launcher up")[0]
+
+
 def command_of(line: str) -> str:
     """A shell line without its trailing `# comment`."""
     return re.sub(r"\s+#\s.*$", "", line).strip()
