@@ -54,7 +54,7 @@ REGISTRY_S = 5.0
 RECONCILE_S = 10.0
 STATUS_S = 2.0
 CONNECTIONS_PER_GPU = 3
-# Before issue 16: the same group call adding every counter once per prompt (fleetgen's
+# The older layout: the same group call adding every counter once per prompt (fleetgen's
 # RECORD_GROUP now adds each once per call, summed over the group's first copies).
 RECORD_GROUP_BEFORE = """
 local worker, minute, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -219,7 +219,7 @@ class UnitCosts:
     checkpoint_bytes: float  # Redis memory per checkpointed prompt
     # µs per prompt when one checkpoint call carries this many prompts
     prompt_in_groups: dict[int, float] = field(default_factory=dict)
-    # the same with the script before issue 16 (counters once per prompt)
+    # the same with the older script (counters once per prompt)
     prompt_in_groups_before: dict[int, float] = field(default_factory=dict)
 
     def per_gpu_s(self, rate: Rate) -> float:

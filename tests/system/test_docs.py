@@ -349,8 +349,8 @@ def quick_start() -> list[str]:
 
 
 def test_the_readme_quick_start_shows_each_port_and_the_workers_name() -> None:
-    """Item 3: with :30000 taken, the quick start's worker silently used another stack's
-    server; item 8: without `-n gpu0@%h` a second GPU's worker was refused."""
+    """With :30000 taken, the quick start's worker silently used another stack's
+    server; without `-n gpu0@%h` a second GPU's worker was refused."""
     lines = quick_start()
     sim = next(line for line in lines if "launcher sim" in line)
     assert "--port 30000" in sim
@@ -362,7 +362,7 @@ def test_the_readme_quick_start_shows_each_port_and_the_workers_name() -> None:
 
 
 def test_every_celery_command_a_user_may_copy_names_the_app() -> None:
-    """Item 8: `celery worker -Q gpu0` without `-A` retried amqp://localhost for minutes."""
+    """`celery worker -Q gpu0` without `-A` retried amqp://localhost for minutes."""
     texts = [README.read_text(encoding="utf-8"), *(page(doc) for doc in GETTING_STARTED)]
     commands = [line for text in texts for line in shell_lines(text)
                 if re.search(r"\bcelery (\S+ )*(worker|flower)\b", line)]
@@ -391,7 +391,7 @@ def test_the_walkthrough_says_what_to_do_about_a_taken_port_and_another_director
 
 
 def test_the_gpu_node_guide_answers_a_new_users_questions() -> None:
-    """Item 11: the dry run, --gpus' default, busy GPUs, the ports of two launchers on one
+    """The dry run, --gpus' default, busy GPUs, the ports of two launchers on one
     host, the SGLang range, and Redis 6379 against 6389."""
     text = " ".join(page("getting-started/gpu-node.md").split())
     assert "python -m launcher up --gpus 0-6 --workers --model /dev/shm/Qwen3.6-27B --dry-run" \
@@ -420,7 +420,7 @@ def test_several_nodes_has_an_add_a_node_checklist() -> None:
 
 
 def test_the_add_a_node_checklist_can_be_typed_as_it_stands() -> None:
-    """Item 12: the checklist asked for `redis-cli` (not installed), port 6379 against the
+    """The checklist asked for `redis-cli` (not installed), port 6379 against the
     embedded 6389, and never said which of node 1's secret files to copy under which
     variables."""
     checklist = add_a_node_checklist()
@@ -463,7 +463,7 @@ def command_of(line: str) -> str:
 
 
 def test_the_readme_quick_start_is_the_walkthroughs_commands_in_order() -> None:
-    """Item 11: the README's quick start and the walkthrough gave different flags in a
+    """The README's quick start and the walkthrough gave different flags in a
     different order; the README's lines are lines of the blocks the walkthrough test runs."""
     readme = [command_of(line) for line in quick_start() if command_of(line)]
     walkthrough = [command_of(line) for block in walkthrough_blocks()
@@ -475,7 +475,7 @@ def test_the_readme_quick_start_is_the_walkthroughs_commands_in_order() -> None:
 
 
 def test_the_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_layer() -> None:
-    """Item 11: the README's test line gave no duration and did not name the fast layer."""
+    """The README's test line gave no duration and did not name the fast layer."""
     fast = next(line for line in shell_lines(page("development/testing.md")) if "not e2e" in line)
     readme = " ".join(README.read_text(encoding="utf-8").split())
     assert f"`{fast}`" in readme
@@ -484,7 +484,7 @@ def test_the_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_layer()
 
 
 def test_the_walkthrough_says_what_flower_and_an_s3_output_want() -> None:
-    """Item 14: Flower's API wants a login; an s3:// output without AWS_ENDPOINT_URL goes to
+    """Flower's API wants a login; an s3:// output without AWS_ENDPOINT_URL goes to
     real AWS."""
     text = " ".join(page(WALKTHROUGH).split())
     assert "FLOWER_BASIC_AUTH=ops:secret .venv/bin/celery -A workers flower" in text
@@ -550,7 +550,7 @@ def quoted_log_lines(text: str) -> list[str]:
 
 
 def test_the_ready_lines_the_docs_quote_are_the_lines_the_code_prints() -> None:
-    """Item 11: the walkthrough quoted Redis' ready line without the ports it names."""
+    """The walkthrough quoted Redis' ready line without the ports it names."""
     for module_path, fmt in LOG_FORMATS.items():
         assert f'"{fmt}"' in source_of(module_path) or f"'{fmt}'" in source_of(module_path), \
             f"{module_path} no longer prints {fmt!r}"
@@ -595,7 +595,7 @@ def example_ports(text: str) -> list[tuple[int, str]]:
 
 
 def test_no_example_port_in_the_docs_lies_in_the_ephemeral_range() -> None:
-    """Item 4: an example on an ephemeral port (status.md showed servers on 34849 and 47441)
+    """An example on an ephemeral port (status.md showed servers on 34849 and 47441)
     teaches a port that may be taken at any moment."""
     assert example_ports("curl 127.0.0.1:34849/x; --port 47441; prompts.jsonl:40000") == [
         (34849, "curl 127.0.0.1:34849/x; --port 47441; prompts.jsonl:40000"),

@@ -39,7 +39,7 @@ def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
     return " ".join(capsys.readouterr().out.split())
 
 
-# --- item 3: the Celery commands ---------------------------------------------------------------
+# --- the Celery commands ---------------------------------------------------------------
 
 
 def test_every_configured_environment_names_the_celery_app() -> None:
@@ -98,7 +98,7 @@ def test_flower_loads_fleetgens_settings_from_the_package_in_any_folder(
     assert "refusing to listen on '0.0.0.0' without a login" in out
 
 
-# --- item 4: ports -----------------------------------------------------------------------------
+# --- ports -----------------------------------------------------------------------------
 
 
 def test_the_embedded_services_help_says_which_ports_they_take(
