@@ -170,6 +170,12 @@ class JobStatus:
     fleet: list[FleetRow] | None
     updated_at: float
 
+    @property
+    def clock_stopped(self) -> bool:
+        """A done, paused or cancelled job: its clock and its recent window end where it
+        stopped (_clock_end), not now."""
+        return self.state not in (STATE_RUNNING, STATE_CREATING)
+
     def to_json(self, option: int = 0) -> bytes:
         """The `status --json` and progress.json form (orjson `option`s, e.g. OPT_INDENT_2)."""
         return orjson.dumps(asdict(self), option=option)

@@ -156,10 +156,11 @@ def render_html(status: JobStatus, answers: Answers, servers: Mapping[str, Worke
 
 def rates_summary(status: JobStatus) -> list[tuple[str, str]]:
     """The summary's rate rows: `status`'s figures, each labelled total or per GPU and with its
-    window (the job's clock, or the recent window that ends now)."""
+    window (the job's clock, or the recent window that ends now or where the job stopped)."""
     rate, gpus = status.rate, _gpus(status.workers)
     clock = f"over the job's {_span(status.elapsed_s)}"
-    recent = f"over the last {_span(rate.window_s)}"
+    recent = (f"over the last {_span(rate.window_s)}"
+              + (" before it stopped" if status.clock_stopped else ""))
     per_gpu = (f" = {rate.output_tokens_per_s_all / gpus:,.0f} per GPU on average"
                if gpus > 1 else "")
     return [

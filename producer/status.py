@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fleetgen.ledger import STATE_CREATING, STATE_RUNNING
+from fleetgen.ledger import STATE_RUNNING
 
 # Types only: the job view brings httpx and the fleet reader, which the commands that use
 # `format_duration` alone need not load.
@@ -80,7 +80,7 @@ def _render_progress(s: JobStatus) -> list[str]:
         eta = s.state if s.state != STATE_RUNNING else "unknown"
     # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`), and
     # its recent window with it.
-    stopped = s.state not in (STATE_RUNNING, STATE_CREATING)
+    stopped = s.clock_stopped
     waiting = f"queued {s.queued:,}" + (f"  held {s.held:,} ({s.state})" if s.held else "")
     return [
         (f"  prompts   {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"

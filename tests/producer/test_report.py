@@ -138,8 +138,9 @@ def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_g
     rows = summary(report.html)
     assert rows["elapsed"] == "2.5 s (the clock stopped)"
     assert rows["output tokens/s"] == ("1,600 total of 2 GPUs over the job's 2.5 s = 800 per "
-                                       "GPU on average; 0 total over the last 5m10s")
-    assert rows["prompts/s"] == "16.00 total over the job's 2.5 s; 0.00 total over the last 5m10s"
+                                       "GPU on average; 1,600 total over the last 2.5 s before it stopped")
+    assert rows["prompts/s"] == ("16.00 total over the job's 2.5 s; 16.00 total over the last 2.5 s "
+                                 "before it stopped")
     assert "A minute&#x27;s rates of all GPUs add up to the job&#x27;s total rate." in report.html
     # The workers table: each GPU's rate over the job's clock, as `status` shows it.
     assert report.html.count("<td class=num>800</td>") == 2
