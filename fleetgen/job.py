@@ -26,6 +26,9 @@ DEFAULT_TOP_P = 0.95
 # (SGLang alone takes any value >= 0): above 2 the output is noise, so it is a typo too.
 MAX_TOKENS_LIMIT = 2**31 - 1
 MAX_TEMPERATURE = 2.0
+# Most answers one prompt may ask for (`sampling.n`, `enqueue --samples`): best-of-n and RL
+# rollouts ask tens; thousands would be a typo that multiplies the job.
+MAX_SAMPLES = 1024
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,25 @@ class JobManifest:
     # False while `enqueue` is still storing batch inputs: the job is `creating`, no worker runs
     # it and export refuses it. Set last, after every input is durable.
     complete: bool = True
+    # Answers asked of the prompts: the sum of each prompt's `n` (its own `sampling.n`, else
+    # `samples`). The job's outcomes, batches and counters count answers; 0 (a manifest
+    # written before answers were counted) reads as one per prompt.
+    answers: int = 0
+    samples: int = 1  # answers per prompt when a line does not say (`enqueue --samples`)
+    # The job's seed, from which the seed of each answer of a prompt of several is derived
+    # when its line gives none (producer/answers.py); None: no answer needed one.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
+        if self.answers == 0:
+            object.__setattr__(self, "answers", self.prompts)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether some prompt has several answers: then every answer carries its `sample`
+        index (records, batch inputs, exports), and the job's figures say answers."""
+        return self.answers != self.prompts
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)

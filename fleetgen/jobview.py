@@ -142,7 +142,10 @@ class JobStatus:
     state: str
     reason: str | None
     output: str
+    # Answers the job asks for (its outcomes: done, failed and the rest count answers); as
+    # many as `prompts` unless a prompt asks several (`sampling.n`, `enqueue --samples`).
     total: int
+    prompts: int
     done: int
     failed: int
     checkpointed: int
@@ -194,7 +197,7 @@ def job_status(
     done = int(written.get("prompts_done", 0))
     failed = int(written.get("prompts_failed", 0))
     answered = int(stats.get("prompts_done", 0) + stats.get("prompts_failed", 0))
-    remaining = max(0, manifest.prompts - done - failed)
+    remaining = max(0, manifest.answers - done - failed)
     checkpointed = min(remaining, max(0, answered - done - failed))
     total_batches = manifest.batches + extra
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
@@ -218,7 +221,8 @@ def job_status(
         state=state,
         reason=reason or _creating_reason(ledger, manifest, state),
         output=manifest.output,
-        total=manifest.prompts,
+        total=manifest.answers,
+        prompts=manifest.prompts,
         done=done,
         failed=failed,
         checkpointed=checkpointed,
@@ -269,7 +273,7 @@ def _in_hand(
 ) -> dict[str | None, int]:
     """Worker holding them (None: no live lease) -> the prompts of the job's running batches
     that have not reached the checkpoint yet (sent or waiting)."""
-    plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
+    plan = batch_sizes(manifest.answers, manifest.batch_size, taper=manifest.taper)
     hands: dict[str | None, int] = {}
     for batch, (holder, checkpointed) in ledger.running_holds(manifest.name, running).items():
         left = max(0, _batch_len(plan, manifest.batch_size, batch) - checkpointed)
@@ -516,7 +520,7 @@ def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> Canary:
     progress = ledger.canary_progress(job)
     return Canary(enabled=thresholds.enabled, answers_seen=progress.seen,
                   min_completions=thresholds.min_completions,
-                  judged_at_end=manifest.prompts < thresholds.min_completions,
+                  judged_at_end=manifest.answers < thresholds.min_completions,
                   end_verdict=progress.end)
 
 

@@ -62,7 +62,7 @@ class FinishedSummary:
 
     state: str
     reason: str
-    prompts: int
+    prompts: int  # the outcomes it asked for: its answers (one per prompt unless it asked more)
     prompts_done: int
     prompts_failed: int
 
@@ -623,7 +623,7 @@ class Ledger:
         out: list[FinishedSummary | None] = []
         for (manifest, state, reason), written in zip(replies[::2], replies[1::2], strict=True):
             out.append(None if manifest is None else FinishedSummary(
-                _text(state), _text(reason), int(orjson.loads(manifest)["prompts"]),
+                _text(state), _text(reason), JobManifest.from_json(manifest).answers,
                 int(float(written[0] or 0)), int(float(written[1] or 0))))
         return out
 

@@ -1,15 +1,18 @@
-"""Per-prompt output records: what a result line and an error line contain.
+"""Per-answer output records: what a result line and an error line contain.
 
 `id` is the prompt's input id on both, so every line of a job's output and of its JSONL export
-names its prompt in the same field. An error line also carries it as `custom_id`, the field
-OpenAI's Batch error format names it by; `is_failure` tells the two kinds apart.
+names its prompt in the same field. A job that asks several answers of a prompt (`sampling.n`,
+`enqueue --samples`) gives each answer its own record, with its index in `sample` (0..n-1);
+a job of one answer per prompt has no `sample` field. An error line also carries the answer's
+key (`answer_key`) as `custom_id`, the field OpenAI's Batch error format names it by;
+`is_failure` tells the two kinds apart.
 
 Result line (`results/{batch}.jsonl`):
-    {"id", "line", "reasoning_content", "content", "tool_calls", "finish_reason",
+    {"id", "sample"?, "line", "reasoning_content", "content", "tool_calls", "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens"},
      "latency_s", "server", "worker", "attempt"}
 Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's origin):
-    {"id", "custom_id", "response": {"status_code", "body"} | null,
+    {"id", "sample"?, "custom_id", "response": {"status_code", "body"} | null,
      "error": {"code", "message"}, "line", "server", "worker", "attempt", "tries"}
 """
 
@@ -18,6 +21,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+# Between a prompt's id and an answer's index in an answer's key: ids never hold a "/"
+# (producer/inputs), so `a/1` cannot be another prompt's id.
+SAMPLE_SEPARATOR = "/"
+
+
+def answer_key(prompt_id: str, sample: int | None) -> str:
+    """The one name of an answer wherever answers are keyed (checkpoints, the export's
+    exactly-once check, requeue, an error's `custom_id`): the prompt's id for the answer of a
+    one-answer job, `{id}/{sample}` for an answer of a job of several."""
+    return prompt_id if sample is None else f"{prompt_id}{SAMPLE_SEPARATOR}{sample}"
+
+
+def record_key(record: dict[str, Any]) -> str:
+    """The key (`answer_key`) of the answer a result or error record is the outcome of."""
+    return answer_key(record["id"], record.get("sample"))
+
 
 # Live counters every finished prompt adds to (checkpoints.RECORD_GROUP).
 COUNTERS = (
@@ -46,7 +66,8 @@ class Origin:
 
 
 def result_record(
-    prompt_id: str, line: int, response: dict[str, Any], latency_s: float, origin: Origin
+    prompt_id: str, line: int, response: dict[str, Any], latency_s: float, origin: Origin,
+    sample: int | None = None,
 ) -> dict[str, Any]:
     choice = (response.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -66,6 +87,7 @@ def result_record(
         content = content.lstrip()
     return {
         "id": prompt_id,
+        **_sample_field(sample),
         "line": line,
         "reasoning_content": reasoning,
         "content": content,
@@ -134,11 +156,13 @@ def error_record(
     origin: Origin,
     tries: int,
     code: str | None = None,
+    sample: int | None = None,
 ) -> dict[str, Any]:
     code = code or error_code(status, message)
     return {
         "id": prompt_id,
-        "custom_id": prompt_id,
+        **_sample_field(sample),
+        "custom_id": answer_key(prompt_id, sample),
         "response": (
             {"status_code": status, "body": {"error": {"message": message, "code": code}}}
             if status is not None
@@ -151,6 +175,10 @@ def error_record(
         "attempt": origin.attempt,
         "tries": tries,
     }
+
+
+def _sample_field(sample: int | None) -> dict[str, int]:
+    return {} if sample is None else {"sample": sample}
 
 
 def is_failure(record: dict[str, Any]) -> bool:

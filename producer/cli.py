@@ -27,6 +27,7 @@ from fleetgen.job import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
+    MAX_SAMPLES,
     GenerationParams,
     JobManifest,
 )
@@ -111,7 +112,8 @@ def build_parser() -> CommandParser:
     p = command("enqueue", "check a JSONL file, store its prompts in the output as batches and "
                 "queue them; the same command again resumes an interrupted enqueue",
                 "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
-                "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3")
+                "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3",
+                "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0")
     p.add_argument("input", type=Path, metavar="FILE",
                    help="JSONL file: messages / prompt / OpenAI Batch lines; - reads stdin "
                    "(needs --job)")
@@ -133,8 +135,16 @@ def build_parser() -> CommandParser:
     p.add_argument("--queue", default=keys.SHARED_QUEUE, metavar="Q",
                    help=f"{keys.SHARED_QUEUE}: every GPU takes the job; gpu3 pins it to GPU 3"
                    " (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="answers per prompt, each its own request, record and export line "
+                   f"(1..{MAX_SAMPLES}; a line's own sampling.n wins; default 1)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the job's seed: an answer of a prompt of several whose line gives no "
+                   "seed gets one drawn from it, the prompt's id and the answer's index "
+                   "(default: drawn from the job's name)")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help=f"prompts per batch (default: prompts/{MIN_BATCHES} within "
+                   help=f"answers per batch (one per prompt unless --samples or sampling.n say "
+                   f"more; default: answers/{MIN_BATCHES} within "
                    f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}; a resumed job keeps its own)")
     p.add_argument("--canary", default=None, metavar="SPEC",
                    help="quality thresholds over the defaults, e.g. "
@@ -181,14 +191,19 @@ def build_parser() -> CommandParser:
             p.add_argument("--accept-failures", action="store_true",
                            help="after a failure breaker pause: keep its failed prompts as "
                            "failures (not sent again) and stop pausing the job for that cause")
-    p = command("export", "write one dataset with every input id exactly once",
+    p = command("export", "write one dataset with every input id (every answer) exactly once",
                 "distill-v1 --to distill-v1.out.jsonl",
+                "best-of-4 --to best-of-4.jsonl --group-answers   # one line per prompt",
                 "distill-v1 --to distill-v1.parquet --format parquet --partial",
                 "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
     p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, required=True, metavar="PATH",
                    help="required: the file to write (never the job's input)")
     p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format")
+    p.add_argument("--group-answers", action="store_true",
+                   help="one row per prompt, its answers in a list ordered by index (jsonl, "
+                   "parquet; default: one row per answer, with its index in `sample` when a "
+                   "prompt has several)")
     p.add_argument("--partial", action="store_true",
                    help="export what exists of a job that is not finished, or whose enqueue did "
                    "not finish")
@@ -233,6 +248,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         _check_input_file(args.input)
     if args.batch_size is not None and args.batch_size < 1:
         raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
+    if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
+        raise CommandError(f"--samples must be in [1, {MAX_SAMPLES}], got {args.samples}",
+                           RET_BAD_INPUT)
+    if args.seed is not None and args.seed < 0:
+        raise CommandError(f"--seed must be >= 0, got {args.seed}", RET_BAD_INPUT)
     if args.output is not None and not args.output.strip():
         raise CommandError("--output is empty: give s3://bucket/prefix or a folder, or leave it "
                            "out for $FLEETGEN_OUTPUT, else ./fleetgen-output", RET_BAD_INPUT)
@@ -253,6 +273,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             path=path, job=args.job or args.input.stem, output=output, params=params,
             queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
             canary=asdict(thresholds), input_name=STDIN_NAME if from_stdin else None,
+            samples=args.samples, seed=args.seed,
         )
         # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with
         # a report of what was stored, and the job left for the same command to finish.
@@ -281,8 +302,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     for note in report.notes:
         print(f"note: {note}")
     verb = "resumed" if report.resumed else "created"
-    print(f"job {report.job} {verb}: {report.prompts:,} prompts in {report.batches:,} batches "
-          f"-> queue {request.queue}, output {output}")
+    answers = f" ({report.answers:,} answers)" if report.answers != report.prompts else ""
+    print(f"job {report.job} {verb}: {report.prompts:,} prompts{answers} in {report.batches:,} "
+          f"batches -> queue {request.queue}, output {output}")
     if report.rebuilt is not None:
         print(f"  Redis did not know the job: its ledger was rebuilt from {report.rebuilt.where}")
         for line in report.rebuilt.lines():
@@ -545,7 +567,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from producer import sinkview
 
     out = sys.stderr if args.json else sys.stdout
-    unwritable = export.format_problem(args.format)
+    unwritable = export.format_problem(args.format, grouped=args.group_answers)
     if unwritable:
         raise CommandError(unwritable, RET_BAD_INPUT)
     manifest, ledger = _exported_job(args, settings, out)
@@ -567,7 +589,8 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         else:
             with export.Staged(args.to, force=args.force) as staged:
                 written = export.write(staged.tmp, args.format, rows,
-                                       manifest.params.model or "default")
+                                       manifest.params.model or "default",
+                                       sampled=manifest.sampled, grouped=args.group_answers)
                 if (args.partial or report.problem() is None) and not staged.publish():
                     raise CommandError(f"--to {args.to} appeared during the export; nothing "
                                        "written (pass --force to replace it)")
@@ -580,7 +603,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         reason, fix = shortfall
         raise CommandError(f"{reason}; {fix}, or pass --partial to export what exists")
     if shortfall:
-        print(f"note: {shortfall[0]}; exported what exists, {report.missing:,} prompts missing",
+        print(f"note: {shortfall[0]}; exported what exists, {report.missing:,} {report.unit} missing",
               file=out)
     print(f"wrote {written or 0:,} lines to {args.to} ({args.format})", file=out)
     return RET_OK

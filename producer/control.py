@@ -34,7 +34,7 @@ from fleetgen.errors import JobError
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.progress import record_state
-from fleetgen.records import is_failure
+from fleetgen.records import answer_key, is_failure, record_key
 from fleetgen.retry import backoff
 from fleetgen.sink import Sink, iter_jsonl, open_sink
 from producer import sinkview
@@ -113,7 +113,7 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
         if resend:
             resumed.resent += _requeue(
                 ledger, app, job, None, keep=lambda error: (breaker.outcome(error) == cause
-                                                            and error["id"] not in resent)
+                                                            and record_key(error) not in resent)
             ).prompts
     resumed.batches = redispatch_idle(ledger, app, job, manifest.queue)
     return resumed
@@ -158,7 +158,7 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
             continue
         if ledger.drop_failures(job, batch, failed) is None:
             raise JobError(f"job {job}: batch {batch} started while resume ran; run resume again")
-        ids.update(r["id"] for r in failed)
+        ids.update(record_key(r) for r in failed)
     return ids
 
 
@@ -199,11 +199,11 @@ def _requeue(
     """`requeue_failed` under the job's lock."""
     manifest = _created(ledger, job)
     sink = open_sink(manifest.output)
-    failed: dict[str, str] = {}  # id -> the code of its newest outcome, a failure
+    failed: dict[str, str] = {}  # answer key -> the code of its newest outcome, a failure
 
     def collect(record: dict[str, Any]) -> None:
         if is_failure(record) and (keep is None or keep(record)):
-            failed[record["id"]] = record["error"]["code"]
+            failed[record_key(record)] = record["error"]["code"]
 
     # The job's one reading: a prompt of a requeue batch not written yet has no outcome (its
     # round will give it one), so it is not requeued twice.
@@ -230,7 +230,7 @@ def _requeue(
         chunk = rows[start:start + size]
         sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
         batches.append(batch)
-    ledger.record_round(job, batches, Counter(failed[row["id"]] for row in rows))
+    ledger.record_round(job, batches, Counter(failed[_row_key(row)] for row in rows))
     if ledger.job_state(job)[0] == STATE_CANCELLED:
         ledger.set_state(job, STATE_RUNNING)
         record_state(ledger, job, time.time())
@@ -239,9 +239,15 @@ def _requeue(
 
 
 def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[dict[str, Any]]:
-    """The stored input rows of the `wanted` ids (their first copy), in input order."""
+    """The stored input rows of the `wanted` answer keys (their first copy), in input order."""
     rows: dict[str, dict[str, Any]] = {}
     for row in iter_jsonl(sink, f"{job}/inputs/"):
-        if row["id"] in wanted:
-            rows.setdefault(row["id"], row)
+        key = _row_key(row)
+        if key in wanted:
+            rows.setdefault(key, row)
     return list(rows.values())
+
+
+def _row_key(row: dict[str, Any]) -> str:
+    """The answer key of a batch input's row."""
+    return answer_key(row["id"], row.get("sample"))

@@ -12,6 +12,8 @@ Creating a job is a transaction a user can interrupt:
 It reports its progress in three phases, in order: CHECKING (reading the whole file: every line
 validated, the file hashed), STORING (reading it again: each batch's input written to the sink;
 only while the job is being created) and QUEUEING (sending the batches to the broker).
+A prompt asking several answers (`sampling.n`, `--samples`) is stored as one work item per
+answer (producer/answers.py); batches count answers.
 Batch boundaries are a pure function of the file and the batch size, so running the same
 command again resumes: an interrupted creation uploads exactly the inputs still missing, and a
 running job queues only batches that are neither done nor waiting (running, or in the broker:
@@ -47,9 +49,9 @@ from fleetgen.job import (
 )
 from fleetgen.ledger import Ledger
 from fleetgen.sink import Sink, location, open_sink
+from producer.answers import WorkItem, job_seed, work_items
 from producer.inputs import (
     NoPrompts,
-    PromptRecord,
     Rejects,
     read_prompts,
     validate_file,
@@ -97,12 +99,15 @@ class EnqueueRequest:
     skip_invalid: bool = False
     canary: dict[str, Any] = field(default_factory=dict)
     input_name: str | None = None  # the input in errors and the manifest (default: path)
+    samples: int | None = None  # answers per prompt whose line gives no n (default 1)
+    seed: int | None = None  # the job's seed (default: drawn from its name)
 
 
 @dataclass
 class EnqueueReport:
     job: str
     prompts: int = 0
+    answers: int = 0
     batches: int = 0
     # Batch inputs stored by this run, and found already stored by an earlier one.
     uploaded: int = 0
@@ -164,7 +169,7 @@ def _enqueue(
     rejects = Rejects()
     on_error = rejects if req.skip_invalid else None
     summary = validate_file(req.path, progress=_file_pass(progress, CHECKING, req.path),
-                            on_error=on_error, name=req.input_name)
+                            on_error=on_error, name=req.input_name, samples=req.samples or 1)
     if summary.prompts == 0:
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
@@ -175,22 +180,27 @@ def _enqueue(
         if existing is not None:
             manifest = _check_resume(existing, req, summary.sha256, report)
         else:
-            size = req.batch_size or default_batch_size(summary.prompts)
+            size = req.batch_size or default_batch_size(summary.answers)
+            sampled = summary.answers != summary.prompts
             manifest = JobManifest(
                 name=req.job,
                 output=req.output,
                 input=InputInfo(summary.path, summary.sha256, summary.lines, summary.bytes),
                 prompts=summary.prompts,
                 batch_size=size,
-                batches=len(batch_sizes(summary.prompts, size, taper=TAPER)),
+                batches=len(batch_sizes(summary.answers, size, taper=TAPER)),
                 taper=TAPER,
                 queue=req.queue,
                 params=req.params,
                 rejected=summary.rejected,
                 canary=req.canary,
                 complete=False,
+                answers=summary.answers,
+                samples=req.samples or 1,
+                seed=job_seed(req.job, req.seed) if sampled else None,
             )
         report.prompts, report.batches = manifest.prompts, manifest.batches
+        report.answers = manifest.answers
         if rejects.count:
             report.rejected = rejects.count
             report.rejects_at = sink.describe(f"{req.job}/rejects.jsonl")
@@ -275,21 +285,28 @@ def _check_resume(
         )
     if req.params != existing.params:
         report.notes.append("generation parameters differ from the job's; the job's are kept")
+    if (req.samples is not None and req.samples != existing.samples) or (
+            req.seed is not None and req.seed != existing.seed):
+        report.notes.append(f"--samples/--seed ignored: the job's are {existing.samples} answers "
+                            f"per prompt and seed {existing.seed} (its inputs must stay the same "
+                            "to resume)")
     return existing
 
 
 def _batches(
-    path: Path, sizes: list[int], progress: Progress
-) -> Iterator[tuple[str, list[PromptRecord]]]:
-    chunk: list[PromptRecord] = []
+    path: Path, manifest: JobManifest, sizes: list[int], progress: Progress
+) -> Iterator[tuple[str, list[WorkItem]]]:
+    chunk: list[WorkItem] = []
     index = 0
     reading = _file_pass(progress, STORING, path)
     for record in read_prompts(path, skip_invalid=True, progress=reading):
-        chunk.append(record)
-        if len(chunk) == sizes[min(index, len(sizes) - 1)]:
-            index += 1
-            yield keys.batch_id(index), chunk
-            chunk = []
+        for item in work_items(record, samples=manifest.samples, seed=manifest.seed,
+                               sampled=manifest.sampled):
+            chunk.append(item)
+            if len(chunk) == sizes[min(index, len(sizes) - 1)]:
+                index += 1
+                yield keys.batch_id(index), chunk
+                chunk = []
     if chunk:
         yield keys.batch_id(index + 1), chunk
 
@@ -306,11 +323,11 @@ def _store_inputs(
     sink.put(keys.sink_manifest(job), manifest.to_json())
     ledger.save_job(manifest)
     stored = {Path(k).stem for k in sink.list_keys(f"{job}/inputs/") if k.endswith(".jsonl")}
-    sizes = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)
+    sizes = batch_sizes(manifest.answers, manifest.batch_size, taper=manifest.taper)
     uploads: list[Future[None]] = []
     try:
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            for batch, records in _batches(req.path, sizes, progress):
+            for batch, records in _batches(req.path, manifest, sizes, progress):
                 if batch in stored:
                     report.already_stored += 1
                     continue
@@ -374,11 +391,11 @@ def _drain(uploads: list[Future[None]]) -> int:
     return count
 
 
-def _input_bytes(params: GenerationParams, records: list[PromptRecord]) -> bytes:
-    return b"".join(
-        orjson.dumps({"id": r.id, "line": r.line, "body": params.request_body(r.body)}) + b"\n"
-        for r in records
-    )
+def _input_bytes(params: GenerationParams, items: list[WorkItem]) -> bytes:
+    return b"".join(orjson.dumps(
+        {"id": i.id, "line": i.line, "body": params.request_body(i.body)} if i.sample is None
+        else {"id": i.id, "sample": i.sample, "line": i.line, "body": params.request_body(i.body)}
+    ) + b"\n" for i in items)
 
 
 __all__ = [

@@ -1,11 +1,18 @@
-"""`python -m producer export JOB --to PATH`: one dataset, every input id exactly once.
+"""`python -m producer export JOB --to PATH`: one dataset, every answer exactly once.
 
-The dataset is the job's one reading (producer/sinkview.py): each id's newest outcome, in
-input order, read from the sink alone one batch at a time, so it works even if Redis lost the
+The dataset is the job's one reading (producer/sinkview.py): each answer's newest outcome (one
+per input id, or one per id and index in a job of several answers per prompt), in input order, read from the sink alone one batch at a time, so it works even if Redis lost the
 job (`--output URI` names the sink then) and its memory does not grow with the job. This module
 writes it: as JSONL, OpenAI Batch lines or Parquet, streamed, into a file written beside PATH
 and moved into place at the end (`Staged`), so an interrupted export never leaves half a file
 under PATH; and it refuses a PATH that must not be written (`target_problem`).
+
+A job of several answers per prompt has one line per answer, with its index: `sample` in JSONL
+and Parquet, and `custom_id` `{id}/{sample}` in OpenAI Batch lines (which need it unique per
+line). `grouped` puts a prompt's answers in one row instead, ordered by index (JSONL and
+Parquet): `{"id", "line", "answers": [...]}`, its answers being its records less `id` and
+`line`. A prompt's answers are next to each other in the reading, so grouping holds one
+prompt's answers at a time.
 """
 
 from __future__ import annotations
@@ -14,31 +21,38 @@ import hashlib
 import importlib.util
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Self
 
 import orjson
 
 from fleetgen.job import InputInfo
-from fleetgen.records import is_failure
+from fleetgen.records import is_failure, record_key
 
 FORMATS = ("jsonl", "openai", "parquet")
+GROUPED_FORMATS = ("jsonl", "parquet")  # an OpenAI Batch line holds one request's response
 
 
-def format_problem(fmt: str) -> str | None:
-    """Why `fmt` cannot be written here, or None: checked before the job is read, so a missing
-    library costs no reading."""
+def format_problem(fmt: str, *, grouped: bool = False) -> str | None:
+    """Why `fmt` (`grouped`: a prompt's answers in one row) cannot be written here, or None:
+    checked before the job is read, so a missing library costs no reading."""
+    if grouped and fmt not in GROUPED_FORMATS:
+        return (f"--group-answers writes {' or '.join(GROUPED_FORMATS)}: an OpenAI Batch line "
+                "holds one answer")
     if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
         return "--format parquet needs pyarrow, which is not installed: pip install 'fleetgen[parquet]'"
     return None
 
 
 def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
-    """A result or error in OpenAI Batch output format: `custom_id` is the input id, `id` the
-    request's own id (`fg-` and the input id), on every line."""
+    """A result or error in OpenAI Batch output format: `custom_id` is the answer's key (the
+    input id, or `{id}/{sample}` in a job of several answers per prompt), `id` the request's own
+    id (`fg-` and that key), on every line."""
+    key = record_key(record)
     if is_failure(record):
-        return {"id": f"fg-{record['id']}", "custom_id": record["id"],
+        return {"id": f"fg-{key}", "custom_id": key,
                 "response": record["response"], "error": record["error"]}
     message: dict[str, Any] = {"role": "assistant", "content": record["content"],
                                "reasoning_content": record["reasoning_content"]}
@@ -46,11 +60,11 @@ def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
         message["tool_calls"] = record["tool_calls"]
     usage = record["usage"]
     return {
-        "id": f"fg-{record['id']}",
-        "custom_id": record["id"],
+        "id": f"fg-{key}",
+        "custom_id": key,
         "response": {
             "status_code": 200,
-            "request_id": f"fg-{record['id']}-{record['attempt']}",
+            "request_id": f"fg-{key}-{record['attempt']}",
             "body": {
                 "object": "chat.completion",
                 "model": model,
@@ -62,16 +76,32 @@ def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
     }
 
 
-def write(path: Path, fmt: str, rows: Iterable[dict[str, Any]], model: str) -> int:
-    """Write `rows` to `path` in `fmt`, streaming; returns the number of rows."""
+def write(path: Path, fmt: str, rows: Iterable[dict[str, Any]], model: str, *,
+          sampled: bool = False, grouped: bool = False) -> int:
+    """Write `rows` to `path` in `fmt`, streaming; returns the number of lines (rows) written.
+    `sampled`: the job has several answers per prompt (Parquet gets a `sample` column);
+    `grouped`: one row per prompt, its answers in a list."""
     if fmt == "parquet":
-        return _write_parquet(path, rows)
+        return _write_parquet(path, rows, sampled=sampled, grouped=grouped)
     count = 0
     with path.open("wb") as f:
-        for row in rows:
+        for row in grouped_rows(rows) if grouped else rows:
             f.write(orjson.dumps(openai_line(row, model) if fmt == "openai" else row) + b"\n")
             count += 1
     return count
+
+
+def grouped_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """One row per prompt, `{"id", "line", "answers"}`, from a reading in input order (a
+    prompt's answers next to each other, by index)."""
+    for prompt_id, answers in groupby(rows, key=lambda r: r["id"]):
+        first = next(answers)
+        yield {"id": prompt_id, "line": first.get("line"),
+               "answers": [_answer(r) for r in (first, *answers)]}
+
+
+def _answer(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k != "id" and k != "line"}
 
 
 PARQUET_COLUMNS = {
@@ -80,6 +110,8 @@ PARQUET_COLUMNS = {
     "completion_tokens": "int64", "reasoning_tokens": "int64", "error": "string",
     "worker": "string", "attempt": "int64",
 }
+# The answer's index, after `id`, in the export of a job of several answers per prompt.
+PARQUET_SAMPLE = ("sample", "int64")
 # A row group is written when its text reaches this size (or ROW_GROUP_ROWS rows). Peak RSS
 # is about 100 MB + 5 x this (columns, their Arrow copy, the encoded chunk): 16 MB gives
 # ~175 MB and row groups of a few thousand answers (the export benchmark of tests/perf).
@@ -87,39 +119,63 @@ ROW_GROUP_BYTES = 16 << 20
 ROW_GROUP_ROWS = 65_536
 
 
-def _write_parquet(path: Path, rows: Iterable[dict[str, Any]]) -> int:
+def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], *, sampled: bool,
+                   grouped: bool) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     # A fixed schema: every row group must have the same one, whatever its first rows hold.
-    schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARQUET_COLUMNS.items()])
-    columns: dict[str, list[Any]] = {name: [] for name in PARQUET_COLUMNS}
+    fields = [(name, pa.type_for_alias(kind)) for name, kind in PARQUET_COLUMNS.items()]
+    if sampled or grouped:
+        fields.insert(1, (PARQUET_SAMPLE[0], pa.type_for_alias(PARQUET_SAMPLE[1])))
+    if grouped:
+        # One row per prompt: its id, and its answers (every other column) as a list of structs.
+        schema = pa.schema([fields[0], ("answers", pa.list_(pa.struct(fields[1:])))])
+        items: Iterable[dict[str, Any]] = (
+            {"id": group["id"], "answers": [_parquet_row({"id": group["id"], **a})
+                                            for a in group["answers"]]}
+            for group in grouped_rows(rows))
+    else:
+        schema = pa.schema(fields)
+        items = (_parquet_row(r) for r in rows)
+    buffer: list[dict[str, Any]] = []
     count = buffered = 0
     with pq.ParquetWriter(path, schema) as writer:
-        for r in rows:
-            failed = is_failure(r)
-            usage = r.get("usage") or {}
-            columns["id"].append(r["id"])
-            columns["status"].append("failed" if failed else "ok")
-            columns["reasoning_content"].append(None if failed else r["reasoning_content"])
-            columns["content"].append(None if failed else r["content"])
-            columns["tool_calls"].append(
-                orjson.dumps(r["tool_calls"]).decode() if r.get("tool_calls") else None)
-            columns["finish_reason"].append(None if failed else r["finish_reason"])
-            for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
-                columns[k].append(usage.get(k))
-            columns["error"].append(r["error"]["message"] if failed else None)
-            columns["worker"].append(r.get("worker"))
-            columns["attempt"].append(r.get("attempt"))
+        for item in items:
+            buffer.append(item)
             count += 1
-            buffered += len(r.get("content") or "") + len(r.get("reasoning_content") or "")
-            if buffered >= ROW_GROUP_BYTES or len(columns["id"]) >= ROW_GROUP_ROWS:
-                writer.write_table(pa.table(columns, schema=schema))
-                columns = {name: [] for name in PARQUET_COLUMNS}
+            buffered += _text_size(item)
+            if buffered >= ROW_GROUP_BYTES or len(buffer) >= ROW_GROUP_ROWS:
+                writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+                buffer = []
                 buffered = 0
-        if columns["id"]:
-            writer.write_table(pa.table(columns, schema=schema))
+        if buffer:
+            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
     return count
+
+
+def _parquet_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One record as a Parquet row (PARQUET_COLUMNS, and `sample` where the record has one)."""
+    failed = is_failure(r)
+    usage = r.get("usage") or {}
+    return {
+        "id": r["id"],
+        "sample": r.get("sample"),
+        "status": "failed" if failed else "ok",
+        "reasoning_content": None if failed else r["reasoning_content"],
+        "content": None if failed else r["content"],
+        "tool_calls": orjson.dumps(r["tool_calls"]).decode() if r.get("tool_calls") else None,
+        "finish_reason": None if failed else r["finish_reason"],
+        **{k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens")},
+        "error": r["error"]["message"] if failed else None,
+        "worker": r.get("worker"),
+        "attempt": r.get("attempt"),
+    }
+
+
+def _text_size(item: dict[str, Any]) -> int:
+    rows = item.get("answers", (item,))
+    return sum(len(r["content"] or "") + len(r["reasoning_content"] or "") for r in rows)
 
 
 class Staged:

@@ -66,7 +66,7 @@ class Rebuilt:
                        f"{keys.round_name(self.last_round)}; the next is "
                        f"{keys.round_name(self.last_round + 1)}")
         f = self.found
-        text = (f"prompts: {f.total:,}: {f.done:,} done, {f.failed:,} failed, {f.missing:,} "
+        text = (f"{f.unit}: {f.total:,}: {f.done:,} done, {f.failed:,} failed, {f.missing:,} "
                 "to go")
         if f.failed_by_code:
             text += f" (failed by code: {f.codes()})"

@@ -131,7 +131,8 @@ def render_html(status: JobStatus, answers: Answers, servers: Mapping[str, Worke
     ]
     summary = [
         ("state", f"{s.state}" + (f" ({s.reason})" if s.reason else "")),
-        ("prompts", f"{s.total:,}"),
+        ("prompts", f"{s.prompts:,}"),
+        *([("answers", f"{s.total:,}")] if s.total != s.prompts else []),
         ("done", f"{s.done:,}"),
         ("failed", f"{s.failed:,}"),
         ("not finished", f"{s.total - s.done - s.failed:,}"),

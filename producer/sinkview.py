@@ -1,4 +1,8 @@
-"""One reading of a job from its sink: each prompt's newest outcome, and the counts.
+"""One reading of a job from its sink: each answer's newest outcome, and the counts.
+
+An answer is what a batch input's line asks for: a prompt's one answer, or one of its several
+(`sampling.n`), named by its key (`records.answer_key`: the id, or `id/index`). Below, "id"
+means that key: every answer is counted and exported exactly once.
 
 Every command that shows or acts on what a job's prompts came to reads it here: `export` (the
 dataset and its reconcile), `requeue --failed` (which prompts failed), `rebuild` and a re-run
@@ -42,7 +46,7 @@ from fleetgen import keys
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
 from fleetgen.progress import progress_key
-from fleetgen.records import is_failure
+from fleetgen.records import answer_key, is_failure, record_key
 from fleetgen.sink import Sink, batch_records
 
 MISSING_EXAMPLES = 20
@@ -115,24 +119,27 @@ def _batch_names(sink: Sink, prefix: str) -> Iterator[str]:
 
 @dataclass
 class Reconcile:
-    """What the reading found, against the manifest's count of prompts."""
+    """What the reading found, against the manifest's count of answers."""
 
     job: str
-    total: int  # the manifest's prompts
+    total: int  # the manifest's answers (its prompts, in a job of one answer per prompt)
     batches: int  # the manifest's batches
     complete: bool  # the manifest says enqueue stored every batch input
     input_batches: int = 0  # batch inputs found in the sink
-    inputs: int = 0  # prompt ids found in them
+    inputs: int = 0  # answer keys found in them
     done: int = 0
     failed: int = 0
     failed_by_code: Counter[str] = field(default_factory=Counter)
     duplicates_dropped: int = 0
     missing_ids: list[str] = field(default_factory=list)  # the first few, in input order
+    unit: str = "prompts"  # what `total` counts, in messages: "answers" in a job of several
+
 
     @classmethod
     def of(cls, manifest: JobManifest, layout: Layout) -> Reconcile:
-        return cls(job=manifest.name, total=manifest.prompts, batches=manifest.batches,
-                   complete=manifest.complete, input_batches=layout.inputs)
+        return cls(job=manifest.name, total=manifest.answers, batches=manifest.batches,
+                   complete=manifest.complete, input_batches=layout.inputs,
+                   unit="answers" if manifest.sampled else "prompts")
 
     @property
     def missing(self) -> int:
@@ -186,7 +193,7 @@ class Reconcile:
                     "deleted)", "re-run the same enqueue command")
         if self.missing > 0:
             examples = ", ".join(self.missing_ids[:5])
-            outcomes = (f"{self.missing:,} of {self.total:,} prompts have no outcome yet (e.g. "
+            outcomes = (f"{self.missing:,} of {self.total:,} {self.unit} have no outcome yet (e.g. "
                         f"{examples})")
             if state in (STATE_PAUSED, STATE_CANCELLED):
                 return (f"job {self.job} is {state}: {outcomes}",
@@ -195,7 +202,7 @@ class Reconcile:
                     f"wait for it (python -m producer status {self.job})")
         if self.missing < 0:
             return (f"job {self.job} has {-self.missing:,} more outcomes than its manifest's "
-                    f"{self.total:,} prompts: the sink does not match the manifest",
+                    f"{self.total:,} {self.unit}: the sink does not match the manifest",
                     f"look at {self.job}/inputs/ in the output before trusting any export")
         return None
 
@@ -273,15 +280,15 @@ def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
             batch = keys.batch_id(number)
             raw = sink.get(keys.sink_input(job, batch))
             if raw is None:
-                continue  # never stored: its prompts are missing against manifest.prompts
-            ids = [orjson.loads(line)["id"] for line in raw.splitlines() if line]
+                continue  # never stored: its answers are missing against manifest.answers
+            ids = [_input_key(line) for line in raw.splitlines() if line]
             del raw
             report.inputs += len(ids)
             results: dict[str, dict[str, Any]] = {}
             errors: dict[str, dict[str, Any]] = {}
             if batch in layout.done:
                 for record in batch_records(sink, job, batch):
-                    (errors if is_failure(record) else results)[record["id"]] = record
+                    (errors if is_failure(record) else results)[record_key(record)] = record
             requeued = index.lookup(ids)
             for prompt_id in ids:
                 chosen = _choose(results.get(prompt_id), requeued.get(prompt_id),
@@ -301,15 +308,21 @@ def _index_requeue_batch(sink: Sink, job: str, batch: str, layout: Layout, index
         raw = sink.get(keys.sink_input(job, batch)) or b""
         for line in raw.splitlines():
             if line:
-                index.put(orjson.loads(line)["id"], PENDING, None)
+                index.put(_input_key(line), PENDING, None)
         return
     # Errors come before results: a prompt in both (a retry after a crash between the two
     # writes) succeeded.
     for record in batch_records(sink, job, batch):
         if is_failure(record):
-            index.put(record["id"], FAILURE, orjson.dumps(record))
-        elif not index.put(record["id"], SUCCESS, orjson.dumps(record)):
+            index.put(record_key(record), FAILURE, orjson.dumps(record))
+        elif not index.put(record_key(record), SUCCESS, orjson.dumps(record)):
             report.duplicates_dropped += 1
+
+
+def _input_key(line: bytes) -> str:
+    """The answer key of a batch input's line."""
+    item = orjson.loads(line)
+    return answer_key(item["id"], item.get("sample"))
 
 
 def _choose(result: dict[str, Any] | None, requeued: tuple[int, bytes | None] | None,

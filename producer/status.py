@@ -82,15 +82,17 @@ def _render_progress(s: JobStatus) -> list[str]:
     # its recent window with it.
     stopped = s.clock_stopped
     waiting = f"queued {s.queued:,}" + (f"  held {s.held:,} ({s.state})" if s.held else "")
-    return [
-        (f"  prompts   {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
+    # Every figure counts answers; a job of one answer per prompt calls them prompts.
+    unit = "answers" if s.total != s.prompts else "prompts"
+    lines = [
+        (f"  {unit:<9} {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
          f"  failed {s.failed:,}  checkpointed {s.checkpointed:,}"
          f"  in flight {s.in_flight:,}  in hand {s.in_hand - s.in_flight:,}  {waiting}"),
         f"  batches   {b.done:,}/{b.total:,} done, {b.running:,} running, {b.queued:,} queued",
         (f"  rate      last {format_duration(r.window_s)}{' before it stopped' if stopped else ''}"
-         f" {r.prompts_per_s_5m:,.2f} prompts/s,"
+         f" {r.prompts_per_s_5m:,.2f} {unit}/s,"
          f" {r.output_tokens_per_s_5m:,.0f} out tok/s;  overall {r.prompts_per_s_all:,.2f}"
-         f" prompts/s, {r.output_tokens_per_s_all:,.0f} out tok/s (all GPUs)"),
+         f" {unit}/s, {r.output_tokens_per_s_all:,.0f} out tok/s (all GPUs)"),
         f"  time      elapsed {format_duration(s.elapsed_s)}{' (stopped)' if stopped else ''}"
         f"   ETA {eta}",
         (f"  tokens    in {t.input:,}  out {t.output:,}  avg out {t.avg_output or 0:,.0f}"
@@ -98,6 +100,10 @@ def _render_progress(s: JobStatus) -> list[str]:
         "  finish    " + (", ".join(f"{k} {v:,}" for k, v in s.finish_reasons.items()) or "-")
         + f"   empty content {s.empty_content:,}",
     ]
+    if unit == "answers":
+        lines.insert(1, f"  prompts   {s.prompts:,}, {s.total / (s.prompts or 1):,.3g} answers each"
+                     " on average")
+    return lines
 
 
 def _render_quality(s: JobStatus) -> list[str]:

@@ -3,6 +3,12 @@
 Order of effects is the whole point: a prompt's result reaches the Redis checkpoint the moment
 it finishes (so a crash loses only requests in flight), the batch's objects are written to the
 sink with create-if-absent, and only then is the batch marked done and its message acked.
+
+The unit of work is one answer: a batch input's line (producer/answers.py), a prompt's id and,
+in a job of several answers per prompt, its index. Everything here keys by the answer's key
+(`records.answer_key`), so each answer is checkpointed, retried and written once. Each answer
+is its own request; sending a prompt's answers as one request with `n` would group the items
+of one id in `_generate` and split the reply's choices into their records there.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
+    answer_key,
     counters,
     error_record,
     is_failure,
@@ -72,9 +79,17 @@ class _Held(Exception):
 
 @dataclass(frozen=True)
 class Prompt:
+    """One work item of a batch input: a prompt's answer to generate (`sample` is its index in
+    a job of several answers per prompt, else None)."""
+
     id: str
     line: int
     body: dict[str, Any]
+    sample: int | None = None
+
+    @property
+    def key(self) -> str:
+        return answer_key(self.id, self.sample)
 
 
 @dataclass
@@ -186,7 +201,7 @@ class BatchRunner:
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
         # Runs on the loop, where the canary reads its thresholds and held jobs.
-        self._quality.watch(job, manifest.canary, manifest.prompts)
+        self._quality.watch(job, manifest.canary, manifest.answers)
         self._quality.hold(job, False)  # the job is running again (checked in _run)
 
     def sink(self, uri: str) -> Sink:
@@ -309,7 +324,7 @@ class BatchRunner:
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
         finished = self.ledger.load_checkpoint(job, batch)
         origin = Origin(self.engine.server_url, self.engine.worker, attempt)
-        todo = [p for p in prompts if p.id not in finished]
+        todo = [p for p in prompts if p.key not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
             attempt = self._settled_attempts(job, batch, attempt)
             origin = Origin(self.engine.server_url, self.engine.worker, attempt)
@@ -361,9 +376,9 @@ class BatchRunner:
         log.error("batch %s/%s: %s; failing %d prompts", job, batch, reason, len(todo))
         records = {}
         for p in todo:
-            records[p.id] = error_record(p.id, p.line, reason, None, origin, 0,
-                                         code=UNSENT_ATTEMPTS_EXHAUSTED)
-            await self._checkpoint(manifest, batch, p, records[p.id])
+            records[p.key] = error_record(p.id, p.line, reason, None, origin, 0,
+                                          code=UNSENT_ATTEMPTS_EXHAUSTED, sample=p.sample)
+            await self._checkpoint(manifest, batch, p, records[p.key])
         return records
 
     def _write(
@@ -371,7 +386,7 @@ class BatchRunner:
         finished: dict[str, dict[str, Any]],
     ) -> None:
         job = manifest.name
-        ordered = [finished[p.id] for p in prompts]
+        ordered = [finished[p.key] for p in prompts]
         good = [r for r in ordered if not is_failure(r)]
         bad = [r for r in ordered if is_failure(r)]
         size = 0
@@ -405,7 +420,7 @@ class BatchRunner:
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
-        results = {p.id: r for p, r in zip(todo, records, strict=True) if isinstance(r, dict)}
+        results = {p.key: r for p, r in zip(todo, records, strict=True) if isinstance(r, dict)}
         held = {r.why for r in records if isinstance(r, _Held)}
         unsent = len(todo) - len(results)
         if _Held.STOPPING in held:
@@ -465,15 +480,17 @@ class BatchRunner:
 
         try:
             response, latency = await with_attempts(
-                f"prompt {prompt.id}", one_try, settings.prompt_max_attempts,
+                f"prompt {prompt.key}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
         except BadRequestError as exc:
-            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
+            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries,
+                                sample=prompt.sample)
         except RetryableError as exc:
             if not await self._prompt_at_fault(exc, answers, tries):
                 raise _Held(_Held.OUT) from None
-            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries)
-        return result_record(prompt.id, prompt.line, response, latency, origin)
+            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries,
+                                sample=prompt.sample)
+        return result_record(prompt.id, prompt.line, response, latency, origin, prompt.sample)
 
     async def _prompt_at_fault(self, exc: RetryableError, answers: int, tries: int) -> bool:
         """Whether a prompt whose every try failed for a server-side reason failed for its own:
@@ -579,7 +596,7 @@ class BatchRunner:
                     raise
                 refusals += 1
                 wait_s = engine.overloaded(exc, refusals)
-                log.debug("prompt %s: %s; sending again in %.1fs", prompt.id, exc.message, wait_s)
+                log.debug("prompt %s: %s; sending again in %.1fs", prompt.key, exc.message, wait_s)
             finally:
                 metrics.request_ended(job, origin.worker, origin.server)
             await asyncio.sleep(wait_s)
@@ -591,7 +608,7 @@ class BatchRunner:
     ) -> None:
         thinking = manifest.params.thinking_of(prompt.body)
         await self._checkpoints.add(Entry(
-            job=manifest.name, batch=batch, prompt_id=prompt.id, record=orjson.dumps(record),
+            job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
             counters=counters(record, thinking=thinking),
             fact=self._quality.fact(manifest.name, record, thinking),
             outcome=breaker.outcome(record),

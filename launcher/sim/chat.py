@@ -158,8 +158,10 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # SGLang leaves room for one more token; vLLM's get_max_tokens fills the context
     room = cfg.context_len - prompt_tokens - (1 if flavor == "sglang" else 0)
+    # A request's own seed draws another answer, the same one each time, as an engine's does.
+    seed = cfg.seed if req.seed is None else (cfg.seed << 32) + req.seed + 1
     plan = plan_output(TextRequest(
-        key=key_bytes, seed=cfg.seed, mean_tokens=cfg.mean_output_tokens,
+        key=key_bytes, seed=seed, mean_tokens=cfg.mean_output_tokens,
         sigma=cfg.output_sigma, limit=max_new if max_new is not None else room,
         thinking=thinking, tools=tools, tool_choice=choice, tool_rate=cfg.tool_call_rate,
         parse_tools=cfg.tool_call_parser is not None and flavor != "strict",

@@ -75,6 +75,7 @@ class FileSummary:
     sha256: str
     blank_lines: int
     rejected: int = 0  # bad lines passed to validate_file's on_error
+    answers: int = 0  # answers the prompts ask for: each line's own n, else validate_file's samples
 
 
 def read_prompts(
@@ -108,22 +109,25 @@ def validate_file(
     progress: Callable[[int, int], None] | None = None,
     on_error: Callable[[InputError], None] | None = None,
     name: str | None = None,
+    samples: int = 1,
 ) -> FileSummary:
     """Check every line of a JSONL file in one streaming pass and summarise it.
 
     Raises InputErrors holding the first ``max_errors`` bad lines and the count of all of them.
     With ``on_error``, every bad line goes there instead and the summary counts them as
     ``rejected`` (the ``--skip-invalid`` case: one pass, nothing raised). Errors and the summary
-    name the file ``name`` (default: its path).
+    name the file ``name`` (default: its path). ``samples`` is the answers asked of a prompt
+    whose line gives no ``n``; the summary counts ``answers``.
     """
     if max_errors < 1:
         raise ValueError(f"max_errors must be at least 1, got {max_errors}")
     scan = Scan(path, progress, PROGRESS_EVERY, hash_bytes=True, name=name)
     errors: list[InputError] = []
-    total = prompts = 0
+    total = prompts = answers = 0
     for result in scan:
         if isinstance(result, PromptRecord):
             prompts += 1
+            answers += result.samples or samples
             continue
         total += 1
         if on_error is not None:
@@ -133,4 +137,5 @@ def validate_file(
     if errors:
         raise InputErrors(errors, total)
     digest = scan.digest.hexdigest()
-    return FileSummary(scan.name, scan.lines, prompts, scan.bytes, digest, scan.blank_lines, total)
+    return FileSummary(scan.name, scan.lines, prompts, scan.bytes, digest, scan.blank_lines, total,
+                       answers)

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.job import MAX_TEMPERATURE, MAX_TOKENS_LIMIT
+from fleetgen.job import MAX_SAMPLES, MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError
 from producer.inputs._ids import IdIndex, hash_id, id_problem
 
@@ -30,12 +30,15 @@ class PromptRecord:
     """One valid prompt: its id, 1-based line number, and chat-completions request fields.
 
     ``body`` holds ``messages``, ``tools`` if any, and the line's own sampling params; the producer
-    merges the job defaults under it, so the line's values win.
+    merges the job defaults under it, so the line's values win. ``samples`` is the line's own
+    ``n`` (answers asked of the prompt), taken out of ``body``: each answer is its own request
+    and outcome; None when the line does not say, so the job's default applies.
     """
 
     id: str
     line: int
     body: dict[str, Any]
+    samples: int | None = None
 
 
 class _Invalid(Exception):
@@ -80,11 +83,11 @@ def _record(raw: bytes, line: int, ids: IdIndex) -> PromptRecord:
         raise _Invalid("line", 'no prompt: expected "messages", "prompt" or an OpenAI Batch line')
     prompt_id = _given_id(obj, id_field)
     if prompt_id is None:
-        prompt_id = hash_id(body)
+        prompt_id = hash_id(body)  # with `n` in it: a line's hash id is what it always was
     first = ids.add(prompt_id, line)
     if first is not None:
         raise _Invalid(id_field, _duplicate_problem(prompt_id, first, id_field in obj))
-    return PromptRecord(prompt_id, line, body)
+    return PromptRecord(prompt_id, line, body, body.pop("n", None))
 
 
 def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
@@ -334,8 +337,8 @@ SAMPLING_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (_is_object, "an object"),
     "logprobs": (_is_bool, "true or false"),
     "top_logprobs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    # One answer per prompt is what a result holds; n > 1 would lose the rest silently.
-    "n": (lambda v: _is_int(v) and v == 1, "1 (one answer per prompt)"),
+    # Answers asked of the prompt: each is its own request and record (PromptRecord.samples).
+    "n": (_int_in(1, MAX_SAMPLES), f"an integer in [1, {MAX_SAMPLES}] (answers per prompt)"),
     "response_format": (_is_object, "an object"),
     "regex": (lambda v: isinstance(v, str), "a string"),
     "ebnf": (lambda v: isinstance(v, str), "a string"),

@@ -21,7 +21,14 @@ from fleetgen import keys
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
-from fleetgen.records import Origin, error_record, is_failure, result_record, written_counts
+from fleetgen.records import (
+    Origin,
+    answer_key,
+    error_record,
+    is_failure,
+    result_record,
+    written_counts,
+)
 from fleetgen.sink import LocalSink, Sink, open_sink
 from launcher.services import wait_until
 from producer import control
@@ -55,20 +62,23 @@ class SinkJob:
                        self.ledger, self.app)
 
     def write(self, batch: str, fail: Mapping[str, str] | None = None) -> None:
-        """Write `batch`: the ids in `fail` fail with their code, the others are answered."""
+        """Write `batch`: the answers whose keys (`answer_key`: the id, or `id/index`) are in
+        `fail` fail with their code, the others are answered."""
         fail = fail or {}
         raw = self.sink.get(keys.sink_input(self.name, batch)) or b""
         records = []
         for row in (orjson.loads(line) for line in raw.splitlines() if line):
-            if row["id"] in fail:
-                status, message = MESSAGES[fail[row["id"]]]
+            key, sample = answer_key(row["id"], row.get("sample")), row.get("sample")
+            if key in fail:
+                status, message = MESSAGES[fail[key]]
                 records.append(error_record(row["id"], row["line"], message, status, ORIGIN, 1,
-                                            code=fail[row["id"]]))
+                                            code=fail[key], sample=sample))
             else:
                 response = {"choices": [{"finish_reason": "stop", "message": {
                     "content": f"An answer from {batch}.", "reasoning_content": "thinking"}}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 7, "reasoning_tokens": 3}}
-                records.append(result_record(row["id"], row["line"], response, 0.5, ORIGIN))
+                records.append(result_record(row["id"], row["line"], response, 0.5, ORIGIN,
+                                             sample))
         bad = [r for r in records if is_failure(r)]
         if bad:
             self.sink.put_new(keys.sink_errors(self.name, batch), lines(bad))

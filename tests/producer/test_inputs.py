@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from fleetgen.errors import JobError
-from fleetgen.job import MAX_TOKENS_LIMIT, GenerationParams
+from fleetgen.job import MAX_SAMPLES, MAX_TOKENS_LIMIT, GenerationParams
 from fleetgen.sink import open_sink
 from producer.inputs import (
     REJECT_RAW_CHARS,
@@ -28,6 +28,7 @@ from producer.samples import SAMPLE_PATH
 from producer.samples.generate_sample import write_bulk, write_sample
 
 HI = [{"role": "user", "content": "hi"}]
+ANSWERS = f"an integer in [1, {MAX_SAMPLES}] (answers per prompt)"
 GOOD = {"id": "good", "messages": HI}
 
 
@@ -306,7 +307,12 @@ BAD_SAMPLING: list[tuple[str, Any, str]] = [
     ("stop_token_ids", [-1], "a list of token ids (integers >= 0); got array"),
     ("ignore_eos", "yes", 'true or false; got "yes"'),
     ("chat_template_kwargs", [], "an object; got []"),
-    ("n", 2, "1 (one answer per prompt); got 2"),
+    ("n", 0, f"{ANSWERS}; got 0"),
+    ("n", -1, f"{ANSWERS}; got -1"),
+    ("n", 1.5, f"{ANSWERS}; got 1.5"),
+    ("n", "4", f'{ANSWERS}; got "4"'),
+    ("n", True, f"{ANSWERS}; got true"),
+    ("n", MAX_SAMPLES + 1, f"{ANSWERS}; got {MAX_SAMPLES + 1}"),
     ("tool_choice", "sometimes", 'one of auto, required, none or an object; got "sometimes"'),
     ("reasoning_effort", "max", 'one of low, medium, high; got "max"'),
 ]
@@ -343,8 +349,31 @@ def test_good_sampling_values_are_kept_up_to_their_bounds(tmp_path: Path) -> Non
     }  # fmt: skip
     path = write_jsonl(tmp_path, {"messages": HI, "sampling": lowest}, openai_line(**highest))
     low, high = read_prompts(path)
-    assert low.body == {"messages": HI, **lowest}
+    assert low.body == {"messages": HI, **{k: v for k, v in lowest.items() if k != "n"}}
+    assert (low.samples, high.samples) == (1, None)
     assert high.body == {"messages": HI, **highest}
+
+
+def test_a_lines_n_is_its_count_of_answers_taken_out_of_the_request(tmp_path: Path) -> None:
+    """n is not sent: each answer is its own request (producer/answers.py)."""
+    path = write_jsonl(tmp_path, {"id": "a", "messages": HI, "sampling": {"n": 4, "seed": 7}},
+                       openai_line("b", n=MAX_SAMPLES), {"id": "c", "messages": HI},
+                       {"id": "d", "messages": HI, "sampling": {"n": None}})
+    records = list(read_prompts(path))
+    assert [(r.id, r.samples) for r in records] == [("a", 4), ("b", MAX_SAMPLES), ("c", None),
+                                                    ("d", None)]
+    assert records[0].body == {"messages": HI, "seed": 7}
+    assert "n" not in records[1].body
+    summary = validate_file(path, samples=3)
+    assert (summary.prompts, summary.answers) == (4, 4 + MAX_SAMPLES + 3 + 3)
+
+
+def test_a_hash_id_is_the_same_whatever_n_does_to_the_request(tmp_path: Path) -> None:
+    """A line without an id keeps the hash id it always had: n counts in it as a field of the
+    line, though it is not sent."""
+    line = {"messages": HI, "sampling": {"n": 1}}
+    (record,) = read_prompts(write_jsonl(tmp_path, line))
+    assert record.id == hash_id({"messages": HI, "n": 1})
 
 
 @pytest.mark.parametrize(

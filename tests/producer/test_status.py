@@ -53,7 +53,7 @@ MINUTE = int(NOW // 60)
 # Fields `status --json` and progress.json promise to keep (others may be added): the
 # JobStatus dataclass and its fleet rows carry them.
 STABLE_FIELDS = {
-    "job", "state", "reason", "output", "total", "done", "failed", "checkpointed", "in_flight",
+    "job", "state", "reason", "output", "total", "prompts", "done", "failed", "checkpointed", "in_flight",
     "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",

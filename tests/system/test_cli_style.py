@@ -63,7 +63,8 @@ def test_enqueue_help_tells_each_generation_flag_and_its_default(
                           DEFAULT_TEMPERATURE), ("--top-p P", DEFAULT_TOP_P)):
         entry = text.split(flag, 1)[1].split(" --", 1)[0]
         assert "wins" in entry and f"(default: {default})" in entry, (flag, entry)
-    assert "--batch-size N prompts per batch (default: prompts/64" in text
+    assert "--batch-size N answers per batch (one per prompt unless --samples" in text
+    assert "default: answers/64" in text
 
 
 @pytest.mark.parametrize("command", PRODUCER_COMMANDS)

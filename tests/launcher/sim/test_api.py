@@ -270,3 +270,14 @@ def test_a_client_leaving_a_stream_aborts_its_request() -> None:
         wait_until(lambda: gauge(url, "sglang:num_aborted_requests_total") == 1,
                    what="the abort")
         assert gauge(url, "sglang:num_running_reqs") == 0
+
+
+def test_a_requests_seed_draws_its_own_answer_the_same_each_time(url: str) -> None:
+    def content(**seed: int) -> str:
+        body = chat(url, messages=[{"role": "user", "content": "Name a colour"}],
+                    max_tokens=4000, **seed)
+        return str(body["choices"][0]["message"]["content"])
+
+    unseeded, first, second = content(), content(seed=1), content(seed=2)
+    assert len({unseeded, first, second}) == 3
+    assert content(seed=1) == first and content() == unseeded
