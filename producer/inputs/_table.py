@@ -133,6 +133,13 @@ class Table:
         nested = {f.name for f in schema if pa.types.is_nested(f.type)}
         self.plan = plan(list(schema.names), nested, columns, name)
 
+    def _parquet_batches(self) -> Iterator[Any]:
+        # One reader per row group: a single iter_batches over the whole file keeps what it
+        # decoded until it ends, so memory would grow with the file, not with a row group.
+        for group in range(self._parquet.num_row_groups):
+            yield from self._parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group],
+                                                  columns=list(self.plan.fields))
+
     def bytes_read(self) -> int:
         """About how much of the file is read: a Parquet file's share of rows, an Arrow
         stream's position."""
@@ -149,9 +156,7 @@ class Table:
     def rows(self) -> Iterator[dict[str, Any]]:
         import pyarrow as pa
 
-        batches = (self._parquet.iter_batches(batch_size=BATCH_ROWS,
-                                              columns=list(self.plan.fields))
-                   if self.kind == PARQUET else self._stream)
+        batches = self._parquet_batches() if self.kind == PARQUET else self._stream
         try:
             for batch in batches:
                 fields = [self.plan.fields[name] for name in batch.schema.names
