@@ -15,10 +15,12 @@ the job's batches but its own objects.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
@@ -86,6 +88,17 @@ def location(uri: str) -> str:
 
 def _folder(path: str) -> Path:
     return Path(path).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One S3 object as a reader pins it: its key in the bucket, size, ETag, and VersionId where
+    the bucket keeps versions (None where it does not, or where a listing did not say)."""
+
+    key: str
+    size: int
+    etag: str
+    version: str | None = None
 
 
 class LocalSink:
@@ -281,6 +294,11 @@ class S3Sink:
     def list_keys(self, prefix: str) -> Iterator[str]:
         """The objects whose key starts with `prefix` and has no `/` after it (one level, as
         a folder lists: what lies below is in CommonPrefixes, not read)."""
+        for obj in self.objects(prefix):
+            yield obj.key[len(self.prefix) :]
+
+    def objects(self, prefix: str) -> Iterator[StoredObject]:
+        """`list_keys` with each object's size and ETag (keys in the bucket, prefix included)."""
         try:
             pages = self._s3.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self._key(prefix), Delimiter="/"
@@ -289,9 +307,47 @@ class S3Sink:
                 for obj in page.get("Contents", []):
                     # A console's "folder" marker (`prefix/`) is no object of ours.
                     if not obj["Key"].endswith("/"):
-                        yield obj["Key"][len(self.prefix) :]
+                        yield StoredObject(obj["Key"], int(obj["Size"]), obj["ETag"])
         except Exception as exc:
             raise SinkError(f"{self.describe(prefix)}: {_message(exc)}") from exc
+
+    def head(self, key: str) -> StoredObject | None:
+        """The object at `key` (in the bucket, prefix included) as it is now, or None."""
+        from botocore.exceptions import ClientError
+
+        where = f"s3://{self.bucket}/{key}"
+        try:
+            head = self._s3.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise SinkError(f"{where}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{where}: {exc}") from exc
+        return StoredObject(key, int(head["ContentLength"]), head["ETag"], head.get("VersionId"))
+
+    def open_pinned(self, obj: StoredObject) -> IO[bytes]:
+        """A buffered stream of exactly the version `obj` names: by VersionId where it has one,
+        else only while the ETag is still `obj.etag` (If-Match, and the answer's ETag checked
+        too, for stores that ignore If-Match). SinkError saying it changed otherwise."""
+        from botocore.exceptions import ClientError
+
+        where = f"s3://{self.bucket}/{obj.key}"
+        pin = {"VersionId": obj.version} if obj.version else {"IfMatch": obj.etag}
+        changed = SinkError(f"{where}: changed while enqueue was reading it (it was ETag "
+                            f"{obj.etag}); run the command again to check the new version")
+        try:
+            answer = self._s3.get_object(Bucket=self.bucket, Key=obj.key, **pin)
+        except ClientError as exc:
+            if _status(exc) in (404, 412):
+                raise changed from exc
+            raise SinkError(f"{where}: {_message(exc)}") from exc
+        except Exception as exc:
+            raise SinkError(f"{where}: {exc}") from exc
+        if answer["ETag"] != obj.etag:
+            answer["Body"].close()
+            raise changed
+        return io.BufferedReader(_Body(answer["Body"], where), 1 << 20)
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
@@ -323,6 +379,30 @@ class S3Sink:
             except Exception as exc:
                 raise SinkError(f"s3://{self.bucket}/{key}: {exc}") from exc
             yield f"s3://{self.bucket}/{key}", body
+
+
+class _Body(io.RawIOBase):
+    """An S3 answer's body as a raw stream, so io.BufferedReader splits its lines as a file's
+    (on newlines only) and a failed read is a SinkError."""
+
+    def __init__(self, body: Any, where: str) -> None:
+        self._body = body
+        self._where = where
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._body.read(len(buffer))
+        except Exception as exc:
+            raise SinkError(f"{self._where}: {_message(exc)}") from exc
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
 
 
 def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:

@@ -8,6 +8,8 @@ fleetgen/errors.py); those it adds:
       InputError          one bad input line: FILE:LINE: FIELD: what is wrong (producer.inputs)
       InputErrors         several bad lines: the first ones kept, and the count of all
       NoPrompts           the file holds no prompt at all
+      UnreadableInput     the input cannot be read as prompts at all (no such file or object,
+                          no usable column, a split not named, pyarrow missing)
 
 `EnqueueInterrupted` (enqueue.py) is no error: it carries Ctrl-C out of an enqueue with the
 report of what was stored.

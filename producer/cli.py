@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
 import orjson
@@ -56,7 +56,14 @@ from producer.enqueue import (
     enqueue,
 )
 from producer.export import FORMATS
-from producer.inputs import InputErrors, NoPrompts
+from producer.inputs import (
+    Columns,
+    InputErrors,
+    InputSource,
+    NoPrompts,
+    UnreadableInput,
+    open_input,
+)
 
 # The job view and the control verbs (`producer.control`, `producer.status`, `fleetgen.jobview`)
 # are imported by the commands that use them: they bring httpx, the reconciler and the fleet
@@ -79,6 +86,7 @@ EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output s3://bucket/runs
   python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
   zcat prompts.jsonl.gz | python -m producer enqueue - --job distill-v1        # from stdin
+  python -m producer enqueue s3://bucket/prompts/ --job distill-v1 --prompt-column question
   python -m producer status distill-v1
   python -m producer status distill-v1 --watch        # live, until it is done
   python -m producer status distill-v1 --json         # the same figures for machines
@@ -109,15 +117,28 @@ def build_parser() -> CommandParser:
         return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
                               epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}")
 
-    p = command("enqueue", "check a JSONL file, store its prompts in the output as batches and "
-                "queue them; the same command again resumes an interrupted enqueue",
+    p = command("enqueue", "check an input (JSONL, Parquet, a saved Hugging Face dataset; a "
+                "file, a folder or S3), store its prompts in the output as batches and queue "
+                "them; the same command again resumes an interrupted enqueue",
                 "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
                 "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3",
-                "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0")
-    p.add_argument("input", type=Path, metavar="FILE",
-                   help="JSONL file: messages / prompt / OpenAI Batch lines; - reads stdin "
-                   "(needs --job)")
-    p.add_argument("--job", metavar="NAME", help="the job's name (default: the file's name without extension)")
+                "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0",
+                "prompts.parquet --job distill-v1 --prompt-column question --id-column qid",
+                "./saved-dataset --split train --job distill-v1",
+                "s3://bucket/prompts/ --job distill-v1 --output s3://bucket/runs")
+    p.add_argument("input", metavar="INPUT",
+                   help="a JSONL file (messages / prompt / OpenAI Batch lines), a .parquet file, "
+                   "a folder of *.jsonl / *.parquet shards or a dataset saved with "
+                   "save_to_disk, or the same in S3 (s3://bucket/key, s3://bucket/prefix/; the "
+                   "output's endpoint and credentials); - reads stdin (needs --job)")
+    p.add_argument("--prompt-column", metavar="NAME",
+                   help="a table's prompt column when it is not prompt or messages (strings: "
+                   "one user message each; lists: the messages)")
+    p.add_argument("--id-column", metavar="NAME",
+                   help="a table's id column when it is not id or custom_id")
+    p.add_argument("--split", metavar="NAME",
+                   help="the split of a saved dataset of several (a DatasetDict folder)")
+    p.add_argument("--job", metavar="NAME", help="the job's name (default: the input's name without extension)")
     p.add_argument("--output", default=None, metavar="URI",
                    help="the job's output, s3://bucket/prefix or a folder; the job writes under "
                    "URI/JOB/ (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
@@ -235,7 +256,7 @@ def build_parser() -> CommandParser:
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     app = broker.make_app(settings)
 
-    from_stdin = str(args.input) == STDIN
+    from_stdin = args.input == STDIN
     if args.queue != keys.SHARED_QUEUE and not keys.GPU_QUEUE.match(args.queue):
         raise CommandError(f"--queue {args.queue!r}: use {keys.SHARED_QUEUE} or gpuN", RET_BAD_INPUT)
     if from_stdin:
@@ -244,8 +265,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         if sys.stdin.isatty():
             raise CommandError("stdin is a terminal: pipe the prompts in, or name a file",
                                RET_BAD_INPUT)
-    else:
-        _check_input_file(args.input)
+    elif not args.input.startswith("s3://") and not Path(args.input).is_dir():
+        _check_input_file(Path(args.input))
     if args.batch_size is not None and args.batch_size < 1:
         raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
     if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
@@ -268,11 +289,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError("--canary sets the canary's thresholds and --no-canary turns it off: "
                            "pass one of them", RET_BAD_INPUT)
     thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
-    with _spooled_stdin() if from_stdin else nullcontext(args.input) as path:
+    columns = Columns(prompt=args.prompt_column, id=args.id_column)
+    with (_spooled_stdin() if from_stdin else nullcontext(args.input) as path,
+          _opened(str(path), columns, args.split, STDIN_NAME if from_stdin else None) as source):
         request = EnqueueRequest(
-            path=path, job=args.job or args.input.stem, output=output, params=params,
-            queue=args.queue, batch_size=args.batch_size, skip_invalid=args.skip_invalid,
-            canary=asdict(thresholds), input_name=STDIN_NAME if from_stdin else None,
+            path=source, job=args.job or PurePosixPath(args.input.rstrip("/")).stem,
+            output=output, params=params, queue=args.queue, batch_size=args.batch_size,
+            skip_invalid=args.skip_invalid, canary=asdict(thresholds),
             samples=args.samples, seed=args.seed,
         )
         # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with
@@ -293,7 +316,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
                 print(str(InputErrors(exc.rejects, exc.rejected)), file=sys.stderr)
             raise CommandError(str(exc), RET_BAD_INPUT) from None
         except EnqueueInterrupted as exc:
-            _interrupted(exc.report, STDIN_NAME if from_stdin else str(args.input))
+            _interrupted(exc.report, source.name)
             return RET_INTERRUPTED
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -329,14 +352,27 @@ def _default_output() -> str:
 
 
 def _check_input_file(path: Path) -> None:
-    if path.is_dir():
-        raise CommandError(f"{path}: is a directory, not a JSONL file", RET_BAD_INPUT)
     if not path.exists():
         raise CommandError(f"{path}: no such file", RET_BAD_INPUT)
     if not path.is_file():
         # A pipe such as <(zcat x.gz): enqueue reads its input twice, which a pipe cannot do.
         raise CommandError(f"{path}: not a regular file; pipe it to `enqueue - --job NAME`",
                            RET_BAD_INPUT)
+
+
+@contextmanager
+def _opened(spec: str, columns: Columns, split: str | None,
+            name: str | None) -> Iterator[InputSource]:
+    """The input opened (open_input), closed after; one it cannot read is a bad input."""
+    try:
+        source = open_input(spec, columns=columns, split=split, name=name)
+    except UnreadableInput as exc:
+        raise CommandError(str(exc), RET_BAD_INPUT) from None
+    with source:
+        try:
+            yield source
+        except UnreadableInput as exc:
+            raise CommandError(str(exc), RET_BAD_INPUT) from None
 
 
 @contextmanager

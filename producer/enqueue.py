@@ -9,8 +9,8 @@ Creating a job is a transaction a user can interrupt:
    or export acts on it), then every batch input that is not in the sink yet is uploaded to
    `{output}/{job}/inputs/`, then the manifest is rewritten with `complete: true` — the last
    object written — and the job is set `running` and its batches are queued.
-It reports its progress in three phases, in order: CHECKING (reading the whole file: every line
-validated, the file hashed), STORING (reading it again: each batch's input written to the sink;
+It reports its progress in three phases, in order: CHECKING (reading the whole input: every line
+or row validated, its identity taken: a local file hashed, an S3 object's ETag), STORING (reading it again: each batch's input written to the sink;
 only while the job is being created) and QUEUEING (sending the batches to the broker).
 A prompt asking several answers (`sampling.n`, `--samples`) is stored as one work item per
 answer (producer/answers.py); batches count answers.
@@ -51,8 +51,10 @@ from fleetgen.ledger import Ledger
 from fleetgen.sink import Sink, location, open_sink
 from producer.answers import WorkItem, job_seed, work_items
 from producer.inputs import (
+    InputSource,
     NoPrompts,
     Rejects,
+    local_input,
     read_prompts,
     validate_file,
 )
@@ -90,7 +92,7 @@ class EnqueueInterrupted(Exception):
 
 @dataclass(frozen=True)
 class EnqueueRequest:
-    path: Path
+    path: Path | InputSource  # a JSONL file, or an opened input (producer.inputs.open_input)
     job: str
     output: str
     params: GenerationParams
@@ -154,10 +156,15 @@ def _silent(phase: str, done: int, total: int) -> None:
     """No progress shown."""
 
 
-def _file_pass(progress: Progress, phase: str, path: Path) -> Callable[[int, int], None]:
+def _file_pass(progress: Progress, phase: str, source: InputSource) -> Callable[[int, int], None]:
     """The input reader's callback (bytes read, lines read) as `phase`'s progress in bytes."""
-    size = path.stat().st_size
-    return lambda read, _lines: progress(phase, read, size)
+    return lambda read, _lines: progress(phase, read, source.size)
+
+
+def _source(req: EnqueueRequest) -> InputSource:
+    if isinstance(req.path, InputSource):
+        return req.path
+    return local_input(req.path, req.input_name)
 
 
 def _enqueue(
@@ -168,8 +175,12 @@ def _enqueue(
     _check_output(req.job, req.output, ledger, sink)
     rejects = Rejects()
     on_error = rejects if req.skip_invalid else None
-    summary = validate_file(req.path, progress=_file_pass(progress, CHECKING, req.path),
-                            on_error=on_error, name=req.input_name, samples=req.samples or 1)
+    source = _source(req)
+    summary = validate_file(source, progress=_file_pass(progress, CHECKING, source),
+                            on_error=on_error, samples=req.samples or 1)
+    if summary.ignored_columns:
+        report.notes.append(f"columns passed over (no prompt field): "
+                            f"{', '.join(summary.ignored_columns)}")
     if summary.prompts == 0:
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
@@ -215,7 +226,7 @@ def _enqueue(
             report.rebuilt = rebuild(ledger, manifest, sink)
             pending = _pending_batches(manifest, sink, ledger, report)
         else:
-            manifest = _store_inputs(req, manifest, sink, ledger, report, progress)
+            manifest = _store_inputs(source, manifest, sink, ledger, report, progress)
             pending = _pending_batches(manifest, sink, ledger, report)
             # Queued in the ledger before the job runs, so no reconciler round sees them in no
             # state and sends them a second time.
@@ -273,7 +284,7 @@ def _check_resume(
     if existing.input.sha256 != sha256:
         raise JobError(
             f"job {req.job!r} was enqueued from a different input "
-            f"({existing.input.path}, sha256 {existing.input.sha256[:12]}); this file is "
+            f"({existing.input.path}, sha256 {existing.input.sha256[:12]}); this input is "
             f"sha256 {sha256[:12]}. Use a new --job name for a new input."
         )
     if existing.output.rstrip("/") != req.output.rstrip("/"):
@@ -294,12 +305,12 @@ def _check_resume(
 
 
 def _batches(
-    path: Path, manifest: JobManifest, sizes: list[int], progress: Progress
+    source: InputSource, manifest: JobManifest, sizes: list[int], progress: Progress
 ) -> Iterator[tuple[str, list[WorkItem]]]:
     chunk: list[WorkItem] = []
     index = 0
-    reading = _file_pass(progress, STORING, path)
-    for record in read_prompts(path, skip_invalid=True, progress=reading):
+    reading = _file_pass(progress, STORING, source)
+    for record in read_prompts(source, skip_invalid=True, progress=reading):
         for item in work_items(record, samples=manifest.samples, seed=manifest.seed,
                                sampled=manifest.sampled):
             chunk.append(item)
@@ -312,7 +323,7 @@ def _batches(
 
 
 def _store_inputs(
-    req: EnqueueRequest, manifest: JobManifest, sink: Sink, ledger: Ledger,
+    source: InputSource, manifest: JobManifest, sink: Sink, ledger: Ledger,
     report: EnqueueReport, progress: Progress,
 ) -> JobManifest:
     """Upload every batch input the sink lacks, then store the complete manifest in the sink
@@ -327,7 +338,7 @@ def _store_inputs(
     uploads: list[Future[None]] = []
     try:
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            for batch, records in _batches(req.path, manifest, sizes, progress):
+            for batch, records in _batches(source, manifest, sizes, progress):
                 if batch in stored:
                     report.already_stored += 1
                     continue

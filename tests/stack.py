@@ -273,3 +273,41 @@ def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batc
         created_at=time.time() if created_at is None else created_at)
     ledger.save_job(manifest)
     return manifest
+
+
+def write_parquet(path: Path, columns: dict[str, list[Any]], row_group_rows: int = 1000) -> Path:
+    """A Parquet file of these columns (pyarrow infers the types: lists of dicts are lists of
+    structs)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_rows)
+    return path
+
+
+def save_dataset(folder: Path, columns: dict[str, list[Any]], shards: int = 2,
+                 splits: dict[str, dict[str, list[Any]]] | None = None) -> Path:
+    """A folder laid out as Hugging Face `Dataset.save_to_disk` writes it: Arrow IPC stream
+    shards `data-0000i-of-0000n.arrow`, `state.json` listing them, `dataset_info.json`. With
+    `splits`, a DatasetDict instead: `dataset_dict.json` and one such folder per split."""
+    import pyarrow as pa
+
+    folder.mkdir(parents=True)
+    if splits is not None:
+        (folder / "dataset_dict.json").write_bytes(orjson.dumps({"splits": list(splits)}))
+        for name, split_columns in splits.items():
+            save_dataset(folder / name, split_columns, shards)
+        return folder
+    table = pa.table(columns)
+    size = -(-table.num_rows // shards)
+    names = [f"data-{i:05d}-of-{shards:05d}.arrow" for i in range(shards)]
+    for i, name in enumerate(names):
+        with pa.OSFile(str(folder / name), "wb") as sink, \
+                pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table.slice(i * size, size), max_chunksize=7)
+    state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": "0" * 16,
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+             "_output_all_columns": False, "_split": None}
+    (folder / "state.json").write_bytes(orjson.dumps(state))
+    (folder / "dataset_info.json").write_bytes(orjson.dumps({"features": {}, "citation": ""}))
+    return folder

@@ -1,4 +1,5 @@
-"""Streaming, validating reader of prompt JSONL files.
+"""Streaming, validating reader of prompt inputs: JSONL files, Parquet files, saved Hugging
+Face datasets, folders of them, and the same in S3 (``open_input``).
 
 Each non-blank line is one prompt in one of three shapes:
 
@@ -23,34 +24,56 @@ bounded by the longest line however many lines are bad:
     summary = validate_file("prompts.jsonl", on_error=rejects)
     rejects.upload(sink, "job/rejects.jsonl")
 
+A table's rows are checked by the same rules, column by column (``_table`` says how columns
+map to fields); its errors read ``FILE: row ROW: column COLUMN: what is wrong``. Any input other
+than one local JSONL file is opened first, and closed after (it may download S3 objects):
+
+    with open_input("s3://bucket/prompts/", columns=Columns(prompt="question")) as source:
+        summary = validate_file(source)
+
 This module is the package's one public face; inside, each private module holds one part whole:
 ``_line`` one line (its shapes, its id, the checks of its fields), ``_ids`` the id rules, content
-hash and index, ``_scan`` the streaming pass, ``_errors`` the error types, ``_rejects`` the
-rejects file.
+hash and index, ``_source`` where an input's parts are and its identity, ``_table`` Parquet and
+Arrow files, ``_scan`` the streaming pass, ``_errors`` the error types, ``_rejects`` the rejects
+file.
 """
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.inputs._errors import REJECT_RAW_CHARS, InputError, InputErrors, NoPrompts
+from producer.inputs._errors import (
+    REJECT_RAW_CHARS,
+    InputError,
+    InputErrors,
+    NoPrompts,
+    UnreadableInput,
+)
 from producer.inputs._ids import IdIndex, hash_id
 from producer.inputs._line import SAMPLING_PARAMS, PromptRecord
 from producer.inputs._rejects import Rejects, reject_line
 from producer.inputs._scan import Scan
+from producer.inputs._source import InputSource, local_input, open_input
+from producer.inputs._table import BATCH_ROWS, Columns
 
 __all__ = [
+    "BATCH_ROWS",
     "PROGRESS_EVERY",
     "REJECT_RAW_CHARS",
     "SAMPLING_PARAMS",
+    "Columns",
     "FileSummary",
     "IdIndex",
     "InputError",
     "InputErrors",
+    "InputSource",
     "NoPrompts",
     "PromptRecord",
     "Rejects",
+    "UnreadableInput",
     "hash_id",
+    "local_input",
+    "open_input",
     "read_prompts",
     "reject_line",
     "validate_file",
@@ -63,9 +86,11 @@ PROGRESS_EVERY = 10_000
 
 @dataclass(frozen=True, slots=True)
 class FileSummary:
-    """What one clean pass over an input file found; ``sha256`` is of the file's bytes.
+    """What one clean pass over an input found; ``sha256`` is its identity (of a local file: of
+    its bytes; InputSource has the rule), ``lines`` its lines or rows, ``bytes`` its size.
 
-    ``path`` is the name the file was read under (validate_file's ``name``, default its path).
+    ``path`` is the name the input was read under (validate_file's ``name``, default its path);
+    ``ignored_columns`` a table's columns passed over.
     """
 
     path: str
@@ -76,10 +101,11 @@ class FileSummary:
     blank_lines: int
     rejected: int = 0  # bad lines passed to validate_file's on_error
     answers: int = 0  # answers the prompts ask for: each line's own n, else validate_file's samples
+    ignored_columns: tuple[str, ...] = ()
 
 
 def read_prompts(
-    path: str | Path,
+    path: str | Path | InputSource,
     *,
     skip_invalid: bool = False,
     on_error: Callable[[InputError], None] | None = None,
@@ -93,7 +119,7 @@ def read_prompts(
     lines_read)`` is called every PROGRESS_EVERY lines and once at the end. Errors name the file
     ``name`` (default: its path).
     """
-    for result in Scan(path, progress, PROGRESS_EVERY, name=name):
+    for result in Scan(_source(path, name), progress, PROGRESS_EVERY):
         if isinstance(result, PromptRecord):
             yield result
         elif not skip_invalid:
@@ -103,7 +129,7 @@ def read_prompts(
 
 
 def validate_file(
-    path: str | Path,
+    path: str | Path | InputSource,
     *,
     max_errors: int = 20,
     progress: Callable[[int, int], None] | None = None,
@@ -121,7 +147,7 @@ def validate_file(
     """
     if max_errors < 1:
         raise ValueError(f"max_errors must be at least 1, got {max_errors}")
-    scan = Scan(path, progress, PROGRESS_EVERY, hash_bytes=True, name=name)
+    scan = Scan(_source(path, name), progress, PROGRESS_EVERY, hash_bytes=True)
     errors: list[InputError] = []
     total = prompts = answers = 0
     for result in scan:
@@ -136,6 +162,9 @@ def validate_file(
             errors.append(result)
     if errors:
         raise InputErrors(errors, total)
-    digest = scan.digest.hexdigest()
-    return FileSummary(scan.name, scan.lines, prompts, scan.bytes, digest, scan.blank_lines, total,
-                       answers)
+    return FileSummary(scan.name, scan.lines, prompts, scan.bytes, scan.identity,
+                       scan.blank_lines, total, answers, tuple(scan.ignored))
+
+
+def _source(path: str | Path | InputSource, name: str | None) -> InputSource:
+    return path if isinstance(path, InputSource) else local_input(path, name)

@@ -1,9 +1,12 @@
 """The errors a bad input raises, under fleetgen's root (fleetgen.errors):
 
     FleetgenError
-      InputError     one bad line: FILE:LINE: FIELD: what is wrong
-      InputErrors    several bad lines: the first ones kept, and the count of all
-      NoPrompts      the file holds no prompt at all
+      InputError        one bad line: FILE:LINE: FIELD: what is wrong (or a table's row:
+                        FILE: row ROW: column COLUMN: what is wrong)
+      InputErrors       several bad lines: the first ones kept, and the count of all
+      NoPrompts         the file holds no prompt at all
+      UnreadableInput   the input cannot be read as prompts at all: no such file or object,
+                        a column no row could use, an unknown split, pyarrow missing
 """
 
 from fleetgen.errors import FleetgenError
@@ -15,19 +18,28 @@ REJECT_RAW_CHARS = 1000
 
 class InputError(FleetgenError):
     """One bad line. ``str(e)`` is ``FILE:LINE: FIELD: what is wrong``; ``raw`` is the line text,
-    cut to REJECT_RAW_CHARS."""
+    cut to REJECT_RAW_CHARS.
 
-    def __init__(self, path: str, line: int, field: str, message: str, raw: str | None = None):
+    A table's bad row has ``unit`` "row": ``line`` is its 1-based row in the file, ``field``
+    the column (and the path inside it), and ``str(e)`` is ``FILE: row ROW: column FIELD: what
+    is wrong``; a problem of the whole row has field "row" and names no column."""
+
+    def __init__(self, path: str, line: int, field: str, message: str, raw: str | None = None,
+                 unit: str = "line"):
         raw = None if raw is None else raw[:REJECT_RAW_CHARS]
-        super().__init__(path, line, field, message, raw)
+        super().__init__(path, line, field, message, raw, unit)
         self.path = path
         self.line = line
         self.field = field
         self.message = message
         self.raw = raw
+        self.unit = unit
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.field}: {self.message}"
+        if self.unit == "line":
+            return f"{self.path}:{self.line}: {self.field}: {self.message}"
+        column = "" if self.field == self.unit else f"column {self.field}: "
+        return f"{self.path}: {self.unit} {self.line}: {column}{self.message}"
 
 
 class InputErrors(FleetgenError):
@@ -72,3 +84,9 @@ class NoPrompts(FleetgenError):
         else:
             why = "the file is empty"
         return f"{self.path}: no prompts ({why})"
+
+
+class UnreadableInput(FleetgenError):
+    """The input cannot be read as prompts at all, before any row is checked: no such file or
+    object, a folder of no input files, a column no row could use, a Hugging Face dataset's
+    split not named, pyarrow not installed."""

@@ -1,7 +1,12 @@
 """One prompt line: its three shapes (chat, plain, OpenAI Batch), its id (given or content hash,
 unique in the file), and the checks of its chat-request fields (messages, tools, the sampling
 params of SAMPLING_PARAMS). ``parse_line`` turns the line into a PromptRecord, or into the
-InputError that names what is wrong with it."""
+InputError that names what is wrong with it.
+
+A table's row is a line in another encoding: ``parse_row`` takes its cells by field name and
+checks them with the same rules, after the table's own conventions (a null cell is an absent
+field, a null struct field an absent key, a string cell of ``messages``, ``tools``,
+``sampling`` or ``body`` holds that field as JSON); its errors name the row and the column."""
 
 import difflib
 from collections.abc import Callable
@@ -20,6 +25,10 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 _CHAT_FIELDS = ("id", "messages", "prompt", "tools", "sampling")
 _OPENAI_FIELDS = ("custom_id", "method", "url", "body")
 _NOT_SAMPLING = ("messages", "tools", "model", "stream")  # the worker sets model and stream
+# Every column a prompt table may have: the fields of a line's three shapes.
+TABLE_FIELDS = tuple(dict.fromkeys((*_CHAT_FIELDS, *_OPENAI_FIELDS)))
+# A table's string cell of one of these holds the field as JSON (a list or an object).
+_JSON_FIELDS = ("messages", "tools", "sampling", "body")
 # An error keeps REJECT_RAW_CHARS characters of its line; UTF-8 spends at most 4 bytes on one, so
 # decoding this many bytes is enough, and a bad line of megabytes is never decoded whole.
 _RAW_BYTES = 4 * REJECT_RAW_CHARS
@@ -51,24 +60,76 @@ class _Invalid(Exception):
         self.message = message
 
 
-def parse_line(raw: bytes, line: int, ids: IdIndex, path: str) -> PromptRecord | InputError:
+def parse_line(raw: bytes, line: int, ids: IdIndex, path: str,
+               place: Callable[[int], str] | None = None) -> PromptRecord | InputError:
     """Parse and check line number ``line`` (``raw``, not blank) of the file errors call ``path``.
 
     A valid line's id is added to ``ids``; a bad line, or a second use of an id, comes back as an
-    InputError holding the start of the line.
+    InputError holding the start of the line. ``place`` says where an earlier record was, for a
+    duplicate (default: "line N").
     """
     try:
-        return _record(raw, line, ids)
+        return _checked(_json_object(raw), line, ids, place or _on_line)
     except _Invalid as bad:
         text = raw[:_RAW_BYTES].decode("utf-8", "replace").rstrip("\r\n")
         return InputError(path, line, bad.field, bad.message, text)
 
 
-def _record(raw: bytes, line: int, ids: IdIndex) -> PromptRecord:
+def parse_row(cells: dict[str, Any], ordinal: int, row: int, ids: IdIndex, path: str,
+              place: Callable[[int], str], column_of: dict[str, str]) -> PromptRecord | InputError:
+    """Check row ``row`` (1-based in its file ``path``) of a table, given as {field: cell}.
+
+    ``ordinal`` is its position in the whole input (the record's ``line``); ``column_of`` names
+    the column a field was read from where they differ (``--prompt-column``), so an error names
+    the column the user has.
+    """
     try:
-        obj = orjson.loads(raw)
+        return _checked(_row_object(cells), ordinal, ids, place)
+    except _Invalid as bad:
+        head = bad.field.split(".", 1)[0].split("[", 1)[0]
+        field = "row" if head == "line" else column_of.get(head, head) + bad.field[len(head):]
+        text = orjson.dumps(cells, default=str).decode()
+        return InputError(path, row, field, bad.message, text, unit="row")
+
+
+def _on_line(line: int) -> str:
+    return f"line {line}"
+
+
+def _json_object(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise _Invalid("line", _json_problem(raw, exc)) from None
+
+
+def _row_object(cells: dict[str, Any]) -> dict[str, Any]:
+    obj = {}
+    for key, value in cells.items():
+        if value is None:
+            continue  # a null cell: the row has no such field
+        if key in _JSON_FIELDS and isinstance(value, str):
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                raise _Invalid(key, f"a string here must be JSON: {exc.msg}") from None
+        elif key in _JSON_FIELDS:
+            value = _without_nulls(value)
+        obj[key] = value
+    return obj
+
+
+def _without_nulls(value: Any) -> Any:
+    """A nested cell as JSON would spell it: a struct's null fields are keys it does not have
+    (a column of structs has every key any row uses, null where a row lacks it)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def _checked(obj: Any, line: int, ids: IdIndex, place: Callable[[int], str]) -> PromptRecord:
     if not isinstance(obj, dict):
         raise _Invalid("line", f"expected a JSON object; got {_show(obj)}")
     if any(key in obj for key in _OPENAI_FIELDS) and "messages" not in obj and "prompt" not in obj:
@@ -86,7 +147,7 @@ def _record(raw: bytes, line: int, ids: IdIndex) -> PromptRecord:
         prompt_id = hash_id(body)  # with `n` in it: a line's hash id is what it always was
     first = ids.add(prompt_id, line)
     if first is not None:
-        raise _Invalid(id_field, _duplicate_problem(prompt_id, first, id_field in obj))
+        raise _Invalid(id_field, _duplicate_problem(prompt_id, place(first), id_field in obj))
     return PromptRecord(prompt_id, line, body, body.pop("n", None))
 
 
@@ -103,11 +164,11 @@ def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
     return f"invalid JSON: {exc.msg} at column {exc.colno}"
 
 
-def _duplicate_problem(prompt_id: str, first: int, given: bool) -> str:
+def _duplicate_problem(prompt_id: str, first: str, given: bool) -> str:
     if given:
-        return f"duplicate id {_show(prompt_id)}, first on line {first}"
+        return f"duplicate id {_show(prompt_id)}, first on {first}"
     return (
-        f"same content as line {first} (hash id {prompt_id}); "
+        f"same content as {first} (hash id {prompt_id}); "
         'a line without an id is named by its content, so give repeated prompts an "id"'
     )
 

@@ -53,7 +53,10 @@ class Rejects:
 
 
 def reject_line(error: InputError) -> bytes:
-    """One rejects-file JSONL line: ``{"line", "field", "error", "raw"}``, raw cut short."""
+    """One rejects-file JSONL line: ``{"line", "field", "error", "raw"}``, raw cut short; a
+    table's row is ``{"file", "row", "field", "error", "raw"}``, raw its cells as JSON."""
     raw = None if error.raw is None else error.raw[:REJECT_RAW_CHARS]
-    reject = {"line": error.line, "field": error.field, "error": error.message, "raw": raw}
+    where: dict[str, object] = ({"line": error.line} if error.unit == "line"
+                                else {"file": error.path, error.unit: error.line})
+    reject = {**where, "field": error.field, "error": error.message, "raw": raw}
     return orjson.dumps(reject, option=orjson.OPT_APPEND_NEWLINE)

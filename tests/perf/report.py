@@ -83,6 +83,22 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("   Redis memory per queued prompt",
                        f"{cost['redis_bytes_per_prompt']:.1f} B ({cost['redis_bytes'] / 2**20:.1f} "
                        f"MiB, {cost['batches']:,} batches)", "report", None))
+    parquet = results.get("parquet") or []
+    for cost in parquet:
+        n = f"{cost['prompts']:,}"
+        out.append(Row(f"4b. enqueue {n} prompts, {cost['target']}: wall",
+                       f"{cost['wall_s']:.1f}s ({cost['prompts'] / cost['wall_s']:,.0f}/s)",
+                       "≤ 60 s", cost["wall_s"] <= 60 if cost["prompts"] >= 10**6 else None))
+        out.append(Row("    producer peak RSS", f"{cost['peak_rss_mb']:.0f} MB", "≤ 300 MB",
+                       cost["peak_rss_mb"] <= 300))
+    local = sorted((c for c in parquet if c["target"] == "parquet folder"),
+                   key=lambda c: c["prompts"])
+    if len(local) > 1:
+        # Flat: five times the prompts, the same peak but for the id index (24 B per id) and
+        # noise; a reader that held the input would grow fivefold.
+        ratio = local[-1]["peak_rss_mb"] / local[0]["peak_rss_mb"]
+        out.append(Row("    peak RSS, 5x the prompts ÷ 1x (local)", f"{ratio:.2f}", "≤ 1.25",
+                       ratio <= 1.25))
     ovh = results.get("overhead")
     if ovh:
         cpu = ovh["cpu_us_per_prompt"]

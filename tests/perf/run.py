@@ -4,6 +4,7 @@
     python -m tests.perf --only saturation        # figures 1-3 only
     python -m tests.perf --only saturation --worker-env FLEETGEN_BATCH_CONCURRENCY=16
     python -m tests.perf --s3                     # figure 4 also with an S3 output
+    python -m tests.perf --only parquet           # figure 4b: enqueue from Parquet, local and S3
     python -m tests.perf --only export --export-baseline main   # figure 7, before and after
     python -m tests.perf --only timings           # figure 8: how soon things happen
     python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
@@ -52,7 +53,7 @@ from tests.perf.workload import Workload
 from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
-BENCHMARKS = ("saturation", "enqueue", "overhead", "crash", "capacity", "export", "timings",
+BENCHMARKS = ("saturation", "enqueue", "parquet", "overhead", "crash", "capacity", "export", "timings",
               "short", "engines", "flow")
 # Commands beside the suite, each with its own flags, processes and results folder:
 # `python -m tests.perf real-engine --help`.
@@ -136,7 +137,8 @@ class Suite:
 
     def run(self) -> None:
         steps: dict[str, Callable[[], None]] = {
-            "saturation": self.saturation, "enqueue": self.enqueue, "overhead": self.overhead,
+            "saturation": self.saturation, "enqueue": self.enqueue, "parquet": self.parquet,
+            "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
             "timings": self.timings, "short": self.short, "engines": self.engines,
             "flow": self.flow}
@@ -186,6 +188,29 @@ class Suite:
                     f"s3://{s3.bucket}/perf", s3.env()))
         self.results["enqueue"] = [c.as_dict() for c in costs]
         self.results["enqueue_input_generated_s"] = made_s
+
+    def parquet(self) -> None:
+        """Figure 4b: the million prompts from one Parquet file, local and from S3 (read from
+        the embedded SeaweedFS, written to a folder), and a fifth of them, to show the peak
+        memory does not grow with the input."""
+        folder = self.tmp / "parquet"
+        folder.mkdir()
+        n = self.cfg.enqueue_prompts
+        path, made_s = enqueue_cost.parquet_file(self.cfg.out / "cache", n)
+        small, _ = enqueue_cost.parquet_file(self.cfg.out / "cache", n // 5)
+        costs = []
+        for source, count, target in ((small, n // 5, "folder"), (path, n, "folder")):
+            costs.append(enqueue_cost.run_enqueue(source, count, folder, self.redis.url,
+                                                  f"parquet {target}", str(folder / "out")))
+            enqueue_cost.remove_output(folder / "out")
+        with S3Server(data_dir=folder / "s3") as s3:
+            s3.client().upload_file(str(path), s3.bucket, "in/bulk.parquet")
+            costs.append(enqueue_cost.run_enqueue(
+                path, n, folder, self.redis.url, "parquet from s3", str(folder / "out"),
+                s3.env(), source=f"s3://{s3.bucket}/in/bulk.parquet"))
+        enqueue_cost.remove_output(folder / "out")
+        self.results["parquet"] = [c.as_dict() for c in costs]
+        self.results["parquet_input_generated_s"] = made_s
 
     def overhead(self) -> None:
         folder = self.tmp / "overhead"

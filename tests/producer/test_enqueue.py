@@ -146,11 +146,14 @@ def test_a_sampling_typo_stops_enqueue_with_file_line_field_and_a_hint(
 # What the input is: a folder, a missing file, stdin.
 
 
-def test_a_folder_as_input_is_named_as_a_folder(
+def test_a_folder_of_no_input_files_is_named_as_such(
     cli: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    (tmp_path / "notes.txt").write_text("no prompts here")
     assert enqueue(tmp_path, str(tmp_path), "folder") == 2
-    assert capsys.readouterr().err == f"error: {tmp_path}: is a directory, not a JSONL file\n"
+    assert capsys.readouterr().err == (f"error: {tmp_path}: no *.jsonl or *.parquet file in it, "
+                                       "and no saved dataset (state.json)\n")
+    assert cli.dbsize() == 0
 
 
 def test_a_missing_input_is_named_as_missing(
