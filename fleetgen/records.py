@@ -105,6 +105,51 @@ def result_record(
     }
 
 
+def split_choices(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answers of a response that asked several (`n`), in choice-index order, each as a
+    response of one choice that `result_record` reads.
+
+    Engines give `usage` for the whole request only: the prompt once, the completion and
+    reasoning tokens summed over the choices (SGLang and vLLM alike). Each answer's record
+    says its prompt's tokens, as a request of its own would, and its share of the completion
+    and reasoning tokens, apportioned by the length of its text so that the shares add up to
+    the totals exactly: the job's output and reasoning counters stay the engine's figures,
+    and its input counter counts the prompt once per answer, however the answers were sent.
+    """
+    choices = sorted(response.get("choices") or [], key=lambda c: int(c.get("index") or 0))
+    usage = response.get("usage") or {}
+    details = usage.get("completion_tokens_details") or {}
+    reasoning = usage.get("reasoning_tokens")
+    if reasoning is None:
+        reasoning = details.get("reasoning_tokens", 0)
+    messages = [c.get("message") or {} for c in choices]
+    thought = [len(m.get("reasoning_content") or m.get("reasoning") or "") for m in messages]
+    said = [len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in messages]
+    completion = _apportion(int(usage.get("completion_tokens") or 0),
+                            [t + c for t, c in zip(thought, said, strict=True)])
+    reasoned = _apportion(int(reasoning or 0), thought)
+    return [{**response, "choices": [choice],
+             "usage": {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": out,
+                       "reasoning_tokens": think}}
+            for choice, out, think in zip(choices, completion, reasoned, strict=True)]
+
+
+def _apportion(total: int, weights: list[int]) -> list[int]:
+    """`total` split in proportion to `weights` (evenly where they are all 0), by largest
+    remainder, so the parts add up to `total`."""
+    if not weights:
+        return []
+    if sum(weights) == 0:
+        weights = [1] * len(weights)
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights]
+    parts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: parts[i] - exact[i])
+    for i in by_remainder[:total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
 def error_code(status: int | None, message: str) -> str:
     text = message.lower()
     if any(phrase in text for phrase in CONTEXT_PHRASES):

@@ -6,14 +6,20 @@ sink with create-if-absent, and only then is the batch marked done and its messa
 
 The unit of work is one answer: a batch input's line (producer/answers.py), a prompt's id and,
 in a job of several answers per prompt, its index. Everything here keys by the answer's key
-(`records.answer_key`), so each answer is checkpointed, retried and written once. Each answer
-is its own request; sending a prompt's answers as one request with `n` would group the items
-of one id in `_generate` and split the reply's choices into their records there.
+(`records.answer_key`), so each answer is checkpointed, retried and written once.
+
+The unit of sending is one request: the unanswered answers of one prompt that sit together in
+the batch (`_asks`) go as one request with `n` where the server takes it (`Server.takes_n`:
+SGLang, vLLM), else each as a request of its own. The request is the unit of failure: its
+cause is classified once and every answer it carries is retried, failed or held by it, as a
+lone answer's request would be; each choice of its reply is its answer's record, checkpointed
+one by one. A server that refuses `n` is learned from and the request's answers go one by one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -50,6 +56,7 @@ from fleetgen.records import (
     error_record,
     is_failure,
     result_record,
+    split_choices,
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
@@ -64,6 +71,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # A server whose /health answers within this of a lost connection was not down.
 UP_AT_ONCE_S = 1.0
+
+
+class _Split(Exception):
+    """The server refused `n`: the request's answers go as one request each."""
 
 
 class _Held(Exception):
@@ -151,10 +162,11 @@ def ending(ended: Outcome | BaseException) -> Ending:
 
 @dataclass
 class _Delivery:
-    """One prompt on its way to the server: whether the backlog counts it sent, and how long
-    its tries waited for a slot."""
+    """One request on its way to the server, carrying `answers` answers: whether the backlog
+    counts them sent, and how long its tries waited for slots."""
 
     backlog: Backlog
+    answers: int = 1
     sent: bool = False
     queue_wait_s: float = 0.0
 
@@ -162,19 +174,25 @@ class _Delivery:
         """Its request goes out now: the backlog counts it sent (once, whatever its tries)."""
         if not self.sent:
             self.sent = True
-            self.backlog.add(unsent=-1, sent=1)
+            self.backlog.add(unsent=-self.answers, sent=self.answers)
 
     def server_lost(self) -> None:
         """Its server went down: unsent again until the server is back, so the worker takes
         no new batch meanwhile (gate.py)."""
         if self.sent:
             self.sent = False
-            self.backlog.add(unsent=1)
+            self.backlog.add(unsent=self.answers)
+
+    def hand_on(self) -> None:
+        """Its answers go as requests of their own (`_Split`): theirs to count from here."""
+        self.backlog.add(unsent=self.answers if self.sent else 0,
+                         sent=-self.answers if self.sent else 0)
+        self.answers, self.sent = 0, False
 
     def ends(self) -> None:
-        """The prompt is done with (answered, failed or held): out of the unsent count."""
+        """The request is done with (answered, failed or held): out of the unsent count."""
         if not self.sent:
-            self.backlog.add(unsent=-1)
+            self.backlog.add(unsent=-self.answers)
 
 
 class BatchRunner:
@@ -413,9 +431,10 @@ class BatchRunner:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
                 watch = group.create_task(follow(heartbeat))
-                prompts = [group.create_task(self._prompt(manifest, batch, p, origin))
-                           for p in todo]
-                records = await asyncio.gather(*prompts)
+                asks = [group.create_task(self._ask(manifest, batch, ask, origin))
+                        for ask in _asks(todo)]
+                # The asks are todo's answers cut in order: their outcomes line up with it.
+                records = [r for outcomes in await asyncio.gather(*asks) for r in outcomes]
                 await cancel(watch)
         except BaseExceptionGroup as group_error:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
@@ -438,31 +457,59 @@ class BatchRunner:
                 f"job {manifest.name} paused; batch {batch} stopped with {unsent} prompts unsent")
         return results
 
+    async def _ask(
+        self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
+    ) -> list[dict[str, Any] | _Held]:
+        """The checkpointed records of one prompt's answers (`_asks`), or why each was not
+        sent: one request with `n` where the server takes it, else one request each."""
+        if len(ask) > 1 and await self._takes_n():
+            try:
+                return await self._prompt(manifest, batch, ask, origin)
+            except _Split:
+                pass  # learned just now: one request each, below
+        if len(ask) == 1:
+            return await self._prompt(manifest, batch, ask, origin)
+        singles = await asyncio.gather(*(self._prompt(manifest, batch, [p], origin) for p in ask))
+        return [r for outcomes in singles for r in outcomes]
+
+    async def _takes_n(self) -> bool:
+        """Whether the server takes `n` (as far as known: a server not found yet is sent one
+        request per answer, which is always right)."""
+        with contextlib.suppress(ServerDownError):
+            return (await self.engine.connected(self.settings.server_down_wait_s)).takes_n
+        return False
+
     async def _prompt(
-        self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
-    ) -> dict[str, Any] | _Held:
-        """The prompt's checkpointed record, or why it was not sent (`_Held`)."""
-        delivery = _Delivery(self.engine.backlog)
+        self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
+    ) -> list[dict[str, Any] | _Held]:
+        """The checkpointed records of the answers of one request, or why it was not sent
+        (`_Held`, for each); `_Split` when the server refused `n`."""
+        delivery = _Delivery(self.engine.backlog, len(ask))
         try:
-            record = await self._generate_one(manifest, prompt, origin, delivery)
+            records = await self._generate_one(manifest, ask, origin, delivery)
         except _Held as held:
-            return held
+            return [held] * len(ask)
+        except _Split:
+            delivery.hand_on()
+            raise
         finally:
             delivery.ends()
-        _observe(manifest.name, record, delivery.queue_wait_s, origin)
-        await self._checkpoint(manifest, batch, prompt, record)
-        return record
+        for prompt, record in zip(ask, records, strict=True):
+            _observe(manifest.name, record, delivery.queue_wait_s, origin)
+            await self._checkpoint(manifest, batch, prompt, record)
+        return list(records)
 
     async def _generate_one(
-        self, manifest: JobManifest, prompt: Prompt, origin: Origin, delivery: _Delivery
-    ) -> dict[str, Any]:
-        """The prompt's final record (an answer or a failure).
+        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery
+    ) -> list[dict[str, Any]]:
+        """The final records (answers or failures) of one request's answers, in `ask`'s order.
 
         A server-caused failure (5xx, reset, timeout) is tried again under the one backoff
-        policy (fleetgen/retry.py) and the server's resend budget; a 4xx fails the prompt at
-        once; a full or down server spends no attempt. A prompt whose tries all failed fails
-        alone only if the server is shown to work (it answered others meanwhile, or a probe);
-        otherwise the server goes out of rotation and the prompt back unsent (`_Held`).
+        policy (fleetgen/retry.py) and the server's resend budget; a 4xx fails the request's
+        answers at once; a full or down server spends no attempt. A request whose tries all
+        failed fails its answers only if the server is shown to work (it answered others
+        meanwhile, or a probe); otherwise the server goes out of rotation and the answers back
+        unsent (`_Held`).
         """
         settings = self.settings
         watch = self.engine.watch
@@ -476,21 +523,23 @@ class BatchRunner:
                 watch.budget.first_try()
             else:
                 await watch.budget.resend()
-            return await self._send(manifest, prompt, origin, delivery)
+            return await self._send(manifest, ask, origin, delivery)
 
         try:
             response, latency = await with_attempts(
-                f"prompt {prompt.key}", one_try, settings.prompt_max_attempts,
+                f"prompt {_name(ask)}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
         except BadRequestError as exc:
-            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries,
-                                sample=prompt.sample)
+            return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
+                                 sample=p.sample) for p in ask]
         except RetryableError as exc:
             if not await self._prompt_at_fault(exc, answers, tries):
                 raise _Held(_Held.OUT) from None
-            return error_record(prompt.id, prompt.line, exc.message, exc.status, origin, tries,
-                                sample=prompt.sample)
-        return result_record(prompt.id, prompt.line, response, latency, origin, prompt.sample)
+            return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
+                                 sample=p.sample) for p in ask]
+        replies = split_choices(response) if len(ask) > 1 else [response]
+        return [result_record(p.id, p.line, reply, latency, origin, p.sample)
+                for p, reply in zip(ask, replies, strict=True)]
 
     async def _prompt_at_fault(self, exc: RetryableError, answers: int, tries: int) -> bool:
         """Whether a prompt whose every try failed for a server-side reason failed for its own:
@@ -512,9 +561,10 @@ class BatchRunner:
         return True
 
     async def _send(
-        self, manifest: JobManifest, prompt: Prompt, origin: Origin, delivery: _Delivery,
+        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery,
     ) -> tuple[dict[str, Any], float]:
-        """One try: a slot, the request, its answer and latency.
+        """One try: a slot per answer, the request (`n` of them when `ask` holds several, with
+        the first one's body and seed), its answer and latency.
 
         What spends nothing is handled here: a server found down is waited for
         (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S); a full one (429, 503) is sent
@@ -523,20 +573,24 @@ class BatchRunner:
         again at once. A server-caused failure is counted toward taking the server out of
         rotation, and raised for the prompt's attempts."""
         job = manifest.name
+        prompt = ask[0]
         thinking = manifest.params.thinking_of(prompt.body)
         engine = self.engine
         while True:
             try:
                 server = await engine.connected(self.settings.server_down_wait_s)
-                body = server.prepare(prompt.body, thinking=thinking)
+                if len(ask) > 1 and not server.takes_n:
+                    raise _Split
+                body = server.prepare(prompt.body, thinking=thinking, n=len(ask))
                 waited = time.monotonic()
-                async with engine.limiter:
+                async with engine.limiter.slots(len(ask)):
                     self._may_send(job)
                     delivery.leaves()
                     delivery.queue_wait_s += time.monotonic() - waited
-                    start, response = await self._exchange(job, prompt, body, origin)
+                    start, response = await self._exchange(job, _name(ask), body, origin)
                 latency = time.monotonic() - start
-                engine.answered()
+                for _ in ask:
+                    engine.answered()
                 return response, latency
             except OverloadedError:
                 # Refused, and /health fails too: a server starting or draining, not a full one.
@@ -549,6 +603,8 @@ class BatchRunner:
                 if learned is not None:
                     log.warning("worker %s: %s %s (it answered %s)", engine.worker,
                                 engine.server_url, learned, exc.message[:200])
+                elif len(ask) > 1 and not server.takes_n:
+                    raise _Split from None  # another request learned it meanwhile
                 elif not server.resend(body, prompt.body, thinking=thinking):
                     raise
             except RetryableError as exc:
@@ -578,7 +634,7 @@ class BatchRunner:
         if not engine.in_rotation:
             raise _Held(_Held.OUT)
 
-    async def _exchange(self, job: str, prompt: Prompt, body: dict[str, Any],
+    async def _exchange(self, job: str, name: str, body: dict[str, Any],
                         origin: Origin) -> tuple[float, dict[str, Any]]:
         """The request and its answer, holding a slot: when and what it was answered. A
         refusal for a full server is waited out here, the slot kept, so that it frees no slot
@@ -596,7 +652,7 @@ class BatchRunner:
                     raise
                 refusals += 1
                 wait_s = engine.overloaded(exc, refusals)
-                log.debug("prompt %s: %s; sending again in %.1fs", prompt.key, exc.message, wait_s)
+                log.debug("prompt %s: %s; sending again in %.1fs", name, exc.message, wait_s)
             finally:
                 metrics.request_ended(job, origin.worker, origin.server)
             await asyncio.sleep(wait_s)
@@ -613,6 +669,28 @@ class BatchRunner:
             fact=self._quality.fact(manifest.name, record, thinking),
             outcome=breaker.outcome(record),
         ))
+
+
+def _asks(todo: list[Prompt]) -> list[list[Prompt]]:
+    """`todo` cut, in order, into what one request each may carry: the answers of one prompt
+    that sit together (a batch input lists a prompt's answers in index order), an answer of a
+    one-answer job alone."""
+    asks: list[list[Prompt]] = []
+    for prompt in todo:
+        last = asks[-1][-1] if asks else None
+        if (last is not None and prompt.sample is not None and last.sample is not None
+                and last.id == prompt.id):
+            asks[-1].append(prompt)
+        else:
+            asks.append([prompt])
+    return asks
+
+
+def _name(ask: list[Prompt]) -> str:
+    """A request's name in the log: its answer's key, or its prompt's id and answers."""
+    if len(ask) == 1:
+        return ask[0].key
+    return f"{ask[0].id} (answers {', '.join(str(p.sample) for p in ask)})"
 
 
 def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:

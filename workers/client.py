@@ -121,7 +121,8 @@ class ServerClient:
             return await detect(self._cold, timeout_s=30.0)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one non-streaming chat completion and return the parsed response."""
+        """POST one non-streaming chat completion and return the parsed response (with one
+        finished choice per answer its `n` asks)."""
         request = httpx.Request("POST", self._chat_url, content=orjson.dumps(body),
                                 headers=self._chat_headers)
         try:
@@ -130,7 +131,7 @@ class ServerClient:
             self._raise_mapped("POST " + CHAT_PATH, exc)
         self._raise_for_status(response)
         data: dict[str, Any] = orjson.loads(response.content)
-        _raise_unless_finished(data)
+        _raise_unless_finished(data, int(body.get("n") or 1))
         return data
 
     @contextlib.asynccontextmanager
@@ -264,10 +265,19 @@ def _aiohttp_transport() -> httpx.AsyncBaseTransport:
         cookie_jar=aiohttp.DummyCookieJar()))
 
 
-def _raise_unless_finished(data: dict[str, Any]) -> None:
-    """A 200 is an answer only when its generation ended: `stop`, `length` or a tool call."""
+def _raise_unless_finished(data: dict[str, Any], count: int) -> None:
+    """A 200 is an answer only when its generation ended: `stop`, `length` or a tool call; one
+    that asked `count` answers, only when all `count` did (the request is the unit of failure:
+    it is sent again whole)."""
     choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else {}
+    choices = choices if isinstance(choices, list) and choices else [{}]
+    if count > 1 and len(choices) != count:
+        raise RetryableError(f"server answered {len(choices)} choices of the {count} asked")
+    for choice in choices:
+        _raise_unless_ended(choice)
+
+
+def _raise_unless_ended(choice: Any) -> None:
     reason = choice.get("finish_reason") if isinstance(choice, dict) else None
     if isinstance(reason, dict):  # SGLang's native form: {"type": "abort", "message": ...}
         detail = reason.get("message")

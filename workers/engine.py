@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
@@ -76,6 +76,11 @@ HOST = socket.gethostname()
 class Limiter:
     """A semaphore whose size can change while requests hold it; waiters are served in order.
 
+    A slot is one answer in flight, not one request: a request that asks several answers of
+    a prompt (`n`) holds one slot per answer (`slots`), as the engine runs each as a request
+    of its own (SGLang and vLLM expand `n` into n running requests). One that asks more
+    answers than the limit goes alone, once nothing else holds a slot.
+
     A freed slot is handed to the first waiter directly (counted before it wakes), so one
     release wakes one task and no newcomer can take the slot first. asyncio's Semaphore does
     the same but cannot be resized; an asyncio.Condition costs more CPU per request.
@@ -84,7 +89,7 @@ class Limiter:
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)
         self.active = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         # Set whenever a request had to wait for a slot; the capacity controllers read and
         # clear it (a limit nobody waited for says nothing about the server).
         self.waited = False
@@ -94,24 +99,41 @@ class Limiter:
         return len(self._waiters)
 
     async def __aenter__(self) -> None:
-        if self.active < self.limit:  # then nobody waits: a freed slot is handed over at once
-            self.active += 1
+        await self.acquire(1)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release(1)
+
+    @contextlib.asynccontextmanager
+    async def slots(self, count: int) -> AsyncIterator[None]:
+        """Hold `count` slots: one request of `count` answers."""
+        await self.acquire(count)
+        try:
+            yield
+        finally:
+            self.release(count)
+
+    async def acquire(self, count: int) -> None:
+        if not self._waiters and self._fits(count):  # nobody waits: take the slots at once
+            self.active += count
             return
         self.waited = True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        entry = (waiter, count)
+        self._waiters.append(entry)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._release()  # handed a slot as it was cancelled: pass the slot on
+                self.release(count)  # handed the slots as it was cancelled: pass them on
             else:
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                    self._waiters.remove(entry)
             raise
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._release()
+    def release(self, count: int) -> None:
+        self.active -= count
+        self._hand_over()
 
     async def set_limit(self, limit: int) -> None:
         self.limit = max(1, limit)
@@ -121,16 +143,20 @@ class Limiter:
         """Hand slots to waiters after `limit` was raised from the loop's own thread."""
         self._hand_over()
 
-    def _release(self) -> None:
-        self.active -= 1
-        self._hand_over()
+    def _fits(self, count: int) -> bool:
+        return self.active + count <= self.limit or self.active == 0
 
     def _hand_over(self) -> None:
-        while self._waiters and self.active < self.limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():  # a cancelled waiter is skipped
-                self.active += 1
-                waiter.set_result(None)
+        while self._waiters:
+            waiter, count = self._waiters[0]
+            if waiter.done():  # a cancelled waiter is skipped
+                self._waiters.popleft()
+                continue
+            if not self._fits(count):
+                return
+            self._waiters.popleft()
+            self.active += count
+            waiter.set_result(None)
 
 
 class Backlog:

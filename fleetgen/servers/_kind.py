@@ -1,7 +1,8 @@
 """The interface of a server kind: what fleetgen needs to know to use one engine at full speed.
 
-A kind says how a request is shaped for it (the fields beyond OpenAI's chat schema it takes),
-which `/metrics` gauges show its load, and nothing else: the HTTP exchange, the error mapping
+A kind says how a request is shaped for it (the fields beyond OpenAI's chat schema it takes,
+whether one request may ask several answers with `n`), which `/metrics` gauges show its load,
+and nothing else: the HTTP exchange, the error mapping
 and the answer's reading are the same for every OpenAI-compatible server (workers/client.py,
 fleetgen/records.py).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
+
+from fleetgen.server_info import ServerInfo
 
 # How readings of several schedulers (DP ranks, engines) combine into one per server.
 Combine = str  # "sum" | "max" | "mean"
@@ -24,6 +27,11 @@ class ServerKind:
     # Short gauge name -> (Prometheus family, how several samples combine). `running` and
     # `queue` are what the capacity discovery reads; the rest are shown in `status`.
     gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {}
+
+    def takes_n(self, info: ServerInfo | None) -> bool:
+        """Whether one request with `n` gives n distinct answers of a prompt here (else each
+        answer is a request of its own)."""
+        return False
 
     def added_fields(self, thinking: bool) -> dict[str, Any]:
         """The fields fleetgen adds to every request for this kind (beyond OpenAI's schema).

@@ -2,7 +2,7 @@
 it taught the worker since (fields it refuses, the model it is pinned to).
 
     server = await detect(client.http)          # SGLang, vLLM or any OpenAI-compatible server
-    body = server.prepare(stored_body, thinking=True)
+    body = server.prepare(stored_body, thinking=True, n=4)   # n only where `takes_n`
     ...  # on HTTP 400/422: server.learn(status, message, body) -> what changed, or None
 
 Bodies are stored neutral at enqueue (OpenAI's chat schema plus the line's own fields); the
@@ -36,6 +36,9 @@ OWNERS = {"vllm": "vllm", "sglang": "sglang"}
 # OpenAI's "Unrecognized request argument supplied", TGI's "unknown field".
 _REFUSAL = re.compile(r"unexpected|unrecogni[sz]ed|unknown|extra|not permitted|not allowed"
                       r"|unsupported|not supported", re.IGNORECASE)
+# The request parameter `n` named in a refusal ("n > 1 is not supported", "Unsupported
+# parameter: 'n'"); only a refusal of a request that asked several answers is read so.
+_N_PARAM = re.compile(r"(?<![\w\\])n(?!\w)|parallel sampling", re.IGNORECASE)
 # `transformers serve` pinned to one model: "Server is pinned to 'DIR'; requested 'default'."
 _PINNED = re.compile(r"pinned to '([^']+)'")
 # Sent when the server names no model at all: OpenAI's schema requires the field, and a
@@ -76,6 +79,12 @@ class Server:
                     "--model NAME")
         return None
 
+    @property
+    def takes_n(self) -> bool:
+        """Whether a prompt's answers go to it as one request with `n`: its kind says so and it
+        has not refused `n` (`learn`)."""
+        return "n" not in self.refused and self.kind.takes_n(self.info)
+
     def describe(self) -> str:
         parts = [self.kind.name + (f" {self.version}" if self.version else "")]
         if self.model:
@@ -84,11 +93,13 @@ class Server:
             parts.append(f"without {', '.join(sorted(self.refused))}")
         return ", ".join(parts)
 
-    def prepare(self, body: dict[str, Any], *, thinking: bool) -> dict[str, Any]:
+    def prepare(self, body: dict[str, Any], *, thinking: bool, n: int = 1) -> dict[str, Any]:
         """The request for this server: the kind's fields under the stored body's own, the
-        served model when the body names none."""
+        served model when the body names none, and `n` when it asks several answers."""
         added = self._added[thinking]
         out = {**added, **body}
+        if n > 1:
+            out["n"] = n
         if "chat_template_kwargs" in added and "chat_template_kwargs" in body:
             out["chat_template_kwargs"] = {**added["chat_template_kwargs"],
                                            **(body["chat_template_kwargs"] or {})}
@@ -103,6 +114,8 @@ class Server:
               stored: dict[str, Any]) -> str | None:
         """Learn from a 400/422 that refused what fleetgen added on its own (never a field of
         the prompt line's): the fields it names are dropped, a model it is pinned to is used.
+        A refusal of `n` by a request that asked several answers is learned too: the answers of
+        a prompt then go as one request each (`takes_n`).
         Returns what changed (for one log line), or None when nothing new was learned: then
         `resend` tells whether the refusal was still fleetgen's (a request sent before another
         one taught the same thing)."""
@@ -113,6 +126,10 @@ class Server:
                 and self.pinned != pinned.group(1)):
             self.pinned = pinned.group(1)
             return f"uses model {self.pinned!r}, the one it is pinned to"
+        if (sent.get("n", 1) > 1 and "n" not in self.refused and _N_PARAM.search(message)
+                and _REFUSAL.search(message)):
+            self.refused.add("n")
+            return "refuses n (several answers in one request): one request per answer"
         ours = [name for name in self._added[True] if name in message and name not in stored]
         if ours and _REFUSAL.search(message):
             self.refused.update(ours)
@@ -123,7 +140,7 @@ class Server:
     def resend(self, sent: dict[str, Any], stored: dict[str, Any], *, thinking: bool) -> bool:
         """Whether a refused request would now be sent otherwise (what was learned since)."""
         try:
-            return self.prepare(stored, thinking=thinking) != sent
+            return self.prepare(stored, thinking=thinking, n=sent.get("n", 1)) != sent
         except ModelChoiceError:
             return False
 

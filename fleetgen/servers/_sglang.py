@@ -1,11 +1,18 @@
 """SGLang: `/server_info` says what it runs at once; it takes `separate_reasoning` and
-`chat_template_kwargs`; its `/metrics` names start with `sglang:`."""
+`chat_template_kwargs`, and `n`; its `/metrics` names start with `sglang:`.
+
+`n` is expanded into n requests in its scheduler, each with the same sampling parameters, the
+seed included. The seed is honoured only with `--enable-deterministic-inference`; without it
+the n choices are drawn apart whatever the seed, with it they would all be the same answer,
+so such a server is sent one request per answer, each with its own seed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from fleetgen.server_info import ServerInfo
 from fleetgen.servers._kind import Combine, ServerKind
 
 
@@ -24,6 +31,9 @@ class SGLang(ServerKind):
         "gen_throughput": ("sglang:gen_throughput", "sum"),
         "accept_length": ("sglang:spec_accept_length", "mean"),
     }
+
+    def takes_n(self, info: ServerInfo | None) -> bool:
+        return not (info is not None and info.args.get("enable_deterministic_inference"))
 
     def added_fields(self, thinking: bool) -> dict[str, Any]:
         # Reasoning in its own field (the canary checks it), thinking as the job asks.

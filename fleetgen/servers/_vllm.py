@@ -1,12 +1,18 @@
 """vLLM: no `/server_info`; `/metrics` shows requests running and waiting (`vllm:` names), so
 its real concurrency is found by watching the queue; it takes `chat_template_kwargs` and
-separates reasoning whenever it runs a reasoning parser."""
+separates reasoning whenever it runs a reasoning parser.
+
+It takes `n`: the request becomes n child requests in its engine, child i seeded with the
+request's seed plus i (its parallel sampling), so a prompt's answers asked together are the
+answers asked one by one with seeds `seed`, `seed + 1`, ...
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from fleetgen.server_info import ServerInfo
 from fleetgen.servers._kind import Combine, ServerKind
 
 
@@ -19,6 +25,9 @@ class VLLM(ServerKind):
         "token_usage": ("vllm:kv_cache_usage_perc", "max"),
         "gpu_cache_usage": ("vllm:gpu_cache_usage_perc", "max"),
     }
+
+    def takes_n(self, info: ServerInfo | None) -> bool:
+        return True
 
     def added_fields(self, thinking: bool) -> dict[str, Any]:
         return {"chat_template_kwargs": {"enable_thinking": thinking}}
