@@ -46,6 +46,11 @@ class FakeServer:
     faults: ClassVar[dict[str, list[Exception]]] = {}
     # Raised for every request, probes included, while set.
     broken: ClassVar[Exception | None] = None
+    # Each request as (prompt, n, seed): how a prompt's answers were asked.
+    asked: ClassVar[list[tuple[str, int, int | None]]] = []
+    # The kind the server is found to be, and whether it refuses `n` (as a 400).
+    kind: ClassVar[str] = "sglang"
+    refuses_n: ClassVar[bool] = False
 
     def __init__(self, base_url: str, **_: Any) -> None:
         self.base_url = base_url
@@ -54,23 +59,33 @@ class FakeServer:
         self.http = httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=1)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt = body["messages"][0]["content"]
+        prompt, n, seed = body["messages"][0]["content"], body.get("n", 1), body.get("seed")
         FakeServer.sent.append(prompt)
+        FakeServer.asked.append((prompt, n, seed))
         await asyncio.sleep(0)
         if FakeServer.broken is not None:
             raise FakeServer.broken
+        if n > 1 and FakeServer.refuses_n:
+            raise BadRequestError("HTTP 400: n > 1 is not supported", status=400)
         if FakeServer.faults.get(prompt):
             raise FakeServer.faults[prompt].pop(0)
         if prompt == BAD:
             raise BadRequestError("HTTP 400: prompt is too long", status=400)
-        return {"choices": [{"finish_reason": "stop", "message": {"content": f"re {prompt}"}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+        if n == 1:
+            return {"choices": [{"finish_reason": "stop",
+                                 "message": {"content": f"re {prompt} seed {seed}"}}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+        # As SGLang answers n: choice i drawn apart, usage summed, the prompt counted once.
+        return {"choices": [{"index": i, "finish_reason": "stop",
+                             "message": {"content": f"re {prompt} seed {seed} choice {i}"}}
+                            for i in range(n)],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n}}
 
     async def ready(self) -> bool:
         return True
 
     async def detect(self) -> Server:
-        return Server(KINDS["sglang"], FakeServer.models, info=parse_server_info({
+        return Server(KINDS[FakeServer.kind], FakeServer.models, info=parse_server_info({
             "max_running_requests": 4,
             "internal_states": [{"effective_max_running_requests_per_dp": 4}]}))
 
@@ -135,6 +150,7 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
     FakeServer.sent, FakeServer.models, FakeServer.faults, FakeServer.broken = [], (), {}, None
+    FakeServer.asked, FakeServer.kind, FakeServer.refuses_n = [], "sglang", False
     ledger = RecordingLedger(redis_client, events)
     make_job(ledger, JOB, str(tmp_path / "out"), prompts=len(PROMPTS), batch_size=len(PROMPTS))
     rows = [{"id": p, "line": i + 1, "body": {"messages": [{"role": "user", "content": p}]}}
@@ -267,3 +283,127 @@ def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attem
     wait_until(lambda: engine.in_rotation, 30, what="the server back in rotation")
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+
+
+# Several answers per prompt: one request with `n` where the server takes it.
+
+SAMPLES = 4
+SAMPLED = ["q0", "q1"]
+
+
+def sampled_input(tmp_path: Path) -> None:
+    """The batch's input as enqueue stores a job of four answers per prompt: each answer its
+    own item, in index order, seeded with its line's seed plus its index."""
+    rows = [{"id": p, "sample": i, "line": n + 1,
+             "body": {"messages": [{"role": "user", "content": p}], "seed": 100 * n + i}}
+            for n, p in enumerate(SAMPLED) for i in range(SAMPLES)]
+    open_sink(str(tmp_path / "out")).put(keys.sink_input(JOB, BATCH),
+                                         b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+def results(tmp_path: Path, kind: str = "results") -> list[dict[str, Any]]:
+    path = tmp_path / "out" / JOB / kind / f"{BATCH}.jsonl"
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()]
+
+
+def start(runner: BatchRunner, kind: str) -> None:
+    FakeServer.kind = kind
+    runner.engine.run(runner.engine.refresh_capacity())  # found as this kind
+
+
+def test_a_prompts_four_answers_go_as_one_request_with_n_to_an_sglang_server(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 8, 0)
+    # One request per prompt, n = its answers, with the seed of its first answer.
+    assert sorted(FakeServer.asked) == [("q0", 4, 0), ("q1", 4, 100)]
+    out = results(tmp_path)
+    assert [(r["id"], r["sample"]) for r in out] == [(p, i) for p in SAMPLED for i in range(4)]
+    # Choice i is answer i's record.
+    assert [r["content"] for r in out[:4]] == [f"re q0 seed 0 choice {i}" for i in range(4)]
+    # The completion tokens are split over the answers and add up to the engine's total; the
+    # prompt is counted once per answer, as one request per answer would count it.
+    assert sum(r["usage"]["completion_tokens"] for r in out[:4]) == 20
+    assert all(r["usage"]["prompt_tokens"] == 3 for r in out)
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert (stats["prompts_done"], stats["output_tokens"], stats["input_tokens"]) == (8, 40, 24)
+
+
+def test_a_prompts_four_answers_go_as_four_requests_to_a_server_of_unknown_kind(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    start(runner, "openai")
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 8, 0)
+    assert sorted(FakeServer.asked) == sorted((p, 1, 100 * n + i) for n, p in enumerate(SAMPLED)
+                                              for i in range(SAMPLES))
+    assert [r["content"] for r in results(tmp_path)[:2]] == ["re q0 seed 0", "re q0 seed 1"]
+
+
+def test_a_partly_answered_prompt_asks_only_its_missing_answers_with_n(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    # A worker died after checkpointing q0's answers 0 and 1: the restart asks for 2 and 3.
+    for i in (0, 1):
+        redis_client.hset(keys.checkpoint(JOB, BATCH), f"q0/{i}", orjson.dumps(
+            {"id": "q0", "sample": i, "line": 1, "content": "earlier", "finish_reason": "stop",
+             "usage": {}}))
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.resumed) == ("done", 8, 2)
+    assert sorted(FakeServer.asked) == [("q0", 2, 2), ("q1", 4, 100)]
+    out = results(tmp_path)
+    assert [r["content"] for r in out[:4]] == ["earlier", "earlier", "re q0 seed 2 choice 0",
+                                               "re q0 seed 2 choice 1"]
+    assert [r["sample"] for r in out[:4]] == [0, 1, 2, 3]
+
+
+def test_an_n_request_failing_for_the_server_is_retried_whole_and_then_fails_each_answer(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    # q0's request fails once, then is answered whole; q1's fails every try while the server
+    # answers others: each of q1's answers fails, with its tries, as a lone answer's would.
+    FakeServer.faults = {
+        "q0": [RetryableError("HTTP 500: blip", status=500)],
+        "q1": [RetryableError("HTTP 500: Failed to parse", status=500) for _ in range(4)]}
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 4, 4)
+    assert FakeServer.asked.count(("q0", 4, 0)) == 2
+    assert FakeServer.asked.count(("q1", 4, 100)) == 4
+    errors = results(tmp_path, "errors")
+    assert [e["custom_id"] for e in errors] == [f"q1/{i}" for i in range(SAMPLES)]
+    assert {(e["error"]["code"], e["tries"]) for e in errors} == {("server_error", 4)}
+    assert runner.engine.in_rotation
+
+
+def test_an_n_request_refused_for_its_prompt_fails_each_of_its_answers(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    FakeServer.faults = {"q1": [BadRequestError("HTTP 400: prompt is too long", status=400)]}
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 4, 4)
+    assert FakeServer.asked.count(("q1", 4, 100)) == 1  # a 4xx is never sent again
+    errors = results(tmp_path, "errors")
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (f"q1/{i}", "context_length_exceeded") for i in range(SAMPLES)]
+
+
+def test_a_server_that_refuses_n_is_sent_one_request_per_answer_and_fails_nothing(
+        runner: BatchRunner, tmp_path: Path) -> None:
+    sampled_input(tmp_path)
+    FakeServer.refuses_n = True
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 8, 0)
+    singles = [a for a in FakeServer.asked if a[1] == 1]
+    assert sorted(singles) == sorted((p, 1, 100 * n + i) for n, p in enumerate(SAMPLED)
+                                     for i in range(SAMPLES))
+    server = runner.engine.server
+    assert server is not None and "n" in server.refused and not server.takes_n
+    # Learned for the worker's life: the next batch asks no n at all.
+    FakeServer.asked = []
+    runner.ledger.r.delete(keys.job_part(JOB, "done"))
+    for kind in ("results", "errors"):
+        (tmp_path / "out" / JOB / kind / f"{BATCH}.jsonl").unlink(missing_ok=True)
+    runner.run(JOB, BATCH)
+    assert FakeServer.asked and all(n == 1 for _, n, _ in FakeServer.asked)
