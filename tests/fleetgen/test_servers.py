@@ -9,7 +9,7 @@ import pytest
 
 from fleetgen.errors import ModelChoiceError
 from fleetgen.job import GenerationParams
-from fleetgen.records import Origin, result_record
+from fleetgen.records import Origin, result_record, split_choices
 from fleetgen.server_info import parse_server_info
 from fleetgen.servers import KINDS, Server
 from workers.limits import QueueProbe, QueueWatch
@@ -198,3 +198,46 @@ def test_an_aborted_answer_is_not_read_as_reasoning_split_and_a_think_block_is()
     assert result_record("q", 1, vllm, 0.1, origin)["reasoning_content"] == "because"
 
 
+
+
+def test_sglang_and_vllm_take_n_but_not_an_unknown_kind_nor_a_deterministic_sglang() -> None:
+    assert Server(KINDS["sglang"]).takes_n and Server(KINDS["vllm"]).takes_n
+    assert not Server(KINDS["openai"]).takes_n
+    # With deterministic inference SGLang seeds every choice alike: n copies of one answer.
+    info = parse_server_info({"enable_deterministic_inference": True})
+    assert not Server(KINDS["sglang"], info=info).takes_n
+    assert Server(KINDS["sglang"]).prepare(STORED, thinking=True, n=4)["n"] == 4
+    assert "n" not in Server(KINDS["sglang"]).prepare(STORED, thinking=True, n=1)
+
+
+def test_a_refusal_of_n_is_learned_only_from_a_request_that_asked_several() -> None:
+    server = Server(KINDS["vllm"])
+    several = server.prepare(STORED, thinking=True, n=4)
+    one = server.prepare(STORED, thinking=True)
+    assert server.learn(400, "HTTP 400: n > 1 is not supported", one, STORED) is None
+    assert server.learn(400, "HTTP 400: prompt is too long", several, STORED) is None
+    assert server.takes_n
+    assert server.learn(400, "HTTP 400: Unsupported parameter: 'n'", several, STORED) == (
+        "refuses n (several answers in one request): one request per answer")
+    assert not server.takes_n and "without n" in server.describe()
+
+
+def test_the_choices_of_an_n_answer_split_the_usage_so_the_totals_stay_the_engines() -> None:
+    origin = Origin("s", "w", 1)
+    response = {"choices": [
+        {"index": 1, "finish_reason": "stop",
+         "message": {"content": "a" * 30, "reasoning_content": "r" * 10}},
+        {"index": 0, "finish_reason": "length", "message": {"content": "b" * 10}},
+        {"index": 2, "finish_reason": "stop", "message": {"content": "", "tool_calls": None}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 101,
+                  "completion_tokens_details": {"reasoning_tokens": 9}}}
+    records = [result_record("q", 1, r, 0.1, origin, i)
+               for i, r in enumerate(split_choices(response))]
+    assert [r["finish_reason"] for r in records] == ["length", "stop", "stop"]  # by index
+    usage = [r["usage"] for r in records]
+    assert sum(u["completion_tokens"] for u in usage) == 101
+    assert sum(u["reasoning_tokens"] for u in usage) == 9
+    assert [u["reasoning_tokens"] for u in usage] == [0, 9, 0]
+    assert usage[1]["completion_tokens"] > usage[0]["completion_tokens"] > 0
+    assert usage[2]["completion_tokens"] == 0
+    assert all(u["prompt_tokens"] == 7 for u in usage)

@@ -127,3 +127,42 @@ def test_a_ready_worker_freezes_what_it_built_and_collects_young_objects_less_of
     before, frozen, young, older, oldest = map(int, out)
     assert before == 0 and frozen > 10_000  # the imports' objects are no longer scanned
     assert (young, older, oldest) == (GC_GEN0_THRESHOLD, 10, 10)
+
+
+def test_a_request_of_several_answers_holds_a_slot_per_answer_and_keeps_its_turn() -> None:
+    async def scenario() -> None:
+        limiter = Limiter(4)
+        entered: list[str] = []
+        release = {n: asyncio.Event() for n in ("one", "four", "late", "huge")}
+
+        async def hold(name: str, count: int) -> None:
+            async with limiter.slots(count):
+                entered.append(name)
+                await release[name].wait()
+
+        tasks = [asyncio.create_task(hold("one", 1))]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(hold("four", 4)))
+        await asyncio.sleep(0)
+        # A single answer fits, but waits behind the four-answer request that came first.
+        tasks.append(asyncio.create_task(hold("late", 1)))
+        await asyncio.sleep(0.01)
+        assert entered == ["one"] and limiter.active == 1 and limiter.waiting == 2
+        release["one"].set()
+        await asyncio.sleep(0.01)
+        assert entered == ["one", "four"] and limiter.active == 4
+        release["four"].set()
+        await asyncio.sleep(0.01)
+        assert entered == ["one", "four", "late"] and limiter.active == 1
+        # More answers than the limit go alone, once nothing else runs.
+        tasks.append(asyncio.create_task(hold("huge", 6)))
+        await asyncio.sleep(0.01)
+        assert "huge" not in entered
+        release["late"].set()
+        await asyncio.sleep(0.01)
+        assert entered[-1] == "huge" and limiter.active == 6
+        release["huge"].set()
+        await asyncio.gather(*tasks)
+        assert limiter.active == 0
+
+    asyncio.run(scenario())
