@@ -8,6 +8,12 @@ in one write, waking at most every STREAM_TICK seconds.
 The other flavours (--flavor vllm, strict) change what is checked and how the answer reads
 (docs/development/simulator.md#other-engines), never the scheduling. An --abort-rate draw
 plans an abort at a token; it ends there as /abort_request would have ended it.
+
+`n` asks several choices of one prompt, as SGLang and vLLM take it: each choice is a request
+of its own in the scheduler (so n of them count as n running requests), with its own text
+drawn from the request's seed plus its index; the body holds the n choices by index and one
+`usage`, the prompt counted once and the completion tokens summed. A streamed request, and
+the strict flavour (transformers serve), answer one choice whatever `n` says.
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ class ChatJob:
     plan: OutputPlan
     view: ChatView
     left: list[bool] = field(default_factory=lambda: [False])
+    # The other choices of a request with n > 1, each its own request in the scheduler.
+    more: list[tuple[SimRequest, OutputPlan]] = field(default_factory=list)
+
+    @property
+    def sreqs(self) -> list[SimRequest]:
+        return [self.sreq, *(sreq for sreq, _ in self.more)]
 
 
 def thinking_requested(sim: Simulator, req: ChatRequest) -> bool:
@@ -158,22 +170,45 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # SGLang leaves room for one more token; vLLM's get_max_tokens fills the context
     room = cfg.context_len - prompt_tokens - (1 if flavor == "sglang" else 0)
-    # A request's own seed draws another answer, the same one each time, as an engine's does.
-    seed = cfg.seed if req.seed is None else (cfg.seed << 32) + req.seed + 1
-    plan = plan_output(TextRequest(
-        key=key_bytes, seed=seed, mean_tokens=cfg.mean_output_tokens,
-        sigma=cfg.output_sigma, limit=max_new if max_new is not None else room,
-        thinking=thinking, tools=tools, tool_choice=choice, tool_rate=cfg.tool_call_rate,
-        parse_tools=cfg.tool_call_parser is not None and flavor != "strict",
-        boilerplate_rate=cfg.boilerplate_rate if cfg.mode == "thinking-off" else 0.0,
-        ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, stop=stop))
+
+    def planned(nth: int) -> OutputPlan:
+        # A request's own seed draws another answer, the same one each time, as an engine's
+        # does; choice i of n draws with the seed plus i (vLLM's children's seeds).
+        if req.seed is None:
+            seed = cfg.seed if nth == 0 else (cfg.seed << 48) + nth
+        else:
+            seed = (cfg.seed << 32) + req.seed + nth + 1
+        return plan_output(TextRequest(
+            key=key_bytes, seed=seed, mean_tokens=cfg.mean_output_tokens,
+            sigma=cfg.output_sigma, limit=max_new if max_new is not None else room,
+            thinking=thinking, tools=tools, tool_choice=choice, tool_rate=cfg.tool_call_rate,
+            parse_tools=cfg.tool_call_parser is not None and flavor != "strict",
+            boilerplate_rate=cfg.boilerplate_rate if cfg.mode == "thinking-off" else 0.0,
+            ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, stop=stop))
+
+    def scheduled(rid: str, plan: OutputPlan, salt: bytes) -> SimRequest:
+        abort_at = sim.abort_point(key_bytes + salt, index, plan.n_tokens)
+        sreq = SimRequest(rid, prompt_tokens, plan.n_tokens if abort_at is None else abort_at,
+                          req.stream, sim.scheduler.loop, abort_planned=abort_at is not None)
+        sreq.finish_reason = "length" if plan.finish == "length" else "stop"
+        return sreq
+
     rid, model = _identity(sim, req, given_rid)
-    abort_at = sim.abort_point(key_bytes, index, plan.n_tokens)
-    sreq = SimRequest(rid, prompt_tokens, plan.n_tokens if abort_at is None else abort_at,
-                      req.stream, sim.scheduler.loop, abort_planned=abort_at is not None)
-    sreq.finish_reason = "length" if plan.finish == "length" else "stop"
-    sim.submit(sreq)
-    return ChatJob(sreq, plan, _view(sim, req, rid, model, prompt_tokens, thinking))
+    n = 1 if req.stream or flavor == "strict" else max(1, req.n)
+    plans = [planned(i) for i in range(n)]
+    sreqs = [scheduled(rid if i == 0 else f"{rid}-{i}", plan, b"" if i == 0 else b"|%d" % i)
+             for i, plan in enumerate(plans)]
+    submitted: list[SimRequest] = []
+    try:
+        for sreq in sreqs:
+            sim.submit(sreq)
+            submitted.append(sreq)
+    except RequestError:
+        for sreq in submitted:  # refused whole: the choices already queued are dropped
+            sim.scheduler.abort_request(sreq)
+        raise
+    return ChatJob(sreqs[0], plans[0], _view(sim, req, rid, model, prompt_tokens, thinking),
+                   more=list(zip(sreqs[1:], plans[1:], strict=True)))
 
 
 async def chat_completions(sim: Simulator, request: Request) -> Response:
@@ -186,9 +221,11 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
         job = prepare(sim, req)
         if req.stream:
             return await _open_stream(sim, job, request)
-        await sim.wait_done(job.sreq, request)
-        body = responses.chat_body(job.plan, job.sreq.completion_tokens, job.view,
-                                   job.sreq.aborted)
+        for sreq in job.sreqs:
+            await sim.wait_done(sreq, request)
+        bodies = [responses.chat_body(plan, sreq.completion_tokens, job.view, sreq.aborted)
+                  for sreq, plan in [(job.sreq, job.plan), *job.more]]
+        body = bodies[0] if len(bodies) == 1 else responses.several_body(bodies)
         return Response(body, media_type=JSON)
     except RequestError as err:
         return Response(err.body, status_code=err.status, media_type=media_type(err.body),

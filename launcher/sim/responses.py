@@ -115,6 +115,22 @@ def chat_body(plan: OutputPlan, n: int, view: ChatView, aborted: str | None) -> 
         "metadata": {"weight_version": "default"}})
 
 
+def several_body(bodies: list[bytes]) -> bytes:
+    """The body of a request with n > 1 from its choices' own bodies: the choices by index,
+    one `usage` with the prompt counted once and the completion and reasoning tokens summed
+    (SGLang's UsageProcessor and vLLM alike)."""
+    docs = [orjson.loads(b) for b in bodies]
+    out = docs[0]
+    out["choices"] = [{**d["choices"][0], "index": i} for i, d in enumerate(docs)]
+    usage = out["usage"]
+    usage["completion_tokens"] = sum(d["usage"]["completion_tokens"] for d in docs)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    if "reasoning_tokens" in usage:
+        usage["reasoning_tokens"] = sum(d["usage"]["reasoning_tokens"] for d in docs)
+        usage["completion_tokens_details"] = {"reasoning_tokens": usage["reasoning_tokens"]}
+    return orjson.dumps(out)
+
+
 def _vllm_tool_calls(tools: list[dict[str, Any]] | None, rid: str) -> list[dict[str, Any]]:
     """vLLM's ToolCall dumps: `chatcmpl-tool-<hex>` ids, no index."""
     digest = hashlib.blake2b(rid.encode(), digest_size=16).hexdigest()

@@ -281,3 +281,32 @@ def test_a_requests_seed_draws_its_own_answer_the_same_each_time(url: str) -> No
     unseeded, first, second = content(), content(seed=1), content(seed=2)
     assert len({unseeded, first, second}) == 3
     assert content(seed=1) == first and content() == unseeded
+
+
+def test_n_gives_n_choices_each_drawn_from_the_seed_plus_its_index_usage_summed(
+        url: str) -> None:
+    ask = {"messages": [{"role": "user", "content": "Name a colour"}], "max_tokens": 4000}
+    body = chat(url, n=3, seed=5, **ask)
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    singles = [chat(url, seed=5 + i, **ask) for i in range(3)]
+    assert [c["message"] for c in choices] == [s["choices"][0]["message"] for s in singles]
+    assert len({c["message"]["content"] for c in choices}) == 3
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"]  # counted once
+    assert usage["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in singles)
+    assert usage["reasoning_tokens"] == sum(s["usage"]["reasoning_tokens"] for s in singles)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_a_request_with_n_runs_as_n_requests_in_the_scheduler() -> None:
+    with running_sim("--decode-tps", "20") as url:
+        done: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: done.append(httpx.post(
+            url + "/v1/chat/completions", json=chat_body(max_tokens=60, n=3, ignore_eos=True),
+            timeout=60)))
+        thread.start()
+        wait_until(lambda: gauge(url, "sglang:num_running_reqs") == 3, what="3 running")
+        thread.join()
+        assert len(done[0].json()["choices"]) == 3
+        assert httpx.get(url + "/sim/stats").json()["requests"] == 1
