@@ -1,6 +1,7 @@
 """A job of four answers per prompt, end to end on the embedded S3, Redis, the simulator and real
 workers: a worker SIGKILLed mid-batch and a `requeue --failed` later, the export holds exactly
-four answers per prompt, each (id, index) once, in JSONL and grouped by prompt."""
+four answers per prompt, each (id, index) once, in JSONL and grouped by prompt. The simulator
+takes `n` as SGLang does, so a prompt's answers go as one request."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -69,6 +71,10 @@ def test_four_answers_per_prompt_survive_a_worker_kill_and_a_requeue_each_export
     poisoned_answers = len(POISONED) * SAMPLES
     assert (status.total, status.prompts) == (PROMPTS * SAMPLES, PROMPTS)
     assert (status.done, status.failed) == (status.total - poisoned_answers, poisoned_answers)
+    # The simulator is found to be SGLang, which takes `n`: a prompt's answers in one batch
+    # went as one request, so it received far fewer requests than answers.
+    received = httpx.get(poisoned_url + "/sim/stats").json()["requests"]
+    assert received < PROMPTS * SAMPLES // 2, received
 
     # The poison is gone from the next server: the requeued answers succeed there.
     _, clean_url = stack.sim("sim1", *SIM)
