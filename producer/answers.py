@@ -1,9 +1,10 @@
 """A prompt's answers: how one prompt line becomes the work items of a batch input.
 
 A job asks `n` answers of each prompt: the line's own `sampling.n`, else `enqueue --samples`
-(default 1). Each answer is one work item of a batch input, so it is its own request, its own
-checkpoint, record and export line, counted, retried, requeued and rebuilt once, keyed by its
-prompt's id and its index (`fleetgen.records.answer_key`). A batch holds a number of answers,
+(default 1). Each answer is one work item of a batch input, so it is its own checkpoint, record
+and export line, counted, retried, requeued and rebuilt once, keyed by its prompt's id and its
+index (`fleetgen.records.answer_key`); the worker sends a prompt's answers as one request with
+`n` where its server takes it (workers/batch.py). A batch holds a number of answers,
 not of prompts, so a job of four answers per prompt has four times the batches, each as long
 as a one-answer job's.
 

@@ -157,7 +157,8 @@ def build_parser() -> CommandParser:
                    help=f"{keys.SHARED_QUEUE}: every GPU takes the job; gpu3 pins it to GPU 3"
                    " (default: %(default)s)")
     p.add_argument("--samples", type=int, default=None, metavar="N",
-                   help="answers per prompt, each its own request, record and export line "
+                   help="answers per prompt, each its own record and export line, asked "
+                   "with n where the server takes it "
                    f"(1..{MAX_SAMPLES}; a line's own sampling.n wins; default 1)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="the job's seed: an answer of a prompt of several whose line gives no "

@@ -40,8 +40,8 @@ class PromptRecord:
 
     ``body`` holds ``messages``, ``tools`` if any, and the line's own sampling params; the producer
     merges the job defaults under it, so the line's values win. ``samples`` is the line's own
-    ``n`` (answers asked of the prompt), taken out of ``body``: each answer is its own request
-    and outcome; None when the line does not say, so the job's default applies.
+    ``n`` (answers asked of the prompt), taken out of ``body``: each answer is its own outcome
+    (the worker decides how they are sent); None when the line does not say, so the job's default applies.
     """
 
     id: str
@@ -398,7 +398,7 @@ SAMPLING_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (_is_object, "an object"),
     "logprobs": (_is_bool, "true or false"),
     "top_logprobs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    # Answers asked of the prompt: each is its own request and record (PromptRecord.samples).
+    # Answers asked of the prompt: each is its own outcome and record (PromptRecord.samples).
     "n": (_int_in(1, MAX_SAMPLES), f"an integer in [1, {MAX_SAMPLES}] (answers per prompt)"),
     "response_format": (_is_object, "an object"),
     "regex": (lambda v: isinstance(v, str), "a string"),
