@@ -473,8 +473,9 @@ class BatchRunner:
         return [r for outcomes in singles for r in outcomes]
 
     async def _takes_n(self) -> bool:
-        """Whether the server takes `n` (as far as known: a server not found yet is sent one
-        request per answer, which is always right)."""
+        """Whether the server takes `n`, once it is found; a server not found within the
+        down-wait is sent one request per answer (always right; each request then waits for
+        the server on its own)."""
         with contextlib.suppress(ServerDownError):
             return (await self.engine.connected(self.settings.server_down_wait_s)).takes_n
         return False
