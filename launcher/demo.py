@@ -153,7 +153,12 @@ def build_parser() -> CommandParser:
     p = CommandParser(prog="python -m launcher demo", description=__doc__,
                       epilog="examples:\n  python -m launcher demo\n"
                       "  python -m launcher demo --input my-prompts.jsonl --port-base 21000")
-    p.add_argument("--input", type=Path, default=SAMPLE, help="prompts to run (default: the sample)")
+    p.add_argument("--input", default=str(SAMPLE),
+                   help="prompts to run, any input `producer enqueue` reads: a JSONL or Parquet "
+                   "file, a folder of shards, a saved Hugging Face dataset, s3://bucket/key in "
+                   "the demo's S3 (default: the bundled sample of 200 mixed prompts)")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="answers per prompt whose line asks no sampling.n (default: 1)")
     p.add_argument("--job", default=None, help="job name (default: demo-<timestamp>)")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end")
@@ -173,8 +178,8 @@ def main(argv: list[str]) -> int:
         print(f"demo: no Procfile in {ROOT}; run the demo from a clone of fleetgen", file=sys.stderr)
         return 2
     # Before the stack starts: a typo in the path must not cost a minute of start-up.
-    if not args.input.is_file():
-        print(f"demo: --input {args.input}: no such file", file=sys.stderr)
+    if not args.input.startswith("s3://") and not Path(args.input).exists():
+        print(f"demo: --input {args.input}: no such file or folder", file=sys.stderr)
         return 2
     try:
         ports = DemoPorts() if args.port_base is None else DemoPorts.from_base(args.port_base)
@@ -366,7 +371,8 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
 
     job = args.job or time.strftime("demo-%Y%m%d-%H%M%S")
     output = os.environ.get("FLEETGEN_OUTPUT", "s3://fleetgen/runs")
-    code = producer_main(["enqueue", str(args.input), "--job", job, "--output", output])
+    samples = [] if args.samples is None else ["--samples", str(args.samples)]
+    code = producer_main(["enqueue", args.input, "--job", job, "--output", output, *samples])
     if code != 0:
         return code
     ledger = Ledger.connect(Settings.from_env())
@@ -374,6 +380,7 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     last = 0.0
     while True:
         status = job_status(ledger, job)
+        unit = "answers" if status.total > status.prompts else "prompts"
         if status.state == "done":
             break
         if status.state in ("paused", "cancelled") and not status.in_flight:
@@ -384,7 +391,7 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
             raise TimeoutError(f"job {job} not done after {args.timeout:.0f}s")
         if time.monotonic() - last > 2:
             last = time.monotonic()
-            print(f"  {status.done + status.failed}/{status.total} prompts, "
+            print(f"  {status.done + status.failed}/{status.total} {unit}, "
                   f"{status.in_flight} in flight, {status.rate.prompts_per_s_all:.1f}/s")
         time.sleep(0.25)
     print(render(status))
@@ -396,7 +403,8 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     print(f"\nexported: {exported}")
     print("what next (" + ("the stack stops now" if kept is None else f"the stack keeps "
                           f"running: kill {kept} stops it") + "; these need only that file):")
-    print(f"  head -n 2 {exported}   # an answer per line, each input id once")
+    print(f"  head -n 2 {exported}   # an answer per line, each "
+          + ("(id, sample) once" if status.total > status.prompts else "input id once"))
     print(f"  {python_command()} -m launcher demo --input my-prompts.jsonl   # the same with your "
           "own prompts")
     print("  docs/getting-started/own-data.md: run the stack yourself and keep it running")

@@ -24,7 +24,16 @@ from launcher import cli as launcher_cli
 from launcher.demo import DemoPorts
 from launcher.ports import free_port, port_is_free
 from launcher.services import wait_until
-from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, wait_job_done, write_jsonl
+from tests.stack import (
+    CELERY,
+    FAST_WORKER_ENV,
+    Proc,
+    Stack,
+    chat_rows,
+    wait_job_done,
+    write_jsonl,
+    write_parquet,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"worker (\S+) ready: queues (\S+), server (\S+), requests in flight up to (\d+)")
@@ -138,7 +147,7 @@ def free_base() -> int:
     pytest.skip("no free block of demo ports")
 
 
-# --- items 4 and 5: the demo -------------------------------------------------------------------
+# --- the demo -------------------------------------------------------------------------------
 
 
 @pytest.mark.e2e
@@ -146,12 +155,16 @@ def test_the_demo_runs_on_a_port_base_and_leaves_an_export_that_outlives_the_sta
     tmp_path: Path,
 ) -> None:
     base = free_base()
-    prompts = write_jsonl(tmp_path / "mine.jsonl", chat_rows(6, prefix="d"))
+    # A Parquet input with two answers per prompt: the demo runs any input enqueue reads.
+    prompts = write_parquet(tmp_path / "mine.parquet", {
+        "id": [f"d{i:05d}" for i in range(6)],
+        "messages": [[{"role": "user", "content": f"question {i}"}] for i in range(6)]})
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLEETGEN_"))}
     done = subprocess.run(
         [sys.executable, "-m", "launcher", "demo", "--input", str(prompts), "--job", "d1",
-         "--port-base", str(base), "--state-dir", str(state), "--timeout", "240"],
+         "--samples", "2", "--port-base", str(base), "--state-dir", str(state),
+         "--timeout", "240"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False)
     log = (state / "demo.log").read_text(errors="replace") if (state / "demo.log").exists() else ""
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{log[-4000:]}"
@@ -162,10 +175,11 @@ def test_the_demo_runs_on_a_port_base_and_leaves_an_export_that_outlives_the_sta
     assert f"Visit me at http://127.0.0.1:{base + 3}" in log
     assert f"server http://127.0.0.1:{base + 1}" in log and f"server http://127.0.0.1:{base + 2}" in log
     assert f"metrics on http://127.0.0.1:{base + 4}/metrics" in log
-    # The export is a local file that outlives the stack, with every prompt once.
+    # The export is a local file that outlives the stack, with every answer once.
     exported = tmp_path / "demo-output" / "d1.jsonl"
-    rows = [orjson.loads(line) for line in exported.read_bytes().splitlines()]
-    assert sorted(row["id"] for row in rows) == [f"d{i:05d}" for i in range(6)]
+    answers = [orjson.loads(line) for line in exported.read_bytes().splitlines()]
+    assert sorted((a["id"], a["sample"]) for a in answers) == [
+        (f"d{i:05d}", k) for i in range(6) for k in (0, 1)]
     tail = done.stdout.splitlines()[-6:]
     assert tail[0] == f"exported: {exported}"
     assert tail[1].startswith("what next")
