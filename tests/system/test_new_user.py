@@ -245,7 +245,7 @@ def test_the_demo_refuses_a_missing_input_before_starting_anything(
     state = tmp_path / "state"
     code = demo.main(["--input", str(tmp_path / "my-prompts.jsonl"), "--state-dir", str(state)])
     assert code == 2
-    assert capsys.readouterr().err == f"demo: --input {tmp_path / 'my-prompts.jsonl'}: no such file\n"
+    assert capsys.readouterr().err == f"demo: --input {tmp_path / 'my-prompts.jsonl'}: no such file or folder\n"
     assert not state.exists()  # no secrets made, no stack started
 
 
