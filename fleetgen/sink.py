@@ -279,17 +279,7 @@ class S3Sink:
             raise SinkError(f"{self.describe(key)}: {exc}") from exc
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return False
-            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
-        except Exception as exc:
-            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+        return self.head(self._key(key)) is not None
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """The objects whose key starts with `prefix` and has no `/` after it (one level, as
