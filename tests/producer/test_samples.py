@@ -25,11 +25,11 @@ from producer.enqueue import EnqueueReport, EnqueueRequest, enqueue
 from producer.inputs import PromptRecord
 from producer.rebuild import rebuild
 from producer.sinkview import stored_manifest
-from tests.producer.test_control_requeue import CONTEXT, SinkJob, ledger
+from tests.producer.test_control_requeue import CONTEXT, SinkJob
 from tests.producer.test_enqueue import cli
 from tests.stack import write_jsonl
 
-__all__ = ["cli", "ledger"]  # fixtures shared with those modules
+__all__ = ["cli"]  # a fixture shared with that module
 
 HI = [{"role": "user", "content": "hi"}]
 
