@@ -163,7 +163,7 @@ class JobStatus:
     errors: dict[str, int]
     empty_content: int
     bytes_written: int
-    # Worker -> the job's counters it moved (fleetgen/ledger.py `worker_counters`).
+    # Worker -> the job's counters it moved (fleetgen/ledger `Counters.workers`).
     workers: dict[str, dict[str, float]]
     canary: Canary
     quality: QualityPause | None

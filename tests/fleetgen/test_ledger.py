@@ -1,5 +1,5 @@
 """The ledger's scripts on a real Valkey, without workers: leases, attempts, refunds, a batch
-recorded once, and a prompt counted once (fleetgen/ledger.py, fleetgen/checkpoints.py).
+recorded once, and a prompt counted once (fleetgen/ledger/, fleetgen/checkpoints.py).
 
 These are the invariants the end-to-end tests rely on ("every prompt exactly once, and status
 tells the truth"), each checked directly in milliseconds.

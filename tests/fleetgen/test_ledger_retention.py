@@ -1,4 +1,4 @@
-"""Retention (Jobs.settle, fleetgen/settle_job.lua): a finished job (done or cancelled) leaves
+"""Retention (Jobs.settle, fleetgen/ledger/settle_job.lua): a finished job (done or cancelled) leaves
 the active jobs for the finished index, and its Redis keys expire FLEETGEN_JOB_RETENTION after
 it finished; the reconciler, `producer jobs` and each worker's /metrics stop paying for it.
 
