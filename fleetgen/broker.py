@@ -19,13 +19,19 @@ after a few Redis restarts in a row. A channel of a detached transport raises th
 `ConnectionError` instead, which both already handle as the broker loss it is; the message it
 could not ack or restore comes back through the visibility timeout, and our leases cover the
 batch either way.
+
+kombu's Redis layout is read here too (`queue_lists`, `waiting_batches`): the lists that hold a
+queue's messages and the hash of those delivered and not acked, where the reconciler and
+enqueue look for the batches the broker still holds.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import redis
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
@@ -34,6 +40,14 @@ from kombu.transport import redis as kombu_redis
 
 from fleetgen import keys, redisconn
 from fleetgen.settings import Settings
+
+# kombu's Redis transport keeps priority p > 0 of queue q in the list "q\x06\x16p"
+# (keys.REDRIVE_PRIORITY, keys.FRESH_PRIORITY are steps of these).
+_PRIORITY_STEPS = (0, 3, 6, 9)
+# kombu's Redis transport: messages delivered to a worker and not acked yet (hash tag ->
+# [message, exchange, routing key]) and when each was delivered (zset tag -> time).
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
 
 
 class _DetachedChannelFails:
@@ -127,3 +141,47 @@ def make_app(settings: Settings, include: Sequence[str] = ()) -> Celery:
         task_send_sent_event=True,
     )
     return app
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's waiting messages, one per priority step."""
+    return [queue if p == 0 else f"{queue}\x06\x16{p}" for p in _PRIORITY_STEPS]
+
+
+def waiting_batches(r: redis.Redis, *, grace_s: float) -> set[tuple[str, str]]:
+    """(job, batch) of every message waiting in a queue list or held unacked by a worker.
+
+    An unacked message delivered more than `grace_s` ago whose batch has no lease belongs to
+    a worker that died between taking it and leasing it; it does not count as waiting.
+    Only kombu's JSON envelope is read (`headers.id`, the task id), never the body, so the
+    task serializer does not matter; the layout does (see the kombu pin in pyproject.toml).
+    """
+    found: set[tuple[str, str]] = set()
+    for name in r.scan_iter(match="*", count=1000, _type="list"):
+        for raw in r.lrange(name, 0, -1):
+            _collect_task(found, raw)
+    now = time.time()
+    indexed: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
+        UNACKED_INDEX, 0, -1, withscores=True)
+    recent = {tag for tag, score in indexed if now - score < grace_s}
+    unacked: dict[bytes, bytes] = r.hgetall(UNACKED)  # type: ignore[assignment]
+    for tag, raw in unacked.items():
+        if tag not in recent:
+            continue
+        try:
+            _collect_task(found, orjson.dumps(orjson.loads(raw)[0]))
+        except (orjson.JSONDecodeError, IndexError, TypeError):
+            continue
+    return found
+
+
+def _collect_task(found: set[tuple[str, str]], raw: Any) -> None:
+    """Add the (job, batch) of a kombu message envelope's task id, if it is one of ours."""
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    task_id = (message.get("headers") or {}).get("id") if isinstance(message, dict) else None
+    parsed = keys.parse_task_id(task_id) if isinstance(task_id, str) else None
+    if parsed:
+        found.add(parsed)

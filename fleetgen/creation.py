@@ -49,7 +49,7 @@ def job_lock(ledger: Ledger, job: str, command: str, *, wait_s: float = 0.0) -> 
     """Hold the job's lock for the block; JobBusyError if another command still holds it after
     `wait_s` seconds (0: at once)."""
     token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:{command}"
-    lock = ledger.job_lock(job, LOCK_TTL_S)
+    lock = ledger.jobs.lock(job, LOCK_TTL_S)
     _acquire(ledger, lock, job, token, command, wait_s)
     stop = threading.Event()
 
@@ -125,7 +125,7 @@ def creation_holder(ledger: Ledger, job: str, *, clear_stale: bool = False) -> s
 
 def _held(ledger: Ledger, job: str, *, clear_stale: bool = False) -> tuple[str, str] | None:
     """(`host:pid`, command) of the lock's live holder, or None."""
-    raw = ledger.job_lock_token(job)
+    raw = ledger.jobs.lock_token(job)
     if raw is None:
         return None
     host, _, rest = raw.decode().partition(":")
@@ -137,7 +137,7 @@ def _held(ledger: Ledger, job: str, *, clear_stale: bool = False) -> tuple[str, 
         # redis-py's compare-and-delete: only if the dead holder still has it (if it changed
         # hands meanwhile, the caller's next acquire decides).
         with contextlib.suppress(RedisLockError):
-            ledger.release_job_lock(job, raw, LOCK_TTL_S)
+            ledger.jobs.release_lock(job, raw, LOCK_TTL_S)
     return None
 
 

@@ -228,7 +228,7 @@ def registry(ledger: Ledger, now: float) -> dict[str, WorkerEntry]:
     """The registered workers, a stale entry's `state` turned to `lost`; an entry that is not
     one (written by something else) is left out."""
     out: dict[str, WorkerEntry] = {}
-    for name, raw in ledger.worker_registry().items():
+    for name, raw in ledger.registry.entries().items():
         try:
             entry = WorkerEntry.from_json(raw)
         except ValueError:

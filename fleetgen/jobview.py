@@ -163,7 +163,7 @@ class JobStatus:
     errors: dict[str, int]
     empty_content: int
     bytes_written: int
-    # Worker -> the job's counters it moved (fleetgen/ledger.py `worker_counters`).
+    # Worker -> the job's counters it moved (fleetgen/ledger `Counters.workers`).
     workers: dict[str, dict[str, float]]
     canary: Canary
     quality: QualityPause | None
@@ -189,11 +189,11 @@ def job_status(
 ) -> JobStatus:
     """Every figure of `job` at `now`; `live` adds `fleet` (one row per worker, ~2 s at most)."""
     now = time.time() if now is None else now
-    manifest = ledger.load_job(job)
-    stored_state, reason = ledger.job_state(job)
+    manifest = ledger.jobs.load(job)
+    stored_state, reason = ledger.jobs.state(job)
     # done/failed are what the sink holds (the figures export reconciles); prompts answered
     # in batches not written yet are `checkpointed` until their batch is written.
-    written, stats, finished_batches, extra = ledger.counts(job)
+    written, stats, finished_batches, extra = ledger.counters.counts(job)
     done = int(written.get("prompts_done", 0))
     failed = int(written.get("prompts_failed", 0))
     answered = int(stats.get("prompts_done", 0) + stats.get("prompts_failed", 0))
@@ -202,7 +202,7 @@ def job_status(
     total_batches = manifest.batches + extra
     finished = finished_batches >= total_batches and stored_state == STATE_RUNNING
     state = STATE_DONE if finished else stored_state
-    running = ledger.running_batches(job)
+    running = ledger.batches.running(job)
     hands = _in_hand(ledger, manifest, running)
     in_hand = min(remaining - checkpointed, sum(hands.values()))
     # One read of the registry: what the live workers have in flight and their last errors.
@@ -211,9 +211,9 @@ def job_status(
     waiting = remaining - checkpointed - in_hand
     times = _times(ledger, job, manifest.created_at)
     answer_s = _mean_answer_s(stats)
-    clock = _clock(ledger.minutes(job), times, now, state, answer_s)
+    clock = _clock(ledger.counters.minutes(job), times, now, state, answer_s)
     rate = _rates(clock, answered, stats.get("output_tokens", 0.0), answer_s)
-    workers = ledger.worker_counters(job)
+    workers = ledger.counters.workers(job)
     worker_errors = _worker_errors(entries, now)
     queued = waiting if state == STATE_RUNNING else 0
     return JobStatus(
@@ -231,7 +231,7 @@ def job_status(
         queued=queued,
         held=waiting if state not in (STATE_RUNNING, STATE_DONE) else 0,
         batches=Batches(total=total_batches, done=finished_batches, running=len(running),
-                        queued=len(ledger.queued_batches(job))),
+                        queued=len(ledger.batches.queued(job))),
         elapsed_s=round(clock["elapsed"], 1),
         rate=rate,
         eta_s=_eta(remaining, remaining - checkpointed, in_flight, state, clock, answer_s),
@@ -242,7 +242,7 @@ def job_status(
         bytes_written=int(stats.get("bytes_written", 0)),
         workers=workers,
         canary=_canary(ledger, job, manifest),
-        quality=ledger.quality_pause(job),
+        quality=ledger.guards.quality_pause(job),
         breaker=_breaker(ledger, job),
         worker_errors=worker_errors,
         stalled=_stalled(manifest, entries, worker_errors, queued, len(running), times, now),
@@ -275,7 +275,7 @@ def _in_hand(
     that have not reached the checkpoint yet (sent or waiting)."""
     plan = batch_sizes(manifest.answers, manifest.batch_size, taper=manifest.taper)
     hands: dict[str | None, int] = {}
-    for batch, (holder, checkpointed) in ledger.running_holds(manifest.name, running).items():
+    for batch, (holder, checkpointed) in ledger.batches.holds(manifest.name, running).items():
         left = max(0, _batch_len(plan, manifest.batch_size, batch) - checkpointed)
         hands[holder] = hands.get(holder, 0) + left
     return hands
@@ -292,12 +292,12 @@ def _other_hands(
     out: dict[str, int] = {}
     if not workers:
         return out
-    for other in ledger.active_job_names():
-        running = ledger.running_batches(other) if other != job else {}
+    for other in ledger.jobs.active():
+        running = ledger.batches.running(other) if other != job else {}
         if not running:
             continue
         try:
-            manifest = ledger.load_job(other)
+            manifest = ledger.jobs.load(other)
         except UnknownJobError:
             continue  # expired or deleted since it was listed
         for worker, n in _in_hand(ledger, manifest, running).items():
@@ -317,7 +317,7 @@ def _batch_len(plan: list[int], size: int, batch: str) -> int:
 def _times(ledger: Ledger, job: str, created_at: float) -> dict[str, float]:
     """When the job started running (enqueue finished), when its last batch was written, and
     when its state last changed (`changed`: for a paused or cancelled job, when it stopped)."""
-    times = ledger.job_times(job)
+    times = ledger.jobs.times(job)
     return {"started": times.started or created_at, "last_write": times.last_write,
             "changed": times.changed}
 
@@ -326,7 +326,7 @@ def _creating_reason(ledger: Ledger, manifest: JobManifest, state: str) -> str |
     """For a job still being created: who is creating it, or that its enqueue was interrupted."""
     if state != STATE_CREATING:
         return None
-    stored = ledger.inputs_stored(manifest.name)
+    stored = ledger.jobs.inputs_stored(manifest.name)
     holder = creation_holder(ledger, manifest.name)
     progress = f"{stored:,} of {manifest.batches:,} batch inputs stored"
     if holder is not None:
@@ -517,7 +517,7 @@ def _stalled(
 
 def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> Canary:
     thresholds = Thresholds(**manifest.canary) if manifest.canary else Thresholds()
-    progress = ledger.canary_progress(job)
+    progress = ledger.guards.canary_progress(job)
     return Canary(enabled=thresholds.enabled, answers_seen=progress.seen,
                   min_completions=thresholds.min_completions,
                   judged_at_end=manifest.answers < thresholds.min_completions,
@@ -526,8 +526,8 @@ def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> Canary:
 
 def _breaker(ledger: Ledger, job: str) -> Breaker | None:
     """The failure breaker's trip and the causes accepted; None if it never tripped."""
-    cause, example = ledger.breaker_trip(job)
-    accepted = ledger.accepted_causes_raw(job)
+    cause, example = ledger.guards.breaker_trip(job)
+    accepted = ledger.guards.accepted_causes_raw(job)
     if cause is None and accepted is None:
         return None
     return Breaker(cause=cause, example=example, accepted=accepted_causes(accepted))

@@ -65,14 +65,7 @@ TASK_RUN_BATCH = "fleetgen.run_batch"
 # fresh work, whichever queue it is in.
 REDRIVE_PRIORITY = 0
 FRESH_PRIORITY = 6
-# kombu's Redis transport keeps priority p > 0 of queue q in the list "q\x06\x16p".
-_PRIORITY_STEPS = (0, 3, 6, 9)
-
-
-# kombu's Redis transport: messages delivered to a worker and not acked yet (hash tag ->
-# [message, exchange, routing key]) and when each was delivered (zset tag -> time).
-BROKER_UNACKED = "unacked"
-BROKER_UNACKED_INDEX = "unacked_index"
+# kombu's own Redis layout (its queue lists, the unacked hash) is read in fleetgen/broker.py.
 
 
 def task_id(job: str, batch: str, nonce: str) -> str:
@@ -85,14 +78,10 @@ def parse_task_id(value: str) -> tuple[str, str] | None:
     return (parts[0], parts[1]) if len(parts) == 3 else None
 
 
-def broker_lists(queue: str) -> list[str]:
-    """The Redis lists that hold a queue's waiting messages, one per priority step."""
-    return [queue if p == 0 else f"{queue}\x06\x16{p}" for p in _PRIORITY_STEPS]
-
 JOBS = f"{PREFIX}:jobs"
 FINISHED_JOBS = f"{PREFIX}:jobs:finished"
 # The parts of a job that live as long as it does, all expiring together once it finishes
-# (Ledger.settle; its unfinished batches' checkpoints too). `enqueue` and `progress_due` are
+# (Jobs.settle; its unfinished batches' checkpoints too). `enqueue` and `progress_due` are
 # left out: they expire on their own, and must never be made to last.
 JobPart = Literal["queued", "running", "done", "attempts", "causes", "stats", "written",
                   "workers", "minutes", "worker_minutes", "failures", "recent", "outcomes",

@@ -39,7 +39,7 @@ def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings |
     to do for every job after this one.
     """
     try:
-        if not ledger.claim_progress_turn(job, now, PROGRESS_EVERY_S):
+        if not ledger.counters.claim_progress_turn(job, now, PROGRESS_EVERY_S):
             return False
         return _write(ledger, job, now, settings)
     except SinkError as exc:
@@ -66,7 +66,7 @@ def record_state(ledger: Ledger, job: str, now: float) -> bool:
 def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> bool:
     status = job_status(ledger, job, now)
     mark = _fingerprint(status)
-    if status.state != STATE_RUNNING and ledger.progress_mark(job) == mark:
+    if status.state != STATE_RUNNING and ledger.counters.progress_mark(job) == mark:
         return False
     # The servers as their workers published them: a reconciler round sends no request to
     # every server of the fleet (only `producer status` reads them live).
@@ -75,7 +75,7 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
     style = settings.s3_addressing_style if settings else "path"
     sink = open_sink(status.output, addressing_style=style)
     sink.put(progress_key(job), status.to_json(option=orjson.OPT_INDENT_2))
-    ledger.set_progress_mark(job, mark)
+    ledger.counters.set_progress_mark(job, mark)
     log.debug("job %s: progress.json written (%d/%d)", job, status.done, status.total)
     return True
 

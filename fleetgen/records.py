@@ -251,7 +251,7 @@ def counters(record: dict[str, Any], *, thinking: bool) -> dict[str, float]:
 
 
 def written_counts(records: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """What a batch's written objects add to the job's written counters (Ledger.finish_batch):
+    """What a batch's written objects add to the job's written counters (Batches.finish):
     prompts answered, prompts failed, and failures by error code — what `export` will count."""
     out: dict[str, float] = {"prompts_done": 0, "prompts_failed": 0}
     for record in records:

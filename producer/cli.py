@@ -456,7 +456,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if args.watch:
             _wait_for_job(ledger, args.job, interval)
         else:
-            ledger.load_job(args.job)  # a job Redis does not hold is an error (main says why)
+            ledger.jobs.load(args.job)  # a job Redis does not hold is an error (main says why)
         while True:
             status = job_status(ledger, args.job, live=not args.no_servers)
             # A done or cancelled job moves no more: its watch draws it once and ends. A
@@ -483,11 +483,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 def _wait_for_job(ledger: Ledger, job: str, interval: float) -> None:
     """Return once Redis holds `job`; until then say, once, that the watch waits for it (a
     watcher may be started before or while the job's enqueue runs)."""
-    if ledger.job_exists(job):
+    if ledger.jobs.exists(job):
         return
     print(f"waiting for job {job} to be enqueued … (Ctrl-C to stop)", file=sys.stderr,
           flush=True)
-    while not ledger.job_exists(job):
+    while not ledger.jobs.exists(job):
         time.sleep(interval)
 
 
@@ -507,7 +507,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     from producer.status import format_duration
 
     ledger = Ledger.connect(settings)
-    active = ledger.active_job_names()
+    active = ledger.jobs.active()
     # One filed both ways for a moment (enqueue run again on a finished job) shows once.
     finished = [row for row in _finished_rows(ledger, time.time()) if row[0] not in active]
     if not active and not finished:
@@ -535,9 +535,9 @@ def _finished_rows(ledger: Ledger, now: float) -> list[tuple[str, str, int, int,
     from fleetgen.ledger import STATE_CANCELLED
     from producer.status import format_duration
 
-    finished = sorted(ledger.finished_jobs().items(), key=lambda item: -item[1])
+    finished = sorted(ledger.jobs.finished().items(), key=lambda item: -item[1])
     rows = []
-    summaries = ledger.finished_summaries([name for name, _ in finished])
+    summaries = ledger.jobs.finished_summaries([name for name, _ in finished])
     for (name, at), summary in zip(finished, summaries, strict=True):
         if summary is None:
             continue  # expired: it leaves the index when the next job finishes
@@ -635,7 +635,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
         print(orjson.dumps({**report.as_dict(), "written": written}).decode(), flush=True)
     else:
         print(f"reconcile: {report.line()}", flush=True)
-    shortfall = report.problem(ledger.job_state(args.job)[0] if ledger is not None else None)
+    shortfall = report.problem(ledger.jobs.state(args.job)[0] if ledger is not None else None)
     if shortfall and not args.partial:
         reason, fix = shortfall
         raise CommandError(f"{reason}; {fix}, or pass --partial to export what exists")
@@ -652,11 +652,11 @@ def _exported_job(args: argparse.Namespace, settings: Settings,
     does not know (or a Redis that cannot be reached) is read from the sink alone."""
     if args.output is None:
         ledger = Ledger.connect(settings)
-        return ledger.load_job(args.job), ledger
+        return ledger.jobs.load(args.job), ledger
     try:
         ledger = Ledger.connect(settings)
-        if ledger.job_exists(args.job):
-            manifest = ledger.load_job(args.job)
+        if ledger.jobs.exists(args.job):
+            manifest = ledger.jobs.load(args.job)
             _same_output(args.job, manifest.output, args.output)
             return manifest, ledger
         why = "Redis does not know the job"
@@ -675,7 +675,7 @@ def _check_quality(ledger: Ledger, args: argparse.Namespace) -> None:
     if quality and not quality.accepted and not args.partial:
         # All its batches may be written (a small job is judged at its end): still not a
         # dataset to hand on without a look.
-        state, reason = ledger.job_state(args.job)
+        state, reason = ledger.jobs.state(args.job)
         why = reason if reason.startswith("quality:") else (
             f"the canary paused it after {quality.detected_after} answers; it is {state} "
             f"now: {reason}")
@@ -733,8 +733,8 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
     ledger = Ledger.connect(settings)
     output = args.output
-    if ledger.job_exists(args.job):
-        known = ledger.load_job(args.job).output
+    if ledger.jobs.exists(args.job):
+        known = ledger.jobs.load(args.job).output
         if output is not None:
             _same_output(args.job, known, output)
         output = known
@@ -744,7 +744,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     manifest = _stored_manifest(args.job, output)
     with job_lock(ledger, args.job, "rebuild", wait_s=JOB_LOCK_WAIT_S):
         rebuilt = rebuild(ledger, manifest, open_sink(manifest.output))
-        running = manifest.complete and ledger.job_state(args.job)[0] == STATE_RUNNING
+        running = manifest.complete and ledger.jobs.state(args.job)[0] == STATE_RUNNING
         dispatched = (control.redispatch_idle(ledger, app, args.job, manifest.queue)
                       if running else 0)
     print(f"job {args.job} rebuilt from {rebuilt.where}")
@@ -757,7 +757,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     ledger = Ledger.connect(settings)
-    manifest = ledger.load_job(args.job)
+    manifest = ledger.jobs.load(args.job)
     to: Path = args.to or Path(f"{args.job}-report.html")
     problem = export.target_problem(to, manifest.input, force=args.force)
     if problem:

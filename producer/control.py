@@ -27,7 +27,7 @@ import orjson
 from celery import Celery
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
-from fleetgen import breaker, keys
+from fleetgen import breaker, broker, keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
@@ -43,20 +43,20 @@ from producer.rebuild import count_written
 
 def pause(ledger: Ledger, job: str, reason: str = "paused by user") -> None:
     _created(ledger, job)
-    ledger.set_state(job, STATE_PAUSED, reason)
+    ledger.jobs.set_state(job, STATE_PAUSED, reason)
     record_state(ledger, job, time.time())
 
 
 def cancel(ledger: Ledger, job: str) -> None:
     _created(ledger, job)
-    ledger.set_state(job, STATE_CANCELLED, "cancelled by user")
+    ledger.jobs.set_state(job, STATE_CANCELLED, "cancelled by user")
     record_state(ledger, job, time.time())
 
 
 def _created(ledger: Ledger, job: str) -> JobManifest:
     """The job's manifest; JobError while its enqueue has not finished (nothing runs yet)."""
-    manifest = ledger.load_job(job)
-    if ledger.job_state(job)[0] == STATE_CREATING:
+    manifest = ledger.jobs.load(job)
+    if ledger.jobs.state(job)[0] == STATE_CREATING:
         raise JobError(f"job {job} is still being created: nothing runs until its enqueue "
                        "finishes (run the same enqueue command again if it was interrupted)")
     return manifest
@@ -83,7 +83,7 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
     failures, and the breaker no longer trips on that cause for the job.
     """
     manifest = _created(ledger, job)
-    state, reason = ledger.job_state(job)
+    state, reason = ledger.jobs.state(job)
     if state == STATE_PAUSED and reason.startswith("quality:") and not accept_quality:
         raise JobError(
             f"job {job} was paused by the quality canary ({reason}); look at the examples in "
@@ -91,23 +91,23 @@ def resume(ledger: Ledger, app: Celery, job: str, *, accept_quality: bool = Fals
         )
     cause = None
     if state == STATE_PAUSED and reason.startswith(breaker.REASON_PREFIX):
-        cause = ledger.breaker_cause(job)
+        cause = ledger.guards.breaker_cause(job)
     resend = cause is not None and not accept_failures
     # Sending failures again is a requeue: it holds the job's lock as `requeue_failed` does.
     with job_lock(ledger, job, "resume", wait_s=JOB_LOCK_WAIT_S) if resend else nullcontext():
         resent: set[str] = set()
         if cause is not None and accept_failures:
-            accepted = breaker.accepted_causes(ledger.accepted_causes_raw(job))
-            ledger.accept_causes(job, {*accepted, cause})
+            accepted = breaker.accepted_causes(ledger.guards.accepted_causes_raw(job))
+            ledger.guards.accept_causes(job, {*accepted, cause})
         elif cause is not None:
             _wait_idle(ledger, job, wait_s)
             resent = _resend_checkpointed(ledger, manifest, cause)
         if accept_quality:
-            ledger.accept_quality(job, time.time())
+            ledger.guards.accept_quality(job, time.time())
         if cause is not None:
             # A fresh window: the old outcomes are settled, either way.
-            ledger.clear_breaker_window(job)
-        ledger.set_state(job, STATE_RUNNING)
+            ledger.guards.clear_breaker_window(job)
+        ledger.jobs.set_state(job, STATE_RUNNING)
         record_state(ledger, job, time.time())
         resumed = Resumed(0, cause, len(resent), accepted=cause is not None and accept_failures)
         if resend:
@@ -123,7 +123,7 @@ def _wait_idle(ledger: Ledger, job: str, wait_s: float) -> None:
     """Until no live worker holds a batch of the paused job (its batches finish the requests
     they have in flight, then go back); JobError past `wait_s`, with nothing changed."""
     def held() -> list[str]:
-        return sorted(b for b in ledger.running_batches(job) if ledger.lease_alive(job, b))
+        return sorted(b for b in ledger.batches.running(job) if ledger.leases.alive(job, b))
 
     try:
         Retrying(retry=retry_if_result(bool), stop=stop_before_delay(wait_s),
@@ -141,13 +141,13 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
     """Take the prompts that failed with `cause` out of the checkpoints of batches not written
     yet, so that their next run sends them again; returns their ids."""
     job = manifest.name
-    done = ledger.done_batches(job)
+    done = ledger.batches.done(job)
     sink: Sink | None = None
     ids: set[str] = set()
-    for batch in ledger.all_batches(job):
+    for batch in ledger.jobs.batches(job):
         if batch in done:
             continue
-        failed = [r for r in ledger.load_checkpoint(job, batch).values()
+        failed = [r for r in ledger.batches.checkpoint(job, batch).values()
                   if is_failure(r) and breaker.outcome(r) == cause]
         if not failed:
             continue
@@ -156,17 +156,17 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
             # Written, its worker gone before recording it: the batch's next run records it
             # from the sink, and its failures go out in new batches with the written ones.
             continue
-        if ledger.drop_failures(job, batch, failed) is None:
+        if ledger.batches.drop_failures(job, batch, failed) is None:
             raise JobError(f"job {job}: batch {batch} started while resume ran; run resume again")
         ids.update(record_key(r) for r in failed)
     return ids
 
 
 def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
-    done = ledger.done_batches(job)
-    running = ledger.running_batches(job)
-    waiting = {b for j, b in ledger.broker_batches(grace_s=float("inf")) if j == job}
-    idle = [b for b in ledger.all_batches(job) if b not in done and b not in running and b not in waiting]
+    done = ledger.batches.done(job)
+    running = ledger.batches.running(job)
+    waiting = {b for j, b in broker.waiting_batches(ledger.r, grace_s=float("inf")) if j == job}
+    idle = [b for b in ledger.jobs.batches(job) if b not in done and b not in running and b not in waiting]
     return dispatch(app, ledger, job, idle, queue)
 
 
@@ -208,7 +208,7 @@ def _requeue(
     # The job's one reading: a prompt of a requeue batch not written yet has no outcome (its
     # round will give it one), so it is not requeued twice.
     layout, _ = sinkview.read(sink, manifest, collect)
-    known = set(ledger.all_batches(job))
+    known = set(ledger.jobs.batches(job))
     unknown = [b for b in layout.requeue if b not in known]
     if unknown:
         raise JobError(
@@ -222,7 +222,7 @@ def _requeue(
     if not failed:
         return RequeueReport(0, 0)
     size = batch_size or manifest.batch_size
-    round_no = ledger.next_round(job, layout.last_round)
+    round_no = ledger.rounds.next(job, layout.last_round)
     rows = _input_rows(sink, job, failed)
     batches: list[str] = []
     for start in range(0, len(rows), size):
@@ -230,9 +230,9 @@ def _requeue(
         chunk = rows[start:start + size]
         sink.put(keys.sink_input(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in chunk))
         batches.append(batch)
-    ledger.record_round(job, batches, Counter(failed[_row_key(row)] for row in rows))
-    if ledger.job_state(job)[0] == STATE_CANCELLED:
-        ledger.set_state(job, STATE_RUNNING)
+    ledger.rounds.record(job, batches, Counter(failed[_row_key(row)] for row in rows))
+    if ledger.jobs.state(job)[0] == STATE_CANCELLED:
+        ledger.jobs.set_state(job, STATE_RUNNING)
         record_state(ledger, job, time.time())
     dispatch(app, ledger, job, batches, manifest.queue)
     return RequeueReport(len(rows), len(batches), round_no)

@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 from celery import Celery
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.creation import creation_lock
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
@@ -185,8 +185,8 @@ def _enqueue(
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
     with creation_lock(ledger, req.job):
-        known = ledger.job_exists(req.job)
-        existing = ledger.load_job(req.job) if known else stored_manifest(sink, req.job)
+        known = ledger.jobs.exists(req.job)
+        existing = ledger.jobs.load(req.job) if known else stored_manifest(sink, req.job)
         report.resumed = existing is not None
         if existing is not None:
             manifest = _check_resume(existing, req, summary.sha256, report)
@@ -218,7 +218,7 @@ def _enqueue(
             rejects.upload(sink, f"{req.job}/rejects.jsonl")
         if manifest.complete and known:
             report.complete = True
-            ledger.save_job(manifest)
+            ledger.jobs.save(manifest)
             pending = _pending_batches(manifest, sink, ledger, report)
         elif manifest.complete:
             report.complete = True
@@ -230,9 +230,9 @@ def _enqueue(
             pending = _pending_batches(manifest, sink, ledger, report)
             # Queued in the ledger before the job runs, so no reconciler round sees them in no
             # state and sends them a second time.
-            ledger.mark_queued(manifest.name, pending)
-            ledger.activate(manifest)
-            ledger.note_inputs_stored(manifest.name, None)
+            ledger.batches.mark_queued(manifest.name, pending)
+            ledger.jobs.activate(manifest)
+            ledger.jobs.note_inputs_stored(manifest.name, None)
             report.complete = True
         report.to_queue = len(pending)
         sending.extend(pending)
@@ -272,8 +272,8 @@ def _check_output(job: str, output: str, ledger: Ledger, sink: Sink) -> None:
 
 def _job_folders(ledger: Ledger) -> Iterator[tuple[str, str]]:
     """(name, `{output}/{job}/` as `location` spells it) of every job Redis holds."""
-    names = ledger.job_names()
-    for name, raw in zip(names, ledger.manifests_raw(names), strict=True):
+    names = ledger.jobs.names()
+    for name, raw in zip(names, ledger.jobs.manifests_raw(names), strict=True):
         if raw is not None:
             yield name, location(orjson.loads(raw)["output"]) + name + "/"
 
@@ -332,7 +332,7 @@ def _store_inputs(
     # The intent first, in both places: a later enqueue (even after a Redis loss) finds the
     # file's sha256 and resumes instead of mixing two inputs.
     sink.put(keys.sink_manifest(job), manifest.to_json())
-    ledger.save_job(manifest)
+    ledger.jobs.save(manifest)
     stored = {Path(k).stem for k in sink.list_keys(f"{job}/inputs/") if k.endswith(".jsonl")}
     sizes = batch_sizes(manifest.answers, manifest.batch_size, taper=manifest.taper)
     uploads: list[Future[None]] = []
@@ -346,7 +346,7 @@ def _store_inputs(
                 uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
                 if len(uploads) >= UPLOAD_THREADS * 4:
                     report.uploaded += _drain(uploads)
-                    ledger.note_inputs_stored(job, report.uploaded + report.already_stored)
+                    ledger.jobs.note_inputs_stored(job, report.uploaded + report.already_stored)
             report.uploaded += _drain(uploads)
     finally:
         # Interrupted: the pool still finished the uploads it was given; they are stored.
@@ -367,9 +367,9 @@ def _pending_batches(
                if k.endswith(".jsonl") and keys.is_batch(Path(k).stem)}
     # Written but not recorded (Redis lost it, or its worker died first): counted from the sink.
     done = count_written(ledger, sink, job, in_sink)
-    waiting = set(ledger.running_batches(job)) | _in_broker(ledger, job, ledger.queued_batches(job))
+    waiting = set(ledger.batches.running(job)) | _in_broker(ledger, job, ledger.batches.queued(job))
     pending = []
-    for batch in ledger.all_batches(job):
+    for batch in ledger.jobs.batches(job):
         if batch in done:
             report.skipped_done += 1
         elif batch in waiting:
@@ -385,12 +385,12 @@ def _in_broker(ledger: Ledger, job: str, batches: Iterable[str]) -> set[str]:
     wanted = set(batches)
     if not wanted:
         return set()
-    return {b for j, b in ledger.broker_batches(grace_s=math.inf) if j == job} & wanted
+    return {b for j, b in broker.waiting_batches(ledger.r, grace_s=math.inf) if j == job} & wanted
 
 
 def _queued_now(ledger: Ledger, job: str, batches: list[str]) -> int:
     """How many of `batches` reached the broker: in it, running or done."""
-    gone = set(ledger.running_batches(job)) | ledger.done_batches(job)
+    gone = set(ledger.batches.running(job)) | ledger.batches.done(job)
     return len(_in_broker(ledger, job, batches) | (gone & set(batches)))
 
 

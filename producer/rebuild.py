@@ -89,7 +89,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     """Put back the ledger's record of `manifest`'s job from its sink (see the module doc);
     the caller holds the job's lock."""
     job = manifest.name
-    known = ledger.job_exists(job)
+    known = ledger.jobs.exists(job)
     live: Counter[str] = Counter()
     thinking = manifest.params.thinking  # a line's own setting lives in its input only
 
@@ -99,15 +99,15 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     layout, found = sinkview.read(sink, manifest, tally)
     unwritten = [b for b in _batches(manifest, layout.requeue) if b not in layout.done]
     checkpointed = 0
-    for raw in ledger.checkpointed_records(job, unwritten):
+    for raw in ledger.batches.checkpointed_records(job, unwritten):
         checkpointed += 1
         tally(orjson.loads(raw))
     live["batches_done"] = len(layout.done)
-    ledger.restore(manifest, done=layout.done, rounds=layout.requeue,
+    ledger.rounds.restore(manifest, done=layout.done, rounds=layout.requeue,
                    last_round=layout.last_round, written=found.written(), live=live)
     stopped = None if known or not manifest.complete else _stopped(sink, job)
     if stopped is not None:
-        ledger.set_state(job, *stopped)
+        ledger.jobs.set_state(job, *stopped)
     return Rebuilt(job=job, where=sink.describe(f"{job}/"), complete=manifest.complete,
                    enqueued=manifest.batches, requeued=len(layout.requeue),
                    written=len(layout.done), last_round=layout.last_round, found=found,
@@ -127,10 +127,10 @@ def _batches(manifest: JobManifest, requeue: list[str]) -> list[str]:
 def count_written(ledger: Ledger, sink: Sink, job: str, in_sink: Iterable[str]) -> set[str]:
     """Record the batches of `in_sink` (written: they have a result object) that the ledger has
     not counted, from their objects: their worker died between writing and recording, or Redis
-    lost the record. Returns the done set. Recording is once per batch (Ledger.finish_batch),
+    lost the record. Returns the done set. Recording is once per batch (Batches.finish),
     so a worker recording the same batch meanwhile counts nothing twice."""
-    done = ledger.done_batches(job)
+    done = ledger.batches.done(job)
     for batch in sorted(set(in_sink) - done, key=keys.batch_order):
-        ledger.finish_batch(job, batch, written_counts(batch_records(sink, job, batch)), "", [])
+        ledger.batches.finish(job, batch, written_counts(batch_records(sink, job, batch)), "", [])
         done.add(batch)
     return done

@@ -100,9 +100,9 @@ def build_report(ledger: Ledger, job: str, max_batches: int = DEFAULT_MAX_BATCHE
     now = time.time() if now is None else now
     status = job_status(ledger, job, now=now)
     sink = open_sink(status.output)
-    answers = read_answers(sink, job, ledger.done_batches(job), max_batches)
+    answers = read_answers(sink, job, ledger.batches.done(job), max_batches)
     servers = registry(ledger, now)
-    minutes = ledger.worker_minutes(job)
+    minutes = ledger.counters.worker_minutes(job)
     return Report(job, render_html(status, answers, servers, minutes, now), status)
 
 

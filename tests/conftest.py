@@ -111,6 +111,14 @@ def redis_client(redis_server: RedisServer) -> Iterator[Any]:
     client.close()
 
 
+@pytest.fixture
+def ledger(redis_client: Any) -> Any:
+    """A `fleetgen.ledger.Ledger` on `redis_client` (flushed before and after, then closed)."""
+    from fleetgen.ledger import Ledger
+
+    return Ledger(redis_client)
+
+
 @pytest.fixture(scope="session")
 def s3_server(weed_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     with S3Server(data_dir=tmp_path_factory.mktemp("s3"), binary=weed_bin) as server:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.job import GenerationParams, InputInfo, JobManifest
 from fleetgen.jobview import JobStatus
 from fleetgen.ledger import Ledger
@@ -257,9 +257,8 @@ def iter_ids(rows: list[dict[str, Any]]) -> Iterator[str]:
 
 def queue_depth(r: Any, queue: str) -> int:
     """Messages waiting in a broker queue, over all its priority lists."""
-    from fleetgen import keys
 
-    return sum(int(r.llen(name)) for name in keys.broker_lists(queue))
+    return sum(int(r.llen(name)) for name in broker.queue_lists(queue))
 
 
 def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batch_size: int = 10,
@@ -271,7 +270,7 @@ def make_job(ledger: Ledger, name: str, output: str, *, prompts: int = 100, batc
         prompts=prompts, batch_size=batch_size, batches=-(-prompts // batch_size),
         queue=keys.SHARED_QUEUE, params=GenerationParams(),
         created_at=time.time() if created_at is None else created_at)
-    ledger.save_job(manifest)
+    ledger.jobs.save(manifest)
     return manifest
 
 

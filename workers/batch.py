@@ -239,20 +239,20 @@ class BatchRunner:
             backlog.add(batches=-1)
 
     def _run(self, job: str, batch: str) -> Outcome:
-        manifest = self.ledger.load_job(job)
-        state, _ = self.ledger.job_state(job)
+        manifest = self.ledger.jobs.load(job)
+        state, _ = self.ledger.jobs.state(job)
         if state != STATE_RUNNING:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
-            self.ledger.unqueue(job, batch)
+            self.ledger.batches.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
         self.engine.run(self._watch(job, manifest))
         # Before the lease: a job whose output this worker cannot use goes back unstarted.
         sink = self.sink_checks.require(job, lambda: self.sink(manifest.output))
-        if self.ledger.is_done(job, batch):
-            self.ledger.finish_batch(job, batch, {}, self.engine.worker, [])
+        if self.ledger.batches.is_done(job, batch):
+            self.ledger.batches.finish(job, batch, {}, self.engine.worker, [])
             return Outcome(status="already-done", batch=batch)
         token = f"{self.engine.worker}/{uuid.uuid4().hex[:12]}"
-        attempt = self.ledger.acquire(job, batch, token, self.settings.lease_ttl_s)
+        attempt = self.ledger.leases.acquire(job, batch, token, self.settings.lease_ttl_s)
         if attempt is None:
             return Outcome(status="owned-elsewhere", batch=batch)
         return self._run_leased(manifest, sink, batch, token, attempt)
@@ -290,7 +290,7 @@ class BatchRunner:
         """Keep why the batch spent an attempt: the reason its prompts get at the limit."""
         cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
         on_redis(f"batch {job}/{batch}: note cause",
-                 lambda: self.ledger.note_cause(job, batch, cause))
+                 lambda: self.ledger.leases.note_cause(job, batch, cause))
 
     def _release(self, job: str, batch: str, token: str, heartbeat: asyncio.Task[None],
                  end: Ending) -> None:
@@ -298,9 +298,9 @@ class BatchRunner:
         spent it."""
         self.engine.run(stop_heartbeat(heartbeat))
         released = on_redis(f"batch {job}/{batch}: release",
-                            lambda: self.ledger.release(job, batch, token, refund=not end.spent))
+                            lambda: self.ledger.leases.release(job, batch, token, refund=not end.spent))
         if end.lease_lost and not released:
-            on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.refund(job, batch))
+            on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.leases.refund(job, batch))
 
     async def _start_heartbeat(self, job: str, batch: str, token: str) -> asyncio.Task[None]:
         return asyncio.create_task(keep_lease(self.engine.live, self.settings, job, batch, token,
@@ -320,7 +320,7 @@ class BatchRunner:
         if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
             # Written, but its worker died before recording it: count it from the sink.
             counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
-            self.ledger.finish_batch(job, batch, counts, self.engine.worker, [])
+            self.ledger.batches.finish(job, batch, counts, self.engine.worker, [])
             return Outcome(status="already-done", batch=batch, attempt=attempt)
         return self._generate_and_write(manifest, sink, batch, heartbeat, attempt)
 
@@ -336,11 +336,11 @@ class BatchRunner:
             # Enqueue makes a job runnable only once every input is stored, so this input was
             # removed since: stop the job where an operator sees it, spend nothing.
             where = sink.describe(keys.sink_input(job, batch))
-            self.ledger.set_state(job, STATE_PAUSED, f"input of batch {batch} is missing "
+            self.ledger.jobs.set_state(job, STATE_PAUSED, f"input of batch {batch} is missing "
                                   f"({where}); re-run the job's enqueue command to restore it")
             raise JobError(f"{where} is missing")
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
-        finished = self.ledger.load_checkpoint(job, batch)
+        finished = self.ledger.batches.checkpoint(job, batch)
         origin = Origin(self.engine.server_url, self.engine.worker, attempt)
         todo = [p for p in prompts if p.key not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
@@ -359,7 +359,7 @@ class BatchRunner:
                 new = self.engine.run(self._generate(manifest, batch, todo, heartbeat, origin))
             except ModelChoiceError as exc:
                 # Every prompt would fail the same way: stop the job where an operator sees it.
-                self.ledger.set_state(job, STATE_PAUSED, f"model: {exc}")
+                self.ledger.jobs.set_state(job, STATE_PAUSED, f"model: {exc}")
                 raise
             finished.update(new)
         self._write(manifest, sink, batch, prompts, finished)
@@ -377,7 +377,7 @@ class BatchRunner:
         while attempt > self.settings.batch_max_attempts and time.monotonic() < deadline:
             time.sleep(min(1.0, self.settings.lease_renew_s))
             attempt = on_redis(f"batch {job}/{batch}: attempts",
-                               lambda: self.ledger.attempts(job, batch))
+                               lambda: self.ledger.leases.attempts(job, batch))
         return attempt
 
     async def _give_up(
@@ -386,7 +386,7 @@ class BatchRunner:
         """Fail a poison batch's unsent prompts, saying exactly why; checkpointed (and so
         counted) like any other outcome."""
         job = manifest.name
-        cause = await asyncio.to_thread(self.ledger.last_cause, job, batch)
+        cause = await asyncio.to_thread(self.ledger.leases.last_cause, job, batch)
         reason = (f"not sent: batch {batch} was started {origin.attempt - 1} times and never "
                   f"finished (each time its worker died, lost its lease or failed; limit "
                   f"FLEETGEN_BATCH_MAX_ATTEMPTS={self.settings.batch_max_attempts})"
@@ -420,7 +420,7 @@ class BatchRunner:
         counts = written_counts(ordered if wrote else self._sink_call(
             lambda: list(batch_records(sink, job, batch))))
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
-        on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.finish_batch(
+        on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish(
             job, batch, counts, self.engine.worker, reasons if wrote else [], size))
 
     async def _generate(

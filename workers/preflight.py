@@ -74,7 +74,7 @@ def _check_redis(ledger: Ledger, settings: Settings) -> None:
     deadline = time.monotonic() + REDIS_START_WAIT_S
     while True:
         try:
-            ledger.check_worker_access()
+            ledger.registry.check_access()
             return
         except RedisAuthError as exc:
             raise PreflightError(redisconn.auth_refused(settings.redis_url, exc)) from None
@@ -97,7 +97,7 @@ def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[s
     for that worker: a worker killed a second ago left a fresh entry but no connection (the
     kernel closed them), so its restart under the same name is not refused.
     """
-    raw = ledger.worker_entry(worker)
+    raw = ledger.registry.entry(worker)
     if raw is None:
         return None
     try:
@@ -107,7 +107,7 @@ def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[s
     now = time.time() if now is None else now
     if now - float(entry.get("updated") or 0) > LOST_AFTER_S:
         return None
-    names = ledger.client_names()
+    names = ledger.registry.client_names()
     if names is None:  # CLIENT LIST not allowed for this user: trust the entry
         return entry
     return entry if keys.worker_client(worker) in names else None

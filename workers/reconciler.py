@@ -27,7 +27,7 @@ import time
 
 from celery import Celery
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.dispatch import dispatch
 from fleetgen.ledger import ACTIVE, STATE_RUNNING, Ledger
 from fleetgen.progress import write_progress
@@ -86,7 +86,7 @@ class Reconciler:
 
     def _take_turn(self) -> bool:
         ttl = int(self.settings.reconcile_interval_s * 1000 * 0.9)
-        return self.ledger.take_reconciler_turn(self.owner, ttl)
+        return self.ledger.registry.take_reconciler_turn(self.owner, ttl)
 
     def reconcile_once(self) -> dict[str, int]:
         """One pass over all running jobs; returns how many batches were re-dispatched, by cause."""
@@ -95,37 +95,37 @@ class Reconciler:
         now = time.time()
         # Leases whose owner had no Redis connection in the last round (kept in Redis: the
         # next round may be another worker's reconciler).
-        previous = self.ledger.ownerless_leases()
+        previous = self.ledger.registry.ownerless_leases()
         ownerless: set[str] = set()
         liveness: dict[str, bool] | None = None  # read once per round, when first needed
-        for job in self.ledger.finished_jobs(since=now - FINISHED_GRACE_S):
-            if self.ledger.job_exists(job):
+        for job in self.ledger.jobs.finished(since=now - FINISHED_GRACE_S):
+            if self.ledger.jobs.exists(job):
                 write_progress(self.ledger, job, now, settings=self.settings)
             # Again: writing progress.json (or a straggler's last checkpoint) after the job
             # finished made keys that do not expire yet.
-            self.ledger.settle(job, now)
-        for job in self.ledger.active_job_names():
+            self.ledger.jobs.settle(job, now)
+        for job in self.ledger.jobs.active():
             write_progress(self.ledger, job, now, settings=self.settings)
             # A job whose finish nobody filed (a crash between its last batch and the filing)
             # leaves the active jobs here.
-            if self.ledger.settle(job, now) != ACTIVE:
+            if self.ledger.jobs.settle(job, now) != ACTIVE:
                 continue
-            state, _ = self.ledger.job_state(job)
+            state, _ = self.ledger.jobs.state(job)
             if state != STATE_RUNNING:
                 continue
-            manifest = self.ledger.load_job(job)
-            running = self.ledger.running_batches(job)
+            manifest = self.ledger.jobs.load(job)
+            running = self.ledger.batches.running(job)
             orphans = [
                 b for b, started in running.items()
-                if now - started > self.settings.lease_renew_s and not self.ledger.lease_alive(job, b)
+                if now - started > self.settings.lease_renew_s and not self.ledger.leases.alive(job, b)
             ]
             for batch in orphans:
-                self.ledger.drop_running(job, batch)
+                self.ledger.batches.drop_running(job, batch)
             if orphans:
                 log.warning("reconciler: %s: %d batches lost their worker, re-dispatching %s",
                             job, len(orphans), orphans[:5])
                 for batch in orphans:
-                    self.ledger.note_cause(job, batch, "its worker died or lost its lease "
+                    self.ledger.leases.note_cause(job, batch, "its worker died or lost its lease "
                                            "(the lease expired)")
                 dispatch(self.app, self.ledger, job, orphans, manifest.queue, redrive=True)
                 counts["dead_owner"] += len(orphans)
@@ -137,17 +137,17 @@ class Reconciler:
                     log.warning("reconciler: %s: the workers holding %d batches closed every "
                                 "Redis connection, re-dispatching %s", job, len(gone), gone[:5])
                     for batch in gone:
-                        self.ledger.note_cause(job, batch, "its worker's process is gone (no "
+                        self.ledger.leases.note_cause(job, batch, "its worker's process is gone (no "
                                                "Redis connection left)")
                     dispatch(self.app, self.ledger, job, gone, manifest.queue, redrive=True)
                     counts["gone_owner"] += len(gone)
             stale = [
-                b for b, ts in self.ledger.queued_batches(job).items()
+                b for b, ts in self.ledger.batches.queued(job).items()
                 if now - ts > self.settings.lost_message_grace_s
             ]
             if stale:
                 waiting = self.broker_batches() if waiting is None else waiting
-                lost = [b for b in stale if (job, b) not in waiting and not self.ledger.is_done(job, b)]
+                lost = [b for b in stale if (job, b) not in waiting and not self.ledger.batches.is_done(job, b)]
                 if lost:
                     log.warning("reconciler: %s: %d queued batches are in no broker queue, "
                                 "re-dispatching %s", job, len(lost), lost[:5])
@@ -155,9 +155,9 @@ class Reconciler:
                     counts["lost_message"] += len(lost)
                 fresh = [b for b in stale if (job, b) in waiting]
                 if fresh:
-                    self.ledger.mark_queued(job, fresh)
+                    self.ledger.batches.mark_queued(job, fresh)
             counts["no_state"] += self._stateless(job, manifest.queue)
-        self.ledger.set_ownerless_leases(ownerless, int(3000 * self.settings.reconcile_interval_s))
+        self.ledger.registry.set_ownerless_leases(ownerless, int(3000 * self.settings.reconcile_interval_s))
         return counts
 
     def forget_finished_series(self, now: float | None = None) -> list[str]:
@@ -167,8 +167,8 @@ class Reconciler:
         if not seen:
             return []
         now = time.time() if now is None else now
-        kept = (set(self.ledger.active_job_names())
-                | set(self.ledger.finished_jobs(since=now - FINISHED_GRACE_S)))
+        kept = (set(self.ledger.jobs.active())
+                | set(self.ledger.jobs.finished(since=now - FINISHED_GRACE_S)))
         gone = sorted(seen - kept)
         for job in gone:
             metrics.forget_job(job)
@@ -182,13 +182,13 @@ class Reconciler:
         Empty when this Redis refuses CLIENT LIST (some managed services)."""
         if self._client_list_refused:
             return {}
-        open_names = self.ledger.client_names()
+        open_names = self.ledger.registry.client_names()
         if open_names is None:
             log.info("reconciler: CLIENT LIST refused; dead workers wait for their leases")
             self._client_list_refused = True
             return {}
         return {worker: keys.worker_client(worker) in open_names
-                for worker in self.ledger.registered_workers()}
+                for worker in self.ledger.registry.workers()}
 
     def _gone_owner_batches(self, job: str, batches: list[str], liveness: dict[str, bool],
                             previous: set[str], ownerless: set[str]) -> list[str]:
@@ -196,26 +196,26 @@ class Reconciler:
         Owners missing from `liveness` (not registered, or no CLIENT LIST) count as alive."""
         gone = []
         for batch in batches:
-            token = self.ledger.lease_token(job, batch)
+            token = self.ledger.leases.token(job, batch)
             if token is None or liveness.get(keys.lease_owner(token), True):
                 continue
             seen = f"{job}|{batch}|{token}"
             ownerless.add(seen)
-            if seen in previous and self.ledger.break_lease(job, batch, token):
+            if seen in previous and self.ledger.leases.release(job, batch, token, refund=False):
                 gone.append(batch)
         return gone
 
     def _stateless(self, job: str, queue: str) -> int:
         """Batches in no ledger state at all (a Redis restart lost their last write)."""
-        known = (self.ledger.done_batches(job) | set(self.ledger.queued_batches(job))
-                 | set(self.ledger.running_batches(job)))
-        missing = {(job, b) for b in self.ledger.all_batches(job) if b not in known}
+        known = (self.ledger.batches.done(job) | set(self.ledger.batches.queued(job))
+                 | set(self.ledger.batches.running(job)))
+        missing = {(job, b) for b in self.ledger.jobs.batches(job) if b not in known}
         confirmed = [b for j, b in missing & self._suspects]
         self._suspects = {s for s in self._suspects if s[0] != job} | missing
         if not confirmed:
             return 0
         waiting = self.broker_batches()
-        lost = [b for b in confirmed if (job, b) not in waiting and not self.ledger.lease_alive(job, b)]
+        lost = [b for b in confirmed if (job, b) not in waiting and not self.ledger.leases.alive(job, b)]
         if lost:
             log.warning("reconciler: %s: %d batches have no state, re-dispatching %s",
                         job, len(lost), lost[:5])
@@ -223,5 +223,5 @@ class Reconciler:
         return len(lost)
 
     def broker_batches(self) -> set[tuple[str, str]]:
-        return self.ledger.broker_batches(grace_s=self.settings.lost_message_grace_s)
+        return broker.waiting_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)
 

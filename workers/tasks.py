@@ -131,7 +131,7 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         # A paused or cancelled job's delivery is dropped on purpose: the task ends normally
         # (Flower lists it as succeeded, with this result), not as a failure.
         assert runtime.ledger is not None
-        state, reason = runtime.ledger.job_state(job)
+        state, reason = runtime.ledger.jobs.state(job)
         return {"status": state, "job": job, "batch": batch,
                 "reason": f"job {job} is {state}: {reason or 'no reason given'}; batch {batch} "
                           f"left for `python -m producer resume {job}`"}

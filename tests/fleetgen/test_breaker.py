@@ -265,7 +265,7 @@ def test_a_trip_pauses_the_job_with_the_cause_the_count_and_one_example(
     make_job(ledger, JOB, "/tmp/unused")
     held = judge(redis_url, JOB, [UNSERVED] * 20, [refused("p7"), unserved("p8", 41234)])
     assert held == [JOB]
-    state, reason = ledger.job_state(JOB)
+    state, reason = ledger.jobs.state(JOB)
     assert state == STATE_PAUSED
     assert reason.startswith(f"failures: 20 of the last 20 prompts failed with {UNSERVED!r}; ")
     assert f"python -m producer resume {JOB}" in reason and "--accept-failures" in reason
@@ -281,9 +281,9 @@ def test_the_judge_leaves_a_job_alone_that_is_not_running_or_whose_window_is_hea
     ledger = Ledger(redis_client)
     make_job(ledger, JOB, "/tmp/unused")
     assert judge(redis_url, JOB, [UNSERVED] * 19 + [""], [unserved("p1")]) == []
-    ledger.set_state(JOB, "cancelled", "cancelled by user")
+    ledger.jobs.set_state(JOB, "cancelled", "cancelled by user")
     assert judge(redis_url, JOB, [UNSERVED], [unserved("p2")]) == []
-    assert ledger.job_state(JOB)[0] == "cancelled"
+    assert ledger.jobs.state(JOB)[0] == "cancelled"
 
 
 # Taking failures out of a checkpoint (ledger)
@@ -294,13 +294,13 @@ def test_dropping_failures_takes_back_their_counters_once_and_waits_for_no_lease
     record_group(r, [entry(JOB, "b1", x) for x in (answer("p1"), unserved("p2"), refused("p3"))])
     failed = [unserved("p2"), refused("p3")]
     r.set(keys.lease(JOB, "b1"), "gpu1@test/abc")
-    assert ledger.drop_failures(JOB, "b1", failed) is None
+    assert ledger.batches.drop_failures(JOB, "b1", failed) is None
     assert r.hlen(keys.checkpoint(JOB, "b1")) == 3
     r.delete(keys.lease(JOB, "b1"))
-    assert ledger.drop_failures(JOB, "b1", failed) == 2
-    assert ledger.drop_failures(JOB, "b1", failed) == 0
-    assert set(ledger.load_checkpoint(JOB, "b1")) == {"p1"}
-    stats = ledger.stats(JOB)
+    assert ledger.batches.drop_failures(JOB, "b1", failed) == 2
+    assert ledger.batches.drop_failures(JOB, "b1", failed) == 0
+    assert set(ledger.batches.checkpoint(JOB, "b1")) == {"p1"}
+    stats = ledger.counters.stats(JOB)
     assert (stats["prompts_done"], stats["prompts_failed"]) == (1, 0)
     assert stats["error_invalid_request"] == 0
     assert float(r.hget(keys.job_part(JOB, "workers"), "gpu0@test|prompts_failed")) == 0
@@ -323,7 +323,7 @@ def tripped_job(ledger: Ledger, tmp_path: Path) -> None:
     record_group(r, [entry(JOB, "b000001", x) for x in one] + [entry(JOB, "b000002", x) for x in two])
     sink.put_new(keys.sink_errors(JOB, "b000001"), b"".join(orjson.dumps(x) + b"\n" for x in one))
     sink.put_new(keys.sink_result(JOB, "b000001"), b"")
-    ledger.finish_batch(JOB, "b000001", written_counts(one), "gpu0@test", [])
+    ledger.batches.finish(JOB, "b000001", written_counts(one), "gpu0@test", [])
     r.hset(keys.job(JOB), mapping={
         "state": STATE_PAUSED, "reason": Trip(UNSERVED, 5, 5).reason(JOB),
         "breaker_cause": UNSERVED,
@@ -342,15 +342,15 @@ def test_resume_sends_the_causes_failures_again_from_checkpoints_and_written_bat
 
     resumed = control.resume(ledger, celery_app, JOB, wait_s=1)
     assert (resumed.cause, resumed.resent, resumed.accepted) == (UNSERVED, 5, False)
-    assert ledger.job_state(JOB) == (STATE_RUNNING, "")
+    assert ledger.jobs.state(JOB) == (STATE_RUNNING, "")
     # b000002 sends p5 and p6 again; p0-p2 go in a new batch; the refused p3 stays failed.
-    assert set(ledger.load_checkpoint(JOB, "b000002")) == {"p4"}
-    assert ledger.all_batches(JOB)[-1] == "r01-000001"
+    assert set(ledger.batches.checkpoint(JOB, "b000002")) == {"p4"}
+    assert ledger.jobs.batches(JOB)[-1] == "r01-000001"
     sink = open_sink(str(tmp_path / "out"))
     again = [orjson.loads(x)["id"] for x in
              (sink.get(keys.sink_input(JOB, "r01-000001")) or b"").splitlines()]
     assert again == ["p0", "p1", "p2"]
-    written, stats, _, _ = ledger.counts(JOB)
+    written, stats, _, _ = ledger.counters.counts(JOB)
     assert (stats["prompts_failed"], written["prompts_failed"]) == (1, 1)
     # What is left is p3's refusal, of another cause.
     assert stats["error_invalid_request"] == written["error_invalid_request"] == 1
@@ -366,8 +366,8 @@ def test_resume_accept_failures_keeps_them_and_the_breaker_ignores_that_cause_af
     tripped_job(ledger, tmp_path)
     resumed = control.resume(ledger, celery_app, JOB, accept_failures=True, wait_s=1)
     assert (resumed.cause, resumed.resent, resumed.accepted) == (UNSERVED, 0, True)
-    assert set(ledger.load_checkpoint(JOB, "b000002")) == {"p4", "p5", "p6"}
-    assert ledger.all_batches(JOB) == ["b000001", "b000002"]
+    assert set(ledger.batches.checkpoint(JOB, "b000002")) == {"p4", "p5", "p6"}
+    assert ledger.jobs.batches(JOB) == ["b000001", "b000002"]
     assert job_status(ledger, JOB).breaker.accepted == [UNSERVED]
     assert "failures  accepted, not pausing the job: " + UNSERVED in render(job_status(ledger, JOB))
     assert judge(redis_url, JOB, [UNSERVED] * 50, [unserved("p9")]) == []
@@ -378,12 +378,12 @@ def test_resume_of_a_tripped_job_waits_for_its_running_batches_and_changes_nothi
         redis_client: Any, celery_app: Any, tmp_path: Path) -> None:
     ledger = Ledger(redis_client)
     tripped_job(ledger, tmp_path)
-    assert ledger.acquire(JOB, "b000002", "gpu1@test/abc", ttl_s=60) == 1
+    assert ledger.leases.acquire(JOB, "b000002", "gpu1@test/abc", ttl_s=60) == 1
     with pytest.raises(JobError, match=r"1 batches still run after 0s \(b000002\).*run resume "
                                        "again once `status` shows 0 running"):
         control.resume(ledger, celery_app, JOB, wait_s=0.3)
-    assert ledger.job_state(JOB)[0] == STATE_PAUSED
-    assert len(ledger.load_checkpoint(JOB, "b000002")) == 3
+    assert ledger.jobs.state(JOB)[0] == STATE_PAUSED
+    assert len(ledger.batches.checkpoint(JOB, "b000002")) == 3
 
 
 def test_a_job_the_worker_paused_itself_stays_held_against_a_state_read_sent_before(
@@ -444,7 +444,7 @@ def test_a_refusal_every_server_gives_pauses_the_job_and_resume_sends_them_again
     except TimeoutError:
         raise AssertionError(f"{job_status(ledger, fault)}\n{stack.logs()}") from None
     status = job_status(ledger, fault)
-    failed = int(ledger.stats(fault)["prompts_failed"])
+    failed = int(ledger.counters.stats(fault)["prompts_failed"])
     assert 20 <= failed <= 50, failed
     assert status.reason.startswith("failures: ")
     assert f"prompts failed with {cause_text!r}; fix the cause" in status.reason

@@ -1,5 +1,5 @@
 """The ledger's scripts on a real Valkey, without workers: leases, attempts, refunds, a batch
-recorded once, and a prompt counted once (fleetgen/ledger.py, fleetgen/checkpoints.py).
+recorded once, and a prompt counted once (fleetgen/ledger/, fleetgen/checkpoints.py).
 
 These are the invariants the end-to-end tests rely on ("every prompt exactly once, and status
 tells the truth"), each checked directly in milliseconds.
@@ -19,70 +19,65 @@ from fleetgen.ledger import Ledger
 JOB = "led"
 
 
-@pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
-
-
 def floats(r: Any, key: str) -> dict[str, float]:
     return {k.decode(): float(v) for k, v in r.hgetall(key).items()}
 
 
 def running(ledger: Ledger) -> set[str]:
-    return set(ledger.running_batches(JOB))
+    return set(ledger.batches.running(JOB))
 
 
 def test_a_lease_is_held_by_one_worker_and_each_take_spends_an_attempt(ledger: Ledger) -> None:
-    assert ledger.acquire(JOB, "b1", "w0/a", ttl_s=30) == 1
-    assert ledger.acquire(JOB, "b1", "w1/b", ttl_s=30) is None  # held: nobody else takes it
-    assert ledger.lease_token(JOB, "b1") == "w0/a"
+    assert ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30) == 1
+    assert ledger.leases.acquire(JOB, "b1", "w1/b", ttl_s=30) is None  # held: nobody else takes it
+    assert ledger.leases.token(JOB, "b1") == "w0/a"
     assert running(ledger) == {"b1"}
-    assert ledger.release(JOB, "b1", "w0/a", refund=False)
-    assert ledger.acquire(JOB, "b1", "w1/b", ttl_s=30) == 2
-    assert ledger.attempts(JOB, "b1") == 2
+    assert ledger.leases.release(JOB, "b1", "w0/a", refund=False)
+    assert ledger.leases.acquire(JOB, "b1", "w1/b", ttl_s=30) == 2
+    assert ledger.leases.attempts(JOB, "b1") == 2
 
 
 def test_a_refunded_release_gives_the_attempt_back_and_leaves_running(ledger: Ledger) -> None:
-    ledger.mark_queued(JOB, ["b1"])
-    ledger.acquire(JOB, "b1", "w0/a", ttl_s=30)
-    assert set(ledger.queued_batches(JOB)) == set()  # taking it moves it to running
-    assert ledger.release(JOB, "b1", "w0/a", refund=True)
-    assert ledger.attempts(JOB, "b1") == 0
+    ledger.batches.mark_queued(JOB, ["b1"])
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    assert set(ledger.batches.queued(JOB)) == set()  # taking it moves it to running
+    assert ledger.leases.release(JOB, "b1", "w0/a", refund=True)
+    assert ledger.leases.attempts(JOB, "b1") == 0
     assert running(ledger) == set()
-    assert not ledger.lease_alive(JOB, "b1")
+    assert not ledger.leases.alive(JOB, "b1")
 
 
 def test_a_release_by_a_token_that_lost_the_lease_changes_nothing(ledger: Ledger) -> None:
-    ledger.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
     ledger.r.delete(keys.lease(JOB, "b1"))  # expired
-    assert ledger.acquire(JOB, "b1", "w1/b", ttl_s=30) == 2  # taken over
-    assert not ledger.release(JOB, "b1", "w0/a", refund=True)
-    assert not ledger.break_lease(JOB, "b1", "w0/a")
+    assert ledger.leases.acquire(JOB, "b1", "w1/b", ttl_s=30) == 2  # taken over
+    assert not ledger.leases.release(JOB, "b1", "w0/a", refund=True)
+    assert not ledger.leases.release(JOB, "b1", "w0/a", refund=False)
     # The new holder keeps its lease, its place in `running` and both attempts.
-    assert ledger.lease_token(JOB, "b1") == "w1/b"
+    assert ledger.leases.token(JOB, "b1") == "w1/b"
     assert running(ledger) == {"b1"}
-    assert ledger.attempts(JOB, "b1") == 2
+    assert ledger.leases.attempts(JOB, "b1") == 2
 
 
 def test_a_broken_lease_keeps_its_attempt_spent_and_refund_gives_one_back(ledger: Ledger) -> None:
-    ledger.acquire(JOB, "b1", "w0/a", ttl_s=30)
-    assert ledger.break_lease(JOB, "b1", "w0/a")
-    assert ledger.attempts(JOB, "b1") == 1 and not ledger.lease_alive(JOB, "b1")
-    ledger.refund(JOB, "b1")  # a worker that noticed it lost the lease
-    assert ledger.attempts(JOB, "b1") == 0
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    assert ledger.leases.release(JOB, "b1", "w0/a", refund=False)
+    assert ledger.leases.attempts(JOB, "b1") == 1 and not ledger.leases.alive(JOB, "b1")
+    ledger.leases.refund(JOB, "b1")  # a worker that noticed it lost the lease
+    assert ledger.leases.attempts(JOB, "b1") == 0
 
 
 def test_a_batch_is_recorded_once_however_often_it_is_finished(ledger: Ledger) -> None:
     r = ledger.r
-    ledger.mark_queued(JOB, ["b1"])
-    ledger.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    ledger.batches.mark_queued(JOB, ["b1"])
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
     r.hset(keys.checkpoint(JOB, "b1"), "p1", b"{}")
     counts = {"prompts_done": 9.0, "prompts_failed": 1.0}
     failure = [orjson.dumps({"batch": "b1", "code": "x", "id": "p2"})]
-    assert ledger.finish_batch(JOB, "b1", counts, "w0", failure, bytes_written=100, now=5.0)
+    assert ledger.batches.finish(JOB, "b1", counts, "w0", failure, bytes_written=100, now=5.0)
     # A late duplicate, or a re-count after a crash between the write and the first call.
-    ledger.mark_queued(JOB, ["b1"])
-    assert not ledger.finish_batch(JOB, "b1", counts, "w1", failure, bytes_written=100)
+    ledger.batches.mark_queued(JOB, ["b1"])
+    assert not ledger.batches.finish(JOB, "b1", counts, "w1", failure, bytes_written=100)
     assert floats(r, keys.job_part(JOB, "written")) == counts
     stats = floats(r, keys.job_part(JOB, "stats"))
     assert stats == {"batches_done": 1.0, "bytes_written": 100.0}
@@ -90,16 +85,16 @@ def test_a_batch_is_recorded_once_however_often_it_is_finished(ledger: Ledger) -
     assert r.llen(keys.job_part(JOB, "failures")) == 1
     assert float(r.hget(keys.job(JOB), "last_write_at")) == 5.0
     # Either call leaves the batch only in `done`, its checkpoint dropped.
-    assert ledger.done_batches(JOB) == {"b1"}
-    assert running(ledger) == set() and ledger.queued_batches(JOB) == {}
+    assert ledger.batches.done(JOB) == {"b1"}
+    assert running(ledger) == set() and ledger.batches.queued(JOB) == {}
     assert not r.exists(keys.checkpoint(JOB, "b1"))
 
 
 def test_finish_keeps_only_the_latest_failure_reasons(ledger: Ledger,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     reasons = [orjson.dumps({"batch": "b1", "id": f"p{i}"}) for i in range(5)]
-    monkeypatch.setattr("fleetgen.ledger.FAILURES_KEPT", 3)
-    ledger.finish_batch(JOB, "b1", {"prompts_failed": 5.0}, "w0", reasons)
+    monkeypatch.setattr("fleetgen.ledger._batches.FAILURES_KEPT", 3)
+    ledger.batches.finish(JOB, "b1", {"prompts_failed": 5.0}, "w0", reasons)
     kept = [orjson.loads(x)["id"] for x in ledger.r.lrange(keys.job_part(JOB, "failures"), 0, -1)]
     assert kept == ["p4", "p3", "p2"]
 

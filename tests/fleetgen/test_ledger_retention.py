@@ -1,4 +1,4 @@
-"""Retention (Ledger.settle, fleetgen/settle_job.lua): a finished job (done or cancelled) leaves
+"""Retention (Jobs.settle, fleetgen/ledger/settle_job.lua): a finished job (done or cancelled) leaves
 the active jobs for the finished index, and its Redis keys expire FLEETGEN_JOB_RETENTION after
 it finished; the reconciler, `producer jobs` and each worker's /metrics stop paying for it.
 
@@ -25,6 +25,7 @@ from fleetgen.ledger import (
     STATE_CANCELLED,
     STATE_PAUSED,
     STATE_RUNNING,
+    Jobs,
     Ledger,
 )
 from fleetgen.settings import JOB_RETENTION_S, Settings, SettingsError
@@ -47,6 +48,7 @@ def settings(redis_url: str) -> Settings:
 
 @pytest.fixture
 def ledger(redis_client: Any, settings: Settings) -> Iterator[Ledger]:
+    """The shared `ledger`, with finished jobs' keys kept an hour (`settings`)."""
     ledger = Ledger.connect(settings)
     yield ledger
     ledger.r.close()
@@ -68,16 +70,16 @@ def job_with_answers(ledger: Ledger, name: str, output: str) -> Worker:
         worker.answer(name, "b000001", minute)
     worker.fail(name, "b000001", minute)
     worker.finish_batch(name, "b000001", minute)
-    ledger.mark_queued(name, ["b000002", "b000003"])
-    ledger.acquire(name, "b000002", "gpu0@a/t", ttl_s=30)
+    ledger.batches.mark_queued(name, ["b000002", "b000003"])
+    ledger.leases.acquire(name, "b000002", "gpu0@a/t", ttl_s=30)
     worker.answer(name, "b000002", minute)
     worker.answer(name, "b000002", minute)
     return worker
 
 
 def finish_all(ledger: Ledger, name: str) -> None:
-    for batch in ledger.all_batches(name):
-        ledger.finish_batch(name, batch, {"prompts_done": 10}, "gpu0@a", [])
+    for batch in ledger.jobs.batches(name):
+        ledger.batches.finish(name, batch, {"prompts_done": 10}, "gpu0@a", [])
 
 
 def job_keys_in_redis(ledger: Ledger, name: str) -> list[str]:
@@ -97,12 +99,12 @@ def test_a_done_job_leaves_the_active_jobs_and_all_its_keys_expire_after_the_ret
         ledger: Ledger, tmp_path: Path) -> None:
     job_with_answers(ledger, "j", str(tmp_path))
     assert all(at == -1 for at in expiries(ledger, "j").values())
-    assert ledger.active_job_names() == ["j"] and ledger.finished_jobs() == {}
+    assert ledger.jobs.active() == ["j"] and ledger.jobs.finished() == {}
     before = time.time()
     finish_all(ledger, "j")
     after = time.time()
-    assert ledger.active_job_names() == []
-    assert list(ledger.finished_jobs()) == ["j"] and ledger.job_names() == ["j"]
+    assert ledger.jobs.active() == []
+    assert list(ledger.jobs.finished()) == ["j"] and ledger.jobs.names() == ["j"]
     found = expiries(ledger, "j")
     # Every part the workers wrote, the manifest's hash and the written counters included.
     assert {"fg:job:j", "fg:job:j:stats", "fg:job:j:minutes", "fg:job:j:written",
@@ -111,29 +113,29 @@ def test_a_done_job_leaves_the_active_jobs_and_all_its_keys_expire_after_the_ret
     for key, at in found.items():
         assert (before + HOUR) * 1000 - 1 <= at <= (after + HOUR) * 1000 + 1, key
     # Idempotent: a late duplicate of the last batch, another round, the same expiry.
-    ledger.finish_batch("j", "b000003", {"prompts_done": 10}, "gpu0@b", [])
-    assert ledger.settle("j") == FINISHED
+    ledger.batches.finish("j", "b000003", {"prompts_done": 10}, "gpu0@b", [])
+    assert ledger.jobs.settle("j") == FINISHED
     assert expiries(ledger, "j") == found
 
 
 def test_a_cancelled_job_expires_with_its_checkpoints_and_resume_makes_it_last_again(
         ledger: Ledger, tmp_path: Path) -> None:
     job_with_answers(ledger, "j", str(tmp_path))
-    ledger.set_state("j", STATE_CANCELLED, "cancelled by user")
+    ledger.jobs.set_state("j", STATE_CANCELLED, "cancelled by user")
     found = expiries(ledger, "j")
     assert keys.checkpoint("j", "b000002") in found
-    assert all(at > 0 for at in found.values()) and ledger.active_job_names() == []
-    ledger.set_state("j", STATE_RUNNING)
+    assert all(at > 0 for at in found.values()) and ledger.jobs.active() == []
+    ledger.jobs.set_state("j", STATE_RUNNING)
     assert all(at == -1 for at in expiries(ledger, "j").values())
-    assert ledger.active_job_names() == ["j"] and ledger.finished_jobs() == {}
+    assert ledger.jobs.active() == ["j"] and ledger.jobs.finished() == {}
 
 
 def test_a_paused_job_is_not_finished_even_with_every_batch_written(
         ledger: Ledger, tmp_path: Path) -> None:
     make_job(ledger, "j", str(tmp_path), prompts=20, batch_size=10)
-    ledger.set_state("j", STATE_PAUSED, "paused by user")
+    ledger.jobs.set_state("j", STATE_PAUSED, "paused by user")
     finish_all(ledger, "j")
-    assert ledger.settle("j") == ACTIVE and ledger.active_job_names() == ["j"]
+    assert ledger.jobs.settle("j") == ACTIVE and ledger.jobs.active() == ["j"]
     assert all(at == -1 for at in expiries(ledger, "j").values())
 
 
@@ -141,14 +143,14 @@ def test_requeue_failed_of_a_done_job_makes_its_keys_last_until_it_is_done_again
         ledger: Ledger, tmp_path: Path) -> None:
     make_job(ledger, "j", str(tmp_path), prompts=20, batch_size=10)
     finish_all(ledger, "j")
-    first = ledger.finished_jobs()["j"]
+    first = ledger.jobs.finished()["j"]
     # What `requeue --failed` does: a round's batch, then queued (producer/control.py).
     ledger.r.sadd(keys.job_part("j", "extra"), "r01-000001")
-    ledger.mark_queued("j", ["r01-000001"])
-    assert ledger.active_job_names() == ["j"] and ledger.finished_jobs() == {}
+    ledger.batches.mark_queued("j", ["r01-000001"])
+    assert ledger.jobs.active() == ["j"] and ledger.jobs.finished() == {}
     assert all(at == -1 for at in expiries(ledger, "j").values())
-    ledger.finish_batch("j", "r01-000001", {"prompts_done": 2}, "gpu0@a", [])
-    assert ledger.finished_jobs()["j"] >= first  # finished again, its clock from now
+    ledger.batches.finish("j", "r01-000001", {"prompts_done": 2}, "gpu0@a", [])
+    assert ledger.jobs.finished()["j"] >= first  # finished again, its clock from now
     assert all(at > 0 for at in expiries(ledger, "j").values())
 
 
@@ -162,7 +164,7 @@ def test_a_job_rebuilt_after_its_keys_expired_gets_a_fresh_retention(
         ledger.r.delete(key)  # ... and its keys had expired since
     make_job(ledger, "j", str(tmp_path), prompts=10, batch_size=10)  # a rebuild from the sink
     finish_all(ledger, "j")
-    assert ledger.finished_jobs()["j"] > long_ago
+    assert ledger.jobs.finished()["j"] > long_ago
     assert all(at > time.time() * 1000 for at in expiries(ledger, "j").values())
 
 
@@ -203,13 +205,13 @@ def test_the_reconciler_walks_the_active_and_the_just_finished_jobs_only(
     ledger.r.sadd(keys.job_part("legacy", "done"), "b000001")
     ledger.r.sadd(keys.JOBS, "legacy")
     looked_at: list[str] = []
-    read_state = Ledger.job_state
+    read_state = Jobs.state
 
-    def job_state(self: Ledger, name: str) -> tuple[str, str]:
+    def job_state(self: Jobs, name: str) -> tuple[str, str]:
         looked_at.append(name)
         return read_state(self, name)
 
-    monkeypatch.setattr(Ledger, "job_state", job_state)
+    monkeypatch.setattr(Jobs, "state", job_state)
     reconciler.reconcile_once()
     # The last progress.json of the job that just finished is written (state done) ...
     progress = orjson.loads((tmp_path / "just/progress.json").read_bytes())
@@ -217,8 +219,8 @@ def test_the_reconciler_walks_the_active_and_the_just_finished_jobs_only(
     # ... and no finished job is read beyond that, however many there are.
     assert not any(name.startswith("old") for name in looked_at)
     assert not (tmp_path / "old00/progress.json").exists()
-    assert ledger.active_job_names() == ["live"]
-    assert "legacy" in ledger.finished_jobs() and ledger.r.pexpiretime(keys.job("legacy")) > 0
+    assert ledger.jobs.active() == ["live"]
+    assert "legacy" in ledger.jobs.finished() and ledger.r.pexpiretime(keys.job("legacy")) > 0
     assert ledger.r.pexpiretime(keys.job_part("just", "progress_mark")) > 0
 
 
@@ -282,8 +284,8 @@ def test_the_retention_is_a_week_unless_set() -> None:
 def test_a_job_redis_no_longer_holds_leaves_both_indexes(ledger: Ledger) -> None:
     ledger.r.sadd(keys.JOBS, "lost")
     ledger.r.zadd(keys.FINISHED_JOBS, {"lost": time.time()})
-    assert ledger.settle("lost") == GONE
-    assert ledger.active_job_names() == [] and ledger.finished_jobs() == {}
+    assert ledger.jobs.settle("lost") == GONE
+    assert ledger.jobs.active() == [] and ledger.jobs.finished() == {}
 
 
 def test_every_part_of_a_job_the_code_writes_expires_with_it() -> None:

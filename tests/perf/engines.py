@@ -80,7 +80,7 @@ def run_flavor(flavor: str, folder: Path, redis_url: str, prompts: int, speed: f
         fleet.producer("enqueue", str(path), "--job", job, "--output", str(folder / "out"),
                        "--queue", "gpu0")
         ledger = Ledger.from_url(redis_url)
-        started = ledger.load_job(job).created_at
+        started = ledger.jobs.load(job).created_at
         done = wait_job(ledger, job, timeout_s=600)
         if done is None:
             raise RuntimeError(f"{flavor}: job not done in 600 s\n{worker.proc.log()[-3000:]}")

@@ -136,7 +136,7 @@ def _healthy(url: str) -> bool:
 def wait_job(ledger: Ledger, job: str, timeout_s: float,
              on_tick: Callable[[], None] | None = None) -> float | None:
     """When every batch of `job` was marked done (monotonic), or None after `timeout_s`."""
-    batches = ledger.load_job(job).batches
+    batches = ledger.jobs.load(job).batches
     done = keys.job_part(job, "done")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -257,7 +257,7 @@ def finish(fleet: Fleet, folder: Path, job: str, prompts: int, timeout_s: float 
            on_tick: Callable[[], None] | None = None) -> Ending:
     """Wait until the job is done (or paused for good, or the timeout), then export it."""
     ledger = Ledger.from_url(fleet.redis_url)
-    started = ledger.load_job(job).created_at
+    started = ledger.jobs.load(job).created_at
     deadline = time.monotonic() + timeout_s
     paused = False
     state = "running"
@@ -293,7 +293,7 @@ def _checked(exported: Path, state: str, paused: bool, wall: float, prompts: int
 
 def registered(fleet: Fleet, worker: str) -> dict[str, Any]:
     """The worker's registry entry as JSON (its limit, state, health)."""
-    raw = Ledger.from_url(fleet.redis_url).worker_registry().get(worker)
+    raw = Ledger.from_url(fleet.redis_url).registry.entries().get(worker)
     return orjson.loads(raw) if raw else {}
 
 

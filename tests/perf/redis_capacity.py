@@ -156,15 +156,15 @@ class Units:
             p.zadd("unacked_index", {f"tag{i}": time.time()})
             p.hset("unacked", f"tag{i}", raw[1])
             p.execute()
-        ledger.load_job(JOB)
-        ledger.job_state(JOB)
-        ledger.is_done(JOB, batch)
+        ledger.jobs.load(JOB)
+        ledger.jobs.state(JOB)
+        ledger.batches.is_done(JOB, batch)
         ledger.r.delete(keys.lease(JOB, batch))
-        ledger.acquire(JOB, batch, token, 30.0)
-        ledger.load_checkpoint(JOB, batch)
-        ledger.finish_batch(JOB, batch, {"prompts_done": self.rate.batch}, "gpu0@node", [])
+        ledger.leases.acquire(JOB, batch, token, 30.0)
+        ledger.batches.checkpoint(JOB, batch)
+        ledger.batches.finish(JOB, batch, {"prompts_done": self.rate.batch}, "gpu0@node", [])
         ledger.r.srem(keys.job_part(JOB, "done"), batch)  # so the next round finishes it again
-        ledger.release(JOB, batch, token, refund=False)
+        ledger.leases.release(JOB, batch, token, refund=False)
         with self.r.pipeline() as p:
             p.zrem("unacked_index", f"tag{i}")
             p.hdel("unacked", f"tag{i}")
@@ -202,8 +202,8 @@ def new_job(ledger: Ledger, batches: int, rate: Rate) -> None:
         name=JOB, output="/tmp/perf-redis", input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
         prompts=prompts, batch_size=rate.batch, batches=batches, queue=keys.SHARED_QUEUE,
         params=GenerationParams(), created_at=time.time())
-    ledger.save_job(manifest)
-    ledger.activate(manifest)
+    ledger.jobs.save(manifest)
+    ledger.jobs.activate(manifest)
 
 
 @dataclass

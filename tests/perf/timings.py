@@ -101,8 +101,8 @@ async def _flood(url: str, n: int) -> list[float]:
 def _owners(ledger: Ledger, job: str) -> dict[str, str]:
     """batch -> worker holding its lease, for the job's running batches."""
     out = {}
-    for batch in ledger.running_batches(job):
-        token = ledger.lease_token(job, batch)
+    for batch in ledger.batches.running(job):
+        token = ledger.leases.token(job, batch)
         if token:
             out[batch] = keys.lease_owner(token)
     return out
@@ -143,7 +143,7 @@ def _sigkill_back(folder: Path, redis_url: str, ledger: Ledger) -> float | None:
         killed = time.monotonic()
         try:
             back = wait_for(lambda: _owners(ledger, job).get(batch) == "gpu1@perf"
-                            or ledger.is_done(job, batch), 180, what=f"{batch} running again")
+                            or ledger.batches.is_done(job, batch), 180, what=f"{batch} running again")
         except TimeoutError:
             return None
         return back - killed

@@ -36,11 +36,6 @@ SLOW = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-toke
         "--speed", "2")
 
 
-@pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
-
-
 def _exported(stack: Stack, job: str, path: Path) -> tuple[list[dict[str, Any]], str]:
     report = stack.producer("export", job, "--to", str(path))
     return [orjson.loads(x) for x in path.read_bytes().splitlines()], report.stdout
@@ -85,7 +80,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     assert 0 < report.uploaded < batches
 
     # Nothing runs, nothing is queued, and no reconciler round dispatches a batch of it.
-    assert ledger.job_state("cut")[0] == "creating"
+    assert ledger.jobs.state("cut")[0] == "creating"
     assert queue_depth(ledger.r, keys.SHARED_QUEUE) == 0
     reconciler = Reconciler(celery_app, Settings(redis_url=redis_url), "test")
     for _ in range(3):
@@ -141,13 +136,13 @@ def test_a_second_enqueue_of_a_job_being_created_is_refused(
         code = cli.main(["enqueue", str(src), "--job", "twice", "--output", str(tmp_path / "out")])
     assert code == 1
     assert "error: job twice is being created by another enqueue" in capsys.readouterr().err
-    assert not ledger.job_exists("twice") and not (tmp_path / "out").exists()
+    assert not ledger.jobs.exists("twice") and not (tmp_path / "out").exists()
 
 
 def _wait_running_with_progress(ledger: Ledger, job: str) -> None:
     def started() -> bool:
         return any(ledger.r.hlen(keys.checkpoint(job, b))
-                   for b in ledger.running_batches(job))
+                   for b in ledger.batches.running(job))
 
     wait_until(started, 120, interval=0.1, what=f"{job}: a batch running with finished prompts")
 
@@ -166,7 +161,7 @@ def test_stop_and_resume_cycles_spend_no_attempt_and_fail_nothing(
     for cycle in range(5):
         _wait_running_with_progress(ledger, "cycles")
         stack.producer(stop, "cycles")
-        wait_until(lambda: not ledger.running_batches("cycles"), 60, interval=0.1,
+        wait_until(lambda: not ledger.batches.running("cycles"), 60, interval=0.1,
                    what="the running batch handed back")
         if cycle == 0:
             # Stopped mid-job, status and a partial export count the same prompts.
@@ -318,4 +313,4 @@ def test_an_enqueue_killed_on_this_host_does_not_block_the_next_one(
     monkeypatch.setenv("REDIS_URL", redis_url)
     assert cli.main(["enqueue", str(src), "--job", "killed", "--output", str(tmp_path / "out"),
                      "--batch-size", "10"]) == 0
-    assert ledger.job_state("killed")[0] == "running"
+    assert ledger.jobs.state("killed")[0] == "running"

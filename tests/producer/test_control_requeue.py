@@ -84,12 +84,12 @@ class SinkJob:
             self.sink.put_new(keys.sink_errors(self.name, batch), lines(bad))
         self.sink.put_new(keys.sink_result(self.name, batch),
                           lines([r for r in records if not is_failure(r)]))
-        self.ledger.finish_batch(self.name, batch, written_counts(records), ORIGIN.worker, [])
+        self.ledger.batches.finish(self.name, batch, written_counts(records), ORIGIN.worker, [])
 
     def write_pending(self, fail: Mapping[str, str] | None = None) -> list[str]:
         """Write every batch of the job the ledger has not recorded as done."""
-        done = self.ledger.done_batches(self.name)
-        todo = [b for b in self.ledger.all_batches(self.name) if b not in done]
+        done = self.ledger.batches.done(self.name)
+        todo = [b for b in self.ledger.jobs.batches(self.name) if b not in done]
         for batch in todo:
             self.write(batch, fail)
         return todo
@@ -125,11 +125,6 @@ def assert_status_is_the_export(capsys: pytest.CaptureFixture[str], ledger: Ledg
     assert {"done": status.done, "failed": status.failed, "errors": status.errors} == {
         "done": export["done"], "failed": export["failed"], "errors": export["failed_by_code"]}
     return status
-
-
-@pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
 
 
 @pytest.fixture
@@ -175,7 +170,7 @@ def test_the_ledger_lists_requeue_batches_by_round_number(
 ) -> None:
     SinkJob(ledger, celery_app, tmp_path)
     ledger.r.sadd(keys.job_part("rounds", "extra"), "r100-000001", "r99-000002", "r99-000001")
-    assert ledger.all_batches("rounds") == ["b000001", "b000002", "b000003", "r99-000001",
+    assert ledger.jobs.batches("rounds") == ["b000001", "b000002", "b000003", "r99-000001",
                                             "r99-000002", "r100-000001"]
     assert [keys.requeue_batch_id(n, 1) for n in (1, 99, 100)] == [
         "r01-000001", "r99-000001", "r100-000001"]

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.job import MAX_TOKENS_LIMIT
 from producer.cli import RET_BROKEN_PIPE, main
 from producer.inputs import REJECT_RAW_CHARS
@@ -295,9 +295,8 @@ def test_a_bad_setting_is_one_error_line_naming_the_variable(
 
 def queued_batches(r: Any, job: str) -> set[str]:
     """The job's batches with a message in the broker (each once: the test checks the depth)."""
-    from fleetgen.ledger import Ledger
 
-    return {b for j, b in Ledger(r).broker_batches(grace_s=float("inf")) if j == job}
+    return {b for j, b in broker.waiting_batches(r, grace_s=float("inf")) if j == job}
 
 
 def interrupted_count(err: str) -> tuple[int, int]:

@@ -57,7 +57,7 @@ def write_outcomes(ledger: Ledger, sink: Sink, job: str, failed: int) -> None:
     """Every batch of `job` written, as workers would: its first `failed` prompts failed."""
     origin = Origin(server="http://sim", worker="gpu0@test", attempt=1)
     left = failed
-    for batch in ledger.all_batches(job):
+    for batch in ledger.jobs.batches(job):
         results, errors = [], []
         for line in (sink.get(keys.sink_input(job, batch)) or b"").splitlines():
             row = orjson.loads(line)
@@ -71,7 +71,7 @@ def write_outcomes(ledger: Ledger, sink: Sink, job: str, failed: int) -> None:
         if errors:
             sink.put_new(keys.sink_errors(job, batch), b"".join(orjson.dumps(e) + b"\n" for e in errors))
         sink.put_new(keys.sink_result(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in results))
-        ledger.finish_batch(job, batch, written_counts(errors + results), origin.worker, [])
+        ledger.batches.finish(job, batch, written_counts(errors + results), origin.worker, [])
 
 
 def test_a_job_refused_inside_another_jobs_folder_leaves_requeue_failed_working(

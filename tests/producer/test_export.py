@@ -54,7 +54,7 @@ class Job:
             input=InputInfo(str(self.source), hashlib.sha256(data).hexdigest(), prompts, len(data)),
             batches=-(-prompts // batch_size), queue=keys.SHARED_QUEUE, params=GenerationParams(),
             complete=complete)
-        ledger.save_job(self.manifest)
+        ledger.jobs.save(self.manifest)
         sink.put(keys.sink_manifest(name), self.manifest.to_json())
         self.size = batch_size
         self.rounds = 0
@@ -120,11 +120,6 @@ def run_export(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str
 def reconcile(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
     code, out, err = run_export(capsys, *args, "--json")
     return code, orjson.loads(out), err
-
-
-@pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
 
 
 @pytest.fixture
@@ -298,7 +293,7 @@ def test_exporting_a_cancelled_job_says_it_is_cancelled_and_how_to_resume_it(
     job.store_inputs()
     job.run(1)
     job.run(2)
-    ledger.set_state("job", "cancelled", "cancelled by user")
+    ledger.jobs.set_state("job", "cancelled", "cancelled by user")
     to = tmp_path / "e.jsonl"
     code, _, err = run_export(capsys, "job", "--to", str(to))
     assert code == 1 and not to.exists()

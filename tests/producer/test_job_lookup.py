@@ -110,7 +110,7 @@ def test_enqueue_records_a_relative_output_folder_as_its_absolute_path(
     monkeypatch.chdir(tmp_path)
     assert main(["enqueue", str(source), "--job", "rel", "--output", "runs"]) == RET_OK
     assert f"output {tmp_path / 'runs'}" in capsys.readouterr().out
-    manifest = cli.load_job("rel")
+    manifest = cli.jobs.load("rel")
     assert manifest.output == str(tmp_path / "runs")
     stored = orjson.loads((tmp_path / "runs" / "rel" / "manifest.json").read_bytes())
     assert stored["output"] == str(tmp_path / "runs")
@@ -130,4 +130,4 @@ def test_enqueue_refuses_an_empty_output(
     assert capsys.readouterr().err == (
         "error: --output is empty: give s3://bucket/prefix or a folder, or leave it out for "
         "$FLEETGEN_OUTPUT, else ./fleetgen-output\n")
-    assert not cli.job_exists("empty") and not (tmp_path / "fleetgen-output").exists()
+    assert not cli.jobs.exists("empty") and not (tmp_path / "fleetgen-output").exists()

@@ -33,11 +33,6 @@ from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
 
 
 @pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
-
-
-@pytest.fixture
 def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.app import app
 
@@ -86,7 +81,7 @@ def test_export_reads_a_job_redis_lost_from_its_output_alone(
             "  (failed by code: context_length_exceeded 1, server_error 1)") in out
     assert (tmp_path / "e.jsonl").read_bytes() == (tmp_path / "before.jsonl").read_bytes()
     assert before["failed_by_code"] == {CONTEXT: 1, SERVER: 1}
-    assert not ledger.job_exists("rounds")
+    assert not ledger.jobs.exists("rounds")
 
 
 def test_rerunning_the_same_enqueue_after_redis_lost_the_job_rebuilds_it_with_its_rounds(
@@ -106,7 +101,7 @@ def test_rerunning_the_same_enqueue_after_redis_lost_the_job_rebuilds_it_with_it
         "prompts: 30: 18 done, 1 failed, 11 to go (failed by code: context_length_exceeded 1)"]
     # b000003 and round r02 are queued again; nothing written is.
     assert (report.enqueued, report.skipped_done) == (2, 3)
-    assert set(ledger.queued_batches("rounds")) == {"b000003", "r02-000001"}
+    assert set(ledger.batches.queued("rounds")) == {"b000003", "r02-000001"}
     status = assert_status_is_the_export(capsys, ledger, "rounds", to)
     assert (status.done, status.failed, status.errors, status.state) == (
         before.done, before.failed, before.errors, before.state)
@@ -171,15 +166,15 @@ def test_a_paused_job_redis_lost_is_rebuilt_paused_and_a_resumed_one_running(
     assert ("  paused as its output recorded (paused by user): `python -m producer resume "
             "rounds` runs it again") in out.splitlines()
     assert "re-dispatched" not in out
-    assert ledger.job_state("rounds") == ("paused", "paused by user")
-    assert not ledger.queued_batches("rounds")
+    assert ledger.jobs.state("rounds") == ("paused", "paused by user")
+    assert not ledger.batches.queued("rounds")
 
     assert main(["resume", "rounds"]) == 0
     ledger.r.flushdb()
     assert main(["rebuild", "rounds", "--output", job.output]) == 0
     out = capsys.readouterr().out
     assert "as its output recorded" not in out and "re-dispatched 2 batches" in out
-    assert ledger.job_state("rounds")[0] == "running"
+    assert ledger.jobs.state("rounds")[0] == "running"
 
 
 def test_rebuild_of_a_job_whose_enqueue_did_not_finish_says_to_run_it_again(
@@ -187,7 +182,7 @@ def test_rebuild_of_a_job_whose_enqueue_did_not_finish_says_to_run_it_again(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     job = SinkJob(ledger, celery_app, tmp_path)
-    manifest = ledger.load_job("rounds")
+    manifest = ledger.jobs.load("rounds")
     raw = orjson.loads(manifest.to_json())
     raw["complete"] = False
     job.sink.put(keys.sink_manifest("rounds"), orjson.dumps(raw))
@@ -198,7 +193,7 @@ def test_rebuild_of_a_job_whose_enqueue_did_not_finish_says_to_run_it_again(
     assert "enqueue of job rounds did not finish (3 of 3 batch inputs stored): run the same " \
            "enqueue command to finish it" in out
     assert "re-dispatched" not in out
-    assert ledger.job_state("rounds")[0] == "creating" and not ledger.queued_batches("rounds")
+    assert ledger.jobs.state("rounds")[0] == "creating" and not ledger.batches.queued("rounds")
 
 
 POISON = "NEEDS-A-LONGER-CONTEXT"
@@ -223,11 +218,11 @@ def test_a_job_whose_redis_was_flushed_mid_way_is_rebuilt_by_its_enqueue_and_end
                "--no-canary")
     stack.producer(*enqueue)
     ledger = Ledger(redis_client)
-    wait_until(lambda: ledger.is_done("lost", "b000001") and len(ledger.done_batches("lost")) >= 4,
+    wait_until(lambda: ledger.batches.is_done("lost", "b000001") and len(ledger.batches.done("lost")) >= 4,
                120, what="b000001 and 3 more batches written")
     # A requeue round waits to run (the job is paused) when Redis loses everything.
     stack.producer("pause", "lost")
-    wait_until(lambda: not ledger.running_batches("lost"), 60, what="running batches stopped")
+    wait_until(lambda: not ledger.batches.running("lost"), 60, what="running batches stopped")
     assert "requeued" in stack.producer("requeue", "lost", "--failed").stdout
     redis_client.flushall()
     # The worker outlives the loss; it is stopped so that the figures below hold still.

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-import fleetgen.ledger
+import fleetgen.ledger._jobs
 from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
 from fleetgen.ledger import Ledger
 from fleetgen.records import Origin, counters, result_record, written_counts
@@ -121,18 +121,18 @@ def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_g
     manifest = make_job(ledger, "brief", str(tmp_path / "out"), prompts=40, batch_size=20)
     started = 1_800_000_010.0  # 10 s into a minute
     with monkeypatch.context() as m:
-        m.setattr(fleetgen.ledger, "time", SimpleNamespace(time=lambda: started))
-        ledger.activate(manifest)
+        m.setattr(fleetgen.ledger._jobs, "time", SimpleNamespace(time=lambda: started))
+        ledger.jobs.activate(manifest)
     for batch, worker in (("b000001", "gpu0@a"), ("b000002", "gpu1@b")):
         records = answer_batch(ledger, "brief", batch, worker, int(started // 60), 20)
-        ledger.finish_batch("brief", batch, written_counts(records), worker, [],
+        ledger.batches.finish("brief", batch, written_counts(records), worker, [],
                             now=started + 2.5)
     report = build_report(ledger, "brief", now=started + 3600)
     status, rate = report.status, report.status.rate
     assert (status.state, status.elapsed_s) == ("done", 2.5)
     assert rate.output_tokens_per_s_all == 40 * 100 / 2.5
     # The chart: per GPU, the minute over the 2.5 s the job ran in it; together, the total.
-    series = throughput_series(ledger.worker_minutes("brief"), rate)
+    series = throughput_series(ledger.counters.worker_minutes("brief"), rate)
     assert series == {"gpu0@a": [(0, 8.0, 800.0)], "gpu1@b": [(0, 8.0, 800.0)]}
     assert sum(points[0][2] for points in series.values()) == rate.output_tokens_per_s_all
     rows = summary(report.html)

@@ -25,11 +25,11 @@ from producer.enqueue import EnqueueReport, EnqueueRequest, enqueue
 from producer.inputs import PromptRecord
 from producer.rebuild import rebuild
 from producer.sinkview import stored_manifest
-from tests.producer.test_control_requeue import CONTEXT, SinkJob, ledger
+from tests.producer.test_control_requeue import CONTEXT, SinkJob
 from tests.producer.test_enqueue import cli
 from tests.stack import write_jsonl
 
-__all__ = ["cli", "ledger"]  # fixtures shared with those modules
+__all__ = ["cli"]  # a fixture shared with that module
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -95,7 +95,7 @@ def test_enqueue_samples_stores_an_item_per_answer_and_counts_answers_in_batches
         ("c", 0), ("c", 1), ("c", 2), ("c", 3)]
     assert all("n" not in r["body"] for r in rows)
     assert len({(r["id"], r["body"]["seed"]) for r in rows}) == 10
-    manifest = Ledger(cli).load_job("s4")
+    manifest = Ledger(cli).jobs.load("s4")
     assert (manifest.prompts, manifest.answers, manifest.samples, manifest.batches) == (3, 10, 4, 4)
     assert manifest.seed == job_seed("s4", None)
     # The same command again resumes; other --samples or --seed are noted and ignored.
@@ -109,7 +109,7 @@ def test_a_one_answer_job_stores_its_inputs_as_before(cli: Any, tmp_path: Path) 
     assert main(["enqueue", str(src), "--job", "one", "--output", str(tmp_path / "out")]) == 0
     (row,) = inputs(tmp_path / "out", "one")
     assert set(row) == {"id", "line", "body"} and "seed" not in row["body"]
-    manifest = Ledger(cli).load_job("one")
+    manifest = Ledger(cli).jobs.load("one")
     assert (manifest.answers, manifest.seed, manifest.sampled) == (1, None, False)
 
 

@@ -69,11 +69,6 @@ FLEET_FIELDS = {
 
 
 @pytest.fixture
-def ledger(redis_client: Any) -> Ledger:
-    return Ledger(redis_client)
-
-
-@pytest.fixture
 def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
 
@@ -113,7 +108,7 @@ class Worker:
 
     def finish_batch(self, job: str, batch: str, minute: int, size: int = 1000) -> None:
         """Write the batch (its records so far) at the end of `minute`."""
-        self.ledger.finish_batch(job, batch, written_counts(self.records.pop(batch, [])),
+        self.ledger.batches.finish(job, batch, written_counts(self.records.pop(batch, [])),
                                  self.name, [], size, now=(minute + 1) * 60.0)
 
 
@@ -133,10 +128,10 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
             else:
                 worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
         worker.finish_batch(name, batch, minute)
-    ledger.acquire(name, "b000007", "gpu0@a/lease", 30)
+    ledger.leases.acquire(name, "b000007", "gpu0@a/lease", 30)
     for _ in range(4):
         a.answer(name, "b000007", MINUTE - 1)
-    ledger.mark_queued(name, ["b000008", "b000009", "b000010"])
+    ledger.batches.mark_queued(name, ["b000008", "b000009", "b000010"])
 
 
 def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
@@ -216,12 +211,12 @@ def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledge
 
 def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
     manifest = make_job(ledger, "quick", "/tmp/out", prompts=10, created_at=NOW - 30)
-    ledger.activate(manifest)  # enqueue finished now: the job's clock starts here
+    ledger.jobs.activate(manifest)  # enqueue finished now: the job's clock starts here
     started = float(ledger.r.hget(keys.job("quick"), "started_at"))
     w = Worker(ledger, "gpu0@a")
     for _ in range(10):
         w.answer("quick", "b000001", MINUTE)
-    ledger.finish_batch("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
+    ledger.batches.finish("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
                         [], now=started + 7.5)
     s = job_status(ledger, "quick", started + 3600)
     assert s.state == "done" and s.elapsed_s == 7.5
@@ -231,7 +226,7 @@ def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledge
 
 def test_a_paused_job_holds_its_remaining_prompts_and_has_no_eta(ledger: Ledger) -> None:
     half_done_job(ledger)
-    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    ledger.jobs.set_state("half", STATE_PAUSED, "paused by user")
     s = job_status(ledger, "half", NOW)
     assert (s.state, s.reason, s.eta_s) == ("paused", "paused by user", None)
     assert (s.in_hand, s.queued, s.held) == (6, 0, 30)
@@ -284,7 +279,7 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
     ledger: Ledger,
 ) -> None:
     make_job(ledger, "stuck", "/tmp/out", created_at=NOW - 600)
-    ledger.mark_queued("stuck", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.batches.mark_queued("stuck", [keys.batch_id(i) for i in range(1, 11)])
     error = ("cannot use the output of job stuck with this worker's credentials: s3://b at "
              "http://s3:8333: access denied")
     register(ledger, "gpu5@host", "http://127.0.0.1:30005", updated=NOW - 2, host="host",
@@ -313,7 +308,7 @@ def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
     ledger: Ledger,
 ) -> None:
     make_job(ledger, "waits", "/tmp/out", created_at=NOW - 120)
-    ledger.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.batches.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
     register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, state="server-down",
              queues=["gpu0", keys.SHARED_QUEUE])
     assert ("  stalled: no batch finished for 2 min; servers not ready for gpu0@a"
@@ -324,8 +319,8 @@ def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
     ledger: Ledger,
 ) -> None:
     manifest = make_job(ledger, "pinned", "/tmp/out", created_at=NOW)
-    ledger.save_job(dataclasses.replace(manifest, queue="gpu99"))
-    ledger.mark_queued("pinned", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.jobs.save(dataclasses.replace(manifest, queue="gpu99"))
+    ledger.batches.mark_queued("pinned", [keys.batch_id(i) for i in range(1, 11)])
     register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1,
              queues=["gpu0", keys.SHARED_QUEUE])
     # A lost worker that consumed gpu99 consumes nothing now.
@@ -613,7 +608,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
 ) -> None:
     half_done_job(ledger)
     make_job(ledger, "later", "/tmp/out", prompts=50, created_at=NOW - 600)
-    ledger.set_state("later", STATE_PAUSED, "paused by user")
+    ledger.jobs.set_state("later", STATE_PAUSED, "paused by user")
     assert main(["jobs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["job", "state", "done", "failed"]
@@ -672,7 +667,7 @@ def test_progress_json_is_written_next_to_the_output_at_most_once_a_minute(
 def test_a_stopped_job_gets_one_last_progress_json_then_no_more(ledger: Ledger, tmp_path: Path) -> None:
     out = tmp_path / "out"
     half_done_job(ledger, output=str(out))
-    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    ledger.jobs.set_state("half", STATE_PAUSED, "paused by user")
     assert progress.write_progress(ledger, "half", NOW)
     ledger.r.delete(keys.job_part("half", "progress_due"))  # a minute later
     assert not progress.write_progress(ledger, "half", NOW + 60)
@@ -749,10 +744,10 @@ def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
     """The ledger's clock reads `now` (what set_state and activate stamp)."""
     from types import SimpleNamespace
 
-    import fleetgen.ledger
+    import fleetgen.ledger._jobs
 
     with monkeypatch.context() as m:
-        m.setattr(fleetgen.ledger, "time", SimpleNamespace(time=lambda: now))
+        m.setattr(fleetgen.ledger._jobs, "time", SimpleNamespace(time=lambda: now))
         yield
 
 
@@ -764,7 +759,7 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
     for i in range(1, 13):
         batch = keys.batch_id(i)
         if i > 8:
-            ledger.acquire("tail", batch, "gpu0@a/lease", 30)
+            ledger.leases.acquire("tail", batch, "gpu0@a/lease", 30)
         for _ in range(50 if i <= 8 else 49):
             answer_taking(w, "tail", batch, MINUTE - 1, latency_s=6.0)
         if i <= 8:
@@ -804,7 +799,7 @@ def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
     assert "ETA unknown" in render(s)
     # 60 answers in the 30 s since: 2 prompts/s, not 60 over the 5 min window (0.18/s, ETA 68 min).
     for i in (5, 6):
-        ledger.acquire("back", keys.batch_id(i), "gpu0@a/lease", 30)
+        ledger.leases.acquire("back", keys.batch_id(i), "gpu0@a/lease", 30)
         for _ in range(30):
             w.answer("back", keys.batch_id(i), MINUTE)
     s = job_status(ledger, "back", NOW + 30)
@@ -852,7 +847,7 @@ def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
     # Resumed (what `resume` sets last): the clock runs from the job's start again, the paused
     # time included; nothing answered lately, so no ETA yet rather than a lifetime average.
     with ledger_time(monkeypatch, NOW + 3600):
-        ledger.set_state("half", STATE_RUNNING)
+        ledger.jobs.set_state("half", STATE_RUNNING)
     resumed = job_status(ledger, "half", NOW + 3630)
     assert (resumed.state, resumed.elapsed_s, resumed.eta_s) == ("running", 4230, None)
 
@@ -940,8 +935,8 @@ def run_fleet(ledger: Ledger, job: str, fleet: Fleet, start: float, first: int, 
             answer_taking(w, job, b, int((start + at) // 60), latency_s=fleet.answer_s)
     for i, sent in enumerate(fleet.sent):
         b = keys.batch_id((first + i) // batch + 1)
-        if sent <= until < fleet.answered[i] and b not in ledger.running_batches(job):
-            ledger.acquire(job, b, f"{worker}/lease", 30)
+        if sent <= until < fleet.answered[i] and b not in ledger.batches.running(job):
+            ledger.leases.acquire(job, b, f"{worker}/lease", 30)
     register(ledger, worker, "http://127.0.0.1:30000", updated=start + until - 1,
              in_flight=fleet.in_flight(until))
 
@@ -972,7 +967,7 @@ def test_eta_after_a_rebuild_is_the_time_the_rest_takes_at_the_fleets_rate_now(
                         created_at=NOW - 3600)
     written = 27000
     ledger.r.flushdb()
-    ledger.restore(manifest, done=[keys.batch_id(i) for i in range(1, written // 100 + 1)],
+    ledger.rounds.restore(manifest, done=[keys.batch_id(i) for i in range(1, written // 100 + 1)],
                    rounds=[], last_round=0,
                    written={"prompts_done": written, "prompts_failed": 0},
                    live={"prompts_done": written, "latency_s": written * 20.0,
@@ -1123,7 +1118,7 @@ def test_a_watch_ends_with_a_cancelled_job_and_watches_a_paused_one_on(
 ) -> None:
     half_done_job(ledger)
     flags = ["--watch", "--no-servers", *(["--json"] if json else [])]
-    ledger.set_state("half", STATE_CANCELLED, "cancelled by user")
+    ledger.jobs.set_state("half", STATE_CANCELLED, "cancelled by user")
     watch_rounds(monkeypatch)
     assert main(["status", "half", *flags]) == 0
     out = capsys.readouterr().out
@@ -1132,7 +1127,7 @@ def test_a_watch_ends_with_a_cancelled_job_and_watches_a_paused_one_on(
     else:
         assert out.rstrip().endswith("job cancelled: the watch ends here")
     # A paused job may be resumed: its watch goes on.
-    ledger.set_state("half", STATE_PAUSED, "paused by user")
+    ledger.jobs.set_state("half", STATE_PAUSED, "paused by user")
     with pytest.raises(Slept):
         main(["status", "half", *flags])
     out = capsys.readouterr().out

@@ -123,7 +123,7 @@ def test_a_job_survives_worker_redis_server_and_s3_failures(
     stack.producer("enqueue", str(src), "--job", "chaos", "--output", f"s3://{s3_server.bucket}/runs",
                    "--batch-size", "25", "--max-tokens", "4000", "--no-canary")
     r = redis_server.client()
-    manifest = Ledger(r).load_job("chaos")
+    manifest = Ledger(r).jobs.load("chaos")
     # The plan, not PROMPTS // 25: the job's end goes out in smaller batches (taper), and
     # workers finish batches out of order, so a batch count says nothing about the share done.
     plan = batch_sizes(manifest.prompts, manifest.batch_size, taper=manifest.taper)

@@ -329,13 +329,13 @@ class OperatorActions(RuleBasedStateMachine):
 
     def number_rounds(self, model: JobModel) -> None:
         """Once the job exists, set its requeue round counter to `rounds_from`, as `requeue`
-        numbers a round (Ledger.next_round, under the job's lock)."""
+        numbers a round (Rounds.next, under the job's lock)."""
         ledger = self.ledger()
-        if model.rounds_set or not model.rounds_from or not ledger.job_exists(model.name):
+        if model.rounds_set or not model.rounds_from or not ledger.jobs.exists(model.name):
             return
         with job_lock(ledger, model.name, "test", wait_s=JOB_LOCK_WAIT_S):
             if int(ledger.r.hget(keys.job(model.name), keys.JOB_ROUNDS) or 0) < model.rounds_from:
-                ledger.next_round(model.name, model.rounds_from - 1)
+                ledger.rounds.next(model.name, model.rounds_from - 1)
         model.rounds_set = True
         self.transcript.append(f"  {model.name}: requeue rounds numbered from "
                                f"{keys.round_name(model.rounds_from + 1)}")
@@ -398,7 +398,7 @@ class OperatorActions(RuleBasedStateMachine):
         model = self.jobs[job]
         with self.step(f"steer({job!r}, {action!r})"):
             ran = self.cli([action, job], f"{action} {job}")
-            if not self.ledger().job_exists(job):
+            if not self.ledger().jobs.exists(job):
                 assert ran.code == 1 and f"no job named '{job}'" in ran.err, ran.line()
                 return
             assert ran.code == 0, ran.line()
@@ -453,11 +453,11 @@ class OperatorActions(RuleBasedStateMachine):
         job = model.name
         lines = "\n".join(r.line() for r in runs)
         ledger = self.ledger()
-        if not ledger.job_exists(job):
+        if not ledger.jobs.exists(job):
             assert all(r.code == 1 and f"no job named '{job}'" in r.err for r in runs), lines
             return []
         if (model.output.startswith("s3://") and not self.up.s3.alive()) \
-                or ledger.job_state(job)[0] == "creating":
+                or ledger.jobs.state(job)[0] == "creating":
             # S3 stopped, or the job's enqueue was interrupted: a clear error, or nothing to do.
             assert all(r.code == 0 or ("error:" in r.err and "Traceback" not in r.err)
                        for r in runs), lines
@@ -563,7 +563,7 @@ class OperatorActions(RuleBasedStateMachine):
         it may not: anything written (its figures do not go down)."""
         with self.step(f"flushall({ways!r})"):
             ledger = self.ledger()
-            before = {job: job_status(ledger, job) for job in ways if ledger.job_exists(job)}
+            before = {job: job_status(ledger, job) for job in ways if ledger.jobs.exists(job)}
             ledger.r.flushall()
             self.transcript.append("  FLUSHALL")
             for job, way in ways.items():
@@ -576,10 +576,10 @@ class OperatorActions(RuleBasedStateMachine):
                     model.rerun = ran.code != 0
                 else:
                     self.rebuild(model)
-                if job in before and ledger.job_exists(job):
+                if job in before and ledger.jobs.exists(job):
                     self.expect_nothing_written_lost(model, before[job], job_status(ledger, job))
-                if ledger.job_exists(job) and ledger.job_state(job)[0] != "creating":
-                    model.state = ledger.job_state(job)[0]
+                if ledger.jobs.exists(job) and ledger.jobs.state(job)[0] != "creating":
+                    model.state = ledger.jobs.state(job)[0]
 
     def rebuild(self, model: JobModel) -> None:
         job = model.name
@@ -625,10 +625,10 @@ class OperatorActions(RuleBasedStateMachine):
             return
         ledger = self.ledger()
         for model in self.jobs.values():
-            if not model.touched or not ledger.job_exists(model.name):
+            if not model.touched or not ledger.jobs.exists(model.name):
                 continue
             status = job_status(ledger, model.name)
-            manifest = ledger.load_job(model.name)
+            manifest = ledger.jobs.load(model.name)
             assert status.total == manifest.prompts, status
             assert status.done >= 0 and status.failed >= 0, \
                 f"{model.name}: negative count in status: done {status.done}, " \
@@ -651,7 +651,7 @@ class OperatorActions(RuleBasedStateMachine):
             return
         ledger = self.ledger()
         for model in self.jobs.values():
-            if not model.touched or not ledger.job_exists(model.name):
+            if not model.touched or not ledger.jobs.exists(model.name):
                 continue
             status = job_status(ledger, model.name)
             if status.eta_s != 0:
@@ -668,7 +668,7 @@ class OperatorActions(RuleBasedStateMachine):
             if sink is None:
                 continue
             try:
-                _, found = sinkview.read(sink, ledger.load_job(model.name))
+                _, found = sinkview.read(sink, ledger.jobs.load(model.name))
             except SinkError:
                 if self.up.s3.alive():
                     raise
@@ -747,7 +747,7 @@ class OperatorActions(RuleBasedStateMachine):
             model.rerun = ran.code != 0
         assert not model.rerun, f"re-running the enqueue of {model.name} failed three times"
         # A job rebuilt by this enqueue has the state its progress.json recorded.
-        if model.state != "running" or self.ledger().job_state(model.name)[0] != "running":
+        if model.state != "running" or self.ledger().jobs.state(model.name)[0] != "running":
             ran = self.cli(["resume", model.name], f"resume {model.name}")
             assert ran.code == 0, ran.line()
             model.state = "running"
@@ -831,7 +831,7 @@ class OperatorActions(RuleBasedStateMachine):
     # For replays: wait for the moment a found sequence needs, so the replay hits it every time
 
     def held_by_a_live_worker(self, job: str, batch: str) -> bool:
-        token = self.ledger().lease_token(job, batch)
+        token = self.ledger().leases.token(job, batch)
         live = {f"{proc.name}@test" for proc in self.up.workers.values() if proc.alive()}
         return token is not None and keys.lease_owner(token) in live
 
@@ -842,7 +842,7 @@ class OperatorActions(RuleBasedStateMachine):
 
         def held() -> bool:
             ledger = self.ledger()
-            running = ledger.running_batches(job)
+            running = ledger.batches.running(job)
             found[:] = [b for b in running if self.held_by_a_live_worker(job, b)
                         and not ledger.r.hlen(keys.checkpoint(job, b))]
             return bool(found)
@@ -855,7 +855,7 @@ class OperatorActions(RuleBasedStateMachine):
         ledger = self.ledger()
 
         def running() -> bool:
-            if ledger.is_done(job, batch):
+            if ledger.batches.is_done(job, batch):
                 raise ReplayMissed(f"{job}/{batch} finished before the replay's next step")
             return self.held_by_a_live_worker(job, batch)
 
@@ -863,7 +863,7 @@ class OperatorActions(RuleBasedStateMachine):
 
     def wait_stopped(self, job: str, batch: str) -> None:
         ledger = self.ledger()
-        wait_until(lambda: batch not in ledger.running_batches(job), COMMAND_TIMEOUT,
+        wait_until(lambda: batch not in ledger.batches.running(job), COMMAND_TIMEOUT,
                    interval=0.05, what=f"{job}/{batch} handed back")
 
     def enqueue_killed_once_created(self, job: str) -> None:
@@ -872,11 +872,11 @@ class OperatorActions(RuleBasedStateMachine):
         with self.step(f"enqueue_killed_once_created({job!r})"):
             proc = self.spawn(model.enqueue_args("main"))
             ledger = self.ledger()
-            wait_until(lambda: ledger.job_exists(job) or proc.poll() is not None, COMMAND_TIMEOUT,
+            wait_until(lambda: ledger.jobs.exists(job) or proc.poll() is not None, COMMAND_TIMEOUT,
                        interval=0.005, what=f"job {job} created")
             proc.kill()
             self.finish(proc, f"enqueue {job} (main), killed once created")
-            if ledger.queued_batches(job) or proc.returncode == 0:
+            if ledger.batches.queued(job) or proc.returncode == 0:
                 raise ReplayMissed(f"enqueue of {job} had queued its batches before the kill")
             model.touched = model.rerun = True
             model.owner = "main"
@@ -926,8 +926,8 @@ class OperatorActions(RuleBasedStateMachine):
         """Which of the job's files it was created from, by the manifest in Redis or the sink."""
         manifest = None
         ledger = self.ledger()
-        if ledger.job_exists(model.name):
-            manifest = ledger.load_job(model.name).to_json()
+        if ledger.jobs.exists(model.name):
+            manifest = ledger.jobs.load(model.name).to_json()
         elif model.output.startswith("s3://"):
             if self.up.s3.alive():
                 s3 = self.up.s3.client()
@@ -1079,10 +1079,10 @@ def test_interrupted_enqueue_then_resume_exports_every_prompt(tmp_path: Path) ->
         # its batches (inputs are missing); the final phase re-runs the enqueue, which finishes
         # the upload and starts it.
         ledger = m.ledger()
-        assert ledger.job_state("beta")[0] == "creating"
+        assert ledger.jobs.state("beta")[0] == "creating"
         wait_until(lambda: "interrupted" in (job_status(ledger, "beta").reason or ""),
                    COMMAND_TIMEOUT, what="status saying beta's enqueue was interrupted")
-        assert not ledger.queued_batches("beta") and not ledger.running_batches("beta")
+        assert not ledger.batches.queued("beta") and not ledger.batches.running("beta")
 
 
 def test_requeue_rounds_past_r99_concurrent_requeues_and_a_flushall_keep_every_prompt_once(

@@ -54,7 +54,7 @@ def test_four_answers_per_prompt_survive_a_worker_kill_and_a_requeue_each_export
                    f"s3://{s3_server.bucket}/runs", "--samples", str(SAMPLES),
                    "--batch-size", "12", "--max-tokens", "400", "--no-canary")
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
-    manifest = ledger.load_job("four")
+    manifest = ledger.jobs.load("four")
     assert (manifest.prompts, manifest.answers) == (PROMPTS, PROMPTS * SAMPLES)
 
     def answered() -> float:
@@ -64,7 +64,7 @@ def test_four_answers_per_prompt_survive_a_worker_kill_and_a_requeue_each_export
     deadline = time.monotonic() + 120
     while answered() < 6 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert ledger.running_batches("four"), "the kill must land while a batch runs"
+    assert ledger.batches.running("four"), "the kill must land while a batch runs"
     worker.kill()
     stack.worker(0, poisoned_url, name="gpu0b")
     status = wait_job_done(stack, "four", timeout=300)

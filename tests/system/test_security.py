@@ -358,7 +358,7 @@ def test_a_mistyped_bucket_is_refused_by_s3_and_by_enqueue_before_anything_is_wr
                             f"s3://{typo}/runs", check=False)
     assert result.returncode == 1
     assert f"s3://{typo} at {s3_server.endpoint_url}: no such bucket" in result.stderr
-    assert not Ledger.from_url(redis_url).job_exists("typo")
+    assert not Ledger.from_url(redis_url).jobs.exists("typo")
     with pytest.raises(ClientError):
         s3_client.head_bucket(Bucket=typo)
 

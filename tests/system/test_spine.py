@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.ledger import Ledger
 from tests.stack import (
     Stack,
@@ -133,10 +133,10 @@ def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
 
     # A partial run: two batches finish, then the broker and the ledger's queue are lost.
     _, url = stack.sim("sim0", *SIM_FLAGS)
-    redis_client.delete(*keys.broker_lists(keys.SHARED_QUEUE))
+    redis_client.delete(*broker.queue_lists(keys.SHARED_QUEUE))
     ledger = Ledger(redis_client)
     for batch in ("b000001", "b000002", "b000003", "b000004", "b000005", "b000006"):
-        ledger.unqueue("resume", batch)
+        ledger.batches.unqueue("resume", batch)
     from fleetgen.dispatch import dispatch
 
     dispatch(celery_app, ledger, "resume", ["b000002", "b000005"], keys.SHARED_QUEUE)
@@ -173,7 +173,7 @@ def test_a_sigkilled_worker_loses_nothing_and_duplicates_nothing(
 
     # Kill while a batch is half done: some prompts checkpointed, others in flight.
     wait_until(lambda: any(redis_client.hlen(keys.checkpoint("kill", b)) >= 3
-                           for b in ledger.running_batches("kill")), 60, what="a batch half done")
+                           for b in ledger.batches.running("kill")), 60, what="a batch half done")
     victim.kill()
     stack.worker(0, url, name="gpu0b")
     status = wait_job_done(stack, "kill", timeout=180)

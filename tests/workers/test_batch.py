@@ -20,7 +20,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
-from fleetgen.ledger import Ledger
+from fleetgen.ledger import Batches, Jobs, Leases, Ledger
 from fleetgen.server_info import parse_server_info
 from fleetgen.servers import KINDS, Server
 from fleetgen.settings import Settings
@@ -124,18 +124,31 @@ class RecordingSink(LocalSink):
         return super().put_new(key, data)
 
 
-class RecordingLedger(Ledger):
+class RecordingBatches(Batches):
+    def __init__(self, client: Any, jobs: Jobs, events: Events) -> None:
+        super().__init__(client, jobs)
+        self.events = events
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        self.events("finish")
+        return super().finish(*args, **kwargs)
+
+
+class RecordingLeases(Leases):
     def __init__(self, client: Any, events: Events) -> None:
         super().__init__(client)
         self.events = events
 
-    def finish_batch(self, *args: Any, **kwargs: Any) -> bool:
-        self.events("finish")
-        return super().finish_batch(*args, **kwargs)
-
     def release(self, *args: Any, **kwargs: Any) -> bool:
         self.events("release")
         return super().release(*args, **kwargs)
+
+
+class RecordingLedger(Ledger):
+    def __init__(self, client: Any, events: Events) -> None:
+        super().__init__(client)
+        self.batches = RecordingBatches(client, self.jobs, events)
+        self.leases = RecordingLeases(client, events)
 
 
 @pytest.fixture
@@ -189,7 +202,7 @@ def test_checkpoint_then_errors_then_results_then_finish_then_release(
     written_counts = {k.decode(): float(v) for k, v in
                       redis_client.hgetall(keys.job_part(JOB, "written")).items()}
     assert written_counts["prompts_done"] == 5 and written_counts["prompts_failed"] == 1
-    assert runner.ledger.attempts(JOB, BATCH) == 0  # a finished batch spends no attempt
+    assert runner.ledger.leases.attempts(JOB, BATCH) == 0  # a finished batch spends no attempt
 
 
 def test_a_rerun_sends_only_the_prompts_missing_from_the_checkpoint(
@@ -223,10 +236,10 @@ def test_a_batch_written_but_not_recorded_is_counted_from_the_sink_and_not_sent_
 
 def test_a_batch_leased_by_another_worker_is_left_untouched(
         runner: BatchRunner, events: Events, redis_client: Any) -> None:
-    runner.ledger.acquire(JOB, BATCH, "w1@other/t", ttl_s=30)
+    runner.ledger.leases.acquire(JOB, BATCH, "w1@other/t", ttl_s=30)
     assert runner.run(JOB, BATCH).status == "owned-elsewhere"
     assert FakeServer.sent == [] and events.names() == []
-    assert runner.ledger.lease_token(JOB, BATCH) == "w1@other/t"
+    assert runner.ledger.leases.token(JOB, BATCH) == "w1@other/t"
 
 
 def test_a_server_with_several_models_pauses_a_job_that_names_none_and_sends_nothing(
@@ -235,7 +248,7 @@ def test_a_server_with_several_models_pauses_a_job_that_names_none_and_sends_not
     runner.engine.run(runner.engine.refresh_capacity())  # as the next periodic reading would
     assert runner.run(JOB, BATCH).status == "handed-back"
     assert FakeServer.sent == [] and events.names() == ["release"]
-    state, reason = runner.ledger.job_state(JOB)
+    state, reason = runner.ledger.jobs.state(JOB)
     assert state == "paused"
     assert reason == ("model: the server serves 2 models (qwen-8b, qwen-32b) and the job names "
                       "none: cancel it and enqueue the prompts as a new job with --model NAME")
@@ -251,7 +264,7 @@ def test_a_full_server_is_sent_again_after_its_retry_after_and_spends_nothing(
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
     assert FakeServer.sent.count("p2") == 4
-    assert runner.ledger.attempts(JOB, BATCH) == 0
+    assert runner.ledger.leases.attempts(JOB, BATCH) == 0
     health = runner.engine.health()
     assert health.overloaded == {"HTTP 429": 3} and health.failed == {}
     assert written(tmp_path, "errors") == [BAD]  # the prompt too long, not the full server
@@ -276,7 +289,7 @@ def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attem
     engine = runner.engine
     assert not engine.in_rotation
     assert "requests in a row failed (HTTP 502)" in (engine.watch.rotation.reason or "")
-    assert runner.ledger.attempts(JOB, BATCH) == 0
+    assert runner.ledger.leases.attempts(JOB, BATCH) == 0
     assert not redis_client.exists(keys.checkpoint(JOB, BATCH))  # no prompt failed for it
     assert not (tmp_path / "out" / JOB / "errors").exists()
     FakeServer.broken = None  # the proxy's backend is back: a probe puts the server back

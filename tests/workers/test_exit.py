@@ -38,8 +38,8 @@ def two_servers(stack: Stack, *flags: str) -> tuple[str, str]:
 def owners(ledger: Ledger, job: str) -> dict[str, str]:
     """batch -> worker holding its lease, for the job's running batches."""
     out = {}
-    for batch in ledger.running_batches(job):
-        token = ledger.lease_token(job, batch)
+    for batch in ledger.batches.running(job):
+        token = ledger.leases.token(job, batch)
         if token:
             out[batch] = keys.lease_owner(token)
     return out
@@ -70,11 +70,11 @@ def test_a_killed_workers_batches_are_back_before_their_ten_minute_leases_could_
     at_kill = owners(ledger, "gone")
     batch = next(b for b, w in at_kill.items() if w == "gpu0@test")
     victim.kill()
-    assert not ledger.is_done("gone", batch)
+    assert not ledger.batches.is_done("gone", batch)
     # Two reconciler rounds of 1 s confirm the connections are gone; the lease has 10 minutes,
     # five times this wait, so a batch back within it was not waiting for the lease.
     wait_until(lambda: owners(ledger, "gone").get(batch) == "gpu1@test"
-               or ledger.is_done("gone", batch), 120, what=f"{batch} running again on gpu1")
+               or ledger.batches.is_done("gone", batch), 120, what=f"{batch} running again on gpu1")
     assert int(redis_client.hget(keys.job_part("gone", "attempts"), batch)) == 2
     status = wait_job_done(stack, "gone", timeout=180)
     assert (status.done, status.failed) == (80, 0)
@@ -115,7 +115,7 @@ def test_sigterm_hands_batches_back_after_the_requests_at_the_server_not_the_who
     assert len(set(said)) == 1, said  # one hand-back (the task's log repeats the line)
     unsent = int(said[0])
     assert unsent > 0
-    assert not ledger.is_done("term", batch) and not ledger.lease_alive("term", batch)
+    assert not ledger.batches.is_done("term", batch) and not ledger.leases.alive("term", batch)
     # The hand-back spent no attempt: the next worker's run is attempt 1 again.
     assert int(redis_client.hget(keys.job_part("term", "attempts"), batch)) == 0
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from fleetgen import keys
+from fleetgen import broker, keys
 from fleetgen.dispatch import dispatch
 from fleetgen.ledger import STATE_PAUSED, Ledger
 from fleetgen.settings import Settings
@@ -45,7 +45,7 @@ def only(batch: str, ledger: Ledger) -> None:
     """Every batch of the job but `batch` is done, so no other rule fires."""
     for b in (B1, B2, B3):
         if b != batch:
-            ledger.finish_batch(JOB, b, {}, "w0", [])
+            ledger.batches.finish(JOB, b, {}, "w0", [])
 
 
 def started_ago(ledger: Ledger, batch: str, seconds: float) -> None:
@@ -53,7 +53,7 @@ def started_ago(ledger: Ledger, batch: str, seconds: float) -> None:
 
 
 def waiting(ledger: Ledger) -> set[tuple[str, str]]:
-    return ledger.broker_batches(grace_s=GRACE_S)
+    return broker.waiting_batches(ledger.r, grace_s=GRACE_S)
 
 
 def register(ledger: Ledger, worker: str) -> None:
@@ -64,15 +64,15 @@ def register(ledger: Ledger, worker: str) -> None:
 def test_a_running_batch_whose_lease_expired_is_sent_again_first(
         ledger: Ledger, reconciler: Reconciler) -> None:
     only(B1, ledger)
-    ledger.acquire(JOB, B1, "w0@a/t1", ttl_s=30)
+    ledger.leases.acquire(JOB, B1, "w0@a/t1", ttl_s=30)
     ledger.r.delete(keys.lease(JOB, B1))  # its worker died; the lease ran out
     started_ago(ledger, B1, 60)
     assert reconciler.reconcile_once()["dead_owner"] == 1
-    assert set(ledger.queued_batches(JOB)) == {B1} and ledger.running_batches(JOB) == {}
+    assert set(ledger.batches.queued(JOB)) == {B1} and ledger.batches.running(JOB) == {}
     assert waiting(ledger) == {(JOB, B1)}
     assert ledger.r.llen(keys.SHARED_QUEUE) == 1  # the top priority list: before fresh work
-    assert "lease expired" in ledger.last_cause(JOB, B1)
-    assert ledger.attempts(JOB, B1) == 1  # the dead worker's attempt stays spent
+    assert "lease expired" in ledger.leases.last_cause(JOB, B1)
+    assert ledger.leases.attempts(JOB, B1) == 1  # the dead worker's attempt stays spent
 
 
 def test_a_batch_leased_a_moment_ago_is_not_taken_for_a_dead_one(
@@ -82,30 +82,30 @@ def test_a_batch_leased_a_moment_ago_is_not_taken_for_a_dead_one(
     only(B1, ledger)
     started_ago(ledger, B1, 1)
     assert sum(reconciler.reconcile_once().values()) == 0
-    assert waiting(ledger) == set() and set(ledger.running_batches(JOB)) == {B1}
+    assert waiting(ledger) == set() and set(ledger.batches.running(JOB)) == {B1}
 
 
 def test_a_lease_whose_worker_closed_every_connection_is_broken_on_the_second_round(
         ledger: Ledger, reconciler: Reconciler, redis_server: Any) -> None:
     only(B1, ledger)
     register(ledger, "w0@gone")
-    ledger.acquire(JOB, B1, "w0@gone/t1", ttl_s=30)
+    ledger.leases.acquire(JOB, B1, "w0@gone/t1", ttl_s=30)
     started_ago(ledger, B1, 60)
     # One round without a connection may be a reconnect in progress: nothing yet.
     assert reconciler.reconcile_once()["gone_owner"] == 0
-    assert ledger.lease_alive(JOB, B1)
+    assert ledger.leases.alive(JOB, B1)
     assert reconciler.reconcile_once()["gone_owner"] == 1
-    assert not ledger.lease_alive(JOB, B1)
+    assert not ledger.leases.alive(JOB, B1)
     assert waiting(ledger) == {(JOB, B1)}
-    assert "process is gone" in ledger.last_cause(JOB, B1)
+    assert "process is gone" in ledger.leases.last_cause(JOB, B1)
 
 
 def test_a_lease_of_a_connected_worker_or_of_one_that_names_no_connection_is_left_alone(
         ledger: Ledger, reconciler: Reconciler, redis_server: Any) -> None:
     register(ledger, "w0@alive")
-    ledger.acquire(JOB, B1, "w0@alive/t1", ttl_s=30)
-    ledger.acquire(JOB, B2, "w1@old/t2", ttl_s=30)  # an older worker: not in the registry
-    ledger.finish_batch(JOB, B3, {}, "w0", [])
+    ledger.leases.acquire(JOB, B1, "w0@alive/t1", ttl_s=30)
+    ledger.leases.acquire(JOB, B2, "w1@old/t2", ttl_s=30)  # an older worker: not in the registry
+    ledger.batches.finish(JOB, B3, {}, "w0", [])
     started_ago(ledger, B1, 60)
     started_ago(ledger, B2, 60)
     alive = redis.Redis(host="127.0.0.1", port=redis_server.port, password=redis_server.password,
@@ -116,19 +116,19 @@ def test_a_lease_of_a_connected_worker_or_of_one_that_names_no_connection_is_lef
             assert sum(reconciler.reconcile_once().values()) == 0
     finally:
         alive.close()
-    assert ledger.lease_token(JOB, B1) == "w0@alive/t1" and ledger.lease_alive(JOB, B2)
+    assert ledger.leases.token(JOB, B1) == "w0@alive/t1" and ledger.leases.alive(JOB, B2)
     assert waiting(ledger) == set()
 
 
 def test_a_queued_batch_whose_message_was_lost_is_sent_again_after_the_grace(
         ledger: Ledger, reconciler: Reconciler) -> None:
     only(B1, ledger)
-    ledger.mark_queued(JOB, [B1])  # e.g. a BRPOP in flight when Redis restarted
+    ledger.batches.mark_queued(JOB, [B1])  # e.g. a BRPOP in flight when Redis restarted
     assert reconciler.reconcile_once()["lost_message"] == 0  # within the grace
     ledger.r.zadd(keys.job_part(JOB, "queued"), {B1: time.time() - GRACE_S - 1})
     assert reconciler.reconcile_once()["lost_message"] == 1
     assert waiting(ledger) == {(JOB, B1)}
-    assert time.time() - ledger.queued_batches(JOB)[B1] < GRACE_S
+    assert time.time() - ledger.batches.queued(JOB)[B1] < GRACE_S
 
 
 def test_a_queued_batch_still_waiting_in_the_broker_is_not_sent_twice(
@@ -139,7 +139,7 @@ def test_a_queued_batch_still_waiting_in_the_broker_is_not_sent_twice(
     assert reconciler.reconcile_once()["lost_message"] == 0
     assert queue_depth(ledger.r, keys.SHARED_QUEUE) == 1
     # Its wait starts again, so a long queue is not re-read every round.
-    assert time.time() - ledger.queued_batches(JOB)[B1] < GRACE_S
+    assert time.time() - ledger.batches.queued(JOB)[B1] < GRACE_S
 
 
 def test_a_batch_in_no_state_is_sent_again_once_two_rounds_agree(
@@ -147,12 +147,12 @@ def test_a_batch_in_no_state_is_sent_again_once_two_rounds_agree(
     only(B2, ledger)  # B2 is neither queued, running nor done: a restart lost its last write
     assert reconciler.reconcile_once()["no_state"] == 0
     assert reconciler.reconcile_once()["no_state"] == 1
-    assert waiting(ledger) == {(JOB, B2)} and set(ledger.queued_batches(JOB)) == {B2}
+    assert waiting(ledger) == {(JOB, B2)} and set(ledger.batches.queued(JOB)) == {B2}
 
 
 def test_a_job_that_is_not_running_is_left_alone(ledger: Ledger, reconciler: Reconciler) -> None:
-    ledger.set_state(JOB, STATE_PAUSED, "operator")
-    ledger.acquire(JOB, B1, "w0@a/t1", ttl_s=30)
+    ledger.jobs.set_state(JOB, STATE_PAUSED, "operator")
+    ledger.leases.acquire(JOB, B1, "w0@a/t1", ttl_s=30)
     ledger.r.delete(keys.lease(JOB, B1))
     started_ago(ledger, B1, 60)
     for _ in range(2):
@@ -172,7 +172,7 @@ def test_a_redis_outage_is_one_line_when_it_goes_and_one_when_it_is_back(
     def counted() -> bool:
         rounds.append(1)
         if len(rounds) == 6:  # Redis comes back: point the ledger at the real one
-            rec.ledger.r = redis.Redis.from_url(redis_url)
+            rec.ledger = Ledger(redis.Redis.from_url(redis_url))
         return real()
 
     rec._take_turn = counted  # type: ignore[method-assign]

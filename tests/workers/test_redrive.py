@@ -99,7 +99,7 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     from launcher.services import wait_until
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
-    wait_until(lambda: not ledger.running_batches("stop"), 60, what="running batches stopped")
+    wait_until(lambda: not ledger.batches.running("stop"), 60, what="running batches stopped")
     held = job_status(ledger, "stop")
     assert held.state == "cancelled" and held.done < 200
     resumed = stack.producer("resume", "stop")

@@ -1,0 +1,131 @@
+"""Batches: where each batch of a job stands (queued, running, done), its prompt-level
+checkpoint, and its recording once written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import orjson
+import redis
+
+from fleetgen import keys
+from fleetgen.ledger._jobs import Jobs
+from fleetgen.ledger._replies import members, scored, script
+
+# Enough recent failure reasons to explain a bad job without growing without bound.
+FAILURES_KEPT = 200
+
+# Records a written batch once: only the first call counts its prompts.
+_FINISH = script("finish_batch.lua")
+# Takes failures out of an unleased batch's checkpoint, with what they added to the counters.
+_DROP_FAILURES = script("drop_failures.lua")
+
+
+class Batches:
+    """A job's batch sets (fg:job:{job}:queued, :running, :done) and checkpoints
+    (fg:ckpt:{job}:{batch}). A batch moves `queued -> running -> done`; `running` means a
+    worker holds its lease (`Leases`). Queuing or finishing one may finish the job or run it
+    again, so both settle it (`Jobs.settle`)."""
+
+    def __init__(self, client: redis.Redis, jobs: Jobs) -> None:
+        self.r = client
+        self._jobs = jobs
+        self._finish = client.register_script(_FINISH)
+        self._drop_failures = client.register_script(_DROP_FAILURES)
+
+    def mark_queued(self, name: str, batches: Iterable[str]) -> None:
+        now = time.time()
+        mapping = {b: now for b in batches}
+        if mapping:
+            self.r.zadd(keys.job_part(name, "queued"), mapping)
+            # Work queued for a finished job (`requeue --failed` of a done one) runs it again.
+            self._jobs.settle(name)
+
+    def unqueue(self, name: str, batch: str) -> None:
+        self.r.zrem(keys.job_part(name, "queued"), batch)
+
+    def queued(self, name: str) -> dict[str, float]:
+        """Batch -> when it was dispatched to the broker."""
+        return scored(self.r, keys.job_part(name, "queued"))
+
+    def running(self, name: str) -> dict[str, float]:
+        """Batch -> when its lease was taken."""
+        return scored(self.r, keys.job_part(name, "running"))
+
+    def done(self, name: str) -> set[str]:
+        return members(self.r, keys.job_part(name, "done"))
+
+    def is_done(self, name: str, batch: str) -> bool:
+        return bool(self.r.sismember(keys.job_part(name, "done"), batch))
+
+    def drop_running(self, name: str, batch: str) -> None:
+        """Take a batch whose worker is gone out of `running`, before it is dispatched again."""
+        self.r.zrem(keys.job_part(name, "running"), batch)
+
+    def holds(self, name: str, batches: Iterable[str]) -> dict[str, tuple[str | None, int]]:
+        """Batch -> the worker holding its lease (None when no lease is alive) and the prompts
+        checkpointed in it so far, read in one round trip."""
+        batches = list(batches)
+        with self.r.pipeline(transaction=False) as p:
+            for batch in batches:
+                p.get(keys.lease(name, batch))
+                p.hlen(keys.checkpoint(name, batch))
+            raw = p.execute()
+        return {batch: (keys.lease_owner(token.decode()) if token is not None else None, int(n))
+                for batch, token, n in zip(batches, raw[::2], raw[1::2], strict=True)}
+
+    def checkpoint(self, name: str, batch: str) -> dict[str, dict[str, Any]]:
+        """The batch's checkpointed records: prompt id -> its finished result."""
+        raw = self.r.hgetall(keys.checkpoint(name, batch))
+        return {k.decode(): orjson.loads(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def checkpointed_records(self, name: str, batches: Iterable[str]) -> Iterator[bytes]:
+        """Every checkpointed record (raw JSON) of the given batches, read in one round trip."""
+        with self.r.pipeline(transaction=False) as p:
+            for batch in batches:
+                p.hvals(keys.checkpoint(name, batch))
+            for records in p.execute():
+                yield from records
+
+    def drop_failures(self, name: str, batch: str,
+                      failures: Iterable[dict[str, Any]]) -> int | None:
+        """Take these failure records out of the batch's checkpoint, so that its next run sends
+        them again, and take back what they added to the live counters; returns how many were
+        taken out. None, with nothing changed, while someone holds the batch's lease."""
+        args: list[Any] = []
+        for record in failures:
+            args += [record["custom_id"], record["error"]["code"], record["worker"]]
+        if not args:
+            return 0
+        taken = int(self._drop_failures(
+            keys=[keys.checkpoint(name, batch), keys.lease(name, batch),
+                  keys.job_part(name, "stats"), keys.job_part(name, "workers")], args=args))
+        return None if taken < 0 else taken
+
+    def finish(
+        self, name: str, batch: str, written: Mapping[str, float], worker: str,
+        failures: list[bytes], bytes_written: int = 0, now: float | None = None,
+    ) -> bool:
+        """Record a batch whose objects are in the sink: done set and the written counters
+        (`records.written_counts`), once per batch; drop its checkpoint. True if this call was
+        the first to record it. `worker` is who wrote it ("" when rebuilt from the sink)."""
+        args: list[Any] = [batch, time.time() if now is None else now, FAILURES_KEPT, len(written)]
+        for field, value in written.items():
+            args += [field, value]
+        first = bool(self._finish(
+            keys=[keys.job_part(name, "done"), keys.job_part(name, "running"),
+                  keys.job_part(name, "queued"), keys.job_part(name, "written"), keys.job(name),
+                  keys.checkpoint(name, batch), keys.job_part(name, "failures")],
+            args=args + failures))
+        if first:
+            with self.r.pipeline(transaction=False) as p:
+                p.hincrbyfloat(keys.job_part(name, "stats"), "batches_done", 1)
+                p.hincrbyfloat(keys.job_part(name, "stats"), "bytes_written", bytes_written)
+                if worker:
+                    p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|batches_done", 1)
+                p.execute()
+            # Its last batch finishes the job.
+            self._jobs.settle(name)
+        return first
