@@ -22,6 +22,7 @@ from redis.lock import Lock
 from fleetgen import keys, redisconn
 from fleetgen.errors import JobError, UnknownJobError
 from fleetgen.job import JobManifest
+from fleetgen.records import FailureRecord, OutputRecord, read_record
 from fleetgen.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
@@ -332,12 +333,12 @@ class Ledger:
 
     # Prompt-level checkpoints
 
-    def load_checkpoint(self, name: str, batch: str) -> dict[str, dict[str, Any]]:
+    def load_checkpoint(self, name: str, batch: str) -> dict[str, OutputRecord]:
         raw = self.r.hgetall(keys.checkpoint(name, batch))
-        return {k.decode(): orjson.loads(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        return {k.decode(): read_record(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
     def drop_failures(self, name: str, batch: str,
-                      failures: Iterable[dict[str, Any]]) -> int | None:
+                      failures: Iterable[FailureRecord]) -> int | None:
         """Take these failure records out of the batch's checkpoint, so that its next run sends
         them again, and take back what they added to the live counters; returns how many were
         taken out. None, with nothing changed, while someone holds the batch's lease."""

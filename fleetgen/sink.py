@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
-import orjson
-
 from fleetgen import keys
 from fleetgen.errors import SinkError
+from fleetgen.job import InputLine, read_input_line
+from fleetgen.records import OutputRecord, read_record
 
 T = TypeVar("T")
 
@@ -395,21 +395,21 @@ class _Body(io.RawIOBase):
         super().close()
 
 
-def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
-    """Every record of the `.jsonl` objects under `prefix`, objects in key order."""
-    for key in sorted(sink.list_keys(prefix)):
+def stored_inputs(sink: Sink, job: str) -> Iterator[InputLine]:
+    """Every line of the job's stored batch inputs, objects in key order."""
+    for key in sorted(sink.list_keys(f"{job}/inputs/")):
         if key.endswith(".jsonl"):
             for line in (sink.get(key) or b"").splitlines():
                 if line:
-                    yield orjson.loads(line)
+                    yield read_input_line(line)
 
 
-def batch_records(sink: Sink, job: str, batch: str) -> Iterator[dict[str, Any]]:
+def batch_records(sink: Sink, job: str, batch: str) -> Iterator[OutputRecord]:
     """The records a written batch holds: its error lines, then its result lines."""
     for key in (keys.sink_errors(job, batch), keys.sink_result(job, batch)):
         for line in (sink.get(key) or b"").splitlines():
             if line:
-                yield orjson.loads(line)
+                yield read_record(line)
 
 
 def _status(exc: Any) -> int:

@@ -30,14 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from fleetgen import keys
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
-from fleetgen.records import counters, written_counts
+from fleetgen.records import OutputRecord, counters, read_record, written_counts
 from fleetgen.sink import Sink, batch_records
 from producer import sinkview
 
@@ -93,7 +90,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     live: Counter[str] = Counter()
     thinking = manifest.params.thinking  # a line's own setting lives in its input only
 
-    def tally(record: dict[str, Any]) -> None:
+    def tally(record: OutputRecord) -> None:
         live.update(counters(record, thinking=thinking))
 
     layout, found = sinkview.read(sink, manifest, tally)
@@ -101,7 +98,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     checkpointed = 0
     for raw in ledger.checkpointed_records(job, unwritten):
         checkpointed += 1
-        tally(orjson.loads(raw))
+        tally(read_record(raw))
     live["batches_done"] = len(layout.done)
     ledger.restore(manifest, done=layout.done, rounds=layout.requeue,
                    last_round=layout.last_round, written=found.written(), live=live)

@@ -7,11 +7,14 @@ learns about one server.
       OpenAICompatible      _openai.py: anything else that speaks /v1/chat/completions
     Server, detect          _server.py: a server as found at first contact; request shaping;
                             what its refusals taught (fields it refuses, its pinned model)
+    RequestBody, ChatCompletion
+                            _chat.py: OpenAI's chat schema, what is sent and read back
 
 The worker, the operator's views and the launcher all read servers, so the kinds live in the
 domain; how many requests the worker keeps in flight is the worker's (workers/limits.py).
 """
 
+from fleetgen.servers._chat import ChatCompletion, ChatTemplateKwargs, RequestBody
 from fleetgen.servers._kind import ServerKind
 from fleetgen.servers._openai import OpenAICompatible
 from fleetgen.servers._server import KINDS, Server, detect
@@ -21,7 +24,10 @@ from fleetgen.servers._vllm import VLLM
 __all__ = [
     "KINDS",
     "VLLM",
+    "ChatCompletion",
+    "ChatTemplateKwargs",
     "OpenAICompatible",
+    "RequestBody",
     "SGLang",
     "Server",
     "ServerKind",
