@@ -21,6 +21,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay
 
 from fleetgen.errors import FleetgenError
 from fleetgen.redact import redact
+from fleetgen.redisconn import endpoints
 from fleetgen.retry import backoff
 
 # The embedded Valkey of `python -m launcher redis` listens here by default, keeps the password
@@ -183,14 +184,6 @@ class Settings:
             kwargs["redis_url"] = embedded
         return cls(**kwargs)  # type: ignore[arg-type]
 
-    def redis_endpoints(self) -> list[tuple[str, int]]:
-        """The (host, port) pairs REDIS_URL names (the Sentinels of a `sentinel://` one); a
-        unix socket is this machine."""
-        parts = [urlsplit(p.strip()) for p in self.redis_url.split(";") if p.strip()]
-        if parts[0].scheme in ("redis+socket", "unix"):
-            return [("127.0.0.1", 6379)]
-        return [(p.hostname or "127.0.0.1", p.port or 6379) for p in parts]
-
     def server_url_for_gpu(self, index: int) -> str:
         return f"http://127.0.0.1:{self.sglang_base_port + index}"
 
@@ -244,7 +237,7 @@ def embedded_redis_url(url: str | None) -> str | None:
 
 def _port(url: str) -> int | None:
     try:
-        return urlsplit(url).port or 6379
+        return endpoints(url)[0][1]
     except ValueError:  # no port number: not the embedded Valkey's URL
         return None
 
