@@ -27,8 +27,7 @@ from fleetgen.errors import (
     RetryableError,
     ServerDownError,
 )
-from fleetgen.server_info import NO_SUCH_ENDPOINT
-from fleetgen.servers import ChatCompletion, RequestBody, Server, detect
+from fleetgen.servers import NO_SUCH_ENDPOINT, ChatCompletion, RequestBody, Server, detect
 
 log = logging.getLogger(__name__)
 

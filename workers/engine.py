@@ -40,8 +40,7 @@ from fleetgen.liveledger import LiveLedger
 from fleetgen.readings import parse_metrics, read_server_within
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, backoff
-from fleetgen.server_info import CONFIGURED, ServerCapacity, stated_capacity
-from fleetgen.servers import RequestBody, Server
+from fleetgen.servers import CONFIGURED, RequestBody, Server, ServerCapacity, stated_capacity
 from fleetgen.settings import Settings
 from workers import loops, metrics
 from workers.client import ServerClient
@@ -272,7 +271,7 @@ class Engine:
             self.server_url,
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
-            api_key=self.settings.sglang_api_key,
+            api_key=self.settings.server_api_key,
         )
         self.live = LiveLedger.connect(self.settings, keys.worker_client(self.worker))
         # Start at 1 in flight until the server says what it can take.

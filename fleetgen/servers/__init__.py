@@ -9,6 +9,9 @@ learns about one server.
                             what its refusals taught (fields it refuses, its pinned model)
     RequestBody, ChatCompletion
                             _chat.py: OpenAI's chat schema, what is sent and read back
+    ServerInfo, fetch_server_info, server_capacity
+                            _server_info.py: what a server says about itself (SGLang's
+                            /server_info), and the concurrency it states
 
 The worker, the operator's views and the launcher all read servers, so the kinds live in the
 domain; how many requests the worker keeps in flight is the worker's (workers/limits.py).
@@ -18,11 +21,27 @@ from fleetgen.servers._chat import ChatCompletion, ChatTemplateKwargs, RequestBo
 from fleetgen.servers._kind import ServerKind
 from fleetgen.servers._openai import OpenAICompatible
 from fleetgen.servers._server import KINDS, Server, detect
+from fleetgen.servers._server_info import (
+    CONFIGURED,
+    NO_SUCH_ENDPOINT,
+    SERVER_INFO_PATHS,
+    ServerCapacity,
+    ServerInfo,
+    as_float,
+    as_int,
+    fetch_server_info,
+    parse_server_info,
+    server_capacity,
+    stated_capacity,
+)
 from fleetgen.servers._sglang import SGLang
 from fleetgen.servers._vllm import VLLM
 
 __all__ = [
+    "CONFIGURED",
     "KINDS",
+    "NO_SUCH_ENDPOINT",
+    "SERVER_INFO_PATHS",
     "VLLM",
     "ChatCompletion",
     "ChatTemplateKwargs",
@@ -30,6 +49,14 @@ __all__ = [
     "RequestBody",
     "SGLang",
     "Server",
+    "ServerCapacity",
+    "ServerInfo",
     "ServerKind",
+    "as_float",
+    "as_int",
     "detect",
+    "fetch_server_info",
+    "parse_server_info",
+    "server_capacity",
+    "stated_capacity",
 ]

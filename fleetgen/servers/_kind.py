@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from fleetgen.server_info import ServerInfo
 from fleetgen.servers._chat import RequestBody
+from fleetgen.servers._server_info import ServerInfo
 
 # How readings of several schedulers (DP ranks, engines) combine into one per server.
 Combine = str  # "sum" | "max" | "mean"

@@ -20,10 +20,10 @@ import httpx
 import orjson
 
 from fleetgen.errors import ModelChoiceError
-from fleetgen.server_info import ServerInfo, fetch_server_info
 from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import ServerKind
 from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._server_info import ServerInfo, fetch_server_info
 from fleetgen.servers._sglang import SGLang
 from fleetgen.servers._vllm import VLLM
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from fleetgen.server_info import ServerInfo
 from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import Combine, ServerKind
+from fleetgen.servers._server_info import ServerInfo
 
 
 class VLLM(ServerKind):
