@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
@@ -17,6 +17,13 @@ from fleetgen.keys import JOB_ENTRIES, JOB_NAME
 
 if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
     from fleetgen.servers import RequestBody
+
+# A job's state as the ledger keeps it (fleetgen/ledger.py STATE_*): `creating` while enqueue
+# stores its inputs, then `running`, `paused` or `cancelled` as the operator and the canary
+# and breaker set it.
+JobState = Literal["creating", "running", "paused", "cancelled"]
+# What the views show (fleetgen/jobview.py): a running job whose batches are all written is done.
+ShownState = JobState | Literal["done"]
 
 # A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
 # a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.

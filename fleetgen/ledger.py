@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Final, cast
 
 import orjson
 import redis
@@ -21,16 +21,16 @@ from redis.lock import Lock
 
 from fleetgen import keys, redisconn
 from fleetgen.errors import JobError, UnknownJobError
-from fleetgen.job import JobManifest
+from fleetgen.job import JobManifest, JobState
 from fleetgen.records import FailureRecord, OutputRecord, read_record
 from fleetgen.settings import JOB_RETENTION_S, REDIS_MASTER_NAME, Settings
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
 # the job until enqueue sets it `running` (after the last input and the final manifest).
-STATE_CREATING = "creating"
-STATE_RUNNING = "running"
-STATE_PAUSED = "paused"
-STATE_CANCELLED = "cancelled"
+STATE_CREATING: Final = "creating"
+STATE_RUNNING: Final = "running"
+STATE_PAUSED: Final = "paused"
+STATE_CANCELLED: Final = "cancelled"
 JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # The job hash's field numbering `requeue --failed` rounds: the last round's number.
 # Enough recent failure reasons to explain a bad job without growing without bound.
@@ -235,11 +235,11 @@ class Ledger:
                        key=keys.batch_order)
         return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
 
-    def job_state(self, name: str) -> tuple[str, str]:
+    def job_state(self, name: str) -> tuple[JobState, str]:
         state, reason = self.r.hmget(keys.job(name), "state", "reason")
-        return _text(state) or "running", _text(reason)
+        return cast(JobState, _text(state) or STATE_RUNNING), _text(reason)
 
-    def set_state(self, name: str, state: str, reason: str = "") -> None:
+    def set_state(self, name: str, state: JobState, reason: str = "") -> None:
         if state not in JOB_STATES:
             raise JobError(f"unknown job state {state!r}")
         self.r.hset(

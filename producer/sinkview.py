@@ -38,12 +38,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, get_args
 
 import orjson
 
 from fleetgen import keys
-from fleetgen.job import JobManifest, read_input_line
+from fleetgen.job import JobManifest, ShownState, read_input_line
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
 from fleetgen.progress import progress_key
 from fleetgen.records import OutputRecord, answer_key, is_failure, read_record, record_key
@@ -58,7 +58,7 @@ def stored_manifest(sink: Sink, job: str) -> JobManifest | None:
     return JobManifest.from_json(raw) if raw else None
 
 
-def stored_state(sink: Sink, job: str) -> tuple[str, str] | None:
+def stored_state(sink: Sink, job: str) -> tuple[ShownState, str] | None:
     """The job's state and its reason as its progress.json last recorded them (`done`,
     `running`, `paused`, `cancelled`, ...), or None without one. The workers write it within a
     minute of a change, and `pause`, `cancel` and `resume` at once (producer/control.py)."""
@@ -67,9 +67,10 @@ def stored_state(sink: Sink, job: str) -> tuple[str, str] | None:
         return None
     try:
         status = orjson.loads(raw)
-        return str(status["state"]), str(status.get("reason") or "")
+        state, reason = status["state"], str(status.get("reason") or "")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None  # a file someone else wrote there: no state recorded
+    return (state, reason) if state in get_args(ShownState) else None
 
 
 @dataclass
