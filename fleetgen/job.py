@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
 # and breaker set it.
 JobState = Literal["creating", "running", "paused", "cancelled"]
 # What the views show (fleetgen/jobview.py): a running job whose batches are all written is done.
-ShownState = JobState | Literal["done"]
+ShownState = Literal[JobState, "done"]
 
 # A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
 # a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.
