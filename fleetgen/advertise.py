@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
+from fleetgen.redisconn import endpoints
 from fleetgen.settings import Settings
 
 # Hosts that name "this machine" only: meaningless, or wrong, anywhere else.
@@ -55,5 +56,5 @@ def advertised_url(server_url: str, settings: Settings) -> str:
 
 
 def _route_to_redis(settings: Settings) -> str | None:
-    host, port = settings.redis_endpoints()[0]
+    host, port = endpoints(settings.redis_url)[0]
     return route_address(host, port)

@@ -31,14 +31,13 @@ import math
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from fleetgen.checkpoints import Entry, Outcomes
-from fleetgen.ledger import STATE_RUNNING
+from fleetgen.ledger import STATE_RUNNING, FailureExample
 from fleetgen.liveledger import LiveLedger
-from fleetgen.records import is_failure, job_caused
+from fleetgen.records import OutputRecord, is_failure, job_caused, read_record
 from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ def cause(code: str, message: str) -> str:
     return f"{code}: {_NUMBER.sub('N', message)}"[:CAUSE_CHARS]
 
 
-def outcome(record: dict[str, Any]) -> str | None:
+def outcome(record: OutputRecord) -> str | None:
     """What the breaker keeps of one finished prompt: "" for an answer, the cause of a
     failure the job may share (records.job_caused); None for a failure that is one prompt's
     own (too long, refused for its content, a server error while the server answered others)
@@ -67,7 +66,7 @@ def outcome(record: dict[str, Any]) -> str | None:
     if not is_failure(record):
         return ""
     code = record["error"]["code"]
-    if record.get("tries") == 0 or not job_caused(code):
+    if record["tries"] == 0 or not job_caused(code):
         return None
     return cause(code, record["error"]["message"])
 
@@ -157,10 +156,12 @@ class Breaker:
             # Not this group's cause (the share rule can name an older one): the next group
             # that has one of its failures pauses the job.
             return
-        record = orjson.loads(example.record)
+        record = read_record(example.record)
+        if not is_failure(record):
+            return
         reason = trip.reason(job)
         log.warning("job %s: paused by the failure breaker: %s", job, reason)
         self._trip(job)
-        await self._live.pause_by_breaker(job, reason, trip.cause, {
-            "id": record["custom_id"], "code": record["error"]["code"],
-            "message": record["error"]["message"][:_EXAMPLE_CHARS]})
+        await self._live.pause_by_breaker(job, reason, trip.cause, FailureExample(
+            record["custom_id"], record["error"]["code"],
+            record["error"]["message"][:_EXAMPLE_CHARS]))

@@ -14,7 +14,11 @@ import hashlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import orjson
+
 from fleetgen.errors import JobError
+from fleetgen.ledger import QualityExample
+from fleetgen.records import OutputRecord, is_failure
 
 _DIGEST_CHARS = 300
 # Text normalized first; plain prose keeps ~85% of its characters when spacing is collapsed.
@@ -70,22 +74,54 @@ def content_digest(content: str) -> str:
     return hashlib.blake2b(norm[:_DIGEST_CHARS].encode(), digest_size=6).hexdigest()
 
 
-def sample(record: dict[str, Any], thinking: bool) -> list[Any]:
-    """The few facts of one answer the canary looks at: [id, empty, length, no-reasoning,
-    output tokens, digest, snippet]."""
-    if "custom_id" in record:
-        return [record["custom_id"], 0, 0, 0, 0, "", "(failed)"]
+# The snippet of a failure's sample: the canary judges answers, and counts failures apart.
+FAILED = "(failed)"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The few facts of one answer the canary looks at. Kept in the job's window (a Redis
+    list) as a JSON array, `[id, empty, length, no-reasoning, output tokens, digest, snippet]`
+    with the flags as 0/1: `to_json` writes it, `from_json` reads it back."""
+
+    id: str
+    empty: bool
+    length: bool
+    no_reasoning: bool
+    output_tokens: int
+    digest: str
+    snippet: str
+
+    @property
+    def failed(self) -> bool:
+        return self.snippet == FAILED
+
+    def to_json(self) -> bytes:
+        return orjson.dumps([self.id, int(self.empty), int(self.length), int(self.no_reasoning),
+                             self.output_tokens, self.digest, self.snippet])
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Sample:
+        id_, empty, length, no_reasoning, output_tokens, digest, snippet = orjson.loads(raw)
+        return cls(id_, bool(empty), bool(length), bool(no_reasoning), output_tokens, digest,
+                   snippet)
+
+
+def sample(record: OutputRecord, thinking: bool) -> Sample:
+    """What the canary keeps of one finished prompt (a failure is marked, and not judged)."""
+    if is_failure(record):
+        return Sample(record["custom_id"], False, False, False, 0, "", FAILED)
     content = record["content"] or ""
     empty = not content.strip() and not record.get("tool_calls")
-    return [
+    return Sample(
         record["id"],
-        int(empty),
-        int(record["finish_reason"] == "length"),
-        int(thinking and not record.get("reasoning_content")),
+        empty,
+        record["finish_reason"] == "length",
+        thinking and not record.get("reasoning_content"),
         record["usage"]["completion_tokens"],
         content_digest(content) if content.strip() else "",
         content[:120],
-    ]
+    )
 
 
 @dataclass(frozen=True)
@@ -94,43 +130,44 @@ class Verdict:
     share: float
     threshold: float
     reason: str
-    examples: list[dict[str, Any]]
+    examples: list[QualityExample]
 
 
-def evaluate(samples: list[list[Any]], t: Thresholds,
+def evaluate(samples: list[Sample], t: Thresholds,
              min_answers: int | None = None) -> Verdict | None:
     """The first crossed threshold over the window, or None if the answers look healthy.
 
     Nothing is judged on fewer than `min_answers` answers (default: the thresholds' own
     minimum; a job smaller than that is judged at its end on a smaller one, quality.py)."""
-    answers = [s for s in samples if s[6] != "(failed)"]
+    answers = [s for s in samples if not s.failed]
     need = min(t.min_completions, t.window) if min_answers is None else min_answers
     if not t.enabled or not answers or len(answers) < need:
         return None
     n = len(answers)
 
-    def share(index: int) -> tuple[float, list[list[Any]]]:
-        hits = [s for s in answers if s[index]]
+    def share(flag: str) -> tuple[float, list[Sample]]:
+        hits = [s for s in answers if getattr(s, flag)]
         return len(hits) / n, hits
 
-    checks: list[tuple[str, float | None, float, list[list[Any]], str]] = []
-    for name, index, text in (("empty_content", 1, "have an empty content"),
-                              ("length", 2, "stopped at max_tokens (finish_reason=length)"),
-                              ("missing_reasoning", 3, "have no reasoning although thinking is on")):
-        value, hits = share(index)
+    checks: list[tuple[str, float | None, float, list[Sample], str]] = []
+    for name, flag, text in (("empty_content", "empty", "have an empty content"),
+                             ("length", "length", "stopped at max_tokens (finish_reason=length)"),
+                             ("missing_reasoning", "no_reasoning",
+                              "have no reasoning although thinking is on")):
+        value, hits = share(flag)
         checks.append((name, getattr(t, name), value, hits, text))
-    digests = collections.Counter(s[5] for s in answers if s[5])
+    digests = collections.Counter(s.digest for s in answers if s.digest)
     if digests:
         top, count = digests.most_common(1)[0]
-        hits = [s for s in answers if s[5] == top]
-        snippet = hits[0][6][:40]
+        hits = [s for s in answers if s.digest == top]
+        snippet = hits[0].snippet[:40]
         checks.append(("duplicate", t.duplicate, count / n, hits, f"are the same answer ({snippet!r})"))
     for name, limit, value, hits, text in checks:
         if limit is not None and value > limit:
             return Verdict(name, value, limit,
                            f"quality: {value:.0%} of the last {n} answers {text} "
                            f"(threshold {limit:.0%})", _examples(hits))
-    mean_tokens = sum(s[4] for s in answers) / n
+    mean_tokens = sum(s.output_tokens for s in answers) / n
     if t.min_mean_output_tokens is not None and mean_tokens < t.min_mean_output_tokens:
         return Verdict("min_mean_output_tokens", mean_tokens, t.min_mean_output_tokens,
                        f"quality: the last {n} answers average {mean_tokens:.1f} output tokens "
@@ -138,6 +175,5 @@ def evaluate(samples: list[list[Any]], t: Thresholds,
     return None
 
 
-def _examples(hits: list[list[Any]], count: int = 3) -> list[dict[str, Any]]:
-    return [{"id": s[0], "content": s[6], "output_tokens": s[4], "length": bool(s[2])}
-            for s in hits[:count]]
+def _examples(hits: list[Sample], count: int = 3) -> list[QualityExample]:
+    return [QualityExample(s.id, s.snippet, s.output_tokens, s.length) for s in hits[:count]]

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
 from fleetgen.errors import JobError
 from fleetgen.keys import JOB_ENTRIES, JOB_NAME
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
+    from fleetgen.servers import RequestBody
+
+# A job's state as the ledger keeps it (fleetgen/ledger.py STATE_*): `creating` while enqueue
+# stores its inputs, then `running`, `paused` or `cancelled` as the operator and the canary
+# and breaker set it.
+JobState = Literal["creating", "running", "paused", "cancelled"]
+# What the views show (fleetgen/jobview.py): a running job whose batches are all written is done.
+ShownState = Literal[JobState, "done"]
 
 # A cap that leaves room for long thinking: the job fleetgen was born from lost a dataset to
 # a 512-token cap spent entirely on reasoning. The quality canary watches finish_reason=length.
@@ -53,14 +63,14 @@ class GenerationParams:
         if not 0 < self.top_p <= 1:
             raise JobError(f"--top-p must be in (0, 1], got {self.top_p}")
 
-    def request_body(self, line_body: dict[str, Any]) -> dict[str, Any]:
+    def request_body(self, line_body: RequestBody) -> RequestBody:
         """The stored chat-completions body of one prompt: job defaults under the line's values.
 
         Neutral: OpenAI's chat schema plus the line's own fields. What one engine takes beyond
         that (SGLang's `separate_reasoning`, `chat_template_kwargs` for thinking) and the
         served model when the job names none are added at send time, for that server only
         (fleetgen/servers)."""
-        body: dict[str, Any] = {"model": self.model} if self.model else {}
+        body: RequestBody = {"model": self.model} if self.model else {}
         if "max_completion_tokens" not in line_body:
             body["max_tokens"] = self.max_tokens
         body["temperature"] = self.temperature
@@ -69,13 +79,34 @@ class GenerationParams:
         body.pop("stream", None)
         return body
 
-    def thinking_of(self, body: dict[str, Any]) -> bool:
+    def thinking_of(self, body: RequestBody) -> bool:
         """Whether thinking is on for one stored body: the line's own
         `chat_template_kwargs.enable_thinking`, else the job's."""
         kwargs = body.get("chat_template_kwargs")
         if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
             return bool(kwargs["enable_thinking"])
         return self.thinking
+
+
+class InputLine(TypedDict):
+    """One line of a stored batch input (`{job}/inputs/{batch}.jsonl`): an answer to generate,
+    `sample` its index in a job of several answers per prompt, `body` its stored request.
+    Written by `input_line`, read back by `read_input_line`."""
+
+    id: str
+    sample: NotRequired[int]
+    line: int
+    body: RequestBody
+
+
+def input_line(prompt_id: str, line: int, body: RequestBody, sample: int | None) -> InputLine:
+    if sample is None:
+        return {"id": prompt_id, "line": line, "body": body}
+    return {"id": prompt_id, "sample": sample, "line": line, "body": body}
+
+
+def read_input_line(raw: bytes | str) -> InputLine:
+    return cast(InputLine, orjson.loads(raw))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Final
 
 import orjson
 
@@ -29,7 +30,7 @@ from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
 from fleetgen.errors import UnknownJobError
 from fleetgen.fleet import FleetRow, WorkerEntry, read_fleet, registry
-from fleetgen.job import JobManifest, batch_sizes
+from fleetgen.job import JobManifest, ShownState, batch_sizes
 from fleetgen.ledger import (
     STATE_CANCELLED,
     STATE_CREATING,
@@ -46,7 +47,7 @@ RATE_WINDOW_S = 300
 # minutes without an answer to count as idle: a job of long answers on few slots goes whole
 # minutes without one while every slot is busy.
 ANSWER_TIMES = 2
-STATE_DONE = "done"
+STATE_DONE: Final = "done"
 # Work waiting, nothing running and nothing written for this long: the job is stalled
 # (a live worker takes a queued batch within a second).
 STALLED_AFTER_S = 30.0
@@ -139,7 +140,7 @@ class JobStatus:
     """Every figure of one job at `updated_at`; see docs/guides/status.md for each."""
 
     job: str
-    state: str
+    state: ShownState
     reason: str | None
     output: str
     # Answers the job asks for (its outcomes: done, failed and the rest count answers); as

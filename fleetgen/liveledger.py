@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from fleetgen import keys, redisconn
-from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED
+from fleetgen.canary import Sample
+from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED, EndVerdict, FailureExample, QualityExample
 from fleetgen.settings import Settings
 
 
@@ -64,21 +65,23 @@ class LiveLedger:
                                              keys.JOB_QUALITY_ACCEPTED)
         return _text(state), bool(accepted)
 
-    async def recent_answers(self, job: str) -> list[Any]:
+    async def recent_answers(self, job: str) -> list[Sample]:
         """The canary's window: a sample (canary.sample) of each recent answer, newest first."""
-        return [orjson.loads(x) for x in await self.r.lrange(keys.job_part(job, "recent"), 0, -1)]
+        return [Sample.from_json(x)
+                for x in await self.r.lrange(keys.job_part(job, "recent"), 0, -1)]
 
-    async def note_canary_end(self, job: str, summary: dict[str, Any]) -> None:
+    async def note_canary_end(self, job: str, summary: EndVerdict) -> None:
         """What the canary made of a job smaller than its window, judged at its last answer."""
         await self.r.hset(keys.job(job), keys.JOB_CANARY_END, orjson.dumps(summary))
 
-    async def pause_by_canary(self, job: str, reason: str, examples: Any, seen: int) -> None:
+    async def pause_by_canary(self, job: str, reason: str, examples: list[QualityExample],
+                              seen: int) -> None:
         """Pause the job for every worker: the canary found its recent answers bad."""
         await self._pause(job, reason, {keys.JOB_QUALITY_EXAMPLES: orjson.dumps(examples),
                                         keys.JOB_QUALITY_SEEN: seen})
 
     async def pause_by_breaker(self, job: str, reason: str, cause: str,
-                               example: dict[str, Any]) -> None:
+                               example: FailureExample) -> None:
         """Pause the job for every worker: its prompts keep failing with `cause`."""
         await self._pause(job, reason, {keys.JOB_BREAKER_CAUSE: cause,
                                         keys.JOB_BREAKER_EXAMPLE: orjson.dumps(example)})

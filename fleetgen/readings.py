@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgen.server_info import ServerInfo, fetch_server_info, stated_capacity
-from fleetgen.servers import KINDS
+from fleetgen.servers import KINDS, ServerInfo, fetch_server_info, stated_capacity
 
 # Prometheus family -> (short name, how readings of several schedulers combine), over every
 # kind's gauges: the names of different engines never collide, so one page is read the same
@@ -61,7 +60,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def read_server(client: httpx.AsyncClient, url: str, api_key: str | None = None) -> ServerReading:
-    """`/metrics` and the server's info (fleetgen/server_info.py) of one server; never raises
+    """`/metrics` and the server's info (fleetgen/servers/_server_info.py) of one server; never raises
     for a server that is down."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     metrics, info = await asyncio.gather(

@@ -14,13 +14,23 @@ Result line (`results/{batch}.jsonl`):
 Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's origin):
     {"id", "sample"?, "custom_id", "response": {"status_code", "body"} | null,
      "error": {"code", "message"}, "line", "server", "worker", "attempt", "tries"}
+
+The two are typed as `AnswerRecord` and `FailureRecord` (together `OutputRecord`): built by
+`result_record` and `error_record`, read back from JSON by `read_record`, told apart by
+`is_failure`. They stay plain dicts, so a line is written as orjson writes a dict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, final
+
+import orjson
+from typing_extensions import TypeIs
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which a record's reader never needs
+    from fleetgen.servers import ChatCompletion
 
 # Between a prompt's id and an answer's index in an answer's key: ids never hold a "/"
 # (producer/inputs), so `a/1` cannot be another prompt's id.
@@ -34,7 +44,82 @@ def answer_key(prompt_id: str, sample: int | None) -> str:
     return prompt_id if sample is None else f"{prompt_id}{SAMPLE_SEPARATOR}{sample}"
 
 
-def record_key(record: dict[str, Any]) -> str:
+class Usage(TypedDict):
+    """An answer's token counts (its share of a request's, when one request asked several)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+class RecordError(TypedDict):
+    """Why a prompt failed: `code` (error_code) and the server's or fleetgen's message."""
+
+    code: str
+    message: str
+
+
+class _ErrorBody(TypedDict):
+    error: RecordError
+
+
+class ErrorResponse(TypedDict):
+    """The HTTP answer that refused a prompt, in OpenAI Batch's error format."""
+
+    status_code: int
+    body: _ErrorBody
+
+
+class _Sample(TypedDict):
+    sample: NotRequired[int]
+
+
+@final
+class AnswerRecord(TypedDict):
+    """A result line: one answer of a prompt."""
+
+    id: str
+    sample: NotRequired[int]
+    line: int
+    reasoning_content: str | None
+    content: str
+    # As the server gave them (OpenAI's `tool_calls`), passed through.
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: str | None
+    usage: Usage
+    latency_s: float
+    server: str
+    worker: str
+    attempt: int
+
+
+@final
+class FailureRecord(TypedDict):
+    """An error line: a prompt's answer that failed, and why."""
+
+    id: str
+    sample: NotRequired[int]
+    custom_id: str
+    response: ErrorResponse | None
+    error: RecordError
+    line: int
+    server: str
+    worker: str
+    attempt: int
+    tries: int
+
+
+# What a batch's objects and a checkpoint hold for each answer.
+OutputRecord = AnswerRecord | FailureRecord
+
+
+def read_record(raw: bytes | str) -> OutputRecord:
+    """A result or error line (or a checkpoint's value) read back: the one reader of the
+    records `result_record` and `error_record` build."""
+    return cast(OutputRecord, orjson.loads(raw))
+
+
+def record_key(record: OutputRecord) -> str:
     """The key (`answer_key`) of the answer a result or error record is the outcome of."""
     return answer_key(record["id"], record.get("sample"))
 
@@ -66,9 +151,9 @@ class Origin:
 
 
 def result_record(
-    prompt_id: str, line: int, response: dict[str, Any], latency_s: float, origin: Origin,
+    prompt_id: str, line: int, response: ChatCompletion, latency_s: float, origin: Origin,
     sample: int | None = None,
-) -> dict[str, Any]:
+) -> AnswerRecord:
     choice = (response.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     usage = response.get("usage") or {}
@@ -105,7 +190,7 @@ def result_record(
     }
 
 
-def split_choices(response: dict[str, Any]) -> list[dict[str, Any]]:
+def split_choices(response: ChatCompletion) -> list[ChatCompletion]:
     """The answers of a response that asked several (`n`), in choice-index order, each as a
     response of one choice that `result_record` reads.
 
@@ -202,7 +287,7 @@ def error_record(
     tries: int,
     code: str | None = None,
     sample: int | None = None,
-) -> dict[str, Any]:
+) -> FailureRecord:
     code = code or error_code(status, message)
     return {
         "id": prompt_id,
@@ -222,15 +307,15 @@ def error_record(
     }
 
 
-def _sample_field(sample: int | None) -> dict[str, int]:
+def _sample_field(sample: int | None) -> _Sample:
     return {} if sample is None else {"sample": sample}
 
 
-def is_failure(record: dict[str, Any]) -> bool:
+def is_failure(record: OutputRecord) -> TypeIs[FailureRecord]:
     return "error" in record and "custom_id" in record
 
 
-def counters(record: dict[str, Any], *, thinking: bool) -> dict[str, float]:
+def counters(record: OutputRecord, *, thinking: bool) -> dict[str, float]:
     """What one finished prompt adds to the job's counters."""
     if is_failure(record):
         return {"prompts_failed": 1, f"error_{record['error']['code']}": 1}
@@ -250,7 +335,7 @@ def counters(record: dict[str, Any], *, thinking: bool) -> dict[str, float]:
     return out
 
 
-def written_counts(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+def written_counts(records: Iterable[OutputRecord]) -> dict[str, float]:
     """What a batch's written objects add to the job's written counters (Batches.finish):
     prompts answered, prompts failed, and failures by error code — what `export` will count."""
     out: dict[str, float] = {"prompts_done": 0, "prompts_failed": 0}

@@ -25,17 +25,28 @@ from redis.sentinel import Sentinel
 from fleetgen.redact import redact
 
 SENTINEL_SCHEME = "sentinel"
+# The ports a URL that names none means: Redis's and Sentinel's own defaults.
+REDIS_PORT = 6379
 SENTINEL_PORT = 26379
+# A unix socket's URL schemes (redis-py's): the server is on this machine.
+_SOCKET_SCHEMES = ("redis+socket", "unix")
 
 
 def is_sentinel(url: str) -> bool:
     return url.startswith(f"{SENTINEL_SCHEME}://")
 
 
-def sentinels(url: str) -> list[tuple[str, int]]:
-    """The (host, port) of every Sentinel in a `sentinel://...;sentinel://...` URL."""
+def endpoints(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of every server a REDIS_URL names: each Sentinel of a
+    `sentinel://...;sentinel://...` one (port SENTINEL_PORT where it gives none), the one
+    server of a `redis://` one (REDIS_PORT); a unix socket is this machine. ValueError for a
+    port that is not a number."""
     parts = [urlsplit(part.strip()) for part in url.split(";") if part.strip()]
-    return [(p.hostname or "127.0.0.1", p.port or SENTINEL_PORT) for p in parts]
+    if not parts or parts[0].scheme in _SOCKET_SCHEMES:
+        return [("127.0.0.1", REDIS_PORT)]
+    return [(p.hostname or "127.0.0.1",
+             p.port or (SENTINEL_PORT if p.scheme == SENTINEL_SCHEME else REDIS_PORT))
+            for p in parts]
 
 
 def _master_kwargs(url: str) -> dict[str, Any]:
@@ -71,7 +82,7 @@ def client(url: str, master_name: str, **kwargs: Any) -> redis.Redis:
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **kwargs)
     manager = Sentinel(  # type: ignore[no-untyped-call]
-        sentinels(url), sentinel_kwargs=_socket_kwargs(kwargs))
+        endpoints(url), sentinel_kwargs=_socket_kwargs(kwargs))
     master = manager.master_for(master_name, redis_class=redis.Redis,  # type: ignore[no-untyped-call]
                                 **_master_kwargs(url), **kwargs)
     return cast(redis.Redis, master)
@@ -82,7 +93,7 @@ def async_client(url: str, master_name: str, **kwargs: Any) -> aioredis.Redis:
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, **kwargs)
     manager = AsyncSentinel(  # type: ignore[no-untyped-call]
-        sentinels(url), sentinel_kwargs=_socket_kwargs(kwargs))
+        endpoints(url), sentinel_kwargs=_socket_kwargs(kwargs))
     master = manager.master_for(master_name, redis_class=aioredis.Redis,
                                 **_master_kwargs(url), **kwargs)
     return cast(aioredis.Redis, master)

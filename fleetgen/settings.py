@@ -21,6 +21,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay
 
 from fleetgen.errors import FleetgenError
 from fleetgen.redact import redact
+from fleetgen.redisconn import endpoints
 from fleetgen.retry import backoff
 
 # The embedded Valkey of `python -m launcher redis` listens here by default, keeps the password
@@ -39,8 +40,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # The Sentinels' name for the master when REDIS_URL is `sentinel://...` (fleetgen/redisconn.py).
 REDIS_MASTER_NAME = "mymaster"
-# SGLang's default port; GPU i's server listens on SGLANG_BASE_PORT + i.
-SGLANG_BASE_PORT = 30000
+# SGLang's default port, which the launcher gives GPU 0's server whatever its kind; GPU i's
+# server listens on SERVER_BASE_PORT + i.
+SERVER_BASE_PORT = 30000
 # A finished job's Redis keys last a week: time to look at it and export it after a weekend,
 # while a fleet running thousands of jobs keeps a bounded Redis. The sink keeps everything.
 JOB_RETENTION_S = 7 * 86400.0
@@ -58,9 +60,10 @@ class Settings:
     redis_url: str = EMBEDDED_REDIS_URL
     redis_master_name: str = REDIS_MASTER_NAME
     # Explicit server for this worker; unset means "derive from the GPU queue" (gpuN → base+N).
-    sglang_url: str | None = None
-    sglang_base_port: int = SGLANG_BASE_PORT
-    sglang_api_key: str | None = None
+    # Any kind of server (SGLang, vLLM, `transformers serve`, ...).
+    server_url: str | None = None
+    server_base_port: int = SERVER_BASE_PORT
+    server_api_key: str | None = None
     # Hours, not minutes: a thinking model may decode 30k tokens at 20 tok/s under load.
     request_timeout_s: float = 4 * 3600.0
     connect_timeout_s: float = 10.0
@@ -123,6 +126,9 @@ class Settings:
     # to Redis.
     advertise_url: str | None = None
     advertise_host: str | None = None
+    # Where the producer's commands write and look for jobs given no --output (its
+    # DEFAULT_OUTPUT when unset; the demo's own default is its S3).
+    output: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -130,7 +136,7 @@ class Settings:
                                           "sentinel://")):
             raise SettingsError("REDIS_URL must be a redis:// or sentinel:// URL, got "
                                 f"{redact(self.redis_url)!r}")
-        for name, url in (("SGLANG_URL", self.sglang_url),
+        for name, url in (("FLEETGEN_SERVER_URL", self.server_url),
                           ("FLEETGEN_ADVERTISE_URL", self.advertise_url)):
             parts = urlsplit(url or "")
             # The URL is logged, published in the worker registry and written into every result
@@ -138,7 +144,7 @@ class Settings:
             if parts.username or parts.password or parts.query:
                 raise SettingsError(
                     f"{name} must not carry credentials or a query ({redact(url or '')}):"
-                    " give the server's key in SGLANG_API_KEY")
+                    " give the server's key in FLEETGEN_SERVER_API_KEY")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
@@ -157,22 +163,20 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from `REDIS_URL`, `SGLANG_URL` and `FLEETGEN_*` variables."""
+        """Build settings from `REDIS_URL`, `FLEETGEN_*` variables and the OLDER_NAMES."""
         env = os.environ if env is None else env
         kwargs: dict[str, object] = {}
         hints = typing.get_type_hints(cls)
         if env.get("REDIS_URL"):
             kwargs["redis_url"] = env["REDIS_URL"]
-        if env.get("SGLANG_URL"):
-            kwargs["sglang_url"] = env["SGLANG_URL"].rstrip("/")
-        if env.get("SGLANG_API_KEY"):
-            kwargs["sglang_api_key"] = env["SGLANG_API_KEY"]
         for f in fields(cls):
-            name = f"FLEETGEN_{f.name.upper()}"
-            if name not in env or f.name in ("extra",):
+            name = _named(env, f.name)
+            if name is None or f.name in ("extra",):
                 continue
             kwargs[f.name] = (parse_duration(name, env[name]) if f.name in _DURATIONS
                               else _coerce(name, env[name], hints[f.name]))
+        if isinstance(kwargs.get("server_url"), str):
+            kwargs["server_url"] = str(kwargs["server_url"]).rstrip("/")
         if env.get("FLEETGEN_REDIS_PASSWORD_FILE"):
             kwargs["redis_url"] = with_password(
                 str(kwargs.get("redis_url", EMBEDDED_REDIS_URL)),
@@ -183,22 +187,43 @@ class Settings:
             kwargs["redis_url"] = embedded
         return cls(**kwargs)  # type: ignore[arg-type]
 
-    def redis_endpoints(self) -> list[tuple[str, int]]:
-        """The (host, port) pairs REDIS_URL names (the Sentinels of a `sentinel://` one); a
-        unix socket is this machine."""
-        parts = [urlsplit(p.strip()) for p in self.redis_url.split(";") if p.strip()]
-        if parts[0].scheme in ("redis+socket", "unix"):
-            return [("127.0.0.1", 6379)]
-        return [(p.hostname or "127.0.0.1", p.port or 6379) for p in parts]
-
     def server_url_for_gpu(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.sglang_base_port + index}"
+        return f"http://127.0.0.1:{self.server_base_port + index}"
 
     def __repr__(self) -> str:
         # Settings end up in tracebacks and debug logs: never with the Redis password or a key.
         shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
                           for f in fields(self) if f.name != "extra")
         return f"Settings({shown})"
+
+
+# The names a setting was read by before the server settings served every kind of server
+# (they were SGLang's): read when the setting's own FLEETGEN_* name is not set, the first one
+# set winning (an empty short name counts as unset).
+OLDER_NAMES: dict[str, tuple[str, ...]] = {
+    "server_url": ("FLEETGEN_SGLANG_URL", "SGLANG_URL"),
+    "server_api_key": ("FLEETGEN_SGLANG_API_KEY", "SGLANG_API_KEY"),
+    "server_base_port": ("FLEETGEN_SGLANG_BASE_PORT",),
+}
+
+
+def setting(field_name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """One setting's value as the environment gives it, read as `from_env` reads it, without
+    building Settings: for a command that needs this one value and must not fail on another
+    (the launcher's `advise` and `tune` read `server_api_key` so)."""
+    env = os.environ if env is None else env
+    name = _named(env, field_name)
+    return None if name is None else env[name]
+
+
+def _named(env: Mapping[str, str], field_name: str) -> str | None:
+    """The variable the setting `field_name` is read from: FLEETGEN_<NAME>, else its first
+    older name that is set; None when none is."""
+    name = f"FLEETGEN_{field_name.upper()}"
+    if name in env:
+        return name
+    return next((old for old in OLDER_NAMES.get(field_name, ())
+                 if env.get(old) or (old.startswith("FLEETGEN_") and old in env)), None)
 
 
 def _shown(name: str, value: object) -> object:
@@ -244,7 +269,7 @@ def embedded_redis_url(url: str | None) -> str | None:
 
 def _port(url: str) -> int | None:
     try:
-        return urlsplit(url).port or 6379
+        return endpoints(url)[0][1]
     except ValueError:  # no port number: not the embedded Valkey's URL
         return None
 
@@ -313,9 +338,12 @@ def _coerce(name: str, raw: str, hint: Any) -> object:
 
 ENV_DOC: dict[str, str] = {
     "REDIS_URL": f"broker + ledger (default {EMBEDDED_REDIS_URL}, the embedded Valkey)",
-    "SGLANG_URL": "this worker's server; default http://127.0.0.1:(30000+N) for queue gpuN",
-    "SGLANG_API_KEY": "Bearer key if the servers run with --api-key; sent to this worker's "
-                      "server only",
+    "FLEETGEN_SERVER_URL / SGLANG_URL": "this worker's server (any kind; SGLANG_URL is the "
+                                        "older name); default http://127.0.0.1:(30000+N) for "
+                                        "queue gpuN",
+    "FLEETGEN_SERVER_API_KEY / SGLANG_API_KEY": "Bearer key if the servers run with --api-key "
+                                                "(SGLANG_API_KEY is the older name); sent to "
+                                                "this worker's server only",
     "FLEETGEN_REDIS_PASSWORD_FILE": "file holding the Redis password (put into REDIS_URL when "
                                     "it has none)",
     "AWS_ENDPOINT_URL": "S3 endpoint (SeaweedFS, MinIO, ...); unset means AWS",

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
-import orjson
-
 from fleetgen import keys
 from fleetgen.errors import SinkError
+from fleetgen.job import InputLine, read_input_line
+from fleetgen.records import OutputRecord, read_record
 
 T = TypeVar("T")
 
@@ -219,64 +219,52 @@ class S3Sink:
 
     def require_bucket(self) -> None:
         """SinkError unless the bucket exists and these credentials may use it."""
-        from botocore.exceptions import ClientError, NoCredentialsError
-
         where = f"s3://{self.bucket} at {self.endpoint()}"
         try:
             self._s3.head_bucket(Bucket=self.bucket)
-        except NoCredentialsError as exc:
-            raise SinkError(f"{where}: no credentials (set AWS_ACCESS_KEY_ID and "
-                            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from exc
-        except ClientError as exc:
-            if _status(exc) == 404:
+        except Exception as exc:
+            failure = s3_failure(exc, where)
+            if failure.status == 404:
                 raise SinkError(f"{where}: no such bucket (fleetgen never creates buckets: "
                                 "create it, or fix the output's bucket name)") from exc
-            if _status(exc) == 403:
+            if failure.status == 403:
                 raise SinkError(f"{where}: access denied (check the credentials and the "
                                 "bucket's policy)") from exc
-            raise SinkError(f"{where}: {_message(exc)}") from exc
-        except Exception as exc:
-            raise SinkError(f"{where}: {exc}") from exc
+            raise failure.error from exc
 
     def put_new(self, key: str, data: bytes) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
             self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
             return True
-        except ClientError as exc:
-            # 412: the object exists; 409: a concurrent conditional write won the race.
-            if _status(exc) in (409, 412):
-                return False
-            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
         except Exception as exc:
-            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+            failure = s3_failure(exc, self.describe(key))
+            # 412: the object exists; 409: a concurrent conditional write won the race.
+            if failure.status in (409, 412):
+                return False
+            raise failure.error from exc
 
     def put(self, key: str, data: bytes) -> None:
         try:
             self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
         except Exception as exc:
-            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+            raise s3_failure(exc, self.describe(key)).error from exc
 
     def put_file(self, key: str, data: IO[bytes]) -> None:
         """`put` of a file's contents, streamed in parts (boto3's managed upload)."""
         try:
             self._s3.upload_fileobj(data, self.bucket, self._key(key))
         except Exception as exc:
-            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
+            raise s3_failure(exc, self.describe(key)).error from exc
 
     def get(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
         try:
             body: bytes = self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
             return body
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise SinkError(f"{self.describe(key)}: {_message(exc)}") from exc
         except Exception as exc:
-            raise SinkError(f"{self.describe(key)}: {exc}") from exc
+            failure = s3_failure(exc, self.describe(key))
+            if failure.status == 404:
+                return None
+            raise failure.error from exc
 
     def exists(self, key: str) -> bool:
         return self.head(self._key(key)) is not None
@@ -299,41 +287,34 @@ class S3Sink:
                     if not obj["Key"].endswith("/"):
                         yield StoredObject(obj["Key"], int(obj["Size"]), obj["ETag"])
         except Exception as exc:
-            raise SinkError(f"{self.describe(prefix)}: {_message(exc)}") from exc
+            raise s3_failure(exc, self.describe(prefix)).error from exc
 
     def head(self, key: str) -> StoredObject | None:
         """The object at `key` (in the bucket, prefix included) as it is now, or None."""
-        from botocore.exceptions import ClientError
-
-        where = f"s3://{self.bucket}/{key}"
         try:
             head = self._s3.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise SinkError(f"{where}: {_message(exc)}") from exc
         except Exception as exc:
-            raise SinkError(f"{where}: {exc}") from exc
+            failure = s3_failure(exc, f"s3://{self.bucket}/{key}")
+            if failure.status == 404:
+                return None
+            raise failure.error from exc
         return StoredObject(key, int(head["ContentLength"]), head["ETag"], head.get("VersionId"))
 
     def open_pinned(self, obj: StoredObject) -> IO[bytes]:
         """A buffered stream of exactly the version `obj` names: by VersionId where it has one,
         else only while the ETag is still `obj.etag` (If-Match, and the answer's ETag checked
         too, for stores that ignore If-Match). SinkError saying it changed otherwise."""
-        from botocore.exceptions import ClientError
-
         where = f"s3://{self.bucket}/{obj.key}"
         pin = {"VersionId": obj.version} if obj.version else {"IfMatch": obj.etag}
         changed = SinkError(f"{where}: changed while enqueue was reading it (it was ETag "
                             f"{obj.etag}); run the command again to check the new version")
         try:
             answer = self._s3.get_object(Bucket=self.bucket, Key=obj.key, **pin)
-        except ClientError as exc:
-            if _status(exc) in (404, 412):
-                raise changed from exc
-            raise SinkError(f"{where}: {_message(exc)}") from exc
         except Exception as exc:
-            raise SinkError(f"{where}: {exc}") from exc
+            failure = s3_failure(exc, where)
+            if failure.status in (404, 412):
+                raise changed from exc
+            raise failure.error from exc
         if answer["ETag"] != obj.etag:
             answer["Body"].close()
             raise changed
@@ -355,19 +336,16 @@ class S3Sink:
         """Each `manifest.json` at this prefix and every prefix above it up to the bucket,
         nearest first, as (s3 URI, bytes); one missing or these credentials may not read is
         passed over."""
-        from botocore.exceptions import ClientError
-
         parts = self.prefix.strip("/").split("/") if self.prefix else []
         for depth in range(len(parts), -1, -1):
             key = "/".join([*parts[:depth], keys.SINK_MANIFEST])
             try:
                 body: bytes = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-            except ClientError as exc:
-                if _status(exc) in (403, 404):
-                    continue
-                raise SinkError(f"s3://{self.bucket}/{key}: {_message(exc)}") from exc
             except Exception as exc:
-                raise SinkError(f"s3://{self.bucket}/{key}: {exc}") from exc
+                failure = s3_failure(exc, f"s3://{self.bucket}/{key}")
+                if failure.status in (403, 404):
+                    continue
+                raise failure.error from exc
             yield f"s3://{self.bucket}/{key}", body
 
 
@@ -386,7 +364,7 @@ class _Body(io.RawIOBase):
         try:
             data = self._body.read(len(buffer))
         except Exception as exc:
-            raise SinkError(f"{self._where}: {_message(exc)}") from exc
+            raise s3_failure(exc, self._where).error from exc
         buffer[: len(data)] = data
         return len(data)
 
@@ -395,30 +373,47 @@ class _Body(io.RawIOBase):
         super().close()
 
 
-def iter_jsonl(sink: Sink, prefix: str) -> Iterator[dict[str, Any]]:
-    """Every record of the `.jsonl` objects under `prefix`, objects in key order."""
-    for key in sorted(sink.list_keys(prefix)):
+def stored_inputs(sink: Sink, job: str) -> Iterator[InputLine]:
+    """Every line of the job's stored batch inputs, objects in key order."""
+    for key in sorted(sink.list_keys(f"{job}/inputs/")):
         if key.endswith(".jsonl"):
             for line in (sink.get(key) or b"").splitlines():
                 if line:
-                    yield orjson.loads(line)
+                    yield read_input_line(line)
 
 
-def batch_records(sink: Sink, job: str, batch: str) -> Iterator[dict[str, Any]]:
+def batch_records(sink: Sink, job: str, batch: str) -> Iterator[OutputRecord]:
     """The records a written batch holds: its error lines, then its result lines."""
     for key in (keys.sink_errors(job, batch), keys.sink_result(job, batch)):
         for line in (sink.get(key) or b"").splitlines():
             if line:
-                yield orjson.loads(line)
+                yield read_record(line)
 
 
-def _status(exc: Any) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+@dataclass(frozen=True)
+class S3Failure:
+    """A failed S3 call, as the sink's callers see it: the HTTP status and error code of S3's
+    answer (None when no answer came: no credentials, a connection refused), and the SinkError
+    it is raised as."""
+
+    status: int | None
+    code: str | None
+    error: SinkError
 
 
-def _message(exc: Exception) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        err = response.get("Error", {})
-        return f"{err.get('Code', '?')}: {err.get('Message', exc)}"
-    return str(exc)
+def s3_failure(exc: Exception, where: str) -> S3Failure:
+    """The one mapping of a boto3/botocore failure at `where` (an s3:// URI) to fleetgen's
+    errors: `where: Code: Message` for an S3 answer, `where: text` for anything else; a missing
+    credential says where credentials come from."""
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)) or None
+        return S3Failure(status, error.get("Code"), SinkError(
+            f"{where}: {error.get('Code', '?')}: {error.get('Message', exc)}"))
+    if isinstance(exc, NoCredentialsError):
+        return S3Failure(None, None, SinkError(
+            f"{where}: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            "AWS_PROFILE)"))
+    return S3Failure(None, None, SinkError(f"{where}: {exc}"))

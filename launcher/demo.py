@@ -370,7 +370,7 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     from producer.status import render
 
     job = args.job or time.strftime("demo-%Y%m%d-%H%M%S")
-    output = os.environ.get("FLEETGEN_OUTPUT", "s3://fleetgen/runs")
+    output = Settings.from_env().output or "s3://fleetgen/runs"
     samples = [] if args.samples is None else ["--samples", str(args.samples)]
     code = producer_main(["enqueue", args.input, "--job", job, "--output", output, *samples])
     if code != 0:

@@ -31,9 +31,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from producer.inputs import PromptRecord
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
+    from fleetgen.servers import RequestBody
 
 # Drawn seeds fit in 31 bits: a non-negative signed 32-bit integer, which every engine's
 # `seed` takes (SGLang and vLLM take more; a 32-bit C int is the narrowest seen).
@@ -48,7 +51,7 @@ class WorkItem:
     id: str
     sample: int | None
     line: int
-    body: dict[str, Any]
+    body: RequestBody
 
 
 def job_seed(job: str, given: int | None) -> int:

@@ -278,7 +278,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     if args.output is not None and not args.output.strip():
         raise CommandError("--output is empty: give s3://bucket/prefix or a folder, or leave it "
                            "out for $FLEETGEN_OUTPUT, else ./fleetgen-output", RET_BAD_INPUT)
-    output = absolute(args.output) if args.output is not None else _default_output()
+    output = absolute(args.output) if args.output is not None else _default_output(settings)
     try:
         params = GenerationParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -346,10 +346,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     return RET_OK
 
 
-def _default_output() -> str:
+def _default_output(settings: Settings) -> str:
     """The output of a command given no --output: $FLEETGEN_OUTPUT, else ./fleetgen-output (a
     folder as its absolute path)."""
-    return absolute(os.environ.get("FLEETGEN_OUTPUT") or DEFAULT_OUTPUT)
+    return absolute(settings.output or DEFAULT_OUTPUT)
 
 
 def _check_input_file(path: Path) -> None:
@@ -810,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except UnknownJobError as exc:
         print(f"error: {redact(exc)}", file=sys.stderr)
-        found = _unknown_job(exc.job, getattr(args, "output", None) or _default_output())
+        found = _unknown_job(exc.job, getattr(args, "output", None) or _default_output(settings))
         if found:
             print(found, file=sys.stderr)
         return RET_ERROR

@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from celery import Celery
@@ -31,12 +30,12 @@ from fleetgen import breaker, broker, keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
-from fleetgen.job import JobManifest
+from fleetgen.job import InputLine, JobManifest
 from fleetgen.ledger import STATE_CANCELLED, STATE_CREATING, STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.progress import record_state
-from fleetgen.records import answer_key, is_failure, record_key
+from fleetgen.records import OutputRecord, answer_key, is_failure, record_key
 from fleetgen.retry import backoff
-from fleetgen.sink import Sink, iter_jsonl, open_sink
+from fleetgen.sink import Sink, open_sink, stored_inputs
 from producer import sinkview
 from producer.rebuild import count_written
 
@@ -179,7 +178,7 @@ class RequeueReport:
 
 def requeue_failed(
     ledger: Ledger, app: Celery, job: str, batch_size: int | None = None,
-    keep: Callable[[dict[str, Any]], bool] | None = None,
+    keep: Callable[[OutputRecord], bool] | None = None,
 ) -> RequeueReport:
     """Send failed prompts again as new batches (e.g. after raising the context length); with
     `keep`, only those whose newest error line it keeps.
@@ -194,14 +193,14 @@ def requeue_failed(
 
 def _requeue(
     ledger: Ledger, app: Celery, job: str, batch_size: int | None,
-    keep: Callable[[dict[str, Any]], bool] | None,
+    keep: Callable[[OutputRecord], bool] | None,
 ) -> RequeueReport:
     """`requeue_failed` under the job's lock."""
     manifest = _created(ledger, job)
     sink = open_sink(manifest.output)
     failed: dict[str, str] = {}  # answer key -> the code of its newest outcome, a failure
 
-    def collect(record: dict[str, Any]) -> None:
+    def collect(record: OutputRecord) -> None:
         if is_failure(record) and (keep is None or keep(record)):
             failed[record_key(record)] = record["error"]["code"]
 
@@ -238,16 +237,16 @@ def _requeue(
     return RequeueReport(len(rows), len(batches), round_no)
 
 
-def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[dict[str, Any]]:
+def _input_rows(sink: Sink, job: str, wanted: dict[str, str]) -> list[InputLine]:
     """The stored input rows of the `wanted` answer keys (their first copy), in input order."""
-    rows: dict[str, dict[str, Any]] = {}
-    for row in iter_jsonl(sink, f"{job}/inputs/"):
+    rows: dict[str, InputLine] = {}
+    for row in stored_inputs(sink, job):
         key = _row_key(row)
         if key in wanted:
             rows.setdefault(key, row)
     return list(rows.values())
 
 
-def _row_key(row: dict[str, Any]) -> str:
+def _row_key(row: InputLine) -> str:
     """The answer key of a batch input's row."""
     return answer_key(row["id"], row.get("sample"))

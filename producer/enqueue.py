@@ -45,6 +45,7 @@ from fleetgen.job import (
     InputInfo,
     JobManifest,
     batch_sizes,
+    input_line,
     validate_job_name,
 )
 from fleetgen.ledger import Ledger
@@ -403,10 +404,8 @@ def _drain(uploads: list[Future[None]]) -> int:
 
 
 def _input_bytes(params: GenerationParams, items: list[WorkItem]) -> bytes:
-    return b"".join(orjson.dumps(
-        {"id": i.id, "line": i.line, "body": params.request_body(i.body)} if i.sample is None
-        else {"id": i.id, "sample": i.sample, "line": i.line, "body": params.request_body(i.body)}
-    ) + b"\n" for i in items)
+    return b"".join(orjson.dumps(input_line(i.id, i.line, params.request_body(i.body), i.sample))
+                    + b"\n" for i in items)
 
 
 __all__ = [

@@ -21,15 +21,15 @@ import hashlib
 import importlib.util
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypedDict
 
 import orjson
 
 from fleetgen.job import InputInfo
-from fleetgen.records import is_failure, record_key
+from fleetgen.records import OutputRecord, is_failure, record_key
 
 FORMATS = ("jsonl", "openai", "parquet")
 GROUPED_FORMATS = ("jsonl", "parquet")  # an OpenAI Batch line holds one request's response
@@ -46,7 +46,15 @@ def format_problem(fmt: str, *, grouped: bool = False) -> str | None:
     return None
 
 
-def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
+class GroupedRow(TypedDict):
+    """A prompt's answers in one row (`--group-answers`): each its record less `id` and `line`."""
+
+    id: str
+    line: int
+    answers: list[dict[str, Any]]
+
+
+def openai_line(record: OutputRecord, model: str) -> dict[str, Any]:
     """A result or error in OpenAI Batch output format: `custom_id` is the answer's key (the
     input id, or `{id}/{sample}` in a job of several answers per prompt), `id` the request's own
     id (`fg-` and that key), on every line."""
@@ -76,31 +84,35 @@ def openai_line(record: dict[str, Any], model: str) -> dict[str, Any]:
     }
 
 
-def write(path: Path, fmt: str, rows: Iterable[dict[str, Any]], model: str, *,
+def write(path: Path, fmt: str, rows: Iterable[OutputRecord], model: str, *,
           sampled: bool = False, grouped: bool = False) -> int:
     """Write `rows` to `path` in `fmt`, streaming; returns the number of lines (rows) written.
     `sampled`: the job has several answers per prompt (Parquet gets a `sample` column);
     `grouped`: one row per prompt, its answers in a list."""
     if fmt == "parquet":
         return _write_parquet(path, rows, sampled=sampled, grouped=grouped)
+    # OpenAI Batch lines hold one answer each: never grouped (format_problem).
+    lines: Iterable[object] = (grouped_rows(rows) if grouped
+                               else (openai_line(r, model) for r in rows) if fmt == "openai"
+                               else rows)
     count = 0
     with path.open("wb") as f:
-        for row in grouped_rows(rows) if grouped else rows:
-            f.write(orjson.dumps(openai_line(row, model) if fmt == "openai" else row) + b"\n")
+        for line in lines:
+            f.write(orjson.dumps(line) + b"\n")
             count += 1
     return count
 
 
-def grouped_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def grouped_rows(rows: Iterable[OutputRecord]) -> Iterator[GroupedRow]:
     """One row per prompt, `{"id", "line", "answers"}`, from a reading in input order (a
     prompt's answers next to each other, by index)."""
     for prompt_id, answers in groupby(rows, key=lambda r: r["id"]):
         first = next(answers)
-        yield {"id": prompt_id, "line": first.get("line"),
+        yield {"id": prompt_id, "line": first["line"],
                "answers": [_answer(r) for r in (first, *answers)]}
 
 
-def _answer(record: dict[str, Any]) -> dict[str, Any]:
+def _answer(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != "id" and k != "line"}
 
 
@@ -119,7 +131,7 @@ ROW_GROUP_BYTES = 16 << 20
 ROW_GROUP_ROWS = 65_536
 
 
-def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], *, sampled: bool,
+def _write_parquet(path: Path, rows: Iterable[OutputRecord], *, sampled: bool,
                    grouped: bool) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -132,9 +144,8 @@ def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], *, sampled: bool,
         # One row per prompt: its id, and its answers (every other column) as a list of structs.
         schema = pa.schema([fields[0], ("answers", pa.list_(pa.struct(fields[1:])))])
         items: Iterable[dict[str, Any]] = (
-            {"id": group["id"], "answers": [_parquet_row({"id": group["id"], **a})
-                                            for a in group["answers"]]}
-            for group in grouped_rows(rows))
+            {"id": prompt_id, "answers": [_parquet_row(r) for r in answers]}
+            for prompt_id, answers in groupby(rows, key=lambda r: r["id"]))
     else:
         schema = pa.schema(fields)
         items = (_parquet_row(r) for r in rows)
@@ -154,23 +165,19 @@ def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], *, sampled: bool,
     return count
 
 
-def _parquet_row(r: dict[str, Any]) -> dict[str, Any]:
+def _parquet_row(r: OutputRecord) -> dict[str, Any]:
     """One record as a Parquet row (PARQUET_COLUMNS, and `sample` where the record has one)."""
-    failed = is_failure(r)
-    usage = r.get("usage") or {}
-    return {
-        "id": r["id"],
-        "sample": r.get("sample"),
-        "status": "failed" if failed else "ok",
-        "reasoning_content": None if failed else r["reasoning_content"],
-        "content": None if failed else r["content"],
-        "tool_calls": orjson.dumps(r["tool_calls"]).decode() if r.get("tool_calls") else None,
-        "finish_reason": None if failed else r["finish_reason"],
-        **{k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens")},
-        "error": r["error"]["message"] if failed else None,
-        "worker": r.get("worker"),
-        "attempt": r.get("attempt"),
-    }
+    row: dict[str, Any] = {"id": r["id"], "sample": r.get("sample")}
+    if is_failure(r):
+        row.update(status="failed", reasoning_content=None, content=None, tool_calls=None,
+                   finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   reasoning_tokens=None, error=r["error"]["message"])
+    else:
+        row.update(status="ok", reasoning_content=r["reasoning_content"], content=r["content"],
+                   tool_calls=orjson.dumps(r["tool_calls"]).decode() if r["tool_calls"] else None,
+                   finish_reason=r["finish_reason"], **r["usage"], error=None)
+    row.update(worker=r["worker"], attempt=r["attempt"])
+    return row
 
 
 def _text_size(item: dict[str, Any]) -> int:

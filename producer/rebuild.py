@@ -30,14 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from fleetgen import keys
-from fleetgen.job import JobManifest
+from fleetgen.job import JobManifest, JobState
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
-from fleetgen.records import counters, written_counts
+from fleetgen.records import OutputRecord, counters, read_record, written_counts
 from fleetgen.sink import Sink, batch_records
 from producer import sinkview
 
@@ -55,7 +52,7 @@ class Rebuilt:
     last_round: int  # the last requeue round's number (0: none)
     found: sinkview.Reconcile
     checkpointed: int  # prompts kept in the checkpoints of unwritten batches
-    stopped: tuple[str, str] | None = None  # the pause or cancel (and reason) kept from the sink
+    stopped: tuple[JobState, str] | None = None  # the pause or cancel (and reason) kept from the sink
 
     def lines(self) -> list[str]:
         total = self.enqueued + self.requeued
@@ -93,7 +90,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     live: Counter[str] = Counter()
     thinking = manifest.params.thinking  # a line's own setting lives in its input only
 
-    def tally(record: dict[str, Any]) -> None:
+    def tally(record: OutputRecord) -> None:
         live.update(counters(record, thinking=thinking))
 
     layout, found = sinkview.read(sink, manifest, tally)
@@ -101,7 +98,7 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
     checkpointed = 0
     for raw in ledger.batches.checkpointed_records(job, unwritten):
         checkpointed += 1
-        tally(orjson.loads(raw))
+        tally(read_record(raw))
     live["batches_done"] = len(layout.done)
     ledger.rounds.restore(manifest, done=layout.done, rounds=layout.requeue,
                    last_round=layout.last_round, written=found.written(), live=live)
@@ -114,10 +111,15 @@ def rebuild(ledger: Ledger, manifest: JobManifest, sink: Sink) -> Rebuilt:
                    checkpointed=checkpointed, stopped=stopped)
 
 
-def _stopped(sink: Sink, job: str) -> tuple[str, str] | None:
+def _stopped(sink: Sink, job: str) -> tuple[JobState, str] | None:
     """The pause or cancel the job's output recorded last, or None (it ran, or finished)."""
-    state = sinkview.stored_state(sink, job)
-    return state if state is not None and state[0] in (STATE_PAUSED, STATE_CANCELLED) else None
+    stored = sinkview.stored_state(sink, job)
+    if stored is None:
+        return None
+    state, reason = stored
+    if state in (STATE_PAUSED, STATE_CANCELLED):
+        return state, reason
+    return None
 
 
 def _batches(manifest: JobManifest, requeue: list[str]) -> list[str]:

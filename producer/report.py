@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetgen import keys
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
-from fleetgen.records import is_failure
+from fleetgen.records import OutputRecord, is_failure
 from fleetgen.sink import Sink, batch_records, open_sink
 from producer.status import format_duration
 
@@ -62,14 +62,14 @@ class Answers:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     failure_examples: dict[str, str] = field(default_factory=dict)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: OutputRecord) -> None:
         if is_failure(record):
-            error = record.get("error") or {}
-            self.failure_examples.setdefault(str(error.get("code")), str(error.get("message")))
+            error = record["error"]
+            self.failure_examples.setdefault(error["code"], error["message"])
             return
-        self.latency_s.append(float(record.get("latency_s") or 0.0))
-        self.output_tokens.append(int((record.get("usage") or {}).get("completion_tokens") or 0))
-        self.finish_reasons[str(record.get("finish_reason"))] += 1
+        self.latency_s.append(float(record["latency_s"]))
+        self.output_tokens.append(record["usage"]["completion_tokens"])
+        self.finish_reasons[str(record["finish_reason"])] += 1
 
 
 @dataclass(frozen=True)

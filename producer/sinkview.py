@@ -38,15 +38,15 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, get_args
 
 import orjson
 
 from fleetgen import keys
-from fleetgen.job import JobManifest
+from fleetgen.job import JobManifest, ShownState, read_input_line
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED
 from fleetgen.progress import progress_key
-from fleetgen.records import answer_key, is_failure, record_key
+from fleetgen.records import OutputRecord, answer_key, is_failure, read_record, record_key
 from fleetgen.sink import Sink, batch_records
 
 MISSING_EXAMPLES = 20
@@ -58,7 +58,7 @@ def stored_manifest(sink: Sink, job: str) -> JobManifest | None:
     return JobManifest.from_json(raw) if raw else None
 
 
-def stored_state(sink: Sink, job: str) -> tuple[str, str] | None:
+def stored_state(sink: Sink, job: str) -> tuple[ShownState, str] | None:
     """The job's state and its reason as its progress.json last recorded them (`done`,
     `running`, `paused`, `cancelled`, ...), or None without one. The workers write it within a
     minute of a change, and `pause`, `cancel` and `resume` at once (producer/control.py)."""
@@ -67,9 +67,10 @@ def stored_state(sink: Sink, job: str) -> tuple[str, str] | None:
         return None
     try:
         status = orjson.loads(raw)
-        return str(status["state"]), str(status.get("reason") or "")
+        state, reason = status["state"], str(status.get("reason") or "")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None  # a file someone else wrote there: no state recorded
+    return (state, reason) if state in get_args(ShownState) else None
 
 
 @dataclass
@@ -145,7 +146,7 @@ class Reconcile:
     def missing(self) -> int:
         return self.total - self.done - self.failed
 
-    def count(self, record: dict[str, Any]) -> None:
+    def count(self, record: OutputRecord) -> None:
         """Count one id's chosen outcome."""
         if is_failure(record):
             self.failed += 1
@@ -208,7 +209,7 @@ class Reconcile:
 
 
 def read(sink: Sink, manifest: JobManifest,
-         each: Callable[[dict[str, Any]], None] | None = None) -> tuple[Layout, Reconcile]:
+         each: Callable[[OutputRecord], None] | None = None) -> tuple[Layout, Reconcile]:
     """Read the whole job once: its layout and counts; `each` sees every chosen outcome, in
     input order."""
     layout = survey(sink, manifest.name)
@@ -268,7 +269,7 @@ class RequeueIndex:
 
 
 def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
-             report: Reconcile) -> Generator[dict[str, Any], None, None]:
+             report: Reconcile) -> Generator[OutputRecord, None, None]:
     """Each input id's chosen outcome (a result or an error record), in input order, counted
     into `report` as they are yielded. Close the iterator (contextlib.closing) when done."""
     job = manifest.name
@@ -284,8 +285,8 @@ def outcomes(sink: Sink, manifest: JobManifest, layout: Layout,
             ids = [_input_key(line) for line in raw.splitlines() if line]
             del raw
             report.inputs += len(ids)
-            results: dict[str, dict[str, Any]] = {}
-            errors: dict[str, dict[str, Any]] = {}
+            results: dict[str, OutputRecord] = {}
+            errors: dict[str, OutputRecord] = {}
             if batch in layout.done:
                 for record in batch_records(sink, job, batch):
                     (errors if is_failure(record) else results)[record_key(record)] = record
@@ -321,12 +322,12 @@ def _index_requeue_batch(sink: Sink, job: str, batch: str, layout: Layout, index
 
 def _input_key(line: bytes) -> str:
     """The answer key of a batch input's line."""
-    item = orjson.loads(line)
+    item = read_input_line(line)
     return answer_key(item["id"], item.get("sample"))
 
 
-def _choose(result: dict[str, Any] | None, requeued: tuple[int, bytes | None] | None,
-            error: dict[str, Any] | None, report: Reconcile) -> dict[str, Any] | None:
+def _choose(result: OutputRecord | None, requeued: tuple[int, bytes | None] | None,
+            error: OutputRecord | None, report: Reconcile) -> OutputRecord | None:
     """One id's outcome from its batch's result, its requeue index entry and its batch's error."""
     if result is not None:
         if requeued is not None and requeued[0] == SUCCESS:
@@ -334,10 +335,10 @@ def _choose(result: dict[str, Any] | None, requeued: tuple[int, bytes | None] | 
         return result
     if requeued is not None:
         state, record = requeued
-        return None if state == PENDING or record is None else orjson.loads(record)
+        return None if state == PENDING or record is None else read_record(record)
     return error
 
 
-def drain(rows: Iterable[dict[str, Any]]) -> None:
+def drain(rows: Iterable[OutputRecord]) -> None:
     """Run `rows` through without writing: the reconcile of an export that will be refused."""
     deque(rows, maxlen=0)

@@ -6,6 +6,8 @@
 - `redis_client`: a `redis.Redis` (bytes replies) on that server's DB 0, flushed before and
   after the test.
 - `celery_app`: the workers' Celery app publishing to that server.
+- `cli_env`: the producer's `main([...])` pointed at that server (REDIS_URL, no FLEETGEN_OUTPUT
+  from the developer's shell), the Celery app publishing there too.
 - `s3_server`: session-wide `weed mini` on a free block of ports, with bucket `fleetgen`.
 - `s3_env`: the AWS_* variables for `s3_server`, set in os.environ for the test.
 - `s3_client`: a boto3 client; the bucket is emptied before and after the test.
@@ -100,6 +102,17 @@ def celery_app(redis_url: str) -> Any:
     app.conf.broker_url = redis_url
     app._pool = None  # drop connections made for another broker URL
     return app
+
+
+@pytest.fixture
+def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The producer's command line (`main([...])`) and the Celery app on the test Redis."""
+    from workers.app import app
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("FLEETGEN_OUTPUT", raising=False)
+    monkeypatch.setattr(app.conf, "broker_url", redis_url)
+    app._pool = None  # drop connections made for another broker URL
 
 
 @pytest.fixture

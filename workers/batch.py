@@ -51,6 +51,7 @@ from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
+    OutputRecord,
     answer_key,
     counters,
     error_record,
@@ -60,6 +61,7 @@ from fleetgen.records import (
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
+from fleetgen.servers import ChatCompletion, RequestBody
 from fleetgen.sink import Sink, batch_records, open_sink
 from workers import metrics
 from workers.engine import Backlog, Engine
@@ -95,7 +97,7 @@ class Prompt:
 
     id: str
     line: int
-    body: dict[str, Any]
+    body: RequestBody
     sample: int | None = None
 
     @property
@@ -382,7 +384,7 @@ class BatchRunner:
 
     async def _give_up(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], origin: Origin
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, OutputRecord]:
         """Fail a poison batch's unsent prompts, saying exactly why; checkpointed (and so
         counted) like any other outcome."""
         job = manifest.name
@@ -392,7 +394,7 @@ class BatchRunner:
                   f"FLEETGEN_BATCH_MAX_ATTEMPTS={self.settings.batch_max_attempts})"
                   + (f"; last cause: {cause}" if cause else ""))
         log.error("batch %s/%s: %s; failing %d prompts", job, batch, reason, len(todo))
-        records = {}
+        records: dict[str, OutputRecord] = {}
         for p in todo:
             records[p.key] = error_record(p.id, p.line, reason, None, origin, 0,
                                           code=UNSENT_ATTEMPTS_EXHAUSTED, sample=p.sample)
@@ -401,7 +403,7 @@ class BatchRunner:
 
     def _write(
         self, manifest: JobManifest, sink: Sink, batch: str, prompts: list[Prompt],
-        finished: dict[str, dict[str, Any]],
+        finished: dict[str, OutputRecord],
     ) -> None:
         job = manifest.name
         ordered = [finished[p.key] for p in prompts]
@@ -426,7 +428,7 @@ class BatchRunner:
     async def _generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], heartbeat: asyncio.Task[None],
         origin: Origin,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, OutputRecord]:
         try:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
@@ -459,7 +461,7 @@ class BatchRunner:
 
     async def _ask(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
-    ) -> list[dict[str, Any] | _Held]:
+    ) -> list[OutputRecord | _Held]:
         """The checkpointed records of one prompt's answers (`_asks`), or why each was not
         sent: one request with `n` where the server takes it, else one request each."""
         if len(ask) > 1 and await self._takes_n():
@@ -482,7 +484,7 @@ class BatchRunner:
 
     async def _prompt(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
-    ) -> list[dict[str, Any] | _Held]:
+    ) -> list[OutputRecord | _Held]:
         """The checkpointed records of the answers of one request, or why it was not sent
         (`_Held`, for each); `_Split` when the server refused `n`."""
         delivery = _Delivery(self.engine.backlog, len(ask))
@@ -502,7 +504,7 @@ class BatchRunner:
 
     async def _generate_one(
         self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery
-    ) -> list[dict[str, Any]]:
+    ) -> list[OutputRecord]:
         """The final records (answers or failures) of one request's answers, in `ask`'s order.
 
         A server-caused failure (5xx, reset, timeout) is tried again under the one backoff
@@ -517,7 +519,7 @@ class BatchRunner:
         tries = 0
         answers = watch.rotation.answers
 
-        async def one_try() -> tuple[dict[str, Any], float]:
+        async def one_try() -> tuple[ChatCompletion, float]:
             nonlocal tries
             tries += 1
             if tries == 1:
@@ -563,7 +565,7 @@ class BatchRunner:
 
     async def _send(
         self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery,
-    ) -> tuple[dict[str, Any], float]:
+    ) -> tuple[ChatCompletion, float]:
         """One try: a slot per answer, the request (`n` of them when `ask` holds several, with
         the first one's body and seed), its answer and latency.
 
@@ -635,8 +637,8 @@ class BatchRunner:
         if not engine.in_rotation:
             raise _Held(_Held.OUT)
 
-    async def _exchange(self, job: str, name: str, body: dict[str, Any],
-                        origin: Origin) -> tuple[float, dict[str, Any]]:
+    async def _exchange(self, job: str, name: str, body: RequestBody,
+                        origin: Origin) -> tuple[float, ChatCompletion]:
         """The request and its answer, holding a slot: when and what it was answered. A
         refusal for a full server is waited out here, the slot kept, so that it frees no slot
         for the next request to be refused in turn; the wait is the server's Retry-After or the
@@ -661,7 +663,7 @@ class BatchRunner:
             self._may_send(job)
 
     async def _checkpoint(
-        self, manifest: JobManifest, batch: str, prompt: Prompt, record: dict[str, Any]
+        self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
     ) -> None:
         thinking = manifest.params.thinking_of(prompt.body)
         await self._checkpoints.add(Entry(
@@ -694,14 +696,17 @@ def _name(ask: list[Prompt]) -> str:
     return f"{ask[0].id} (answers {', '.join(str(p.sample) for p in ask)})"
 
 
-def _observe(job: str, record: dict[str, Any], queue_wait_s: float, origin: Origin) -> None:
-    failed = is_failure(record)
-    usage = record.get("usage") or {}
+def _observe(job: str, record: OutputRecord, queue_wait_s: float, origin: Origin) -> None:
+    if is_failure(record):
+        metrics.prompt_finished(
+            job, origin.worker, origin.server, ok=False, finish_reason=None,
+            error_code=record["error"]["code"], input_tokens=0, output_tokens=0,
+            reasoning_tokens=0, latency_s=0.0, queue_wait_s=queue_wait_s)
+        return
+    usage = record["usage"]
     metrics.prompt_finished(
-        job, origin.worker, origin.server, ok=not failed,
-        finish_reason=None if failed else record["finish_reason"],
-        error_code=record["error"]["code"] if failed else None,
-        input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
-        reasoning_tokens=usage.get("reasoning_tokens", 0),
-        latency_s=record.get("latency_s", 0.0), queue_wait_s=queue_wait_s,
+        job, origin.worker, origin.server, ok=True, finish_reason=record["finish_reason"],
+        error_code=None, input_tokens=usage["prompt_tokens"],
+        output_tokens=usage["completion_tokens"], reasoning_tokens=usage["reasoning_tokens"],
+        latency_s=record["latency_s"], queue_wait_s=queue_wait_s,
     )

@@ -27,8 +27,7 @@ from fleetgen.errors import (
     RetryableError,
     ServerDownError,
 )
-from fleetgen.server_info import NO_SUCH_ENDPOINT
-from fleetgen.servers import Server, detect
+from fleetgen.servers import NO_SUCH_ENDPOINT, ChatCompletion, RequestBody, Server, detect
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ class ServerClient:
         async with self._mapping("server detection"):
             return await detect(self._cold, timeout_s=30.0)
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def chat(self, body: RequestBody) -> ChatCompletion:
         """POST one non-streaming chat completion and return the parsed response (with one
         finished choice per answer its `n` asks)."""
         request = httpx.Request("POST", self._chat_url, content=orjson.dumps(body),
@@ -130,7 +129,7 @@ class ServerClient:
         except Exception as exc:  # noqa: BLE001 - mapped or raised again, never swallowed
             self._raise_mapped("POST " + CHAT_PATH, exc)
         self._raise_for_status(response)
-        data: dict[str, Any] = orjson.loads(response.content)
+        data: ChatCompletion = orjson.loads(response.content)
         _raise_unless_finished(data, int(body.get("n") or 1))
         return data
 
@@ -265,7 +264,7 @@ def _aiohttp_transport() -> httpx.AsyncBaseTransport:
         cookie_jar=aiohttp.DummyCookieJar()))
 
 
-def _raise_unless_finished(data: dict[str, Any], count: int) -> None:
+def _raise_unless_finished(data: ChatCompletion, count: int) -> None:
     """A 200 is an answer only when its generation ended: `stop`, `length` or a tool call; one
     that asked `count` answers, only when all `count` did (the request is the unit of failure:
     it is sent again whole)."""

@@ -40,8 +40,7 @@ from fleetgen.liveledger import LiveLedger
 from fleetgen.readings import parse_metrics, read_server_within
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, backoff
-from fleetgen.server_info import CONFIGURED, ServerCapacity, stated_capacity
-from fleetgen.servers import Server
+from fleetgen.servers import CONFIGURED, RequestBody, Server, ServerCapacity, stated_capacity
 from fleetgen.settings import Settings
 from workers import loops, metrics
 from workers.client import ServerClient
@@ -57,7 +56,7 @@ READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 # from them.
 LOAD_TICK_S = 1.0
 # The one-token request that times a server's queue and tells a server out of rotation alive.
-PROBE_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+PROBE_BODY: RequestBody = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 # A server that has not answered the first probe by then is used without what it would have
 # taught (the model it is pinned to is then learned from the first prompt's refusal).
 FIRST_PROBE_S = 10.0
@@ -272,7 +271,7 @@ class Engine:
             self.server_url,
             request_timeout_s=self.settings.request_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
-            api_key=self.settings.sglang_api_key,
+            api_key=self.settings.server_api_key,
         )
         self.live = LiveLedger.connect(self.settings, keys.worker_client(self.worker))
         # Start at 1 in flight until the server says what it can take.
@@ -480,7 +479,7 @@ class Engine:
         server = self.server
         assert server is not None
         while True:
-            stored = dict(PROBE_BODY)
+            stored = PROBE_BODY.copy()
             if server.model is None and server.models:
                 stored["model"] = server.models[0]
             body = server.prepare(stored, thinking=False)

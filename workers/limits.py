@@ -4,7 +4,7 @@ Three ways, one per what the server offers (the engine picks; `FLEETGEN_MAX_IN_F
 them all):
 
 - SGLang's `/server_info` states the effective concurrency: the worker keeps that plus a small
-  queue margin in flight (fleetgen/server_info.py). No controller here.
+  queue margin in flight (fleetgen/servers/_server_info.py). No controller here.
 - `QueueWatch`, for a server whose `/metrics` shows requests running and waiting (vLLM, an
   SGLang without `/server_info`): the limit doubles each tick while everything sent runs at
   once; once requests wait, what runs beside them is the server's capacity, and the limit is

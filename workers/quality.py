@@ -12,11 +12,10 @@ import logging
 import time
 from typing import Any
 
-import orjson
-
 from fleetgen import canary
-from fleetgen.ledger import STATE_RUNNING
+from fleetgen.ledger import STATE_RUNNING, EndVerdict
 from fleetgen.liveledger import LiveLedger
+from fleetgen.records import OutputRecord
 
 log = logging.getLogger(__name__)
 # After the first stretch, the window is judged once per this many answers (per job).
@@ -65,9 +64,9 @@ class QualityWatch:
         thresholds = self._thresholds.get(job)
         return thresholds.window if thresholds is not None and thresholds.enabled else 0
 
-    def fact(self, job: str, record: dict[str, Any], thinking: bool) -> bytes:
+    def fact(self, job: str, record: OutputRecord, thinking: bool) -> bytes:
         """What the canary keeps of one answer, or nothing when it is off."""
-        return orjson.dumps(canary.sample(record, thinking)) if self.window(job) else b""
+        return canary.sample(record, thinking).to_json() if self.window(job) else b""
 
     async def judge(self, job: str, seen_before: int, seen: int) -> None:
         """Judge the window if this group of answers reached a judging point: every answer
@@ -92,10 +91,9 @@ class QualityWatch:
                 f"{verdict.reason}, judged at the job's end (it has fewer than {k} prompts)"))
         if at_end:
             # Status tells a small job was judged (or why not), not only when it failed.
-            answers = sum(1 for x in samples if x[6] != "(failed)")
-            await self._live.note_canary_end(job, {
-                "answers": answers, "judged": answers >= END_MIN_ANSWERS,
-                "verdict": verdict.reason if verdict else None})
+            answers = sum(1 for x in samples if not x.failed)
+            await self._live.note_canary_end(job, EndVerdict(
+                answers, answers >= END_MIN_ANSWERS, verdict.reason if verdict else None))
         if verdict is None:
             return
         log.warning("job %s: paused by the quality canary: %s", job, verdict.reason)

@@ -30,8 +30,8 @@ class WorkerConfigError(FleetgenError):
 
 
 def server_url(settings: Settings, queues: list[str]) -> str:
-    if settings.sglang_url:
-        return settings.sglang_url
+    if settings.server_url:
+        return settings.server_url
     gpus = [int(m.group(1)) for q in queues if (m := keys.GPU_QUEUE.match(q))]
     if len(gpus) != 1:
         raise WorkerConfigError(

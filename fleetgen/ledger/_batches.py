@@ -7,12 +7,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import orjson
 import redis
 
 from fleetgen import keys
 from fleetgen.ledger._jobs import Jobs
 from fleetgen.ledger._replies import members, scored, script
+from fleetgen.records import FailureRecord, OutputRecord, read_record
 
 # Enough recent failure reasons to explain a bad job without growing without bound.
 FAILURES_KEPT = 200
@@ -76,10 +76,10 @@ class Batches:
         return {batch: (keys.lease_owner(token.decode()) if token is not None else None, int(n))
                 for batch, token, n in zip(batches, raw[::2], raw[1::2], strict=True)}
 
-    def checkpoint(self, name: str, batch: str) -> dict[str, dict[str, Any]]:
+    def checkpoint(self, name: str, batch: str) -> dict[str, OutputRecord]:
         """The batch's checkpointed records: prompt id -> its finished result."""
         raw = self.r.hgetall(keys.checkpoint(name, batch))
-        return {k.decode(): orjson.loads(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        return {k.decode(): read_record(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
     def checkpointed_records(self, name: str, batches: Iterable[str]) -> Iterator[bytes]:
         """Every checkpointed record (raw JSON) of the given batches, read in one round trip."""
@@ -90,7 +90,7 @@ class Batches:
                 yield from records
 
     def drop_failures(self, name: str, batch: str,
-                      failures: Iterable[dict[str, Any]]) -> int | None:
+                      failures: Iterable[FailureRecord]) -> int | None:
         """Take these failure records out of the batch's checkpoint, so that its next run sends
         them again, and take back what they added to the live counters; returns how many were
         taken out. None, with nothing changed, while someone holds the batch's lease."""

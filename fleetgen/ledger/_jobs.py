@@ -6,23 +6,23 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, cast
 
 import redis
 from redis.lock import Lock
 
 from fleetgen import keys
 from fleetgen.errors import JobError, UnknownJobError
-from fleetgen.job import JobManifest
+from fleetgen.job import JobManifest, JobState
 from fleetgen.ledger._replies import members, script, text
 from fleetgen.settings import JOB_RETENTION_S
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
 # the job until enqueue sets it `running` (after the last input and the final manifest).
-STATE_CREATING = "creating"
-STATE_RUNNING = "running"
-STATE_PAUSED = "paused"
-STATE_CANCELLED = "cancelled"
+STATE_CREATING: Final = "creating"
+STATE_RUNNING: Final = "running"
+STATE_PAUSED: Final = "paused"
+STATE_CANCELLED: Final = "cancelled"
 JOB_STATES = (STATE_CREATING, STATE_RUNNING, STATE_PAUSED, STATE_CANCELLED)
 # What `settle` found the job to be.
 FINISHED, ACTIVE, GONE = "finished", "active", "gone"
@@ -144,11 +144,11 @@ class Jobs:
                 p.execute()
         return found
 
-    def state(self, name: str) -> tuple[str, str]:
+    def state(self, name: str) -> tuple[JobState, str]:
         state, reason = self.r.hmget(keys.job(name), keys.JOB_STATE, keys.JOB_REASON)
-        return text(state) or STATE_RUNNING, text(reason)
+        return cast(JobState, text(state) or STATE_RUNNING), text(reason)
 
-    def set_state(self, name: str, state: str, reason: str = "") -> None:
+    def set_state(self, name: str, state: JobState, reason: str = "") -> None:
         if state not in JOB_STATES:
             raise JobError(f"unknown job state {state!r}")
         self.r.hset(keys.job(name), mapping={

@@ -10,9 +10,10 @@ fleetgen/records.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from fleetgen.server_info import ServerInfo
+from fleetgen.servers._chat import RequestBody
+from fleetgen.servers._server_info import ServerInfo
 
 # How readings of several schedulers (DP ranks, engines) combine into one per server.
 Combine = str  # "sum" | "max" | "mean"
@@ -33,7 +34,7 @@ class ServerKind:
         answer is a request of its own)."""
         return False
 
-    def added_fields(self, thinking: bool) -> dict[str, Any]:
+    def added_fields(self, thinking: bool) -> RequestBody:
         """The fields fleetgen adds to every request for this kind (beyond OpenAI's schema).
         A prompt line's own values win over them; `chat_template_kwargs` is merged."""
         return {}

@@ -14,15 +14,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 import httpx
 import orjson
 
 from fleetgen.errors import ModelChoiceError
-from fleetgen.server_info import ServerInfo, fetch_server_info
+from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import ServerKind
 from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._server_info import ServerInfo, fetch_server_info
 from fleetgen.servers._sglang import SGLang
 from fleetgen.servers._vllm import VLLM
 
@@ -93,15 +94,15 @@ class Server:
             parts.append(f"without {', '.join(sorted(self.refused))}")
         return ", ".join(parts)
 
-    def prepare(self, body: dict[str, Any], *, thinking: bool, n: int = 1) -> dict[str, Any]:
+    def prepare(self, body: RequestBody, *, thinking: bool, n: int = 1) -> RequestBody:
         """The request for this server: the kind's fields under the stored body's own, the
         served model when the body names none, and `n` when it asks several answers."""
         added = self._added[thinking]
-        out = {**added, **body}
+        out: RequestBody = {**added, **body}
         if n > 1:
             out["n"] = n
         if "chat_template_kwargs" in added and "chat_template_kwargs" in body:
-            out["chat_template_kwargs"] = {**added["chat_template_kwargs"],
+            out["chat_template_kwargs"] = {**(added["chat_template_kwargs"] or {}),
                                            **(body["chat_template_kwargs"] or {})}
         if "model" not in body:
             model = self.model
@@ -110,8 +111,8 @@ class Server:
             out["model"] = model or UNNAMED_MODEL
         return out
 
-    def learn(self, status: int | None, message: str, sent: dict[str, Any],
-              stored: dict[str, Any]) -> str | None:
+    def learn(self, status: int | None, message: str, sent: RequestBody,
+              stored: RequestBody) -> str | None:
         """Learn from a 400/422 that refused what fleetgen added on its own (never a field of
         the prompt line's): the fields it names are dropped, a model it is pinned to is used.
         A refusal of `n` by a request that asked several answers is learned too: the answers of
@@ -137,15 +138,17 @@ class Server:
             return f"refuses {', '.join(ours)}: no longer sent"
         return None
 
-    def resend(self, sent: dict[str, Any], stored: dict[str, Any], *, thinking: bool) -> bool:
+    def resend(self, sent: RequestBody, stored: RequestBody, *, thinking: bool) -> bool:
         """Whether a refused request would now be sent otherwise (what was learned since)."""
         try:
             return self.prepare(stored, thinking=thinking, n=sent.get("n", 1)) != sent
         except ModelChoiceError:
             return False
 
-    def _fields(self, thinking: bool) -> dict[str, Any]:
-        return {k: v for k, v in self.kind.added_fields(thinking).items() if k not in self.refused}
+    def _fields(self, thinking: bool) -> RequestBody:
+        # The kind's own fields, less those this server refused: keys of a RequestBody still.
+        return cast(RequestBody, {k: v for k, v in self.kind.added_fields(thinking).items()
+                                  if k not in self.refused})
 
 
 async def detect(http: httpx.AsyncClient, timeout_s: float = 30.0) -> Server:

@@ -10,10 +10,11 @@ so such a server is sent one request per answer, each with its own seed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from fleetgen.server_info import ServerInfo
+from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import Combine, ServerKind
+from fleetgen.servers._server_info import ServerInfo
 
 
 class SGLang(ServerKind):
@@ -35,6 +36,6 @@ class SGLang(ServerKind):
     def takes_n(self, info: ServerInfo | None) -> bool:
         return not (info is not None and info.args.get("enable_deterministic_inference"))
 
-    def added_fields(self, thinking: bool) -> dict[str, Any]:
+    def added_fields(self, thinking: bool) -> RequestBody:
         # Reasoning in its own field (the canary checks it), thinking as the job asks.
         return {"separate_reasoning": True, "chat_template_kwargs": {"enable_thinking": thinking}}

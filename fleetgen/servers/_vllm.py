@@ -10,10 +10,11 @@ answers asked one by one with seeds `seed`, `seed + 1`, ...
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from fleetgen.server_info import ServerInfo
+from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import Combine, ServerKind
+from fleetgen.servers._server_info import ServerInfo
 
 
 class VLLM(ServerKind):
@@ -29,5 +30,5 @@ class VLLM(ServerKind):
     def takes_n(self, info: ServerInfo | None) -> bool:
         return True
 
-    def added_fields(self, thinking: bool) -> dict[str, Any]:
+    def added_fields(self, thinking: bool) -> RequestBody:
         return {"chat_template_kwargs": {"enable_thinking": thinking}}

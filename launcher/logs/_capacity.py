@@ -4,7 +4,7 @@ SGLang caps max_running_requests by the KV pool (tokens // 2), by the Mamba stat
 (slots // slots-per-request) or by the request itself, and it often logs nothing about it
 (docs/reference/sglang.md#max-running-requests). `read_capacity` names the binding limit in one
 sentence; `capacity_from_server_info` does the same for a live server's `/server_info`, read by
-the one reader (fleetgen/server_info.py), which also gives the real concurrency
+the one reader (fleetgen/servers/_server_info.py), which also gives the real concurrency
 (`ServerInfo.concurrency`): workers and the launcher size from it, never from the flag they
 passed.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from fleetgen.server_info import ServerInfo, as_int
+from fleetgen.servers import ServerInfo, as_int
 
 Binding = Literal["request", "kv", "mamba", "spec-default", "auto"]
 
@@ -168,7 +168,7 @@ def facts_from_args(args: Mapping[str, object]) -> CapacityFacts:
 
 
 def capacity_from_server_info(info: ServerInfo) -> CapacityReading:
-    """Why the server runs what its `/server_info` says (read by fleetgen/server_info.py).
+    """Why the server runs what its `/server_info` says (read by fleetgen/servers/_server_info.py).
 
     The ask comes from the top level and argv; the scheduler's own args (`internal_states`)
     carry what it computed itself, such as the auto-fitted Mamba pool and the resolved

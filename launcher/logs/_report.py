@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from fleetgen.server_info import as_int
+from fleetgen.servers import as_int
 from launcher.logs._capacity import CapacityReading, facts_from_args, read_capacity
 from launcher.logs._parse import (
     CapWarning,

@@ -14,7 +14,7 @@ that ratio. The flags are a first candidate, not a proof: `launcher tune` tries 
 and keeps them only if they win.
 
 A server the launcher did not start has no node.json entry: `entry_for_url` reads its
-`/server_info` (fleetgen/server_info.py) as `launcher up` reads a ready server's, into the same
+`/server_info` (fleetgen/servers/_server_info.py) as `launcher up` reads a ready server's, into the same
 entry, so the advice is the same.
 
     advice = advise(gpu_entry_from_node_json, observed)
@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from fleetgen.readings import describe_error, parse_metrics
-from fleetgen.server_info import SERVER_INFO_PATHS, ServerInfo, as_float, fetch_server_info
+from fleetgen.servers import SERVER_INFO_PATHS, ServerInfo, as_float, fetch_server_info
 from launcher.logs import fold
 from launcher.node._args import adapt_flags, flag_value
 from launcher.node._errors import NodeError
@@ -250,7 +250,7 @@ def _float(text: str | None) -> float | None:
 async def entry_for_url(url: str, api_key: str | None = None,
                         timeout_s: float = 10.0) -> dict[str, Any]:
     """A server the launcher did not start, as a node.json entry: its `/server_info` (or
-    `/get_server_info`) read by fleetgen/server_info.py and combined as `launcher up` combines
+    `/get_server_info`) read by fleetgen/servers/_server_info.py and combined as `launcher up` combines
     a ready server's (`limits_reading`, here with no log).
 
     Raises NodeError when the server cannot be read, or is not SGLang: then the one line says

@@ -282,6 +282,8 @@ def cmd_status(argv: Sequence[str]) -> int:
 def cmd_advise(argv: Sequence[str]) -> int:
     """Sample each ready GPU's server (or each --url) over a window and say what binds it and
     what to try."""
+    from fleetgen.settings import setting  # here: launcher.node loads no settings reader
+
     p = CommandParser(
         prog="python -m launcher advise",
         description="Per GPU, or per SGLang server given by --url: the limit that binds it, how "
@@ -297,9 +299,9 @@ def cmd_advise(argv: Sequence[str]) -> int:
     where.add_argument("--url", action="append", metavar="URL",
                        help="an SGLang server started without the launcher (repeatable); "
                             "node.json is not read")
-    p.add_argument("--api-key", default=os.environ.get("SGLANG_API_KEY"),
-                   help="the servers' API key (default: $SGLANG_API_KEY, which keeps it out of "
-                        "ps)")
+    p.add_argument("--api-key", default=setting("server_api_key"),
+                   help="the servers' API key (default: $FLEETGEN_SERVER_API_KEY or the older "
+                        "$SGLANG_API_KEY, which keeps it out of ps)")
     p.add_argument("--window", type=float, default=30.0, help="seconds of /metrics samples")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     p.add_argument("--json", action="store_true", help="one JSON object per server, in a list")

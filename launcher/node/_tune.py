@@ -138,7 +138,9 @@ def describe_step(step: Mapping[str, Any]) -> str:
 
 async def _measure(entries: Sequence[Mapping[str, Any]], window_s: float,
                    interval_s: float) -> dict[int, Observed]:
-    api_key = os.environ.get("SGLANG_API_KEY")
+    from fleetgen.settings import setting  # here: launcher.node loads no settings reader
+
+    api_key = setting("server_api_key")
     found = await asyncio.gather(*(observe(str(g["url"]), window_s, interval_s, api_key)
                                    for g in entries))
     return {int(g["gpu"]): o for g, o in zip(entries, found, strict=True)}
@@ -208,7 +210,9 @@ def more_memory(flags: Sequence[str], reason: str, current: str | None) -> list[
 
 def _resolved_args(url: str) -> dict[str, Any]:
     """The server's resolved args from /server_info (mem_fraction_static and friends)."""
-    headers = {"Authorization": f"Bearer {k}"} if (k := os.environ.get("SGLANG_API_KEY")) else {}
+    from fleetgen.settings import setting  # here: launcher.node loads no settings reader
+
+    headers = {"Authorization": f"Bearer {k}"} if (k := setting("server_api_key")) else {}
     try:
         body = httpx.get(f"{url}/server_info", timeout=10, trust_env=False, headers=headers).json()
     except (httpx.HTTPError, ValueError):

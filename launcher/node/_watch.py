@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 
 import httpx
 
-from fleetgen.server_info import ServerInfo, as_float, as_int, fetch_server_info
+from fleetgen.servers import ServerInfo, as_float, as_int, fetch_server_info
 from launcher.logs import HINTS, Fatal, LogReport, capacity_from_server_info, parse_line
 from launcher.node._clock import Clock
 from launcher.node._process import MARKER, LaunchSpec, ServerProcess
@@ -133,7 +133,7 @@ class HttpProbe:
             return False
 
     async def server_info(self, url: str) -> ServerInfo | None:
-        """What the server says (fleetgen/server_info.py); None if it did not say (the log
+        """What the server says (fleetgen/servers/_server_info.py); None if it did not say (the log
         then says what it can)."""
         try:
             return await fetch_server_info(self.client, url)

@@ -288,11 +288,13 @@ class S3Server(EmbeddedServer):
     def _create_bucket(self, s3: Any) -> None:
         from botocore.exceptions import ClientError
 
+        from fleetgen.sink import s3_failure
+
         try:
             s3.create_bucket(Bucket=self.bucket)
         except ClientError as exc:
             # SeaweedFS answers BucketAlreadyOwnedByYou where AWS us-east-1 answers 200.
-            if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+            if s3_failure(exc, f"s3://{self.bucket}").code != "BucketAlreadyOwnedByYou":
                 raise
 
     def _probed(self) -> None:

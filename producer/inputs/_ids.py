@@ -17,12 +17,17 @@ line's position, so reordering or resuming a file keeps every id)::
 the id. A plain ``{"prompt": "..."}`` line hashes like the equivalent one-user-message chat line.
 """
 
+from __future__ import annotations
+
 import hashlib
 import re
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which reading prompts never needs
+    from fleetgen.servers import RequestBody
 
 MAX_ID_LENGTH = 256
 HASH_ID_PREFIX = "h-"
@@ -46,7 +51,7 @@ def id_problem(prompt_id: str) -> str | None:
     return None
 
 
-def hash_id(body: dict[str, Any]) -> str:
+def hash_id(body: RequestBody) -> str:
     """Return the content-hash id of a request body (the module docstring has the recipe)."""
     canonical = {
         "messages": body["messages"],

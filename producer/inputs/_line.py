@@ -8,16 +8,21 @@ checks them with the same rules, after the table's own conventions (a null cell 
 field, a null struct field an absent key, a string cell of ``messages``, ``tools``,
 ``sampling`` or ``body`` holds that field as JSON); its errors name the row and the column."""
 
+from __future__ import annotations
+
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
 from fleetgen.job import MAX_SAMPLES, MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError
 from producer.inputs._ids import IdIndex, hash_id, id_problem
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which reading prompts never needs
+    from fleetgen.servers import RequestBody
 
 OPENAI_METHOD = "POST"
 OPENAI_URL = "/v1/chat/completions"
@@ -46,7 +51,7 @@ class PromptRecord:
 
     id: str
     line: int
-    body: dict[str, Any]
+    body: RequestBody
     samples: int | None = None
 
 
@@ -188,7 +193,7 @@ def _given_id(obj: dict[str, Any], field: str) -> str | None:
     return value
 
 
-def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
+def _chat_body(obj: dict[str, Any]) -> RequestBody:
     for key in obj:
         if key not in _CHAT_FIELDS:
             if key in SAMPLING_PARAMS:
@@ -202,7 +207,7 @@ def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
             raise _Invalid("prompt", f"expected a non-empty string; got {_show(prompt)}")
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
+        body: RequestBody = {"messages": [{"role": "user", "content": prompt}]}
     elif "messages" in obj:
         body = {"messages": _checked_messages(obj["messages"], "messages")}
     else:
@@ -220,7 +225,7 @@ def _chat_body(obj: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
+def _openai_body(obj: dict[str, Any]) -> RequestBody:
     for key in obj:
         if key not in _OPENAI_FIELDS:
             raise _Invalid(key, _unknown_field(
@@ -237,7 +242,7 @@ def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
         raise _Invalid("body", f"expected an object; got {_show(request)}")
     if "messages" not in request:
         raise _Invalid("body.messages", "missing")
-    body: dict[str, Any] = {"messages": _checked_messages(request["messages"], "body.messages")}
+    body: RequestBody = {"messages": _checked_messages(request["messages"], "body.messages")}
     if request.get("tools") is not None:
         body["tools"] = _checked_tools(request["tools"], "body.tools")
     params = {k: v for k, v in request.items() if k not in _NOT_SAMPLING}
@@ -292,8 +297,9 @@ def _checked_tools(tools: Any, field: str) -> list[Any]:
     return tools
 
 
-def _checked_sampling(params: dict[str, Any], field: str) -> dict[str, Any]:
-    checked = {}
+def _checked_sampling(params: dict[str, Any], field: str) -> RequestBody:
+    """`params` checked against SAMPLING_PARAMS, whose keys are RequestBody's."""
+    checked: dict[str, Any] = {}
     for key, value in params.items():
         rule = SAMPLING_PARAMS.get(key)
         if rule is None:
@@ -303,7 +309,7 @@ def _checked_sampling(params: dict[str, Any], field: str) -> dict[str, Any]:
         if not rule[0](value):
             raise _Invalid(f"{field}.{key}", f"expected {rule[1]}; got {_show(value)}")
         checked[key] = value
-    return checked
+    return cast("RequestBody", checked)
 
 
 def _close_field(key: str, known: tuple[str, ...]) -> str | None:

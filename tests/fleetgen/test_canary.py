@@ -13,11 +13,10 @@ import hashlib
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fleetgen.canary import Thresholds, content_digest, evaluate, sample
+from fleetgen.canary import Sample, Thresholds, content_digest, evaluate, sample
 from fleetgen.errors import JobError
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
@@ -29,14 +28,14 @@ K = Thresholds().min_completions
 
 
 def fact(i: int, *, empty: bool = False, length: bool = False, no_reasoning: bool = False,
-         tokens: int = 200, content: str | None = None) -> list[Any]:
-    """One canary sample as workers push it: [id, empty, length, no-reasoning, tokens, digest, snippet]."""
+         tokens: int = 200, content: str | None = None) -> Sample:
+    """One canary sample as workers push it."""
     text = "" if empty else (content if content is not None else f"Answer number {i} is unique.")
-    return [f"p{i}", int(empty), int(length), int(no_reasoning), tokens,
-            content_digest(text) if text else "", text[:120]]
+    return Sample(f"p{i}", empty, length, no_reasoning, tokens,
+                  content_digest(text) if text else "", text[:120])
 
 
-def window(n: int = 200, empty: int = 0, length: int = 0, no_reasoning: int = 0) -> list[list[Any]]:
+def window(n: int = 200, empty: int = 0, length: int = 0, no_reasoning: int = 0) -> list[Sample]:
     """n healthy answers; the first `empty` of them are empty, and so on."""
     return [fact(i, empty=i < empty, length=i < length, no_reasoning=i < no_reasoning)
             for i in range(n)]
@@ -52,7 +51,7 @@ def test_too_many_empty_answers_pause_with_the_share_and_examples() -> None:
     assert (verdict.check, verdict.share, verdict.threshold) == ("empty_content", 0.25, 0.2)
     assert verdict.reason == ("quality: 25% of the last 200 answers have an empty content "
                               "(threshold 20%)")
-    assert [e["id"] for e in verdict.examples] == ["p0", "p1", "p2"]
+    assert [e.id for e in verdict.examples] == ["p0", "p1", "p2"]
 
 
 def test_a_share_exactly_at_the_threshold_does_not_pause() -> None:
@@ -63,7 +62,7 @@ def test_answers_cut_at_max_tokens_pause_the_job() -> None:
     verdict = evaluate(window(length=61), Thresholds())
     assert verdict is not None and verdict.check == "length"
     assert "stopped at max_tokens (finish_reason=length)" in verdict.reason
-    assert verdict.examples[0]["length"] is True
+    assert verdict.examples[0].length is True
 
 
 def test_answers_without_reasoning_while_thinking_is_on_pause_the_job() -> None:
@@ -120,17 +119,23 @@ def test_a_disabled_canary_never_pauses() -> None:
 def test_sample_reads_the_facts_of_one_answer() -> None:
     record = {"id": "a", "content": "", "reasoning_content": "hmm", "finish_reason": "length",
               "tool_calls": None, "usage": {"completion_tokens": 64}}
-    assert sample(record, thinking=True) == ["a", 1, 1, 0, 64, "", ""]
+    assert sample(record, thinking=True).to_json() == b'["a",1,1,0,64,"",""]'
     record = {"id": "b", "content": "Hello there.", "reasoning_content": None, "finish_reason": "stop",
               "tool_calls": None, "usage": {"completion_tokens": 5}}
-    assert sample(record, thinking=True) == ["b", 0, 0, 1, 5, content_digest("hello there"), "Hello there."]
-    assert sample(record, thinking=False)[3] == 0
+    assert sample(record, thinking=True) == Sample("b", False, False, True, 5,
+                                                   content_digest("hello there"), "Hello there.")
+    assert not sample(record, thinking=False).no_reasoning
+
+
+def test_a_sample_reads_back_as_it_was_written() -> None:
+    kept = Sample("p1", True, False, True, 7, "abc", "Hi")
+    assert Sample.from_json(kept.to_json()) == kept
 
 
 def test_a_tool_call_with_no_text_is_not_an_empty_answer() -> None:
     record = {"id": "c", "content": "", "reasoning_content": "r", "finish_reason": "tool_calls",
               "tool_calls": [{"function": {"name": "f"}}], "usage": {"completion_tokens": 20}}
-    assert sample(record, thinking=True)[1] == 0
+    assert not sample(record, thinking=True).empty
 
 
 def test_thresholds_parse_overrides_the_defaults() -> None:

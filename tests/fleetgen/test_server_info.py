@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleetgen.readings import read_server
-from fleetgen.server_info import fetch_server_info, server_capacity
+from fleetgen.servers import fetch_server_info, server_capacity
 from launcher.ports import free_port
 from launcher.services import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl

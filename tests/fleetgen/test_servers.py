@@ -10,8 +10,7 @@ import pytest
 from fleetgen.errors import ModelChoiceError
 from fleetgen.job import GenerationParams
 from fleetgen.records import Origin, result_record, split_choices
-from fleetgen.server_info import parse_server_info
-from fleetgen.servers import KINDS, Server
+from fleetgen.servers import KINDS, Server, parse_server_info
 from workers.limits import QueueProbe, QueueWatch
 
 STORED = GenerationParams().request_body({"messages": [{"role": "user", "content": "hi"}]})

@@ -127,11 +127,6 @@ def assert_status_is_the_export(capsys: pytest.CaptureFixture[str], ledger: Ledg
     return status
 
 
-@pytest.fixture
-def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REDIS_URL", redis_url)
-
-
 def test_rounds_past_ninety_nine_are_read_by_number_and_status_counts_what_export_counts(
     ledger: Ledger, celery_app: Any, tmp_path: Path, cli_env: None,
     capsys: pytest.CaptureFixture[str],

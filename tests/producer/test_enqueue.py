@@ -24,16 +24,11 @@ from tests.stack import PYTHON, ROOT, chat_rows, iter_ids, queue_depth, write_js
 
 
 @pytest.fixture
-def cli(redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def cli(redis_client: Any, cli_env: None) -> Any:
     """main() pointed at the test Redis, with the Celery app publishing there too.
 
     Yields the Redis client (flushed: an empty database before the test).
     """
-    from workers.app import app
-
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setattr(app.conf, "broker_url", redis_url)
-    app._pool = None  # drop connections made for another broker URL
     return redis_client
 
 

@@ -28,13 +28,8 @@ FAILED = 5
 
 
 @pytest.fixture
-def cli(redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def cli(redis_client: Any, cli_env: None) -> Any:
     """main() and the Celery app pointed at the test Redis; yields its (flushed) client."""
-    from workers.app import app
-
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setattr(app.conf, "broker_url", redis_url)
-    app._pool = None  # drop connections made for another broker URL
     return redis_client
 
 

@@ -31,11 +31,6 @@ ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)
 CONTEXT = "maximum context length is 40960"
 
 
-@pytest.fixture
-def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REDIS_URL", redis_url)
-
-
 class Job:
     """A job in a sink: batch inputs as enqueue stores them, results and errors as workers
     write them, `requeue --failed` rounds as control.requeue_failed names them."""

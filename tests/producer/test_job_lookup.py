@@ -25,14 +25,8 @@ from tests.stack import chat_rows, write_jsonl
 
 
 @pytest.fixture
-def cli(redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+def cli(redis_client: Any, cli_env: None) -> Ledger:
     """main() and the Celery app pointed at the test Redis; the ledger on it."""
-    from workers.app import app
-
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.delenv("FLEETGEN_OUTPUT", raising=False)
-    monkeypatch.setattr(app.conf, "broker_url", redis_url)
-    app._pool = None  # drop connections made for another broker URL
     return Ledger(redis_client)
 
 

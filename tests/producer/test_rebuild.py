@@ -32,15 +32,6 @@ from tests.producer.test_control_requeue import (
 from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
 
 
-@pytest.fixture
-def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.app import app
-
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setattr(app.conf, "broker_url", redis_url)
-    app._pool = None  # drop connections made for another broker URL
-
-
 def half_requeued(ledger: Ledger, app: Any, folder: Path) -> SinkJob:
     """A job of 3 batches of 10: b000001 written (2 failures), round r01 written (one of them
     answered, one failed again), round r02 stored and not written, b000002 written after it

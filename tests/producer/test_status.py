@@ -4,7 +4,6 @@ what workers write."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import math
@@ -19,160 +18,39 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from fleetgen import keys, progress
-from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
 from fleetgen.fleet import (
     FETCH_DEADLINE_S,
     LOST_AFTER_S,
     FleetRow,
     ServerHealth,
-    WorkerEntry,
-    WorkerError,
     read_fleet,
     read_servers,
-    registry,
 )
-from fleetgen.jobview import JobStatus, job_status
-from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
-from fleetgen.readings import ServerReading, parse_metrics, read_server
-from fleetgen.records import Origin, counters, error_record, result_record, written_counts
+from fleetgen.jobview import job_status
+from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
+from fleetgen.readings import ServerReading
+from fleetgen.records import written_counts
 from launcher.ports import free_port
 from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
+from tests.job_figures import (
+    FLEET_FIELDS,
+    MINUTE,
+    NOW,
+    STABLE_FIELDS,
+    Worker,
+    answer_taking,
+    half_done_job,
+    ledger_time,
+    register,
+)
 from tests.sim_helpers import VirtualClockLoop
 from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks, write_jsonl
-
-NOW = 1_800_000_000.0  # a whole minute, so the rate windows below are exact
-MINUTE = int(NOW // 60)
-
-# Fields `status --json` and progress.json promise to keep (others may be added): the
-# JobStatus dataclass and its fleet rows carry them.
-STABLE_FIELDS = {
-    "job", "state", "reason", "output", "total", "prompts", "done", "failed", "checkpointed", "in_flight",
-    "in_hand", "queued", "held",
-    "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
-    "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
-    "worker_errors", "stalled", "breaker",
-}
-FLEET_FIELDS = {
-    "worker", "host", "server", "worker_state", "registry_age_s", "in_flight", "limit", "server_state",
-    "server_error", "running", "queue", "token_usage", "mamba_usage", "gen_throughput",
-    "accept_length", "effective_max", "requested_max", "version", "job_prompts_done",
-    "job_prompts_failed", "job_output_tokens", "job_output_tokens_per_s", "server_kind",
-    "capacity_source", "health",
-}
-
-
-@pytest.fixture
-def cli_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REDIS_URL", redis_url)
-
-
-class Worker:
-    """Finishes prompts the way workers/batch.py does: the same Lua script, the same counters."""
-
-    def __init__(self, ledger: Ledger, name: str) -> None:
-        self.ledger, self.name = ledger, name
-        self.origin = Origin("http://127.0.0.1:30000", name, 1)
-        self._record = ledger.r.register_script(RECORD_GROUP)
-        self.count = 0
-        self.records: dict[str, list[dict[str, Any]]] = {}
-
-    def answer(self, job: str, batch: str, minute: int, finish: str = "stop",
-               tokens: tuple[int, int, int] = (10, 100, 60), content: str = "An answer.") -> None:
-        self.count += 1
-        response = {"choices": [{"finish_reason": finish, "message": {
-            "content": content, "reasoning_content": "thinking"}}],
-            "usage": {"prompt_tokens": tokens[0], "completion_tokens": tokens[1],
-                      "reasoning_tokens": tokens[2]}}
-        self._put(job, batch, minute, result_record(f"{batch}-{self.count}", 1, response, 0.5,
-                                                    self.origin))
-
-    def fail(self, job: str, batch: str, minute: int) -> None:
-        self.count += 1
-        record = error_record(f"{batch}-{self.count}", 1, "maximum context length is 40960",
-                              400, self.origin, 1)
-        self._put(job, batch, minute, record)
-
-    def _put(self, job: str, batch: str, minute: int, record: dict[str, Any]) -> None:
-        self.records.setdefault(batch, []).append(record)
-        entry = Entry(job, batch, record.get("custom_id") or record["id"], orjson.dumps(record),
-                      counters(record, thinking=True), b"")
-        script_keys, args = group_arguments(job, [entry], self.name, minute, window=0)
-        self._record(keys=script_keys, args=args)
-
-    def finish_batch(self, job: str, batch: str, minute: int, size: int = 1000) -> None:
-        """Write the batch (its records so far) at the end of `minute`."""
-        self.ledger.batches.finish(job, batch, written_counts(self.records.pop(batch, [])),
-                                 self.name, [], size, now=(minute + 1) * 60.0)
-
-
-def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
-    """100 prompts, started 10 minutes ago: 6 batches written (58 answers, 2 failures),
-    b000007 running on gpu0@a with 4 of 10 checkpointed, b000008-10 queued. 40 answers 9 minutes ago,
-    24 in the last minute."""
-    make_job(ledger, name, output, created_at=NOW - 600)
-    a, b = Worker(ledger, "gpu0@a"), Worker(ledger, "gpu1@b")
-    for i in range(1, 7):
-        batch = keys.batch_id(i)
-        worker = a if i <= 3 else b
-        for j in range(10):
-            minute = MINUTE - 9 if (i - 1) * 10 + j < 40 else MINUTE - 1
-            if i == 6 and j < 2:
-                worker.fail(name, batch, minute)
-            else:
-                worker.answer(name, batch, minute, finish="length" if i == 1 and j < 3 else "stop")
-        worker.finish_batch(name, batch, minute)
-    ledger.leases.acquire(name, "b000007", "gpu0@a/lease", 30)
-    for _ in range(4):
-        a.answer(name, "b000007", MINUTE - 1)
-    ledger.batches.mark_queued(name, ["b000008", "b000009", "b000010"])
-
-
-def test_status_counts_prompts_rates_eta_tokens_and_finish_reasons(ledger: Ledger) -> None:
-    half_done_job(ledger)
-    # The live worker holding b000007 has 4 requests at its server; a lost one's count does
-    # not matter, nor does a worker's that holds none of the job's batches.
-    register(ledger, "gpu0@a", "http://127.0.0.1:30000", in_flight=4, updated=NOW - 3)
-    register(ledger, "gpu1@b", "http://127.0.0.1:30001", in_flight=9, updated=NOW - 300)
-    register(ledger, "gpu2@c", "http://127.0.0.1:30002", in_flight=7, updated=NOW - 3)
-    s = job_status(ledger, "half", NOW)
-    # done and failed are what the sink holds; the 4 answers of the running batch are
-    # checkpointed until it is written.
-    assert (s.state, s.total, s.done, s.failed) == ("running", 100, 58, 2)
-    assert (s.checkpointed, s.in_flight, s.in_hand, s.queued, s.held) == (
-        4, 4, 6, 30, 0)
-    assert asdict(s.batches) == {"total": 10, "done": 6, "running": 1, "queued": 3}
-    # Started 600 s ago: 64 answered in 600 s; 24 in the last five minutes.
-    assert s.elapsed_s == 600
-    assert s.rate.prompts_per_s_all == pytest.approx(64 / 600, abs=1e-3)
-    # The job went on in the last minute after 7 idle ones: its recent window starts there.
-    assert s.rate.window_s == 60
-    assert s.rate.prompts_per_s_5m == pytest.approx(24 / 60, abs=1e-3)
-    # 22 of those 24 are answers of 100 tokens (2 were failures).
-    assert s.rate.output_tokens_per_s_5m == pytest.approx(22 * 100 / 60, abs=0.1)
-    assert s.rate.output_tokens_per_s_all == pytest.approx(62 * 100 / 600, abs=0.1)
-    # 36 prompts are not answered yet, 4 of them in flight: 32 to send at the rate the fleet
-    # answers now, then one mean answer time (0.5 s). 4 requests in flight answered in 0.5 s
-    # each are 8 prompts/s, more than the window's 0.4.
-    assert s.eta_s == math.ceil(32 / max(24 / 60, 4 / 0.5) + 0.5) == 5
-    assert asdict(s.tokens) == {"input": 620, "output": 6200, "reasoning": 3720, "avg_output": 100.0,
-                           "reasoning_share": 0.6}
-    assert s.finish_reasons == {"length": 3, "stop": 59}
-    assert s.errors == {"context_length_exceeded": 2}
-    assert s.bytes_written == 6000
-    assert s.workers["gpu0@a"]["prompts_done"] == 34 and s.workers["gpu1@b"]["prompts_failed"] == 2
-    assert s.fleet is None and s.quality is None
-
-
-def test_the_status_and_its_fleet_rows_carry_the_stable_fields() -> None:
-    assert {f.name for f in dataclasses.fields(JobStatus)} == STABLE_FIELDS
-    assert {f.name for f in dataclasses.fields(FleetRow)} == FLEET_FIELDS
 
 
 def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
@@ -187,26 +65,6 @@ def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
     assert "finish    length 3, stop 59" in text and "context_length_exceeded 2" in text
     assert "written   6.0 KB" in text
     assert "gpu0@a" in text and "gpu1@b" in text
-
-
-def test_a_finished_job_reads_done_and_its_clock_stops_with_its_last_write(ledger: Ledger) -> None:
-    make_job(ledger, "fin", "/tmp/out", prompts=20, created_at=NOW - 800)
-    w = Worker(ledger, "gpu0@a")
-    for i, minute in ((1, MINUTE - 12), (2, MINUTE - 11)):
-        for _ in range(10):
-            w.answer("fin", keys.batch_id(i), minute)
-        w.finish_batch("fin", keys.batch_id(i), minute)
-    later = job_status(ledger, "fin", NOW + 3600)
-    assert later.state == "done" and later.eta_s == 0
-    assert (later.done, later.checkpointed) == (20, 0)
-    assert (later.queued, later.held, later.in_flight) == (0, 0, 0)
-    # Started at NOW - 800, last batch written at the end of minute MINUTE - 11 (NOW - 600).
-    assert later.elapsed_s == 200
-    assert later.rate.prompts_per_s_all == pytest.approx(20 / 200, abs=1e-3)
-    # The recent window ends with the clock: its first answers came in MINUTE - 12, so the
-    # job's last two minutes, as read at its end.
-    assert later.rate.window_s == 120
-    assert later.rate.prompts_per_s_5m == pytest.approx(20 / 120, abs=1e-3)
 
 
 def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledger) -> None:
@@ -333,114 +191,6 @@ def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
                                  "last_error": None, "not_ready": []}
     assert ("  stalled: no worker consumes queue gpu99 (live workers consume fleetgen, gpu0)"
             in render(status))
-
-
-METRICS_TWO_RANKS = """\
-# HELP sglang:num_running_reqs The number of running requests.
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{dp_rank="0",model_name="m"} 30.0
-sglang:num_running_reqs{dp_rank="1",model_name="m"} 18.0
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{dp_rank="0",model_name="m"} 2.0
-sglang:num_queue_reqs{dp_rank="1",model_name="m"} 0.0
-# TYPE sglang:token_usage gauge
-sglang:token_usage{dp_rank="0",model_name="m"} 0.42
-sglang:token_usage{dp_rank="1",model_name="m"} 0.81
-# TYPE sglang:gen_throughput gauge
-sglang:gen_throughput{dp_rank="0",model_name="m"} 1500.5
-sglang:gen_throughput{dp_rank="1",model_name="m"} 1200.0
-# TYPE sglang:spec_accept_length gauge
-sglang:spec_accept_length{dp_rank="0",model_name="m"} 3.0
-sglang:spec_accept_length{dp_rank="1",model_name="m"} 3.5
-# TYPE sglang:generation_tokens counter
-sglang:generation_tokens_total{model_name="m"} 12345.0
-"""
-
-
-def test_metrics_of_several_schedulers_add_up_running_and_throughput_and_keep_the_worst_usage() -> None:
-    assert parse_metrics(METRICS_TWO_RANKS) == {
-        "running": 48.0, "queue": 2.0, "token_usage": 0.81, "gen_throughput": 2700.5,
-        "accept_length": 3.25}
-
-
-SERVER_INFO = {"max_running_requests": 128, "dp_size": 1, "version": "0.5.9",
-               "internal_states": [{"effective_max_running_requests_per_dp": 16,
-                                    "avg_spec_accept_length": 2.71}]}
-
-
-def read_with(handler: Any, api_key: str | None = None) -> ServerReading:
-    async def go() -> ServerReading:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await read_server(client, "http://gpu0:30000", api_key)
-
-    return asyncio.run(go())
-
-
-def test_a_server_without_metrics_still_shows_its_capacity_from_server_info() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            return httpx.Response(404, json={"detail": "Not Found"})
-        return httpx.Response(200, json=SERVER_INFO)
-
-    reading = read_with(handler)
-    assert (reading.state, reading.running, reading.effective_max, reading.requested_max) == (
-        "up", None, 16, 128)
-    assert (reading.accept_length, reading.version) == (2.71, "0.5.9")
-
-
-def test_a_garbled_metrics_page_is_ignored_and_the_key_is_sent_for_server_info() -> None:
-    keys_sent: list[str | None] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text="<html>proxy error</html>")
-        keys_sent.append(request.headers.get("authorization"))
-        return httpx.Response(200, json=SERVER_INFO)
-
-    reading = read_with(handler, api_key="s3cret")
-    assert (reading.state, reading.running, reading.effective_max) == ("up", None, 16)
-    assert keys_sent == ["Bearer s3cret"]
-
-
-def test_a_server_that_refuses_both_requests_is_down() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    assert read_with(handler) == ServerReading("down", error="connection refused")
-
-
-def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
-    """A registry entry as workers/engine.py `_register` writes it: a worker of this node
-    whose server published nothing readable, unless `extra` says otherwise."""
-    fields = {"worker": worker, "host": socket.gethostname(), "pid": 1,
-              "queues": [keys.SHARED_QUEUE], "last_error": None,
-              "server": server, "local_server": server,
-              "reading": asdict(ServerReading("unknown")), "state": "ready", "server_kind": None,
-              "effective_max_running_requests": 7, "requested_max_running_requests": 8,
-              "capacity_source": "internal_states[0].effective_max_running_requests_per_dp",
-              "limit": 11, "in_flight": 0, "updated": time.time() - age_s,
-              "health": asdict(ServerHealth.quiet(11)), **extra}
-    entry = WorkerEntry.from_json(orjson.dumps(fields))
-    ledger.r.hset(keys.WORKERS, worker, entry.to_json())
-
-
-def test_the_registry_reads_each_entry_as_its_worker_wrote_it_and_skips_what_is_not_one(
-    ledger: Ledger,
-) -> None:
-    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 2, queues=["gpu0"],
-             last_error={"error": "boom", "job": "j", "at": NOW - 5},
-             reading=asdict(ServerReading("up", running=3, effective_max=8)))
-    register(ledger, "gpu1@a", "http://127.0.0.1:30001", updated=NOW - LOST_AFTER_S - 1)
-    ledger.r.hset(keys.WORKERS, mapping={"gpu2@a": b"not json", "gpu3@a": b'{"in_flight": 4}'})
-    entries = registry(ledger, NOW)
-    assert set(entries) == {"gpu0@a", "gpu1@a"}
-    entry = entries["gpu0@a"]
-    assert (entry.state, entry.queues, entry.age_s(NOW)) == ("ready", ["gpu0"], 2.0)
-    assert entry.last_error == WorkerError(error="boom", job="j", at=NOW - 5)
-    assert entry.reading == ServerReading("up", running=3, effective_max=8)
-    assert WorkerEntry.from_json(entry.to_json()) == entry
-    # Stale: its worker is gone.
-    assert entries["gpu1@a"].state == "lost"
 
 
 @contextlib.contextmanager
@@ -730,27 +480,6 @@ def test_other_nodes_servers_are_read_live_at_their_published_address_and_groupe
     assert sorted(nodes) == sorted(["far-node", socket.gethostname()])
 
 
-def answer_taking(worker: Worker, job: str, batch: str, minute: int, latency_s: float) -> None:
-    """An answer of 100 tokens, as Worker.answer writes it, that took `latency_s` to come."""
-    worker.count += 1
-    response = {"choices": [{"finish_reason": "stop", "message": {"content": "An answer."}}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 100}}
-    worker._put(job, batch, minute, result_record(f"{batch}-{worker.count}", 1, response,
-                                                  latency_s, worker.origin))
-
-
-@contextlib.contextmanager
-def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
-    """The ledger's clock reads `now` (what set_state and activate stamp)."""
-    from types import SimpleNamespace
-
-    import fleetgen.ledger._jobs
-
-    with monkeypatch.context() as m:
-        m.setattr(fleetgen.ledger._jobs, "time", SimpleNamespace(time=lambda: now))
-        yield
-
-
 def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: Ledger) -> None:
     # As users saw it: 8 batches written, 4 running with 49 of 50 answered each. The 4 left
     # are the slow ones, in flight; the old ETA (4 unanswered / 20 prompts/s) read 0m00s.
@@ -827,31 +556,6 @@ def test_a_cancelled_jobs_rate_does_not_drift_after_it_stopped(
     assert "elapsed 11m40s (stopped)   ETA cancelled" in render(later)
 
 
-def test_a_paused_jobs_clock_stops_at_the_pause_and_runs_again_once_resumed(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from producer.control import pause
-
-    half_done_job(ledger)
-    with ledger_time(monkeypatch, NOW + 100):
-        pause(ledger, "half")
-    assert job_status(ledger, "half", NOW + 3600).elapsed_s == 700
-    # b000007, running at the pause, finishes its requests and is written after it (NOW + 120):
-    # the clock stops at that write.
-    w = Worker(ledger, "gpu0@a")
-    for _ in range(6):
-        w.answer("half", "b000007", MINUTE + 1)
-    w.finish_batch("half", "b000007", MINUTE + 1)
-    paused = job_status(ledger, "half", NOW + 3600)
-    assert (paused.elapsed_s, paused.eta_s) == (720, None)
-    # Resumed (what `resume` sets last): the clock runs from the job's start again, the paused
-    # time included; nothing answered lately, so no ETA yet rather than a lifetime average.
-    with ledger_time(monkeypatch, NOW + 3600):
-        ledger.jobs.set_state("half", STATE_RUNNING)
-    resumed = job_status(ledger, "half", NOW + 3630)
-    assert (resumed.state, resumed.elapsed_s, resumed.eta_s) == ("running", 4230, None)
-
-
 def test_exporting_a_cancelled_job_the_canary_held_says_the_canary_held_it(
     ledger: Ledger, cli_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -903,107 +607,6 @@ def test_status_names_a_sick_server_an_overloaded_one_and_one_out_of_rotation(
     assert row.worker_state == "out-of-rotation" and row.health == out
 
 
-class Fleet:
-    """A fleet's answers, second by second: `slots` requests at once once ramped (from one,
-    doubling every `doubling_s`), each answered `answer_s` after it was sent, prompts sent in
-    order. `answered[i]` is when the i-th prompt's answer came, in seconds from the start."""
-
-    def __init__(self, prompts: int, slots: int, answer_s: float, doubling_s: float) -> None:
-        self.slots, self.answer_s, self.doubling_s = slots, answer_s, doubling_s
-        self.sent: list[float] = []
-        t, flying = 0.0, 0
-        while len(self.sent) < prompts:
-            flying = sum(1 for s in self.sent if s + answer_s > t)
-            room = int(min(slots, 2 ** (t / doubling_s))) - flying
-            self.sent += [t] * min(max(0, room), prompts - len(self.sent))
-            t += 0.5
-        self.answered = [s + answer_s for s in self.sent]
-
-    def in_flight(self, t: float) -> int:
-        return sum(1 for s in self.sent if s <= t < s + self.answer_s)
-
-
-def run_fleet(ledger: Ledger, job: str, fleet: Fleet, start: float, first: int, batch: int,
-              since: float, until: float, worker: str = "gpu0@a") -> None:
-    """Record, as `worker` does, the fleet's answers that came between `since` and `until`
-    (seconds from `start`); prompt i (from `first`) is in batch i // `batch` + 1, leased by
-    `worker` while it runs."""
-    w = Worker(ledger, worker)
-    for i, at in enumerate(fleet.answered):
-        if since < at <= until:
-            b = keys.batch_id((first + i) // batch + 1)
-            answer_taking(w, job, b, int((start + at) // 60), latency_s=fleet.answer_s)
-    for i, sent in enumerate(fleet.sent):
-        b = keys.batch_id((first + i) // batch + 1)
-        if sent <= until < fleet.answered[i] and b not in ledger.batches.running(job):
-            ledger.leases.acquire(job, b, f"{worker}/lease", 30)
-    register(ledger, worker, "http://127.0.0.1:30000", updated=start + until - 1,
-             in_flight=fleet.in_flight(until))
-
-
-@pytest.mark.parametrize("after_s", [24, 30, 45, 70, 120, 600])
-def test_eta_of_a_fleet_raising_its_concurrency_is_the_time_it_takes_at_its_rate_now(
-    ledger: Ledger, after_s: int,
-) -> None:
-    # Answers of 20 s on 64 slots, the flow controller doubling from one slot every 4 s: the
-    # window counts the 20 s before the first answer and the ramp (23x too long, as users saw).
-    fleet = Fleet(prompts=3000, slots=64, answer_s=20.0, doubling_s=4.0)
-    start = NOW - 5
-    make_job(ledger, "ramp", "/tmp/out", prompts=3000, batch_size=100, created_at=start)
-    run_fleet(ledger, "ramp", fleet, start, 0, 100, since=0, until=after_s)
-    s = job_status(ledger, "ramp", start + after_s)
-    left = max(fleet.answered) - after_s
-    assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (s.eta_s, left)
-
-
-@pytest.mark.parametrize("after_s", [30, 45, 60, 90])
-def test_eta_after_a_rebuild_is_the_time_the_rest_takes_at_the_fleets_rate_now(
-    ledger: Ledger, after_s: int,
-) -> None:
-    # The job ran an hour; Redis lost its data; `rebuild` put back what the sink holds (27,000
-    # prompts written) and the workers went on at a second 40 of a minute, their concurrency
-    # back at 128 after 28 s: the window counts the 20 s before the first answer.
-    manifest = make_job(ledger, "lost", "/tmp/out", prompts=30000, batch_size=100,
-                        created_at=NOW - 3600)
-    written = 27000
-    ledger.r.flushdb()
-    ledger.rounds.restore(manifest, done=[keys.batch_id(i) for i in range(1, written // 100 + 1)],
-                   rounds=[], last_round=0,
-                   written={"prompts_done": written, "prompts_failed": 0},
-                   live={"prompts_done": written, "latency_s": written * 20.0,
-                         "output_tokens": written * 100.0, "finish_stop": written})
-    fleet = Fleet(prompts=3000, slots=128, answer_s=20.0, doubling_s=4.0)
-    went_on = NOW + 40
-    run_fleet(ledger, "lost", fleet, went_on, written, 100, since=0, until=after_s)
-    s = job_status(ledger, "lost", went_on + after_s)
-    assert s.done == written
-    left = max(fleet.answered) - after_s
-    assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (s.eta_s, left)
-
-
-@pytest.mark.parametrize("shared", [True, False], ids=["one-worker-runs-both", "a-worker-each"])
-@pytest.mark.parametrize("after_s", [45, 120, 300])
-def test_jobs_sharing_the_fleet_each_count_only_their_own_requests_in_flight_for_the_eta(
-    ledger: Ledger, shared: bool, after_s: int,
-) -> None:
-    # Two jobs of 20 s answers, each getting 64 of the fleet's 128 slots: on one worker running
-    # both jobs' batches side by side, or on a worker each. The registry counts each worker's
-    # requests of every job (128 in all); each job answers at 64 / 20 s, not 128 / 20 s.
-    fleet = Fleet(prompts=2000, slots=64, answer_s=20.0, doubling_s=4.0)
-    start = NOW - 5
-    for job, worker in (("one", "gpu0@a"), ("two", "gpu0@a" if shared else "gpu1@b")):
-        make_job(ledger, job, "/tmp/out", prompts=2000, batch_size=100, created_at=start)
-        run_fleet(ledger, job, fleet, start, 0, 100, since=0, until=after_s, worker=worker)
-    if shared:
-        register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=start + after_s - 1,
-                 in_flight=2 * fleet.in_flight(after_s))
-    left = max(fleet.answered) - after_s
-    for job in ("one", "two"):
-        s = job_status(ledger, job, start + after_s)
-        assert s.in_flight == fleet.in_flight(after_s) == 64
-        assert s.eta_s is not None and left / 1.5 <= s.eta_s <= left * 1.5, (job, s.eta_s, left)
-
-
 def test_a_finished_jobs_recent_rate_is_the_one_it_ended_at_however_late_it_is_read(
     ledger: Ledger,
 ) -> None:
@@ -1021,19 +624,6 @@ def test_a_finished_jobs_recent_rate_is_the_one_it_ended_at_however_late_it_is_r
         assert s.state == "done"
         assert (s.rate.window_s, s.rate.prompts_per_s_5m) == (180, 2.0), later
         assert "last 3m00s before it stopped 2.00 prompts/s" in render(s)
-
-
-def test_a_paused_jobs_recent_rate_is_the_one_it_was_paused_at(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from producer.control import pause
-
-    half_done_job(ledger)  # its last minute: 24 answers, b000006 written at NOW
-    with ledger_time(monkeypatch, NOW):
-        pause(ledger, "half")
-    rates = {(s.rate.window_s, s.rate.prompts_per_s_5m)
-             for s in (job_status(ledger, "half", NOW + t) for t in (1, 90, 400, 3600))}
-    assert rates == {(60, 0.4)}
 
 
 def fleet_row(**fields: Any) -> FleetRow:

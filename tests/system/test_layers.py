@@ -47,7 +47,7 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
     # types, the one reader of a server's info and /metrics (advise samples servers through
     # it), the server kinds whose gauges that reader knows, and the names of queues and ports
     # (the launcher gives each worker its metrics port).
-    shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact", "fleetgen.server_info",
+    shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact",
               "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys"}
     for module in ("launcher.node", "launcher.logs"):
         loaded = {m for m in _loaded_by(module) if not m.startswith("fleetgen.servers._")}

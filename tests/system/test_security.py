@@ -97,7 +97,7 @@ def test_settings_never_show_the_redis_password_or_the_api_key(tmp_path: Path) -
     assert settings.redis_url == "redis://:pw-from-file@127.0.0.1:7000/2"
     assert "pw-from-file" not in repr(settings) and "key-123" not in repr(settings)
     with pytest.raises(SettingsError, match=r"http://u:\*\*\*@gpu0:30000") as refused:
-        Settings(sglang_url="http://u:hidden@gpu0:30000")
+        Settings(server_url="http://u:hidden@gpu0:30000")
     assert "hidden" not in str(refused.value)
     with pytest.raises(SettingsError, match="no such secret file"):
         Settings.from_env({"FLEETGEN_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})

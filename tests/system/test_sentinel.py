@@ -121,13 +121,24 @@ def test_a_sentinel_redis_url_names_the_sentinels_and_carries_the_masters_passwo
     url = "sentinel://s1:26379/2;sentinel://s2:26380;sentinel://s3"
     settings = Settings(redis_url=with_password(url, "p@ss"), redis_master_name="fleet")
     assert settings.redis_url.startswith("sentinel://:p%40ss@s1:26379/2;sentinel://s2:26380")
-    assert settings.redis_endpoints() == [("s1", 26379), ("s2", 26380), ("s3", 6379)]
-    assert redisconn.sentinels(settings.redis_url)[2] == ("s3", redisconn.SENTINEL_PORT)
     client = redisconn.client(settings.redis_url, "fleet")
     pool = client.connection_pool
     assert (pool.connection_kwargs["password"], pool.connection_kwargs["db"]) == ("p@ss", 2)
     assert "p@ss" not in repr(settings)
     client.close()
+
+
+@pytest.mark.parametrize(("url", "named"), [
+    ("sentinel://:pw@s1:26380/2;sentinel://s2;sentinel://s3:26381",
+     [("s1", 26380), ("s2", redisconn.SENTINEL_PORT), ("s3", 26381)]),
+    ("redis://:pw@db.internal/0", [("db.internal", redisconn.REDIS_PORT)]),
+    ("redis://127.0.0.1:6390/1", [("127.0.0.1", 6390)]),
+    ("unix:///run/valkey.sock", [("127.0.0.1", redisconn.REDIS_PORT)]),
+])
+def test_a_redis_url_names_its_servers_each_sentinel_at_26379_and_redis_at_6379_unless_given(
+    url: str, named: list[tuple[str, int]],
+) -> None:
+    assert redisconn.endpoints(url) == named
 
 
 @pytest.mark.e2e

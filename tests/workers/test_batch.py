@@ -21,8 +21,7 @@ import pytest
 from fleetgen import keys
 from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
 from fleetgen.ledger import Batches, Jobs, Leases, Ledger
-from fleetgen.server_info import parse_server_info
-from fleetgen.servers import KINDS, Server
+from fleetgen.servers import KINDS, Server, parse_server_info
 from fleetgen.settings import Settings
 from fleetgen.sink import LocalSink, open_sink
 from launcher.services import wait_until

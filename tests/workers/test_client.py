@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerDownError
-from fleetgen.server_info import server_capacity
+from fleetgen.servers import server_capacity
 from tests.sim_helpers import chat_body, free_port, running_sim
 from workers.client import ServerClient
 

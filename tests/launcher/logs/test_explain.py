@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.server_info import parse_server_info
+from fleetgen.servers import parse_server_info
 from launcher.logs import CapacityFacts, capacity_from_server_info, read_capacity
 from launcher.logs import explain as main
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from fleetgen.server_info import ServerInfo, parse_server_info
+from fleetgen.servers import ServerInfo, parse_server_info
 from launcher import node
 from launcher.node import (
     Child,

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetgen.server_info import parse_server_info
+from fleetgen.servers import parse_server_info
 from launcher.logs import PrefillBatch, parse_line
 from launcher.sim import info as sim_info
 from launcher.sim.capacity import plan_capacity
