@@ -353,6 +353,9 @@ class _Sender:
     async def generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], lease: Lease, origin: Origin,
     ) -> dict[str, dict[str, Any]]:
+        """The records of `todo`'s answers by key, each checkpointed as it came; why the batch
+        stops (raised) when some were not sent: the worker stopping, the server out of
+        rotation, the job paused, the lease lost."""
         try:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.

@@ -89,9 +89,8 @@ def _start(sender: Any = None, **_: Any) -> None:
     global _reconciler
     # One line per request at INFO would drown the lifecycle lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    runtime.runner()
-    backend = runtime.backend
-    assert backend is not None
+    runner = runtime.runner()
+    backend = runner.backend
     backend.registration.publish()
     port = metrics.exporter_port(settings.metrics_port, runtime.queues)
     if port is not None:
@@ -105,7 +104,6 @@ def _start(sender: Any = None, **_: Any) -> None:
     _reconciler.start()
     # Last: what the worker built so far lives as long as it does (runtime.tune_gc).
     tune_gc()
-    runner = runtime.runner()
     with contextlib.suppress(ServerDownError):
         # A moment for the server's first answer, so the line says what the worker makes of it.
         runner.loop.run(backend.discovery.connected(READY_LINE_WAIT_S))
