@@ -1,7 +1,7 @@
 """The worker registry and the live per-GPU table: every registered worker and what its server
 says right now.
 
-Workers register a `WorkerEntry` every few seconds (workers/engine.py `_register`), with what
+Workers register a `WorkerEntry` every few seconds (workers/registration.py), with what
 their server said at that moment, the URL they use (`local_server`) and the URL other nodes can
 use (`server`, fleetgen/advertise.py). `read_fleet` reads `/metrics` and `/server_info` live, all
 at once and under one short deadline: this node's servers at their local URL (one that does not
@@ -140,7 +140,7 @@ class ServerHealth:
 class WorkerEntry:
     """A worker's registry entry: who it is, what it consumes and serves, how busy it is.
 
-    The worker writes it every beat (workers/engine.py `_register`); `registry` reads them all.
+    The worker writes it every beat (workers/registration.py); `registry` reads them all.
 
         await live.publish_worker(entry.worker, entry.to_json())
     """

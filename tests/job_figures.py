@@ -142,7 +142,7 @@ def ledger_time(monkeypatch: pytest.MonkeyPatch, now: float) -> Iterator[None]:
 
 
 def register(ledger: Ledger, worker: str, server: str, age_s: float = 1.0, **extra: Any) -> None:
-    """A registry entry as workers/engine.py `_register` writes it: a worker of this node
+    """A registry entry as workers/registration.py writes it: a worker of this node
     whose server published nothing readable, unless `extra` says otherwise."""
     fields = {"worker": worker, "host": socket.gethostname(), "pid": 1,
               "queues": [keys.SHARED_QUEUE], "last_error": None,

@@ -14,6 +14,10 @@ SGLang, vLLM), else each as a request of its own. The request is the unit of fai
 cause is classified once and every answer it carries is retried, failed or held by it, as a
 lone answer's request would be; each choice of its reply is its answer's record, checkpointed
 one by one. A server that refuses `n` is learned from and the request's answers go one by one.
+
+The batch's lease (workers/lease.py) is taken once and ended once; the requests go through the
+worker's view of its server (workers/backend.py), the one place that knows its limit, health
+and rotation; what the worker holds is counted in its backlog (workers/backlog.py) for the gate.
 """
 
 from __future__ import annotations
@@ -23,31 +27,29 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 
-from fleetgen import breaker, keys
+from fleetgen import breaker, canary, keys
 from fleetgen.checkpoints import CheckpointWriter, Entry
 from fleetgen.errors import (
     BadRequestError,
     GenerationError,
     JobError,
     JobNotRunningError,
-    LeaseLostError,
     ModelChoiceError,
     OverloadedError,
     RetryableError,
     ServerDownError,
     ServerSickError,
-    SinkError,
     WorkerStoppingError,
 )
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.liveledger import LiveLedger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
@@ -62,10 +64,14 @@ from fleetgen.records import (
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
 from fleetgen.servers import ChatCompletion, RequestBody
+from fleetgen.settings import Settings
 from fleetgen.sink import Sink, batch_records, open_sink
 from workers import metrics
-from workers.engine import Backlog, Engine
-from workers.heartbeat import cancel, follow, keep_lease, stop_heartbeat
+from workers.backend import Backend
+from workers.backlog import Backlog, Delivery
+from workers.bridge import LoopThread
+from workers.heartbeat import cancel
+from workers.lease import Lease
 from workers.preflight import SinkChecks
 from workers.quality import QualityWatch
 
@@ -105,8 +111,14 @@ class Prompt:
         return answer_key(self.id, self.sample)
 
 
+# Where each answer's record goes the moment it is final (BatchRunner._checkpoint).
+Checkpoint = Callable[[JobManifest, str, Prompt, OutputRecord], Awaitable[None]]
+
+
 @dataclass
 class Outcome:
+    """How one delivery of a batch ended here, and its counts (the task's result)."""
+
     status: str
     batch: str
     done: int = 0
@@ -114,115 +126,47 @@ class Outcome:
     resumed: int = 0
     attempt: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a leased run of a batch ended, as its release and its metrics need it (`ending`)."""
-
-    status: str
-    # The attempt taken with the lease counts toward FLEETGEN_BATCH_MAX_ATTEMPTS.
-    spent: bool = False
-    # The heartbeat found the lease taken over or could not renew it: the attempt is given back
-    # by hand if the release finds the lease gone (a release refunds only a lease it holds).
-    lease_lost: bool = False
-    # The error ends here, as an Outcome of this status; otherwise it goes on to the task,
-    # which requeues a hand-back and lets Celery record anything else.
-    handled: bool = False
-
-
-def ending(ended: Outcome | BaseException) -> Ending:
-    """How a leased run that returned or raised `ended` ends; the one place that decides
-    whether its attempt is spent or refunded.
-
-    An attempt is spent only if the worker dies holding the batch (no release runs then) or
-    the run meets an error nobody planned for; a finished batch and every planned hand-back
-    give it back.
-    """
-    if isinstance(ended, Outcome):
-        return Ending(ended.status)
-    if isinstance(ended, LeaseLostError):
-        # Another copy owns the batch now, or will. This worker is alive and noticed, so the
-        # batch did not kill it (a Redis outage longer than the lease does this).
-        return Ending("stopped", lease_lost=True, handled=True)
-    if isinstance(ended, JobError):
-        # Paused, cancelled, or its input is missing (the job was paused for that): `resume`
-        # re-dispatches it.
-        return Ending("handed-back", handled=True)
-    if isinstance(ended, (ServerDownError, WorkerStoppingError, SinkError)):
-        # The server or the sink stayed down, or this worker is stopping: not the batch's
-        # fault, and the task requeues it.
-        return Ending("handed-back")
-    if isinstance(ended, Exception):
-        return Ending("error", spent=True)
-    # Interrupted (SystemExit, KeyboardInterrupt, a cancelled coroutine): the worker is going
-    # away, and its release hands the batch back.
-    return Ending("error")
-
-
-@dataclass
-class _Delivery:
-    """One request on its way to the server, carrying `answers` answers: whether the backlog
-    counts them sent, and how long its tries waited for slots."""
-
-    backlog: Backlog
-    answers: int = 1
-    sent: bool = False
-    queue_wait_s: float = 0.0
-
-    def leaves(self) -> None:
-        """Its request goes out now: the backlog counts it sent (once, whatever its tries)."""
-        if not self.sent:
-            self.sent = True
-            self.backlog.add(unsent=-self.answers, sent=self.answers)
-
-    def server_lost(self) -> None:
-        """Its server went down: unsent again until the server is back, so the worker takes
-        no new batch meanwhile (gate.py)."""
-        if self.sent:
-            self.sent = False
-            self.backlog.add(unsent=self.answers)
-
-    def hand_on(self) -> None:
-        """Its answers go as requests of their own (`_Split`): theirs to count from here."""
-        self.backlog.add(unsent=self.answers if self.sent else 0,
-                         sent=-self.answers if self.sent else 0)
-        self.answers, self.sent = 0, False
-
-    def ends(self) -> None:
-        """The request is done with (answered, failed or held): out of the unsent count."""
-        if not self.sent:
-            self.backlog.add(unsent=-self.answers)
-
 
 class BatchRunner:
     """Executes batches for one worker process; shared by its Celery pool threads."""
 
-    def __init__(self, engine: Engine, ledger: Ledger) -> None:
-        self.engine = engine
+    def __init__(self, settings: Settings, loop: LoopThread, backend: Backend, live: LiveLedger,
+                 ledger: Ledger) -> None:
+        self.settings = settings
+        self.loop = loop
+        self.backend = backend
         self.ledger = ledger
-        self.settings = engine.settings
+        self.worker = backend.worker
+        self._live = live
         self._sinks: dict[str, Sink] = {}
-        self.sink_checks = SinkChecks(engine.worker, self.settings.sink_recheck_s)
+        self.sink_checks = SinkChecks(self.worker, settings.sink_recheck_s)
+        # What this worker holds, for the consumer gate (gate.py).
+        self.backlog = Backlog()
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
-        self._quality, self._checkpoints = engine.run(self._register())
+        self._quality, self._checkpoints = loop.run(self._register())
+        self._sender = _Sender(settings, backend, self.backlog, self._quality, self._checkpoint)
 
     async def _register(self) -> tuple[QualityWatch, CheckpointWriter]:
-        live = self.engine.live
+        live = self._live
         quality = QualityWatch(live)
         failures = breaker.Breaker(live, breaker.Limits.of(self.settings), quality.trip)
-        writer = CheckpointWriter(live.r, self.engine.worker, quality.judge, quality.window,
+        writer = CheckpointWriter(live.r, self.worker, quality.judge, quality.window,
                                   self.settings.checkpoint_window_s, failures.judge,
                                   failures.kept)
         return quality, writer
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
         # Runs on the loop, where the canary reads its thresholds and held jobs.
-        self._quality.watch(job, manifest.canary, manifest.answers)
+        spec = manifest.canary
+        self._quality.watch(job, canary.Thresholds(**spec) if spec else canary.Thresholds(),
+                            manifest.answers)
         self._quality.hold(job, False)  # the job is running again (checked in _run)
+
+    def drain(self) -> None:
+        """Warm shutdown began: batches in hand stop sending, finish what is at the server and
+        go back to the queue, so the worker exits in about one request's time, not a batch's."""
+        self._sender.draining = True
 
     def sink(self, uri: str) -> Sink:
         if uri not in self._sinks:
@@ -230,7 +174,7 @@ class BatchRunner:
         return self._sinks[uri]
 
     def run(self, job: str, batch: str) -> Outcome:
-        backlog = self.engine.backlog
+        backlog = self.backlog
         backlog.add(batches=1, loading=1)
         self._loading.value = True
         try:
@@ -247,92 +191,61 @@ class BatchRunner:
             # Paused or cancelled: drop this delivery; `resume` re-dispatches what is not done.
             self.ledger.batches.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
-        self.engine.run(self._watch(job, manifest))
+        self.loop.run(self._watch(job, manifest))
         # Before the lease: a job whose output this worker cannot use goes back unstarted.
         sink = self.sink_checks.require(job, lambda: self.sink(manifest.output))
         if self.ledger.batches.is_done(job, batch):
-            self.ledger.batches.finish(job, batch, {}, self.engine.worker, [])
+            self.ledger.batches.finish(job, batch, {}, self.worker, [])
             return Outcome(status="already-done", batch=batch)
-        token = f"{self.engine.worker}/{uuid.uuid4().hex[:12]}"
-        attempt = self.ledger.leases.acquire(job, batch, token, self.settings.lease_ttl_s)
-        if attempt is None:
+        lease = Lease.acquire(self.ledger, self.loop, self._live, self.settings, self.worker,
+                              job, batch, self._quality.hold)
+        if lease is None:
             return Outcome(status="owned-elsewhere", batch=batch)
-        return self._run_leased(manifest, sink, batch, token, attempt)
+        return self._run_leased(manifest, sink, lease)
 
-    def _run_leased(self, manifest: JobManifest, sink: Sink, batch: str, token: str,
-                    attempt: int) -> Outcome:
-        """Run the batch under the lease `token` holds, then release it, its attempt spent or
-        refunded as `ending` says."""
-        job = manifest.name
-        # Renewed from here to the release: reading the input, generating and writing may each
-        # wait out a sink outage, and a lease that lapsed meanwhile would send the batch to
-        # another worker and spend an attempt.
-        heartbeat = self.engine.run(self._start_heartbeat(job, batch, token))
+    def _run_leased(self, manifest: JobManifest, sink: Sink, lease: Lease) -> Outcome:
+        """Run the batch under its lease, then end the lease, its attempt spent or refunded as
+        `ending` says for what the run returned or raised."""
+        job, batch = manifest.name, lease.batch
         started = time.monotonic()
         try:
-            outcome = self._leased(manifest, sink, batch, heartbeat, attempt)
-            end = ending(outcome)
-            return outcome
+            outcome = self._leased(manifest, sink, lease)
         except BaseException as exc:
-            end = ending(exc)
-            if end.spent:
-                self._note_cause(job, batch, exc)
+            end = lease.end(exc)
             if not end.handled:
                 raise
             # Stopped without writing: finished prompts stay in the checkpoint for whoever
             # runs the batch next.
             log.warning("batch %s/%s: %s (%s)", job, batch, end.status, exc)
-            return Outcome(status=end.status, batch=batch, attempt=attempt)
+            return Outcome(status=end.status, batch=batch, attempt=lease.attempt)
+        else:
+            lease.end(outcome.status)
+            return outcome
         finally:
-            self._release(job, batch, token, heartbeat, end)
-            metrics.batch_finished(job, self.engine.worker, self.engine.server_url,
-                                   duration_s=time.monotonic() - started, status=end.status)
-
-    def _note_cause(self, job: str, batch: str, exc: BaseException) -> None:
-        """Keep why the batch spent an attempt: the reason its prompts get at the limit."""
-        cause = f"{self.engine.worker}: {type(exc).__name__}: {exc}"
-        on_redis(f"batch {job}/{batch}: note cause",
-                 lambda: self.ledger.leases.note_cause(job, batch, cause))
-
-    def _release(self, job: str, batch: str, token: str, heartbeat: asyncio.Task[None],
-                 end: Ending) -> None:
-        """Stop the heartbeat and give the lease back, refunding the attempt unless the run
-        spent it."""
-        self.engine.run(stop_heartbeat(heartbeat))
-        released = on_redis(f"batch {job}/{batch}: release",
-                            lambda: self.ledger.leases.release(job, batch, token, refund=not end.spent))
-        if end.lease_lost and not released:
-            on_redis(f"batch {job}/{batch}: refund", lambda: self.ledger.leases.refund(job, batch))
-
-    async def _start_heartbeat(self, job: str, batch: str, token: str) -> asyncio.Task[None]:
-        return asyncio.create_task(keep_lease(self.engine.live, self.settings, job, batch, token,
-                                              self._quality.hold))
+            if lease.ending is not None:
+                metrics.batch_finished(job, self.worker, self.backend.server_url,
+                                       duration_s=time.monotonic() - started,
+                                       status=lease.ending.status)
 
     def _sink_call(self, call: Callable[[], T]) -> T:
         """A sink read or write, ridden through an outage up to the sink deadline."""
         return on_sink(call, deadline_s=self.settings.sink_retry_deadline_s)
 
-    def _leased(
-        self, manifest: JobManifest, sink: Sink, batch: str, heartbeat: asyncio.Task[None],
-        attempt: int,
-    ) -> Outcome:
+    def _leased(self, manifest: JobManifest, sink: Sink, lease: Lease) -> Outcome:
         """The batch's work under its lease: counted from the sink if a copy wrote it already,
         else generated from its checkpoint on and written."""
-        job = manifest.name
+        job, batch = manifest.name, lease.batch
         if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
             # Written, but its worker died before recording it: count it from the sink.
             counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
-            self.ledger.batches.finish(job, batch, counts, self.engine.worker, [])
-            return Outcome(status="already-done", batch=batch, attempt=attempt)
-        return self._generate_and_write(manifest, sink, batch, heartbeat, attempt)
+            self.ledger.batches.finish(job, batch, counts, self.worker, [])
+            return Outcome(status="already-done", batch=batch, attempt=lease.attempt)
+        return self._generate_and_write(manifest, sink, lease)
 
-    def _generate_and_write(
-        self, manifest: JobManifest, sink: Sink, batch: str, heartbeat: asyncio.Task[None],
-        attempt: int,
-    ) -> Outcome:
+    def _generate_and_write(self, manifest: JobManifest, sink: Sink, lease: Lease) -> Outcome:
         """Read the input, send what the checkpoint lacks (or fail it past the attempts'
         limit), write the batch's objects and record it."""
-        job = manifest.name
+        job, batch, attempt = manifest.name, lease.batch, lease.attempt
         raw = self._sink_call(lambda: sink.get(keys.sink_input(job, batch)))
         if raw is None:
             # Enqueue makes a job runnable only once every input is stored, so this input was
@@ -343,22 +256,21 @@ class BatchRunner:
             raise JobError(f"{where} is missing")
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
         finished = self.ledger.batches.checkpoint(job, batch)
-        origin = Origin(self.engine.server_url, self.engine.worker, attempt)
         todo = [p for p in prompts if p.key not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
-            attempt = self._settled_attempts(job, batch, attempt)
-            origin = Origin(self.engine.server_url, self.engine.worker, attempt)
+            attempt = lease.settled_attempts()
+        origin = Origin(self.backend.server_url, self.worker, attempt)
         if todo and attempt > self.settings.batch_max_attempts:
-            new = self.engine.run(self._give_up(manifest, batch, todo, origin))
+            new = self.loop.run(self._give_up(manifest, batch, todo, origin))
             finished.update(new)
             todo = []
-        self.engine.backlog.add(loading=-1, unsent=len(todo))
+        self.backlog.add(loading=-1, unsent=len(todo))
         self._loading.value = False
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
             try:
-                new = self.engine.run(self._generate(manifest, batch, todo, heartbeat, origin))
+                new = self.loop.run(self._sender.generate(manifest, batch, todo, lease, origin))
             except ModelChoiceError as exc:
                 # Every prompt would fail the same way: stop the job where an operator sees it.
                 self.ledger.jobs.set_state(job, STATE_PAUSED, f"model: {exc}")
@@ -367,20 +279,6 @@ class BatchRunner:
         self._write(manifest, sink, batch, prompts, finished)
         failed = sum(1 for r in finished.values() if is_failure(r))
         return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
-
-    def _settled_attempts(self, job: str, batch: str, attempt: int) -> int:
-        """The batch's spent attempts once late refunds have landed (this one included).
-
-        A live worker that lost its lease in a Redis outage gives its attempt back only when
-        Redis is back, which can be after the reconciler re-dispatched the batch and this copy
-        counted it. Before failing prompts on the limit, wait one lease period for them.
-        """
-        deadline = time.monotonic() + self.settings.lease_ttl_s
-        while attempt > self.settings.batch_max_attempts and time.monotonic() < deadline:
-            time.sleep(min(1.0, self.settings.lease_renew_s))
-            attempt = on_redis(f"batch {job}/{batch}: attempts",
-                               lambda: self.ledger.leases.attempts(job, batch))
-        return attempt
 
     async def _give_up(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], origin: Origin
@@ -423,16 +321,47 @@ class BatchRunner:
             lambda: list(batch_records(sink, job, batch))))
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
         on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish(
-            job, batch, counts, self.engine.worker, reasons if wrote else [], size))
+            job, batch, counts, self.worker, reasons if wrote else [], size))
 
-    async def _generate(
-        self, manifest: JobManifest, batch: str, todo: list[Prompt], heartbeat: asyncio.Task[None],
-        origin: Origin,
+    async def _checkpoint(
+        self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
+    ) -> None:
+        thinking = manifest.params.thinking_of(prompt.body)
+        await self._checkpoints.add(Entry(
+            job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
+            counters=counters(record, thinking=thinking),
+            # What the canary keeps of the answer, or nothing when it is off.
+            fact=(orjson.dumps(canary.sample(record, thinking))
+                  if self._quality.window(manifest.name) else b""),
+            outcome=breaker.outcome(record),
+        ))
+
+
+class _Sender:
+    """Sends a batch's unanswered prompts to the server: a request per prompt's answers that sit
+    together, its failures classified once, each answer's record checkpointed as it is final."""
+
+    def __init__(self, settings: Settings, backend: Backend, backlog: Backlog,
+                 quality: QualityWatch, checkpoint: Checkpoint) -> None:
+        self.settings = settings
+        self._backend = backend
+        self._backlog = backlog
+        self._quality = quality
+        self._checkpoint = checkpoint
+        self._worker, self._server_url = backend.worker, backend.server_url
+        # Set at the start of a warm shutdown: batches send no new request and are handed back.
+        self.draining = False
+
+    async def generate(
+        self, manifest: JobManifest, batch: str, todo: list[Prompt], lease: Lease, origin: Origin,
     ) -> dict[str, OutputRecord]:
+        """The records of `todo`'s answers by key, each checkpointed as it came; why the batch
+        stops (raised) when some were not sent: the worker stopping, the server out of
+        rotation, the job paused, the lease lost."""
         try:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
-                watch = group.create_task(follow(heartbeat))
+                watch = group.create_task(lease.held())
                 asks = [group.create_task(self._ask(manifest, batch, ask, origin))
                         for ask in _asks(todo)]
                 # The asks are todo's answers cut in order: their outcomes line up with it.
@@ -445,12 +374,12 @@ class BatchRunner:
         held = {r.why for r in records if isinstance(r, _Held)}
         unsent = len(todo) - len(results)
         if _Held.STOPPING in held:
-            raise WorkerStoppingError(f"worker {self.engine.worker} is stopping; batch "
+            raise WorkerStoppingError(f"worker {self._worker} is stopping; batch "
                                       f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
         if _Held.OUT in held:
             raise ServerSickError(
-                f"{self.engine.server_url} went out of rotation "
-                f"({self.engine.watch.rotation.reason or 'since back'}); batch "
+                f"{self._server_url} went out of rotation "
+                f"({self._backend.watch.rotation.reason or 'since back'}); batch "
                 f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
         if unsent:
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
@@ -479,7 +408,8 @@ class BatchRunner:
         down-wait is sent one request per answer (always right; each request then waits for
         the server on its own)."""
         with contextlib.suppress(ServerDownError):
-            return (await self.engine.connected(self.settings.server_down_wait_s)).takes_n
+            server = await self._backend.discovery.connected(self.settings.server_down_wait_s)
+            return server.takes_n
         return False
 
     async def _prompt(
@@ -487,7 +417,7 @@ class BatchRunner:
     ) -> list[OutputRecord | _Held]:
         """The checkpointed records of the answers of one request, or why it was not sent
         (`_Held`, for each); `_Split` when the server refused `n`."""
-        delivery = _Delivery(self.engine.backlog, len(ask))
+        delivery = Delivery(self._backlog, len(ask))
         try:
             records = await self._generate_one(manifest, ask, origin, delivery)
         except _Held as held:
@@ -503,7 +433,7 @@ class BatchRunner:
         return list(records)
 
     async def _generate_one(
-        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery
+        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: Delivery
     ) -> list[OutputRecord]:
         """The final records (answers or failures) of one request's answers, in `ask`'s order.
 
@@ -515,7 +445,7 @@ class BatchRunner:
         unsent (`_Held`).
         """
         settings = self.settings
-        watch = self.engine.watch
+        watch = self._backend.watch
         tries = 0
         answers = watch.rotation.answers
 
@@ -548,23 +478,23 @@ class BatchRunner:
         """Whether a prompt whose every try failed for a server-side reason failed for its own:
         the server answered other requests since its first try, or answers a probe now. If not,
         the server is taken out of rotation."""
-        engine = self.engine
-        if not engine.in_rotation:
+        backend = self._backend
+        if not backend.checks.in_rotation:
             return False
-        if engine.watch.rotation.answers > answers:
+        if backend.watch.rotation.answers > answers:
             return True
         try:
-            await engine.probe()
+            await backend.discovery.probe()
         except (BadRequestError, OverloadedError):
             return True
         except GenerationError as probe_error:
-            engine.eject(f"a prompt's {tries} tries failed ({exc.message[:120]}) and so did a "
+            backend.checks.eject(f"a prompt's {tries} tries failed ({exc.message[:120]}) and so did a "
                          f"probe ({probe_error.message[:120]})")
             return False
         return True
 
     async def _send(
-        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: _Delivery,
+        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: Delivery,
     ) -> tuple[ChatCompletion, float]:
         """One try: a slot per answer, the request (`n` of them when `ask` holds several, with
         the first one's body and seed), its answer and latency.
@@ -578,63 +508,63 @@ class BatchRunner:
         job = manifest.name
         prompt = ask[0]
         thinking = manifest.params.thinking_of(prompt.body)
-        engine = self.engine
+        backend = self._backend
+        checks, in_flight = backend.checks, backend.in_flight
         while True:
             try:
-                server = await engine.connected(self.settings.server_down_wait_s)
+                server = await backend.discovery.connected(self.settings.server_down_wait_s)
                 if len(ask) > 1 and not server.takes_n:
                     raise _Split
                 body = server.prepare(prompt.body, thinking=thinking, n=len(ask))
                 waited = time.monotonic()
-                async with engine.limiter.slots(len(ask)):
+                async with in_flight.slots(len(ask)):
                     self._may_send(job)
                     delivery.leaves()
                     delivery.queue_wait_s += time.monotonic() - waited
                     start, response = await self._exchange(job, _name(ask), body, origin)
                 latency = time.monotonic() - start
                 for _ in ask:
-                    engine.answered()
+                    in_flight.answered()
                 return response, latency
             except OverloadedError:
                 # Refused, and /health fails too: a server starting or draining, not a full one.
                 delivery.server_lost()
-                engine.server_failed()
-                await engine.wait_ready(self.settings.server_down_wait_s)
+                checks.server_failed()
+                await checks.wait_ready(self.settings.server_down_wait_s)
             except BadRequestError as exc:
-                engine.refused(exc)
+                checks.refused(exc)
                 learned = server.learn(exc.status, exc.message, body, prompt.body)
                 if learned is not None:
-                    log.warning("worker %s: %s %s (it answered %s)", engine.worker,
-                                engine.server_url, learned, exc.message[:200])
+                    log.warning("worker %s: %s %s (it answered %s)", self._worker,
+                                self._server_url, learned, exc.message[:200])
                 elif len(ask) > 1 and not server.takes_n:
                     raise _Split from None  # another request learned it meanwhile
                 elif not server.resend(body, prompt.body, thinking=thinking):
                     raise
             except RetryableError as exc:
-                if engine.request_failed(exc):
+                if checks.request_failed(exc):
                     raise _Held(_Held.OUT) from None  # the prompt goes back unsent
                 raise
             except ServerDownError as exc:
                 # Not the prompt's fault: wait for the server, spend no attempt.
-                engine.server_failed()
+                checks.server_failed()
                 delivery.server_lost()
                 waited = time.monotonic()
-                await engine.wait_ready(self.settings.server_down_wait_s)
+                await checks.wait_ready(self.settings.server_down_wait_s)
                 if time.monotonic() - waited < UP_AT_ONCE_S:
                     # /health answered at once: the server is up and dropped this request (a
                     # reset): its failure, counted and resent within the budget like a 5xx.
-                    if engine.request_failed(exc):
+                    if checks.request_failed(exc):
                         raise _Held(_Held.OUT) from None
-                    await engine.watch.budget.resend()
+                    await backend.watch.budget.resend()
 
     def _may_send(self, job: str) -> None:
         """Raise `_Held` when the prompt must not be sent now, with why."""
-        engine = self.engine
-        if engine.draining:
+        if self.draining:
             raise _Held(_Held.STOPPING)
         if job in self._quality.held:
             raise _Held(_Held.PAUSED)
-        if not engine.in_rotation:
+        if not self._backend.checks.in_rotation:
             raise _Held(_Held.OUT)
 
     async def _exchange(self, job: str, name: str, body: RequestBody,
@@ -643,35 +573,24 @@ class BatchRunner:
         refusal for a full server is waited out here, the slot kept, so that it frees no slot
         for the next request to be refused in turn; the wait is the server's Retry-After or the
         backoff, then a resend token. A refusal while /health fails too is raised (down)."""
-        engine = self.engine
+        backend = self._backend
         refusals = 0
         while True:
             start = time.monotonic()
             metrics.request_started(job, origin.worker, origin.server)
             try:
-                return start, await engine.client.chat(body)
+                return start, await backend.chat(body)
             except OverloadedError as exc:
-                if engine.health_failures:
+                if backend.checks.failures:
                     raise
                 refusals += 1
-                wait_s = engine.overloaded(exc, refusals)
+                wait_s = backend.in_flight.overloaded(exc, refusals)
                 log.debug("prompt %s: %s; sending again in %.1fs", name, exc.message, wait_s)
             finally:
                 metrics.request_ended(job, origin.worker, origin.server)
             await asyncio.sleep(wait_s)
-            await engine.watch.budget.resend()
+            await backend.watch.budget.resend()
             self._may_send(job)
-
-    async def _checkpoint(
-        self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
-    ) -> None:
-        thinking = manifest.params.thinking_of(prompt.body)
-        await self._checkpoints.add(Entry(
-            job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
-            counters=counters(record, thinking=thinking),
-            fact=self._quality.fact(manifest.name, record, thinking),
-            outcome=breaker.outcome(record),
-        ))
 
 
 def _asks(todo: list[Prompt]) -> list[list[Prompt]]:

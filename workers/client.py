@@ -68,7 +68,7 @@ class ServerClient:
         # request event (O(requests x connections)) and cost 2.5-3.4 ms of worker CPU per
         # prompt at the 44 requests a 40-slot server keeps in flight, aiohttp's 1.2-1.7 ms on
         # the same box (docs/development/performance.md, worker overhead). limit=0: the worker's
-        # limiter (engine.py) bounds its concurrency, not the pool (aiohttp's default of 100
+        # limiter (limits.py) bounds its concurrency, not the pool (aiohttp's default of 100
         # would cap a server that runs more at once).
         transport = _aiohttp_transport()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,

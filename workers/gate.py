@@ -1,7 +1,7 @@
 """Stop taking batches while the local server is not ready; take them again when it is.
 
-A consumer bootstep (docs/development/delivery.md#health-gate): the engine probes `/health`
-on its own loop; the worker's timer cancels or re-adds the queue consumers from that reading.
+A consumer bootstep (docs/development/delivery.md#health-gate): the worker's backend probes
+`/health` on its loop (workers/healthcheck.py); the worker's timer cancels or re-adds the queue consumers from that reading.
 Batches wait in Redis meanwhile, so none is failed or burned because its server was down.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 from celery import bootsteps
 
 from fleetgen import keys
+from workers.backlog import Backlog
 from workers.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,15 @@ class ServerGate(bootsteps.StartStopStep):
             self.tref = None
 
     def _apply(self, c: Any) -> None:
-        engine = runtime.engine
-        if engine is None or c.task_consumer is None:
+        backend, backlog = runtime.backend, runtime.backlog
+        if backend is None or backlog is None or c.task_consumer is None:
             return
-        self._feed(c, engine)
+        checks = backend.checks
+        self._feed(c, backlog, backend.in_flight.limit,
+                   healthy=checks.failures == 0 and checks.in_rotation)
         # A server out of rotation (failing what it is sent) takes nothing until a probe is
         # answered: its batches run on the other workers meanwhile.
-        ready = engine.health_failures < CLOSE_AFTER_FAILURES and engine.in_rotation
+        ready = checks.failures < CLOSE_AFTER_FAILURES and checks.in_rotation
         active = {q.name for q in c.task_consumer.queues}
         wanted = [q for q in runtime.queues if q] or [keys.SHARED_QUEUE]
         if not ready and active:
@@ -69,29 +72,27 @@ class ServerGate(bootsteps.StartStopStep):
                 c.cancel_task_queue(queue)
             self.closed_since = time.monotonic()
             log.warning("worker %s: %s %s; stopped taking batches", runtime.worker,
-                        engine.server_url,
-                        "not ready" if engine.in_rotation else "out of rotation")
+                        runtime.server_url,
+                        "not ready" if checks.in_rotation else "out of rotation")
         elif ready and not active:
             for queue in wanted:
                 c.add_task_queue(queue)
             paused = time.monotonic() - (self.closed_since or time.monotonic())
             self.paused_s_total += paused
             log.warning("worker %s: %s ready again after %.1fs; taking batches", runtime.worker,
-                        engine.server_url, paused)
+                        runtime.server_url, paused)
             self.closed_since = None
 
-    def _feed(self, c: Any, engine: Any) -> None:
+    def _feed(self, c: Any, backlog: Backlog, limit: int, *, healthy: bool) -> None:
         """Allow one more batch only when the prompts in hand are about to run out. A server
         that failed its last probe or a request gets nothing more: batches taken now would
         wait here while a healthy GPU could run them."""
-        backlog = engine.backlog
-        low_water = reserve(self.rate.update(time.monotonic(), backlog.sent),
-                            engine.limiter.limit)
+        assert runtime.settings is not None
+        low_water = reserve(self.rate.update(time.monotonic(), backlog.sent), limit)
         _set_prefetch(c, wanted_prefetch(
             batches=backlog.batches, held=held_on_channel(c), loading=backlog.loading,
-            unsent=backlog.unsent, low_water=low_water,
-            healthy=engine.health_failures == 0 and engine.in_rotation,
-            cap=engine.settings.batch_concurrency))
+            unsent=backlog.unsent, low_water=low_water, healthy=healthy,
+            cap=runtime.settings.batch_concurrency))
 
 
 def wanted_prefetch(*, batches: int, held: int | None, loading: int, unsent: int,

@@ -1,10 +1,15 @@
-"""How many requests the worker keeps in flight when the server does not say what it runs.
+"""How many requests the worker keeps in flight at its server, in one place: the limiter that
+holds them, what the limit is sized from, and the controllers that find it for a server that
+does not say what it runs.
 
-Three ways, one per what the server offers (the engine picks; `FLEETGEN_MAX_IN_FLIGHT` beats
-them all):
+All batches of the process share one `Limiter`, sized from what the server really runs at once
+(plus a small margin), so when one batch's tail drains, the next batch's prompts take the free
+slots: the server stays full across batch boundaries. `InFlight` sets its size; where the
+figure comes from depends on the server's kind (fleetgen/servers), one way each
+(`FLEETGEN_MAX_IN_FLIGHT` beats them all):
 
 - SGLang's `/server_info` states the effective concurrency: the worker keeps that plus a small
-  queue margin in flight (fleetgen/servers/_server_info.py). No controller here.
+  queue margin in flight (fleetgen/servers/_server_info.py). No controller.
 - `QueueWatch`, for a server whose `/metrics` shows requests running and waiting (vLLM, an
   SGLang without `/server_info`): the limit doubles each tick while everything sent runs at
   once; once requests wait, what runs beside them is the server's capacity, and the limit is
@@ -18,16 +23,32 @@ them all):
 
 Overload refusals (429, 503) cap all three from above (workers/flow.py `Ceiling`).
 
-Each controller is fed by the engine and answers with the new limit; `how` says, for `status`
-and the worker's log, how the limit was found.
+Each controller is fed by the load watch (workers/load.py) and answers with the new limit;
+`how` says, for `status` and the worker's log, how the limit was found.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+import functools
+import logging
 import math
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fleetgen.errors import OverloadedError
+from fleetgen.servers import CONFIGURED, Server, ServerCapacity, stated_capacity
+from fleetgen.settings import Settings
+from workers import metrics
+from workers.flow import ServerWatch
+
+log = logging.getLogger(__name__)
+# Where limit changes are told: INFO, whatever the worker's log level (like the ready line).
+changes_log = logging.getLogger(f"{__name__}.changes")
+changes_log.setLevel(logging.INFO)
 
 # Limits the controllers start from: small enough for a CPU server, large enough that a GPU
 # server's slots fill within a few seconds.
@@ -52,6 +73,10 @@ FALLEN = 0.75
 # QueueWatch remembers the running count of this many ticks with a queue (a scheduler admits
 # at step boundaries, so one tick may catch a slot between two requests).
 QUEUE_MEMORY = 10
+# The answer rate a probe's wait is multiplied by is measured over this window.
+ANSWER_RATE_S = 10.0
+# The worker logs a change of its in-flight limit at most this often (the newest is kept).
+LIMIT_LOG_EVERY_S = 10.0
 
 
 class QueueWatch:
@@ -84,7 +109,7 @@ class QueueWatch:
 
 class QueueProbe:
     """The limit from how long a one-token request waits at the server (no capacity endpoint,
-    no load gauges): the engine sends one a second while requests are in flight.
+    no load gauges): the load watch sends one a second while requests are in flight.
 
     A server with a free slot starts a new request at its next step, so the probe comes back in
     about the time of the fastest probe seen; a full server queues it until a slot frees. The
@@ -140,3 +165,286 @@ class QueueProbe:
             self.how = (f"probe: no wait at {in_flight} in flight; growing to {self.limit}"
                         + (f" (~{self.capacity} measured)" if self.capacity else ""))
         return self.limit
+
+
+def queue_margin(settings: Settings, capacity: int) -> int:
+    """Requests kept waiting at the server beyond what it runs, so no slot idles while the next
+    request travels."""
+    return max(settings.queue_margin, int(capacity * settings.queue_margin_ratio))
+
+
+class Limiter:
+    """A semaphore whose size can change while requests hold it; waiters are served in order.
+
+    A slot is one answer in flight, not one request: a request that asks several answers of
+    a prompt (`n`) holds one slot per answer (`slots`), as the engine runs each as a request
+    of its own (SGLang and vLLM expand `n` into n running requests). One that asks more
+    answers than the limit goes alone, once nothing else holds a slot.
+
+    A freed slot is handed to the first waiter directly (counted before it wakes), so one
+    release wakes one task and no newcomer can take the slot first. asyncio's Semaphore does
+    the same but cannot be resized; an asyncio.Condition costs more CPU per request.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.active = 0
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        # Set whenever a request had to wait for a slot; the capacity controllers read and
+        # clear it (a limit nobody waited for says nothing about the server).
+        self.waited = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def __aenter__(self) -> None:
+        await self.acquire(1)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release(1)
+
+    @contextlib.asynccontextmanager
+    async def slots(self, count: int) -> AsyncIterator[None]:
+        """Hold `count` slots: one request of `count` answers."""
+        await self.acquire(count)
+        try:
+            yield
+        finally:
+            self.release(count)
+
+    async def acquire(self, count: int) -> None:
+        if not self._waiters and self._fits(count):  # nobody waits: take the slots at once
+            self.active += count
+            return
+        self.waited = True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (waiter, count)
+        self._waiters.append(entry)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(count)  # handed the slots as it was cancelled: pass them on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+            raise
+
+    def release(self, count: int) -> None:
+        self.active -= count
+        self._hand_over()
+
+    async def set_limit(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._hand_over()
+
+    def resize(self) -> None:
+        """Hand slots to waiters after `limit` was raised from the loop's own thread."""
+        self._hand_over()
+
+    def _fits(self, count: int) -> bool:
+        return self.active + count <= self.limit or self.active == 0
+
+    def _hand_over(self) -> None:
+        while self._waiters:
+            waiter, count = self._waiters[0]
+            if waiter.done():  # a cancelled waiter is skipped
+                self._waiters.popleft()
+                continue
+            if not self._fits(count):
+                return
+            self._waiters.popleft()
+            self.active += count
+            waiter.set_result(None)
+
+
+
+class InFlight:
+    """The worker's in-flight limit at its server: the limiter every request holds slots of,
+    sized from what the server states (`found`) or from its controller's measure (`on_load`,
+    `on_probe`), under the overload ceiling (`overloaded`, `answered`)."""
+
+    def __init__(self, settings: Settings, worker: str, server_url: str,
+                 watch: ServerWatch) -> None:
+        self._settings = settings
+        self._worker = worker
+        self._server_url = server_url
+        # Its overload ceiling caps the limit; the server's answers lift it again.
+        self._watch = watch
+        # Start at 1 in flight until the server says what it can take.
+        self._limiter = Limiter(1)
+        self._margin = functools.partial(queue_margin, settings)
+        # What the limit is sized from, as `status` shows it; None until the server is found.
+        self.capacity: ServerCapacity | None = None
+        # Finds the limit of a server that does not state it; None when it does.
+        self.control: QueueWatch | QueueProbe | None = None
+        # The limit the server's capacity calls for, before the overload ceiling.
+        self._base = 1
+        self._answers: collections.deque[float] = collections.deque()
+        # A probe's latency at an idle server (the probe controller's reference).
+        self.idle_probe_s: float | None = None
+        # When the limit was last logged, and what it was then.
+        self._logged = (-LIMIT_LOG_EVERY_S, 1)
+
+    @property
+    def limit(self) -> int:
+        return self._limiter.limit
+
+    @property
+    def active(self) -> int:
+        """Slots held now: answers in flight at the server."""
+        return self._limiter.active
+
+    def slots(self, count: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold `count` slots (one request of `count` answers), waiting in turn for them."""
+        return self._limiter.slots(count)
+
+    def wants_idle_probe(self, server: Server) -> bool:
+        """Whether the server's limit is to be found by timing probes and no controller does it
+        yet: a probe at the idle server is then timed first, the controller's reference."""
+        return (self.control is None and not self._settings.max_in_flight
+                and not server.kind.reads_load
+                and (server.info is None or stated_capacity(server.info) is None))
+
+    def found(self, server: Server) -> ServerCapacity:
+        """The server as found now (at first contact, at each refresh): size the limit from what
+        it states, or leave it to the controller that measures it."""
+        capacity = self._capacity(server)
+        if self.control is not None:  # measured: the controller moves the limit, not this
+            self._apply(self.control.limit)
+            return capacity
+        # The operator's number (or 1) gets no margin: it is not a guess.
+        limit = (capacity.effective if capacity.configured
+                 else capacity.effective + self._margin(capacity.effective))
+        if self.capacity is None or (capacity.effective, capacity.source) != (
+                self.capacity.effective, self.capacity.source):
+            log.log(logging.WARNING if capacity.configured and not self._settings.max_in_flight
+                    else logging.INFO,
+                    "worker %s: %s is %s; %s; keeping %d in flight", self._worker,
+                    self._server_url, server.describe(), capacity.source, limit)
+        self.capacity = capacity
+        self._apply(limit)
+        return capacity
+
+    def _capacity(self, server: Server) -> ServerCapacity:
+        """What the server runs at once: the operator's number, what the server states, or the
+        controller's measure (the controller is made here, for the server's kind)."""
+        if self._settings.max_in_flight:
+            n = self._settings.max_in_flight
+            return ServerCapacity(n, None, f"{CONFIGURED}={n}", configured=True)
+        stated = stated_capacity(server.info) if server.info is not None else None
+        if stated is not None:
+            self.control = None
+            return stated
+        if self.control is None:
+            self.control = (QueueWatch(self._margin) if server.kind.reads_load
+                            else QueueProbe(self._margin, idle_s=self.idle_probe_s))
+            log.info("worker %s: %s (%s) does not state how many requests it runs at once; "
+                     "finding it %s", self._worker, self._server_url, server.describe(),
+                     "from its queue gauges" if isinstance(self.control, QueueWatch)
+                     else "by timing a one-token probe a second")
+        return ServerCapacity(self.control.limit, None, self.control.how, configured=False)
+
+    def _apply(self, base: int) -> None:
+        """The limiter's size: what the server's capacity calls for (`base`), under the overload
+        ceiling while one holds; a controller's measure is published as the capacity. A change
+        is logged at most every LIMIT_LOG_EVERY_S."""
+        self._base = max(1, base)
+        control = self.control
+        if control is not None:
+            self.capacity = ServerCapacity(control.capacity or base, None, control.how,
+                                           configured=False)
+        ceiling = self._watch.ceiling.value
+        limit = self._base if ceiling is None else min(self._base, ceiling)
+        limiter = self._limiter
+        before = limiter.limit
+        limiter.limit = max(1, limit)
+        limiter.resize()
+        capacity = self.capacity.effective if self.capacity else limit
+        metrics.set_server_capacity(self._worker, self._server_url, capacity, limiter.limit)
+        if limiter.limit != before:
+            self.log_change()
+
+    def log_change(self) -> None:
+        """Log the limit if it changed since it was last logged, at most every
+        LIMIT_LOG_EVERY_S (the registry beat calls again, so the newest is logged)."""
+        now = time.monotonic()
+        last_at, last_limit = self._logged
+        limit = self._limiter.limit
+        if now - last_at >= LIMIT_LOG_EVERY_S and limit != last_limit:
+            self._logged = (now, limit)
+            changes_log.info("worker %s: in flight up to %d (was %d): %s", self._worker,
+                             limit, last_limit, self.reason)
+
+    @property
+    def reason(self) -> str:
+        """Why the limit is what it is, in a few words (`status`, the log)."""
+        watch = self._watch
+        ceiling = watch.ceiling.value
+        if ceiling is not None and ceiling < self._base and watch.ceiling_reason:
+            return watch.ceiling_reason
+        return self.capacity.source if self.capacity else "not found yet"
+
+    def answered(self) -> None:
+        """A request was answered (any 200): counted for the answer rate; the ceiling may lift."""
+        now = time.monotonic()
+        self._answers.append(now)
+        while self._answers and now - self._answers[0] > ANSWER_RATE_S:
+            self._answers.popleft()
+        if self._watch.answered(self._base):
+            self._apply(self._base)
+
+    def overloaded(self, exc: OverloadedError, refusals: int) -> float:
+        """A request refused for a full server: cut the ceiling, count it; the seconds it waits
+        before it is sent again."""
+        if self._watch.overloaded(exc, self._limiter.active, self._base) is not None:
+            self._apply(self._base)
+        metrics.request_refused(self._worker, self._server_url, "overloaded", exc.status)
+        return self._watch.overload_wait_s(exc, refusals)
+
+    def on_load(self, running: float, waiting: float) -> None:
+        """One reading of the server's running and waiting gauges, for its QueueWatch."""
+        control = self.control
+        if not isinstance(control, QueueWatch):
+            return
+        limiter = self._limiter
+        saturated = limiter.waited or limiter.active >= limiter.limit
+        limiter.waited = False
+        before = control.capacity, control.limit
+        limit = control.on_load(running, waiting, saturated)
+        if control.capacity != before[0] or (control.capacity is None and limit != before[1]):
+            log.info("worker %s: %s", self._worker, control.how)
+        self._apply(limit)
+
+    def on_probe(self, latency_s: float, in_flight: int) -> None:
+        """One probe's latency, sent with `in_flight` answers out, for its QueueProbe."""
+        control = self.control
+        if not isinstance(control, QueueProbe):
+            return
+        limiter = self._limiter
+        saturated = limiter.waited or limiter.waiting > 0
+        limiter.waited = False
+        now = time.monotonic()
+        while self._answers and now - self._answers[0] > ANSWER_RATE_S:
+            self._answers.popleft()
+        before = control.capacity
+        limit = control.on_probe(latency_s, in_flight, saturated,
+                                 len(self._answers) / ANSWER_RATE_S)
+        if control.capacity != before:
+            log.info("worker %s: %s", self._worker, control.how)
+        self._apply(limit)
+
+    def forget(self, *, restarted: bool) -> None:
+        """What was measured of the server holds no more. Another server (another kind, other
+        models): its limit is found anew. The same one restarted: the overload ceiling is
+        dropped, and a limit measured by probes is measured again from the ramp's start, so
+        the requests waiting for the server go back at that, not at the old server's (the idle
+        probe's time is kept)."""
+        if not restarted:
+            self.control = None
+            return
+        self._watch.ceiling.value = None
+        if isinstance(self.control, QueueProbe):
+            self.control = None
+            self._apply(PROBE_START)

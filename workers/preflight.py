@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import orjson
 
 from fleetgen import keys, redisconn
 from fleetgen.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
-from fleetgen.fleet import LOST_AFTER_S
+from fleetgen.fleet import LOST_AFTER_S, WorkerEntry
 from fleetgen.ledger import Ledger
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, RedisAuthError, RedisNoPermissionError
@@ -63,8 +63,8 @@ def check_start(settings: Settings, worker: str, server_url: Callable[[], str]) 
         ledger.close()
     if holder is not None:
         raise PreflightError(
-            f"worker name {worker} is taken by a live worker on host {holder.get('host', '?')} "
-            f"(pid {holder.get('pid', '?')}); stop it, or start this one with another name "
+            f"worker name {worker} is taken by a live worker on host {holder.host} "
+            f"(pid {holder.pid}); stop it, or start this one with another name "
             f"(-n gpuN@%h)")
     return url
 
@@ -90,7 +90,7 @@ def _check_redis(ledger: Ledger, settings: Settings) -> None:
             time.sleep(0.5)
 
 
-def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[str, Any] | None:
+def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> WorkerEntry | None:
     """The registry entry of a live worker registered as `worker`, or None.
 
     Live means a fresh entry and, where Redis lets us list clients, an open connection named
@@ -101,11 +101,11 @@ def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> dict[s
     if raw is None:
         return None
     try:
-        entry: dict[str, Any] = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        entry = WorkerEntry.from_json(raw)
+    except ValueError:  # orjson's decode error is one too
         return None
     now = time.time() if now is None else now
-    if now - float(entry.get("updated") or 0) > LOST_AFTER_S:
+    if now - entry.updated > LOST_AFTER_S:
         return None
     names = ledger.registry.client_names()
     if names is None:  # CLIENT LIST not allowed for this user: trust the entry

@@ -10,12 +10,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
 
 from fleetgen import canary
 from fleetgen.ledger import STATE_RUNNING, EndVerdict
 from fleetgen.liveledger import LiveLedger
-from fleetgen.records import OutputRecord
 
 log = logging.getLogger(__name__)
 # After the first stretch, the window is judged once per this many answers (per job).
@@ -41,10 +39,10 @@ class QualityWatch:
         # Jobs this worker paused itself: held at least until then (monotonic clock).
         self._tripped: dict[str, float] = {}
 
-    def watch(self, job: str, spec: dict[str, Any] | None, prompts: int) -> None:
+    def watch(self, job: str, thresholds: canary.Thresholds, prompts: int) -> None:
         """A batch of `job` (of `prompts` prompts) starts here, the job is running: use its
         thresholds."""
-        self._thresholds[job] = canary.Thresholds(**spec) if spec else canary.Thresholds()
+        self._thresholds[job] = thresholds
         self._prompts[job] = prompts
 
     def hold(self, job: str, paused: bool) -> None:
@@ -63,10 +61,6 @@ class QualityWatch:
         """Answers the job's canary keeps (0: the canary is off, feed it nothing)."""
         thresholds = self._thresholds.get(job)
         return thresholds.window if thresholds is not None and thresholds.enabled else 0
-
-    def fact(self, job: str, record: OutputRecord, thinking: bool) -> bytes:
-        """What the canary keeps of one answer, or nothing when it is off."""
-        return canary.sample(record, thinking).to_json() if self.window(job) else b""
 
     async def judge(self, job: str, seen_before: int, seen: int) -> None:
         """Judge the window if this group of answers reached a judging point: every answer

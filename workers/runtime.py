@@ -1,4 +1,5 @@
-"""Per-process worker state: which server this worker serves, its engine and batch runner.
+"""Per-process worker state: which server this worker serves, the loop its asyncio side runs
+on, its view of that server (the backend) and its batch runner.
 
 Set up from Celery signals: `celeryd_after_setup` reads the worker's `-Q` to find its GPU
 (queue `gpuN`, or `gpuN-M` for a server over GPUs N to M, -> server port 30000+N unless
@@ -11,18 +12,22 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from typing import Any
 
 from fleetgen import keys
 from fleetgen.errors import FleetgenError
 from fleetgen.ledger import Ledger
+from fleetgen.liveledger import LiveLedger
 from fleetgen.settings import Settings
+from workers.backend import Backend
+from workers.backlog import Backlog
 from workers.batch import BatchRunner
-from workers.engine import Engine
+from workers.bridge import LoopThread
 
 log = logging.getLogger(__name__)
 # Tracked allocations between two young-generation collections (Python's default is 700).
 GC_GEN0_THRESHOLD = 10_000
+# How long shutdown waits for the backend and the ledger's asyncio side to close.
+CLOSE_WAIT_S = 10.0
 
 
 class WorkerConfigError(FleetgenError):
@@ -67,6 +72,9 @@ class WorkerRuntime:
         self.server_url: str | None = None
         self.worker = "worker"
         self._runner: BatchRunner | None = None
+        self._loop: LoopThread | None = None
+        self._backend: Backend | None = None
+        self._live: LiveLedger | None = None
         self._lock = threading.Lock()
         self.ledger: Ledger | None = None
         # Queues this worker consumes, its own gpuN first: the gate re-adds them in this order.
@@ -86,29 +94,55 @@ class WorkerRuntime:
             if self._runner is None:
                 if self.settings is None or self.server_url is None or self.ledger is None:
                     raise WorkerConfigError("worker runtime used before the worker was set up")
-                engine = Engine(self.settings, self.server_url, self.worker, self.queues)
-                engine.start()
-                self._runner = BatchRunner(engine, self.ledger)
+                loop = LoopThread()
+                loop.start()
+                self._live, self._backend = loop.run(self._open(loop, self.settings,
+                                                                self.server_url))
+                self._loop = loop
+                self._runner = BatchRunner(self.settings, loop, self._backend, self._live,
+                                           self.ledger)
             return self._runner
 
+    async def _open(self, loop: LoopThread, settings: Settings,
+                    server: str) -> tuple[LiveLedger, Backend]:
+        # The ledger's asyncio side, on the loop: the registry, leases, canary, breaker.
+        live = LiveLedger.connect(settings, keys.worker_client(self.worker))
+        return live, await Backend.open(settings, server, self.worker, self.queues, loop, live)
+
     @property
-    def engine(self) -> Engine | None:
-        return self._runner.engine if self._runner is not None else None
+    def backend(self) -> Backend | None:
+        """The worker's view of its server, once the runner is built."""
+        return self._backend if self._runner is not None else None
+
+    @property
+    def backlog(self) -> Backlog | None:
+        """What the worker holds (gate.py), once the runner is built."""
+        return self._runner.backlog if self._runner is not None else None
 
     def drain(self) -> None:
         """Warm shutdown began: batches in hand stop sending, finish what is at the server and
         go back to the queue, so the worker exits in about one request's time, not a batch's."""
         if self._runner is not None:
-            self._runner.engine.draining = True
+            self._runner.drain()
 
     def shutdown(self) -> None:
+        """Close the backend, the ledger's asyncio side and the loop; running batches have been
+        cancelled by then."""
         with self._lock:
-            if self._runner is not None:
-                self._runner.engine.stop()
-                self._runner = None
+            if self._runner is None or self._loop is None or self._backend is None:
+                return
+            self._runner = None
+            loop, backend, live = self._loop, self._backend, self._live
+            try:
+                loop.run(_close(backend, live), timeout=CLOSE_WAIT_S)
+            finally:
+                loop.stop()
 
-    def describe(self) -> dict[str, Any]:
-        return {"worker": self.worker, "server": self.server_url}
+
+async def _close(backend: Backend, live: LiveLedger | None) -> None:
+    await backend.close()
+    if live is not None:
+        await live.aclose()
 
 
 runtime = WorkerRuntime()

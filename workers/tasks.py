@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from celery import Task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
@@ -22,7 +22,7 @@ from fleetgen.errors import (
 )
 from workers import metrics, preflight
 from workers.app import app, settings
-from workers.engine import Engine
+from workers.backend import Backend
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime, server_url, tune_gc
@@ -37,6 +37,35 @@ ready_log = logging.getLogger("workers.ready")
 ready_log.setLevel(logging.INFO)
 _reconciler: Reconciler | None = None
 app.steps["consumer"].add(ServerGate)
+
+
+class ServerSummary(TypedDict):
+    """How the server treated this worker's requests lately, in a task's result (Flower)."""
+
+    in_rotation: bool
+    out_reason: str | None
+    failed_share: float
+    failed: dict[str, int]
+    refused: dict[str, int]
+    overloaded: dict[str, int]
+    in_flight_limit: int
+    limit_reason: str | None
+    says: list[str]
+
+
+class TaskResult(TypedDict):
+    """What `run_batch` returns, as Celery stores it (JSON) and Flower shows it: the batch's
+    outcome (workers/batch.py `Outcome`), or why it was requeued or left for `resume`."""
+
+    status: str
+    batch: str
+    job: NotRequired[str]
+    reason: NotRequired[str]
+    done: NotRequired[int]
+    failed: NotRequired[int]
+    resumed: NotRequired[int]
+    attempt: NotRequired[int]
+    server: NotRequired[ServerSummary]
 
 
 @celeryd_after_setup.connect
@@ -60,7 +89,9 @@ def _start(sender: Any = None, **_: Any) -> None:
     global _reconciler
     # One line per request at INFO would drown the lifecycle lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    runtime.runner().engine.publish()
+    runner = runtime.runner()
+    backend = runner.backend
+    backend.registration.publish()
     port = metrics.exporter_port(settings.metrics_port, runtime.queues)
     if port is not None:
         try:
@@ -73,13 +104,12 @@ def _start(sender: Any = None, **_: Any) -> None:
     _reconciler.start()
     # Last: what the worker built so far lives as long as it does (runtime.tune_gc).
     tune_gc()
-    engine = runtime.runner().engine
     with contextlib.suppress(ServerDownError):
         # A moment for the server's first answer, so the line says what the worker makes of it.
-        engine.run(engine.connected(READY_LINE_WAIT_S))
+        runner.loop.run(backend.discovery.connected(READY_LINE_WAIT_S))
     ready_log.info("worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
                    runtime.worker, ",".join(runtime.queues), runtime.server_url,
-                   engine.limiter.limit, engine.limit_reason)
+                   backend.in_flight.limit, backend.in_flight.reason)
 
 
 @worker_shutting_down.connect
@@ -97,9 +127,10 @@ def _shutdown(**_: Any) -> None:
 
 
 @app.task(name=keys.TASK_RUN_BATCH, bind=True, acks_late=True)
-def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
+def run_batch(self: Task, job: str, batch: str) -> TaskResult:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
     runner = runtime.runner()
+    backend = runner.backend
     try:
         outcome = runner.run(job, batch)
     except (ServerDownError, WorkerStoppingError, SinkError) as exc:
@@ -113,7 +144,7 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         if not isinstance(exc, WorkerStoppingError):
-            runner.engine.note_error(job, str(exc))
+            backend.registration.note_error(job, str(exc))
         if isinstance(exc, SinkUnusableError | ServerSickError):
             # The job or the server is blocked here, not the batch: other workers take it. The
             # pause keeps this worker (its gate sees a batch loading, then closes for a server
@@ -122,27 +153,30 @@ def run_batch(self: Task, job: str, batch: str) -> dict[str, Any]:
             time.sleep(HANDBACK_PAUSE_S)
         else:
             log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
-        return {"status": "requeued", "batch": batch, "reason": str(exc),
-                "server": server_summary(runner.engine)}
+        return TaskResult(status="requeued", batch=batch, reason=str(exc),
+                          server=server_summary(backend))
     except Exception as exc:
-        runner.engine.note_error(job, f"{type(exc).__name__}: {exc}")
+        backend.registration.note_error(job, f"{type(exc).__name__}: {exc}")
         raise
     if outcome.status.startswith("skipped-"):
         # A paused or cancelled job's delivery is dropped on purpose: the task ends normally
         # (Flower lists it as succeeded, with this result), not as a failure.
         assert runtime.ledger is not None
         state, reason = runtime.ledger.jobs.state(job)
-        return {"status": state, "job": job, "batch": batch,
-                "reason": f"job {job} is {state}: {reason or 'no reason given'}; batch {batch} "
-                          f"left for `python -m producer resume {job}`"}
-    return {**outcome.as_dict(), "server": server_summary(runner.engine)}
+        return TaskResult(
+            status=state, job=job, batch=batch,
+            reason=f"job {job} is {state}: {reason or 'no reason given'}; batch {batch} "
+                   f"left for `python -m producer resume {job}`")
+    return TaskResult(status=outcome.status, batch=outcome.batch, done=outcome.done,
+                      failed=outcome.failed, resumed=outcome.resumed, attempt=outcome.attempt,
+                      server=server_summary(backend))
 
 
-def server_summary(engine: Engine) -> dict[str, Any]:
+def server_summary(backend: Backend) -> ServerSummary:
     """How the server treated this worker's requests lately, for Flower's task results."""
-    health = engine.health()
-    return {"in_rotation": health.in_rotation, "out_reason": health.out_reason,
-            "failed_share": round(health.failed_share, 3), "failed": health.failed,
-            "refused": health.refused, "overloaded": health.overloaded,
-            "in_flight_limit": health.limit, "limit_reason": health.limit_reason,
-            "says": health.summary()}
+    health = backend.checks.report()
+    return ServerSummary(
+        in_rotation=health.in_rotation, out_reason=health.out_reason,
+        failed_share=round(health.failed_share, 3), failed=health.failed,
+        refused=health.refused, overloaded=health.overloaded, in_flight_limit=health.limit,
+        limit_reason=health.limit_reason, says=health.summary())

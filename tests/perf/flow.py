@@ -1,6 +1,6 @@
 """Figure 11: a server under stress. How one worker treats a server that is slow and states no
 capacity, loses capacity, refuses for being full, fails for a while, or fails for good
-(workers/flow.py, workers/limits.py `QueueProbe`, workers/engine.py).
+(workers/flow.py, workers/limits.py `QueueProbe`, workers/backend.py).
 
 Each scenario is one job through real processes: recording simulators (`tests.perf.recsim`
 around launcher/sim), Celery workers with production settings and nothing else set (no

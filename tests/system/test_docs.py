@@ -506,7 +506,7 @@ LOG_FORMATS = {
         "%s: serving %s (ports %s) until SIGTERM/SIGINT; credentials in %s",
     "launcher/sim/server.py": "The server is fired up and ready to roll!",
     "workers/tasks.py": "worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
-    "workers/engine.py": "worker %s: %s is %s; %s; keeping %d in flight",
+    "workers/limits.py": "worker %s: %s is %s; %s; keeping %d in flight",
     "celery/apps/worker.py": "%s ready.",  # Celery's own
 }
 LOG_WORDS = (": serving ", " ready", "fired up", " in flight")

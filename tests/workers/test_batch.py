@@ -27,7 +27,7 @@ from fleetgen.sink import LocalSink, open_sink
 from launcher.services import wait_until
 from tests.stack import make_job
 from workers.batch import BatchRunner
-from workers.engine import Engine
+from workers.runtime import WorkerRuntime
 
 JOB = "order"
 BATCH = keys.batch_id(1)
@@ -158,7 +158,7 @@ def events(redis_client: Any) -> Events:
 @pytest.fixture
 def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchRunner]:
-    monkeypatch.setattr("workers.engine.ServerClient", FakeServer)
+    monkeypatch.setattr("workers.backend.ServerClient", FakeServer)
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
     FakeServer.sent, FakeServer.models, FakeServer.faults, FakeServer.broken = [], (), {}, None
@@ -169,13 +169,17 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
             for i, p in enumerate(PROMPTS)]
     open_sink(str(tmp_path / "out")).put(keys.sink_input(JOB, BATCH),
                                          b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    # Retries at once: the tests count tries, not waits.
-    engine = Engine(Settings(redis_url=redis_url, retry_backoff_s=0.0, retry_backoff_max_s=0.0),
-                    "http://fake:30000", "w0@test")
+    # Built as a worker builds it; retries at once: the tests count tries, not waits.
+    runtime = WorkerRuntime()
+    runtime.configure(Settings(redis_url=redis_url, retry_backoff_s=0.0, retry_backoff_max_s=0.0),
+                      "w0@test", [], "http://fake:30000")
+    assert runtime.ledger is not None
+    runtime.ledger.close()
+    runtime.ledger = ledger
     try:
-        yield BatchRunner(engine, ledger)
+        yield runtime.runner()
     finally:
-        engine.stop()
+        runtime.shutdown()
 
 
 def written(tmp_path: Path, kind: str) -> list[str]:
@@ -244,7 +248,7 @@ def test_a_batch_leased_by_another_worker_is_left_untouched(
 def test_a_server_with_several_models_pauses_a_job_that_names_none_and_sends_nothing(
         runner: BatchRunner, events: Events) -> None:
     FakeServer.models = ("qwen-8b", "qwen-32b")
-    runner.engine.run(runner.engine.refresh_capacity())  # as the next periodic reading would
+    runner.loop.run(runner.backend.discovery.refresh())  # as the next periodic reading would
     assert runner.run(JOB, BATCH).status == "handed-back"
     assert FakeServer.sent == [] and events.names() == ["release"]
     state, reason = runner.ledger.jobs.state(JOB)
@@ -264,7 +268,7 @@ def test_a_full_server_is_sent_again_after_its_retry_after_and_spends_nothing(
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
     assert FakeServer.sent.count("p2") == 4
     assert runner.ledger.leases.attempts(JOB, BATCH) == 0
-    health = runner.engine.health()
+    health = runner.backend.checks.report()
     assert health.overloaded == {"HTTP 429": 3} and health.failed == {}
     assert written(tmp_path, "errors") == [BAD]  # the prompt too long, not the full server
 
@@ -276,8 +280,8 @@ def test_a_prompt_failing_while_its_server_answers_others_fails_alone(
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 4, 2)
     assert sorted(written(tmp_path, "errors")) == sorted(["p1", BAD])
-    assert runner.engine.in_rotation
-    assert runner.engine.health().failed == {"HTTP 500": 4}
+    assert runner.backend.checks.in_rotation
+    assert runner.backend.checks.report().failed == {"HTTP 500": 4}
 
 
 def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attempt_spent(
@@ -285,14 +289,14 @@ def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attem
     FakeServer.broken = RetryableError("HTTP 502: Bad Gateway", status=502)
     with pytest.raises(ServerSickError, match="out of rotation"):
         runner.run(JOB, BATCH)
-    engine = runner.engine
-    assert not engine.in_rotation
-    assert "requests in a row failed (HTTP 502)" in (engine.watch.rotation.reason or "")
+    backend = runner.backend
+    assert not backend.checks.in_rotation
+    assert "requests in a row failed (HTTP 502)" in (backend.watch.rotation.reason or "")
     assert runner.ledger.leases.attempts(JOB, BATCH) == 0
     assert not redis_client.exists(keys.checkpoint(JOB, BATCH))  # no prompt failed for it
     assert not (tmp_path / "out" / JOB / "errors").exists()
     FakeServer.broken = None  # the proxy's backend is back: a probe puts the server back
-    wait_until(lambda: engine.in_rotation, 30, what="the server back in rotation")
+    wait_until(lambda: backend.checks.in_rotation, 30, what="the server back in rotation")
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
 
@@ -320,7 +324,7 @@ def results(tmp_path: Path, kind: str = "results") -> list[dict[str, Any]]:
 
 def start(runner: BatchRunner, kind: str) -> None:
     FakeServer.kind = kind
-    runner.engine.run(runner.engine.refresh_capacity())  # found as this kind
+    runner.loop.run(runner.backend.discovery.refresh())  # found as this kind
 
 
 def test_a_prompts_four_answers_go_as_one_request_with_n_to_an_sglang_server(
@@ -386,7 +390,7 @@ def test_an_n_request_failing_for_the_server_is_retried_whole_and_then_fails_eac
     errors = results(tmp_path, "errors")
     assert [e["custom_id"] for e in errors] == [f"q1/{i}" for i in range(SAMPLES)]
     assert {(e["error"]["code"], e["tries"]) for e in errors} == {("server_error", 4)}
-    assert runner.engine.in_rotation
+    assert runner.backend.checks.in_rotation
 
 
 def test_an_n_request_refused_for_its_prompt_fails_each_of_its_answers(
@@ -410,7 +414,7 @@ def test_a_server_that_refuses_n_is_sent_one_request_per_answer_and_fails_nothin
     singles = [a for a in FakeServer.asked if a[1] == 1]
     assert sorted(singles) == sorted((p, 1, 100 * n + i) for n, p in enumerate(SAMPLED)
                                      for i in range(SAMPLES))
-    server = runner.engine.server
+    server = runner.backend.discovery.server
     assert server is not None and "n" in server.refused and not server.takes_n
     # Learned for the worker's life: the next batch asks no n at all.
     FakeServer.asked = []

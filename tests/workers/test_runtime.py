@@ -1,109 +1,14 @@
-"""A worker process's own state: its concurrency limit (the server's real slot count, resized
-while requests run), its server, and its garbage collector once it is ready."""
+"""A worker process's own state: its server and its garbage collector once it is ready."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
 import pytest
 
 from fleetgen.settings import Settings
-from workers.engine import Limiter
 from workers.runtime import GC_GEN0_THRESHOLD, WorkerConfigError, server_url
-
-
-async def _holders(limiter: Limiter, names: list[str], entered: list[str],
-                   release: dict[str, asyncio.Event]) -> list[asyncio.Task[None]]:
-    async def hold(name: str) -> None:
-        async with limiter:
-            entered.append(name)
-            await release[name].wait()
-
-    tasks = []
-    for name in names:
-        tasks.append(asyncio.create_task(hold(name)))
-        await asyncio.sleep(0)  # each one queues before the next (arrival order)
-    await asyncio.sleep(0)
-    return tasks
-
-
-def test_slots_go_to_waiters_in_arrival_order_and_never_past_the_limit() -> None:
-    async def scenario() -> None:
-        limiter = Limiter(2)
-        names = ["a", "b", "c", "d", "e"]
-        entered: list[str] = []
-        release = {n: asyncio.Event() for n in names}
-        tasks = await _holders(limiter, names, entered, release)
-        assert entered == ["a", "b"] and limiter.active == 2
-        release["b"].set()
-        await asyncio.sleep(0.01)
-        assert entered == ["a", "b", "c"] and limiter.active == 2
-        # A newcomer does not overtake the queue: the next free slot is d's.
-        late = await _holders(limiter, ["f"], entered, {"f": release.setdefault("f", asyncio.Event())})
-        release["a"].set()
-        await asyncio.sleep(0.01)
-        assert entered == ["a", "b", "c", "d"] and limiter.active == 2
-        for event in release.values():
-            event.set()
-        await asyncio.gather(*tasks, *late)
-        assert entered == ["a", "b", "c", "d", "e", "f"] and limiter.active == 0
-
-    asyncio.run(scenario())
-
-
-def test_a_larger_limit_lets_waiters_in_at_once_and_a_smaller_one_waits_for_releases() -> None:
-    async def scenario() -> None:
-        limiter = Limiter(1)
-        names = [f"p{i}" for i in range(6)]
-        entered: list[str] = []
-        release = {n: asyncio.Event() for n in names}
-        tasks = await _holders(limiter, names, entered, release)
-        assert entered == ["p0"]
-        await limiter.set_limit(4)  # the server reported its real capacity
-        await asyncio.sleep(0)
-        assert entered == ["p0", "p1", "p2", "p3"] and limiter.active == 4
-        await limiter.set_limit(2)  # nothing is taken back; releases drain to the new limit
-        release["p0"].set()
-        release["p1"].set()
-        await asyncio.sleep(0.01)
-        assert limiter.active == 2 and entered == ["p0", "p1", "p2", "p3"]
-        release["p2"].set()
-        await asyncio.sleep(0.01)
-        assert limiter.active == 2 and entered[-1] == "p4"
-        for event in release.values():
-            event.set()
-        await asyncio.gather(*tasks)
-        assert limiter.active == 0
-
-    asyncio.run(scenario())
-
-
-def test_a_cancelled_waiter_keeps_no_slot_even_if_cancelled_as_it_was_handed_one() -> None:
-    async def scenario() -> None:
-        limiter = Limiter(1)
-        names = ["a", "b", "c"]
-        entered: list[str] = []
-        release = {n: asyncio.Event() for n in names}
-        tasks = await _holders(limiter, names, entered, release)
-        tasks[1].cancel()  # b gives up while waiting
-        await asyncio.sleep(0)
-        release["a"].set()
-        await asyncio.sleep(0.01)
-        assert entered == ["a", "c"] and limiter.active == 1
-        # c is handed the slot and cancelled in the same loop pass: the slot is passed on.
-        more = await _holders(limiter, ["d"], entered, {"d": release.setdefault("d", asyncio.Event())})
-        release["c"].set()
-        await asyncio.sleep(0)  # c's exit hands the slot to d ...
-        more[0].cancel()  # ... and d is cancelled before it runs
-        await asyncio.sleep(0.01)
-        assert limiter.active == 0
-        await asyncio.gather(*tasks, *more, return_exceptions=True)
-        async with limiter:
-            assert limiter.active == 1
-
-    asyncio.run(scenario())
 
 
 def test_the_gpu_queue_names_the_server_unless_sglang_url_does() -> None:
@@ -127,42 +32,3 @@ def test_a_ready_worker_freezes_what_it_built_and_collects_young_objects_less_of
     before, frozen, young, older, oldest = map(int, out)
     assert before == 0 and frozen > 10_000  # the imports' objects are no longer scanned
     assert (young, older, oldest) == (GC_GEN0_THRESHOLD, 10, 10)
-
-
-def test_a_request_of_several_answers_holds_a_slot_per_answer_and_keeps_its_turn() -> None:
-    async def scenario() -> None:
-        limiter = Limiter(4)
-        entered: list[str] = []
-        release = {n: asyncio.Event() for n in ("one", "four", "late", "huge")}
-
-        async def hold(name: str, count: int) -> None:
-            async with limiter.slots(count):
-                entered.append(name)
-                await release[name].wait()
-
-        tasks = [asyncio.create_task(hold("one", 1))]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(hold("four", 4)))
-        await asyncio.sleep(0)
-        # A single answer fits, but waits behind the four-answer request that came first.
-        tasks.append(asyncio.create_task(hold("late", 1)))
-        await asyncio.sleep(0.01)
-        assert entered == ["one"] and limiter.active == 1 and limiter.waiting == 2
-        release["one"].set()
-        await asyncio.sleep(0.01)
-        assert entered == ["one", "four"] and limiter.active == 4
-        release["four"].set()
-        await asyncio.sleep(0.01)
-        assert entered == ["one", "four", "late"] and limiter.active == 1
-        # More answers than the limit go alone, once nothing else runs.
-        tasks.append(asyncio.create_task(hold("huge", 6)))
-        await asyncio.sleep(0.01)
-        assert "huge" not in entered
-        release["late"].set()
-        await asyncio.sleep(0.01)
-        assert entered[-1] == "huge" and limiter.active == 6
-        release["huge"].set()
-        await asyncio.gather(*tasks)
-        assert limiter.active == 0
-
-    asyncio.run(scenario())
