@@ -152,7 +152,8 @@ def stop_process(proc: ChildLike, grace: float,
         while True:
             time.sleep(next(steps))
     except StopIteration as done:
-        return done.value
+        outcome: tuple[int | None, bool] = done.value
+        return outcome
 
 
 async def stop_process_async(
@@ -167,4 +168,5 @@ async def stop_process_async(
         while True:
             await pause(next(steps))
     except StopIteration as done:
-        return done.value
+        outcome: tuple[int | None, bool] = done.value
+        return outcome

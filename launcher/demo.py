@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.commandline import CommandParser
+from fleetgen.poll import wait_until
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError
 from launcher.ports import (
@@ -43,7 +44,6 @@ from launcher.services import (
     data_dir_holder,
     redis_password,
     s3_credentials,
-    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

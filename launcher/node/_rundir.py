@@ -100,7 +100,7 @@ class ServerEntry:
 
 
 def _reading(data: Mapping[str, Any]) -> Reading:
-    fields = {f.name: data.get(f.name) for f in dataclasses.fields(Reading)}
+    fields: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(Reading)}
     return Reading(**{**fields, "reason": str(data.get("reason") or "")})
 
 

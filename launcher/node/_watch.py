@@ -22,9 +22,9 @@ from typing import Protocol, TypeVar
 import httpx
 
 from fleetgen.server_info import ServerInfo, as_float, as_int, fetch_server_info
+from launcher.child import ChildLike
 from launcher.logs import HINTS, Fatal, LogReport, capacity_from_server_info, parse_line
 from launcher.node._clock import Clock
-from launcher.child import ChildLike
 from launcher.node._process import MARKER, LaunchSpec
 
 # Enough lines to show an argparse error or a traceback's last frame in a failure reason.

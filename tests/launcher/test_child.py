@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleetgen.poll import wait_until
 from launcher.child import ChildProcess
-from launcher.services import wait_until
 
 
 def gone(pid: int) -> bool:

@@ -46,8 +46,9 @@ import orjson
 
 from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from launcher.node import read_state
-from launcher.services import valkey_binary, wait_until
+from launcher.services import valkey_binary
 from tests.launcher.node.test_node import (
     REFERENCE_SIM,
     free_base,

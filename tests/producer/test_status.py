@@ -38,10 +38,10 @@ from fleetgen.fleet import (
 )
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, STATE_RUNNING, Ledger
+from fleetgen.poll import wait_until
 from fleetgen.readings import ServerReading, parse_metrics, read_server
 from fleetgen.records import Origin, counters, error_record, result_record, written_counts
 from launcher.ports import free_port
-from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
 from tests.sim_helpers import VirtualClockLoop

@@ -34,12 +34,13 @@ from fleetgen import canary
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import Canary
 from fleetgen.ledger import EndVerdict
+from fleetgen.poll import wait_until
 from fleetgen.settings import Settings, SettingsError
 from launcher import demo, node
 from launcher.demo import DemoPorts
 from launcher.errors import PortBusyError
 from launcher.ports import port_is_free
-from launcher.services import RedisServer, wait_until
+from launcher.services import RedisServer
 from producer import report
 from producer.inputs import read_prompts
 from producer.samples import generate_sample

@@ -21,11 +21,11 @@ import pytest
 from fleetgen import keys
 from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.server_info import parse_server_info
 from fleetgen.servers import KINDS, Server
 from fleetgen.settings import Settings
 from fleetgen.sink import LocalSink, open_sink
-from launcher.services import wait_until
 from tests.stack import make_job
 from workers.batch import BatchRunner
 from workers.engine import Engine

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgen.poll import wait_until
 from launcher import node
 from launcher.ports import port_is_free
-from launcher.services import wait_until
 
 pytestmark = pytest.mark.e2e
 
