@@ -26,7 +26,7 @@ def poll(check: Callable[[], T | None], timeout_s: float, interval_s: float) -> 
     """`check()` until it returns something other than None, which is returned; None once
     `timeout_s` passed without."""
     def wait(state: RetryCallState) -> float:  # never sleep past the deadline
-        return max(0.0, min(interval_s, timeout_s - state.seconds_since_start))
+        return max(0.0, min(interval_s, timeout_s - (state.seconds_since_start or 0.0)))
 
     retrying = Retrying(retry=retry_if_result(lambda found: found is None),
                         stop=stop_after_delay(timeout_s), wait=wait,
