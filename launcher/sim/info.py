@@ -98,7 +98,7 @@ def server_info(sim: Simulator) -> dict[str, Any]:
 def model_info(sim: Simulator) -> dict[str, Any]:
     """The /model_info dict."""
     cfg = sim.cfg
-    model_class, model_type = MODEL_CLASSES[cfg.profile]
+    model_class, model_type = MODEL_CLASSES[cfg.model_arch]
     return {"model_path": cfg.model_path, "served_model_name": cfg.served_name,
             "tokenizer_path": cfg.tokenizer_path or cfg.model_path, "is_generation": True,
             "preferred_sampling_params": None, "weight_version": "default",

@@ -473,7 +473,7 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
 ) -> None:
     # No warm-up request: its tokens would show in gen throughput at the first Decode tick
     # after it, a moment that a loaded machine can move past any wait.
-    _, url = stack.sim("sim0", "--max-running-requests", "24", "--profile", "mamba-hybrid",
+    _, url = stack.sim("sim0", "--max-running-requests", "24", "--model-arch", "mamba-hybrid",
                        "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5",
                        "--skip-server-warmup")
     register(ledger, "gpu0@n", url)

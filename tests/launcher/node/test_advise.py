@@ -185,7 +185,7 @@ def busy(url: str, clients: int) -> Iterator[None]:
 def test_advise_by_url_names_mamba_slots_as_the_binding_limit(
         capsys: pytest.CaptureFixture[str]) -> None:
     # 157 Mamba slots at 5 per request cap the 128 asked at 31; 45 clients keep a queue.
-    with running_sim("--profile", "mamba-hybrid", "--max-running-requests", "128", "--speed", "5",
+    with running_sim("--model-arch", "mamba-hybrid", "--max-running-requests", "128", "--speed", "5",
                      "--mean-output-tokens", "200", "--output-sigma", "0") as url, busy(url, 45):
         wait_until(lambda: gauge(url, "sglang:num_queue_reqs") > 0, what="a queue")
         code = main(["advise", "--url", url, "--window", "1", "--interval", "0.25", "--json"])

@@ -311,7 +311,7 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
     assert n.stop() == 0
 
 
-REFERENCE_SIM = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+REFERENCE_SIM = ("--model-arch", "mamba-hybrid", "--max-running-requests", "128",
                  "--speculative-algorithm", "NEXTN", "--speculative-accept-length", "2.9",
                  "--decode-model", "step")
 

@@ -495,7 +495,7 @@ def test_restart_order_brings_a_stopped_gpu_back(tmp_path: Path) -> None:
 
 
 def test_ready_server_is_read_from_server_info_and_log(tmp_path: Path) -> None:
-    sim = Simulator(SimConfig.from_argv(["--profile", "mamba-hybrid",
+    sim = Simulator(SimConfig.from_argv(["--model-arch", "mamba-hybrid",
                                          "--max-running-requests", "128",
                                          "--speculative-algorithm", "NEXTN"]))
     graph = ("[2026-10-10 11:58:29] Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16], "
