@@ -14,8 +14,9 @@ tensor/data-parallel servers, kept running (`up`, `status`, `restart`, `advise`,
     _advise.py      `advise`: what binds each GPU (or any SGLang server by URL), flags to try,
                     predicted running and tokens/s
     _tune.py        `tune`: one GPU's experiment at a time via rolling restarts; tune.json
-    _args.py        server arguments: profile, per-GPU layers, flag renames, build_argv;
-                    ServerCommand, the kind of server a command runs
+    _kind.py        ServerLaunch: how each kind of server starts (SGLang, the simulator,
+                    another engine's command): its command, argv and which flags apply
+    _args.py        server arguments: profile, per-GPU layers, flag renames, flag values
     _flags.py       the flags each SGLang release accepts (sglang_flags.json), check_args
     _gpus.py        the GPUs nvidia-smi lists and a --gpus selection
     _clock.py       Clock: time as the supervisor sees it (tests pass a fake)
