@@ -117,7 +117,7 @@ class Rollout:
     """The latest restart (`restart`, or `tune`'s) and the latest rejected request.
 
     Before any restart ran, a rejection is all there is: `id` is None then and node.json
-    shows `rejected` alone."""
+    shows `rejected` alone; `rejected` is left out until a request is turned down."""
 
     id: str | None = None
     state: RolloutState | None = None
@@ -133,12 +133,12 @@ class Rollout:
         return self.state in ("done", "failed")
 
     def _json(self) -> dict[str, Any]:
-        rejected = dataclasses.asdict(self.rejected) if self.rejected else None
-        if self.id is None:
-            return {"rejected": rejected}
-        return {"id": self.id, "state": self.state, "rolling": self.rolling,
-                "gpus": list(self.gpus), "done": list(self.done), "current": self.current,
-                "reason": self.reason, "rejected": rejected}
+        data: dict[str, Any] = {} if self.id is None else {
+            "id": self.id, "state": self.state, "rolling": self.rolling, "gpus": list(self.gpus),
+            "done": list(self.done), "current": self.current, "reason": self.reason}
+        if self.rejected is not None:
+            data["rejected"] = dataclasses.asdict(self.rejected)
+        return data
 
     @classmethod
     def _read(cls, data: Mapping[str, Any]) -> Rollout:
