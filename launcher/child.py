@@ -10,10 +10,16 @@ that outlives them.
 
     child = ChildProcess(["valkey-server", "--port", "6389"], Path("valkey.log"), env={})
     child.stop(grace=10)   # SIGTERM the leader, wait, then SIGKILL the group
+
+Stopping a child is one sequence, `_stop_steps`, for every caller: `stop_process` runs it
+blocking (the embedded servers, the demo, tests), `stop_process_async` on an event loop with the
+caller's clock (the node supervisor, which stops several servers at once and is tested on a
+scripted clock). Each takes a `ChildLike`, so a scripted fake stops the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -21,8 +27,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,8 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 # A process in uninterruptible sleep may outlive its SIGKILL this long; poll() reaps it later.
 REAP_WAIT_S = 5.0
+# How often a stop looks whether the leader exited after its SIGTERM.
+STOP_POLL_S = 0.05
 
 
 def die_with_parent() -> None:
@@ -98,14 +108,65 @@ class ChildProcess:
                 self.popen.wait(timeout=REAP_WAIT_S)
 
     def stop(self, grace: float) -> int | None:
-        """SIGTERM the leader, wait up to `grace` s, then SIGKILL whatever is left in the group
-        (even after a clean exit: a grandchild must not keep a port or the GPU). Returns the
-        exit code."""
-        if grace > 0 and self.alive():
-            self.terminate()
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning("pid %d: no exit %.1fs after SIGTERM, sending SIGKILL", self.pid, grace)
-        self.kill_group()
-        return self.popen.poll()
+        """`stop_process` of this child, saying so when SIGKILL was needed; the exit code."""
+        code, killed = stop_process(self, grace)
+        if killed:
+            log.warning("pid %d: no exit %.1fs after SIGTERM, sent SIGKILL", self.pid, grace)
+        return code
+
+
+class ChildLike(Protocol):
+    """What stopping a child needs of it (a `ChildProcess`, or a scripted fake)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill_group(self) -> None: ...
+
+
+def _stop_steps(proc: ChildLike, grace: float, now: Callable[[], float],
+                poll_s: float) -> Generator[float, None, tuple[int | None, bool]]:
+    """The stop sequence, yielding each wait to its driver: SIGTERM the leader (none when
+    `grace` is 0: a kill), wait up to `grace` s for it to exit, then SIGKILL the group, even
+    after a clean exit (a grandchild must not keep a port or the GPU). Returns (exit code,
+    whether SIGKILL was needed)."""
+    if grace > 0 and proc.poll() is None:
+        proc.terminate()
+        deadline = now() + grace
+        while proc.poll() is None and (left := deadline - now()) > 0:
+            yield min(poll_s, left)
+    killed = proc.poll() is None
+    proc.kill_group()
+    return proc.poll(), killed
+
+
+def stop_process(proc: ChildLike, grace: float,
+                 poll_s: float = STOP_POLL_S) -> tuple[int | None, bool]:
+    """Stop `proc` (`_stop_steps`), blocking; (exit code, whether SIGKILL was needed)."""
+    steps = _stop_steps(proc, grace, time.monotonic, poll_s)
+    try:
+        while True:
+            time.sleep(next(steps))
+    except StopIteration as done:
+        outcome: tuple[int | None, bool] = done.value
+        return outcome
+
+
+async def stop_process_async(
+    proc: ChildLike, grace: float, *, now: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] | None = None, poll_s: float = STOP_POLL_S,
+) -> tuple[int | None, bool]:
+    """Stop `proc` (`_stop_steps`) on an event loop, waiting with `sleep` on the clock `now`
+    (asyncio's sleep and the monotonic clock by default)."""
+    pause = sleep or asyncio.sleep
+    steps = _stop_steps(proc, grace, now, poll_s)
+    try:
+        while True:
+            await pause(next(steps))
+    except StopIteration as done:
+        outcome: tuple[int | None, bool] = done.value
+        return outcome

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.commandline import CommandParser
+from fleetgen.poll import poll, wait_until
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError
 from launcher.ports import (
@@ -43,7 +44,6 @@ from launcher.services import (
     data_dir_holder,
     redis_password,
     s3_credentials,
-    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -363,7 +363,7 @@ def _quoted(value: str) -> str:
 
 def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     """Enqueue, follow and export the job; `kept` is the kept stack's honcho pid."""
-    from fleetgen.jobview import job_status
+    from fleetgen.jobview import JobStatus, job_status
     from fleetgen.ledger import Ledger
     from fleetgen.settings import Settings
     from producer.cli import main as producer_main
@@ -376,24 +376,28 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
     if code != 0:
         return code
     ledger = Ledger.connect(Settings.from_env())
-    deadline = time.monotonic() + args.timeout
-    last = 0.0
-    while True:
+    shown = [0.0]  # when progress was last printed
+
+    def ended() -> JobStatus | None:
+        """The job's status once it is done or stopped; progress every 2 s until then."""
         status = job_status(ledger, job)
-        unit = "answers" if status.total > status.prompts else "prompts"
-        if status.state == "done":
-            break
-        if status.state in ("paused", "cancelled") and not status.in_flight:
-            print(render(status))
-            print(f"\njob {job} is {status.state}: {status.reason}", file=sys.stderr)
-            return 1
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job} not done after {args.timeout:.0f}s")
-        if time.monotonic() - last > 2:
-            last = time.monotonic()
+        if status.state == "done" or (status.state in ("paused", "cancelled")
+                                       and not status.in_flight):
+            return status
+        if time.monotonic() - shown[0] > 2:
+            shown[0] = time.monotonic()
+            unit = "answers" if status.total > status.prompts else "prompts"
             print(f"  {status.done + status.failed}/{status.total} {unit}, "
                   f"{status.in_flight} in flight, {status.rate.prompts_per_s_all:.1f}/s")
-        time.sleep(0.25)
+        return None
+
+    status = poll(ended, args.timeout, 0.25)
+    if status is None:
+        raise TimeoutError(f"job {job} not done after {args.timeout:.0f}s")
+    if status.state != "done":
+        print(render(status))
+        print(f"\njob {job} is {status.state}: {status.reason}", file=sys.stderr)
+        return 1
     print(render(status))
     exported = (args.export_dir / f"{job}.jsonl").resolve()
     exported.parent.mkdir(parents=True, exist_ok=True)

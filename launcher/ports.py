@@ -3,8 +3,8 @@ listen on by default, a port nothing listens on, whether a server could bind a p
 could not.
 
 A port can be taken two ways. A server listens on it: `port_holder` names that process, found
-as `ss -ltnp` finds it, without `ss` (the listening socket's inode in /proc/net/tcp and tcp6,
-then the process whose /proc/PID/fd links to it). Or a connection holds it as its local end (an
+as `ss -ltnp` finds it (psutil's net_connections: the listening socket, and the process that
+holds it where this user may see it). Or a connection holds it as its local end (an
 outgoing connection, or one in TIME-WAIT): the kernel hands those local ports out of its
 ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), so a server port inside that range is
 taken at random, by no process a user could stop. `busy_reason` says which.
@@ -15,16 +15,16 @@ with it without loading the embedded services (launcher.services), which load th
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterable
 from pathlib import Path
+
+import psutil
 
 HOST = "127.0.0.1"
 # Where Linux reads its ephemeral range from, and its default when the file cannot be read.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = (32768, 60999)
-_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 _COMMAND_CHARS = 120
 
 
@@ -82,43 +82,20 @@ def busy_reason(port: int) -> str:
 
 def port_holder(port: int) -> str | None:
     """`pid 4242 (COMMAND)` of the process listening on TCP `port`, `a process of another
-    user` when /proc does not show whose socket it is, None when nothing listens there."""
-    inodes = _listening_inodes(port)
-    if not inodes:
-        return None
-    links = {f"socket:[{inode}]" for inode in inodes}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fds = list((proc / "fd").iterdir())
-        except OSError:  # not ours to read, or it exited meanwhile
-            continue
-        if any(_link(fd) in links for fd in fds):
-            try:
-                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").strip()
-            except OSError:
-                return f"pid {proc.name}"
-            return f"pid {proc.name} ({command.decode(errors='replace')[:_COMMAND_CHARS]})"
-    return "a process of another user"
-
-
-def _link(fd: Path) -> str:
+    user` when the system does not say whose socket it is, None when nothing listens there."""
     try:
-        return os.readlink(fd)
-    except OSError:  # closed meanwhile
-        return ""
-
-
-def _listening_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cells = row.split()
-            if len(cells) > 9 and cells[3] == _LISTEN and int(cells[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cells[9])
-    return inodes
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # where only root may list sockets (macOS): say nothing
+        return None
+    listening = [c for c in connections
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    if not listening:
+        return None
+    pid = next((c.pid for c in listening if c.pid), None)
+    if pid is None:
+        return "a process of another user"
+    try:
+        command = " ".join(psutil.Process(pid).cmdline()).strip()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # it exited meanwhile, or not ours
+        return f"pid {pid}"
+    return f"pid {pid} ({command[:_COMMAND_CHARS]})"

@@ -32,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from launcher.services import free_s3_base, redis_password, wait_until
+from fleetgen.poll import wait_until
+from launcher.services import free_s3_base, redis_password
 from tests.stack import FAST_WORKER_ENV, PYTHON, ROOT, Proc
 
 REDIS_PORT = 6389

@@ -20,12 +20,13 @@ entry, so the advice is the same.
     advice = advise(gpu_entry_from_node_json, observed)
     advice.line()  # "gpu0: bound by 80 Mamba slots at 16 running, KV 7% used: ..."
     entry = await entry_for_url("http://10.0.0.5:30000")  # any SGLang server
-    advise(entry, await observe(entry["url"], 30.0, 2.0)).line()  # "http://10.0.0.5:30000: ..."
+    advise(entry, await observe(entry.url, 30.0, 2.0)).line()  # "http://10.0.0.5:30000: ..."
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shlex
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from launcher.logs import fold
 from launcher.node._args import adapt_flags, flag_value
 from launcher.node._errors import NodeError
 from launcher.node._flags import check_args
+from launcher.node._rundir import ProcessEntry, ServerEntry
 from launcher.node._watch import limits_reading
 
 # The reference GPU's decode step (docs/development/simulator.md#decode-cost).
@@ -117,9 +119,14 @@ class Advice:
                 text += f" ({self.gain:+.0%} tokens/s)"
         return text
 
-    def to_json(self) -> dict[str, Any]:
+    def _json(self) -> dict[str, Any]:
         return {**asdict(self), "flags": list(self.flags), "gain": self.gain,
                 "line": self.line()}
+
+
+def advice_json(advice: Sequence[Advice]) -> str:
+    """`advise --json`: one object per server, in a list."""
+    return json.dumps([a._json() for a in advice], indent=1)
 
 
 def relative_throughput(n: int, m: int) -> float:
@@ -129,31 +136,30 @@ def relative_throughput(n: int, m: int) -> float:
     return total(n) / total(m) if m > 0 else math.inf
 
 
-def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice:
+def advise(entry: ServerEntry, observed: Observed | None = None) -> Advice:
     """The advice for one GPU from its node.json entry (or `entry_for_url`'s) and, when sampled,
     its live figures."""
-    cap_info: Mapping[str, Any] = entry.get("capacity") or {}
-    argv = [str(a) for a in entry.get("argv") or []]
-    n = _int(cap_info.get("effective"))
-    requested = _int(cap_info.get("requested"))
-    binding = str(cap_info.get("binding") or "unknown")
-    slots = _int(cap_info.get("mamba_slots"))
-    tokens = _int(cap_info.get("max_total_num_tokens"))
-    graph_bs = _int(cap_info.get("cuda_graph_max_bs"))
+    cap = entry.capacity
+    argv = entry.server.argv
+    n = cap.effective if cap else None
+    requested = cap.requested if cap else None
+    binding = (cap.binding if cap else None) or "unknown"
+    slots = cap.mamba_slots if cap else None
+    tokens = cap.max_total_num_tokens if cap else None
+    graph_bs = cap.cuda_graph_max_bs if cap else None
+    version = cap.version if cap else None
     obs = observed or Observed(samples=0)
     held = round(obs.mamba_usage * slots) if obs.mamba_usage is not None and slots else None
-    url = entry.get("url")
 
     def verdict(binding: str, why: str, flags: Sequence[str] = (), target: int | None = None,
                 predicted: float | None = None) -> Advice:
         return Advice(
-            gpu=_int(entry.get("gpu")), binding=binding, cap=n, requested=requested,
+            gpu=entry.gpu, binding=binding, cap=n, requested=requested,
             running=obs.running, queue=obs.queue, kv_usage=obs.kv_usage,
             mamba_usage=obs.mamba_usage, mamba_slots=slots, mamba_num=held,
             tokens_per_s=obs.tokens_per_s, flags=tuple(flags), predicted_running=target,
             predicted_tokens_per_s=predicted, why=why, samples=obs.samples,
-            url=url if isinstance(url, str) else None,
-            server=str(entry["name"]) if entry.get("name") else None)
+            url=entry.url or None, server=entry.server.name or None)
 
     if n is None or n <= 0:
         return verdict("unknown", "the effective cap is not known yet")
@@ -173,8 +179,8 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
     if graph_bs is not None and n > graph_bs and peak > graph_bs:
         binding, target = "cuda-graph", n
         flags = ["--cuda-graph-max-bs-decode", str(n)]
-        if isinstance(cap_info.get("version"), str):  # spelled as that release takes it
-            flags = adapt_flags(flags, str(cap_info["version"]))[0]
+        if version is not None:  # spelled as that release takes it
+            flags = adapt_flags(flags, version)[0]
         why = f"batches above {graph_bs} run without CUDA graphs ({running_text} running{pools})"
     elif peak < n:
         return verdict(binding, f"cap {n} never reached (at most {peak:.0f} running): "
@@ -198,9 +204,8 @@ def advise(entry: Mapping[str, Any], observed: Observed | None = None) -> Advice
             f"--max-running-requests {requested or n}"
         why = f"bound by {what} at {running_text} running{pools}"
     else:
-        return verdict(binding, f"cap {n}: {cap_info.get('reason') or 'no advice'}")
-    version = cap_info.get("version")
-    rejected = check_args(flags, version) if isinstance(version, str) else []
+        return verdict(binding, f"cap {n}: {(cap.reason if cap else '') or 'no advice'}")
+    rejected = check_args(flags, version) if version is not None else []
     if rejected:  # an older release lacks the flag: say so rather than advise a failing start
         return verdict(binding, f"{why}; no flag to offer: {rejected[0]}")
     if binding == "cuda-graph":
@@ -234,10 +239,6 @@ def _pools_text(obs: Observed, slots: int | None, held: int | None) -> str:
     return ", " + ", ".join(parts) if parts else ""
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _float(text: str | None) -> float | None:
     try:
         return float(text) if text else None
@@ -248,7 +249,7 @@ def _float(text: str | None) -> float | None:
 # A server given by URL, and sampling a server over a window.
 
 async def entry_for_url(url: str, api_key: str | None = None,
-                        timeout_s: float = 10.0) -> dict[str, Any]:
+                        timeout_s: float = 10.0) -> ServerEntry:
     """A server the launcher did not start, as a node.json entry: its `/server_info` (or
     `/get_server_info`) read by fleetgen/servers/_server_info.py and combined as `launcher up` combines
     a ready server's (`limits_reading`, here with no log).
@@ -278,14 +279,13 @@ async def entry_for_url(url: str, api_key: str | None = None,
     return entry_from_server_info(url, info)
 
 
-def entry_from_server_info(url: str, info: ServerInfo) -> dict[str, Any]:
+def entry_from_server_info(url: str, info: ServerInfo) -> ServerEntry:
     """The node.json entry `advise` reads, for a server known only by its `/server_info`."""
-    reading = limits_reading(info, fold((), url))
     # The memory fraction the server resolved (its default included), as if passed.
     mfs = as_float(info.args.get("mem_fraction_static"))
-    return {"gpu": None, "url": url, "state": "ready",
-            "argv": ["--mem-fraction-static", str(mfs)] if mfs is not None else [],
-            "capacity": asdict(reading)}
+    argv = ("--mem-fraction-static", str(mfs)) if mfs is not None else ()
+    return ServerEntry(gpu=None, server=ProcessEntry(state="ready", argv=argv), url=url,
+                       capacity=limits_reading(info, fold((), url)))
 
 
 def _answered(answers: Sequence[httpx.Response]) -> str:

@@ -9,14 +9,14 @@ A profile is TOML (YAML too when PyYAML is installed):
 
 Layers are merged flag by flag, later ones winning: profile `args` < `[gpu.N] args` < the
 arguments after `--` on the command line. SGLang renamed flags between releases (docs/reference/sglang.md#flags),
-so `adapt_flags` rewrites either spelling to the one the installed version accepts. Then
-`build_argv` adds the entry point, model, ports and the launcher's defaults. Wherever an argv is
+so `adapt_flags` rewrites either spelling to the one the installed version accepts. Then the
+server's kind (launcher/node/_kind.py) adds the entry point, model, ports and the launcher's
+defaults. Wherever an argv is
 logged or published it goes through `fleetgen.redact.redact_argv`, the one place secrets are masked.
 
     profile = load_profile(Path("node.toml"))
     model, args = profile.for_gpu(3, cli_args=["--log-level", "info"])
     args, notes = adapt_flags(args, sglang_version())
-    argv = build_argv(["sglang", "serve"], model, 30003, 31003, args)
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from launcher.node._errors import ProfileError
-from launcher.ports import HOST  # servers listen on loopback unless told otherwise (`up --host`)
 
 # The newest release the contract was read from; assumed when SGLang is not installed here.
 NEWEST_SGLANG = "0.5.23"
@@ -47,7 +46,7 @@ _TOP_KEYS = {"model", "args", "env", "gpu", "command", "sglang_version"}
 _GPU_KEYS = {"model", "args", "env"}
 # A profile `command` for another engine (`transformers serve`, vLLM) takes the model, port
 # and host where that engine wants them: tokens holding these are filled in per server, and
-# no SGLang flag is added (`build_argv`).
+# no SGLang flag is added (launcher/node/_kind.py CommandLaunch).
 PLACEHOLDERS = ("{model}", "{port}", "{host}")
 
 
@@ -71,11 +70,6 @@ class Profile:
     # Replaces `sglang serve` (e.g. another venv), or names another engine (PLACEHOLDERS).
     command: tuple[str, ...] | None = None
     sglang_version: str | None = None  # forces flag spelling when SGLang is elsewhere
-
-    @property
-    def other_engine(self) -> bool:
-        """Whether `command` names an engine other than SGLang (it holds a placeholder)."""
-        return is_other_engine(self.command or ())
 
     def for_gpu(self, index: int, cli_args: Sequence[str] = (),
                 cli_model: str | None = None) -> tuple[str | None, list[str]]:
@@ -254,7 +248,7 @@ def _declares_cli() -> bool:
     return any(entry.name == "sglang" for entry in scripts)
 
 
-# The argument list itself: flags read from it, secrets masked, the full argv built.
+# The argument list itself: its flags and their values.
 
 def split_flags(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
     """Group an argument list into (flag, tokens) items: `--x 1 2` and `--y=3` are one each."""
@@ -277,50 +271,3 @@ def flag_value(args: Sequence[str], *names: str) -> str | None:
             _, eq, inline = tokens[0].partition("=")
             value = inline if eq else (tokens[1] if len(tokens) > 1 else "")
     return value
-
-
-def build_argv(command: Sequence[str], model: str | None, port: int, nccl_port: int | None,
-               args: Sequence[str], host: str = HOST) -> list[str]:
-    """The server's full argv: entry point, model, ports, launcher defaults, then `args`.
-
-    `host` is where the server listens unless `args` say `--host` themselves; `nccl_port`
-    None leaves the NCCL ports to SGLang (a data-parallel server takes one per DP rank).
-    A `command` with a `PLACEHOLDERS` token is another engine's: those tokens are filled in
-    and `args` follow, nothing else added:
-
-        build_argv(["transformers", "serve", "{model}", "--port", "{port}"], "/m", 30000,
-                   None, ["--continuous-batching"])
-        # ["transformers", "serve", "/m", "--port", "30000", "--continuous-batching"]
-    """
-    for flag in ("--port", "--nccl-port", "--base-gpu-id"):
-        if flag_value(args, flag) is not None:
-            raise ProfileError(f"{flag} is set per server by the launcher (ports: --base-port; "
-                               "GPUs: CUDA_VISIBLE_DEVICES); remove it from the server arguments")
-    if is_other_engine(command):
-        values = dict(zip(PLACEHOLDERS, (model or "", str(port), flag_value(args, "--host")
-                                         or host), strict=True))
-        return [_fill(token, values) for token in command] + list(args)
-    argv = list(command)
-    if model and flag_value(args, "--model-path", "--model") is None:
-        argv += ["--model-path", model]
-    argv += ["--port", str(port)]
-    if nccl_port is not None:
-        argv += ["--nccl-port", str(nccl_port)]
-    # --log-level warning would hide the lines readiness and capacity are read from (§1).
-    for flag, value in (("--host", host), ("--log-level", "info")):
-        if flag_value(args, flag) is None:
-            argv += [flag, value]
-    if flag_value(args, "--enable-metrics") is None:
-        argv.append("--enable-metrics")
-    return argv + list(args)
-
-
-def is_other_engine(command: Sequence[str]) -> bool:
-    """A command holding one of PLACEHOLDERS runs another engine than SGLang."""
-    return any(p in token for token in command for p in PLACEHOLDERS)
-
-
-def _fill(token: str, values: Mapping[str, str]) -> str:
-    for placeholder, value in values.items():
-        token = token.replace(placeholder, value)
-    return token

@@ -17,21 +17,18 @@ and sends the supervisor SIGHUP, then follows the rollout in node.json (docs/gui
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import os
-import secrets
-import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from fleetgen.commandline import CommandParser
 from launcher.errors import LauncherError, PortBusyError
-from launcher.node._advise import Observed, advise, entry_for_url, observe
+from launcher.node._advise import Observed, advice_json, advise, entry_for_url, observe
 from launcher.node._args import Profile, flag_value, load_profile
 from launcher.node._errors import NodeError, NoGpuError
 from launcher.node._gpus import discover_gpus, parse_gpu_spec, select_gpus
@@ -42,23 +39,30 @@ from launcher.node._plan import (
     read_request,
     render_dry_run,
 )
+from launcher.node._restart import follow_restart, new_request_id, send_restart
 from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
     REQUEST_FILE,
     STATE_FILE,
+    TUNE_FILE,
+    NodeState,
+    ProcessEntry,
+    RestartRequest,
+    Rollout,
+    ServerEntry,
     pid_alive,
     read_state,
-    write_json,
+    read_tune,
+    write_atomic,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
-from launcher.node._tune import TUNE_FILE, TuneSettings, auto_tune, cmd_tune, describe_tune
-from launcher.node._watch import HttpProbe
+from launcher.node._tune import TuneSettings, auto_tune, cmd_tune
+from launcher.node._watch import HttpProbe, Reading
 from launcher.ports import HOST
 
 log = logging.getLogger("launcher.node")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-ACK_TIMEOUT_S = 10.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,8 +198,9 @@ def cmd_up(argv: Sequence[str]) -> int:
 
 async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir: Path,
                      api_key: str | None, tune: TuneSettings | None = None) -> int:
-    header = {"run_dir": str(run_dir), "log_dir": str(plan.log_dir), "sim": plan.sim,
-              "workers": plan.workers, "started_at": time.time(), "sglang_version": plan.version}
+    header = NodeState(run_dir=str(run_dir), log_dir=str(plan.log_dir), sim=plan.sim,
+                       workers=plan.workers, started_at=time.time(),
+                       sglang_version=plan.version)
     holder = {"plan": plan}
 
     def load_order() -> Order | None:
@@ -204,9 +209,9 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
 
     probe = HttpProbe(api_key=api_key)
     supervisor = Supervisor(
-        slots, policy, probe=probe, load_order=load_order,
-        publish=lambda snapshot: write_json(run_dir / STATE_FILE, {
-            **header, **snapshot, "tune": _read_tune(run_dir)}))
+        slots, policy, probe=probe, load_order=load_order, header=header,
+        publish=lambda snapshot: write_atomic(run_dir / STATE_FILE, dataclasses.replace(
+            snapshot, tune=read_tune(run_dir)).to_json()))
     if tune is not None:
         (run_dir / TUNE_FILE).unlink(missing_ok=True)  # a former run's log is not this node's
     tuning = _start_tuning(supervisor, run_dir, tune) if tune is not None else None
@@ -241,18 +246,10 @@ def _start_tuning(supervisor: Supervisor, run_dir: Path,
     return asyncio.create_task(stop_with_node())
 
 
-def _read_tune(run_dir: Path) -> Any:
-    """`launcher tune`'s log, copied into node.json (None when it never ran here)."""
-    try:
-        return json.loads((run_dir / TUNE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _refuse_second_supervisor(run_dir: Path) -> None:
     state = read_state(run_dir)
-    pid = state.get("supervisor_pid") if state else None
-    if isinstance(pid, int) and pid_alive(pid):
+    pid = state.supervisor_pid if state else None
+    if pid is not None and pid_alive(pid):
         raise NodeError(f"a supervisor (pid {pid}) already runs with run dir {run_dir}; "
                         "stop it first or pass another --run-dir")
 
@@ -272,10 +269,10 @@ def cmd_status(argv: Sequence[str]) -> int:
         print(f"status: no {STATE_FILE} in {args.run_dir}: `launcher up` has not run here "
               "(or pass --run-dir)", file=sys.stderr)
         return EXIT_USAGE
-    annotate(state)
-    print(json.dumps(state, indent=1) if args.json else render_status(state))
-    healthy = state["supervisor_alive"] and all(
-        g["state"] == "ready" and g["pid_alive"] for g in state.get("gpus", []))
+    state = state.with_liveness()
+    print(state.to_json() if args.json else render_status(state))
+    healthy = state.supervisor_alive and all(
+        g.server.state == "ready" and g.server.pid_alive for g in state.gpus)
     return EXIT_OK if healthy else EXIT_FAILED
 
 
@@ -309,7 +306,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
     if args.url:
         urls = [_base_url(u) for u in args.url]
 
-        async def read_urls() -> list[dict[str, Any]]:
+        async def read_urls() -> list[ServerEntry]:
             return list(await asyncio.gather(*(entry_for_url(u, args.api_key) for u in urls)))
 
         entries = asyncio.run(read_urls())
@@ -318,7 +315,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
 
     async def sample_all() -> list[Observed]:
         return list(await asyncio.gather(*(
-            observe(str(g["url"]), args.window, args.interval, args.api_key) for g in entries)))
+            observe(g.url, args.window, args.interval, args.api_key) for g in entries)))
 
     advice = [advise(g, o) for g, o in zip(entries, asyncio.run(sample_all()), strict=True)]
     for a in advice:
@@ -327,22 +324,20 @@ def cmd_advise(argv: Sequence[str]) -> int:
                   "serves it with --enable-metrics): the advice is from its capacity alone",
                   file=sys.stderr)
     if args.json:
-        print(json.dumps([a.to_json() for a in advice], indent=1))
+        print(advice_json(advice))
     else:
         print("\n".join(a.line() for a in advice))
     return EXIT_OK
 
 
-def _ready_entries(run_dir: Path, gpus: str | None) -> list[dict[str, Any]]:
+def _ready_entries(run_dir: Path, gpus: str | None) -> list[ServerEntry]:
     """node.json's ready servers (only those holding one of `gpus` when given)."""
     state = read_state(run_dir)
     if state is None:
         raise NodeError(f"no {STATE_FILE} in {run_dir}: `launcher up` has not run here "
                         "(or pass --run-dir, or --url for a server started without it)")
     wanted = set(parse_gpu_spec(gpus)) if gpus else None
-    entries = [g for g in state.get("gpus", [])
-               if g.get("state") == "ready"
-               and (wanted is None or wanted & set(g.get("gpus") or [g["gpu"]]))]
+    entries = [g for g in state.ready if wanted is None or wanted & set(g.held)]
     if not entries:
         raise NodeError("no ready GPU to advise on (see `launcher status`)")
     return entries
@@ -374,124 +369,101 @@ def cmd_restart(argv: Sequence[str]) -> int:
                    help="seconds to follow the restart before giving up waiting")
     p.add_argument("--no-wait", action="store_true", help="return once the supervisor accepts")
     args = p.parse_args(flags)
-    state = read_state(args.run_dir)
-    pid = state.get("supervisor_pid") if state else None
-    if not isinstance(pid, int) or not pid_alive(pid):
-        raise NodeError(f"no running supervisor for run dir {args.run_dir}: start `launcher up`")
-    request_id = f"r{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
-    write_json(args.run_dir / REQUEST_FILE, {
-        "id": request_id, "rolling": args.rolling, "args": server_args,
-        "replace": args.replace_args,
-        "gpus": parse_gpu_spec(args.gpus) if args.gpus else None,
-        "profile": str(args.profile.resolve()) if args.profile else None})
-    os.kill(pid, signal.SIGHUP)
-    return follow(args.run_dir, request_id, args.timeout, args.no_wait)
+    request = RestartRequest(
+        new_request_id("r"), rolling=args.rolling,
+        args=tuple(server_args) if server_args is not None else None,
+        replace=args.replace_args,
+        gpus=tuple(parse_gpu_spec(args.gpus)) if args.gpus else None,
+        profile=str(args.profile.resolve()) if args.profile else None)
+    send_restart(args.run_dir, request)
+    return follow(args.run_dir, request.id, args.timeout, args.no_wait)
 
 
 def follow(run_dir: Path, request_id: str, timeout_s: float, no_wait: bool = False) -> int:
     """Print a restart's progress from node.json until it is done, failed or rejected."""
-    start, shown = time.monotonic(), ""
-    while time.monotonic() - start < timeout_s:
-        rollout = (read_state(run_dir) or {}).get("rollout") or {}
-        rejected = rollout.get("rejected") or {}
-        if rejected.get("id") == request_id:
-            print(f"restart {request_id}: rejected: {rejected.get('reason')}")
-            return EXIT_FAILED
-        if rollout.get("id") == request_id:
-            text = _rollout_text({**rollout, "rejected": None})
-            if text != shown:
-                print(text, flush=True)
-                shown = text
-            if no_wait or rollout.get("state") in ("done", "failed"):
-                return EXIT_FAILED if rollout.get("state") == "failed" else EXIT_OK
-        elif time.monotonic() - start > ACK_TIMEOUT_S:
-            print(f"restart {request_id}: the supervisor did not pick the request up within "
-                  f"{ACK_TIMEOUT_S:.0f} s", file=sys.stderr)
-            return EXIT_FAILED
-        time.sleep(0.2)
-    print(f"restart {request_id}: still running after {timeout_s:.0f} s", file=sys.stderr)
-    return EXIT_FAILED
+    shown: list[str] = []
+
+    def show(rollout: Rollout) -> None:
+        text = _rollout_text(dataclasses.replace(rollout, rejected=None))
+        if not shown or text != shown[-1]:
+            print(text, flush=True)
+            shown.append(text)
+
+    outcome = follow_restart(run_dir, request_id, timeout_s, show, until_accepted=no_wait)
+    if outcome.state == "rejected":
+        print(f"restart {request_id}: rejected: {outcome.reason}")
+    elif outcome.state in ("unacknowledged", "timed-out"):
+        print(f"restart {request_id}: {outcome.reason}", file=sys.stderr)
+    return EXIT_OK if outcome.state in ("done", "running") else EXIT_FAILED
 
 
-# The `status` table: node.json annotated with liveness and rendered as text.
+# The `status` table: node.json with liveness, rendered as text.
 
-def annotate(state: dict[str, Any]) -> None:
-    """Add `supervisor_alive` and each process's `pid_alive`."""
-    state["supervisor_alive"] = pid_alive(state.get("supervisor_pid"))
-    for gpu in state.get("gpus", []):
-        gpu["pid_alive"] = pid_alive(gpu.get("pid"))
-        if gpu.get("worker"):
-            gpu["worker"]["pid_alive"] = pid_alive(gpu["worker"].get("pid"))
-
-
-def render_status(state: Mapping[str, Any], now: float | None = None) -> str:
-    """The status table: GPU, port, pid, state, uptime, restarts, capacity, why."""
+def render_status(state: NodeState, now: float | None = None) -> str:
+    """The status table: GPU, port, pid, state, uptime, restarts, capacity, why (liveness as
+    `NodeState.with_liveness` says; a state without it counts as alive)."""
     now = time.time() if now is None else now
-    sup = state.get("supervisor_pid")
-    head = f"supervisor pid {sup} " + ("running" if state.get("supervisor_alive") else
-                                       "NOT running: the state below is stale")
-    head += f"; updated {_ago(now - float(state.get('updated_at') or now))} ago"
+    head = f"supervisor pid {state.supervisor_pid} " + (
+        "running" if state.supervisor_alive else "NOT running: the state below is stale")
+    head += f"; updated {_ago(now - (state.updated_at or now))} ago"
     rows: list[tuple[str, ...]] = [
         ("GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS", "CAPACITY", "WHY")]
-    for g in state.get("gpus", []):
-        rows.append(_row(g, now))
-        worker = g.get("worker")
-        if worker:
-            rows.append(_row({**worker, "gpu": f"  w{_gpus_text(g)}", "port": "-"}, now))
+    for g in state.gpus:
+        rows.append(_row(g.server, _gpus_text(g), str(g.port), g.capacity, now))
+        if g.worker:
+            rows.append(_row(g.worker, f"  w{_gpus_text(g)}", "-", None, now))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
                       for r in rows]
-    rollout = state.get("rollout")
-    if rollout:
-        lines.append(_rollout_text(rollout))
-    if state.get("tune"):
-        lines.append(describe_tune(state["tune"]))
+    if state.rollout:
+        lines.append(_rollout_text(state.rollout))
+    if state.tune:
+        lines.append(state.tune.describe())
     # One line of advice per ready GPU with flags to try, from its capacity and the running
     # peak its log showed (no HTTP: `launcher advise` samples the live figures first); a server
     # that never ran anything gets none.
-    for g in state.get("gpus", []):
-        if g.get("state") == "ready" and g.get("capacity") and g.get("peak_running"):
-            tip = advise(g, Observed(samples=0, peak_running=float(g["peak_running"])))
+    for g in state.ready:
+        if g.capacity and g.peak_running:
+            tip = advise(g, Observed(samples=0, peak_running=float(g.peak_running)))
             if tip.flags:
                 lines.append(f"advice {tip.line()} (check: launcher advise)")
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _row(g: Mapping[str, Any], now: float) -> tuple[str, ...]:
-    alive, state = g.get("pid_alive", True), str(g.get("state"))
-    pid = "-" if g.get("pid") is None or state == "stopped" else str(g["pid"])
+def _row(p: ProcessEntry, gpu: str, port: str, cap: Reading | None,
+         now: float) -> tuple[str, ...]:
+    alive, state = p.pid_alive is not False, str(p.state)
+    pid = "-" if p.pid is None or state == "stopped" else str(p.pid)
     if pid != "-" and not alive:
         pid, state = f"{pid} (gone)", f"{state}?"
-    up = _ago(now - g["since"]) if g.get("state") in ("ready", "running") and alive else "-"
-    cap = g.get("capacity") or {}
+    up = _ago(now - p.since) if p.state in ("ready", "running") and alive else "-"
     capacity = "-"
-    if cap.get("effective") is not None:
-        asked = cap.get("requested") or "auto"
-        capacity = f"{cap['effective']} (asked {asked})"
-        whole = cap.get("concurrency")
-        if whole is not None and whole != cap["effective"]:  # a server of several DP ranks
-            capacity = f"{whole} ({cap['effective']} per DP rank, asked {asked})"
+    if cap is not None and cap.effective is not None:
+        asked = cap.requested or "auto"
+        capacity = f"{cap.effective} (asked {asked})"
+        whole = cap.concurrency
+        if whole is not None and whole != cap.effective:  # a server of several DP ranks
+            capacity = f"{whole} ({cap.effective} per DP rank, asked {asked})"
     # A ready server explains its capacity; any other state explains itself.
-    why = cap.get("reason") if g.get("state") in ("ready", "running") else g.get("last_reason")
-    return (_gpus_text(g), str(g.get("port")), pid, state, up, str(g.get("restarts", 0)),
-            capacity, why or "")
+    why = (cap.reason if cap else None) if p.state in ("ready", "running") else p.last_reason
+    return (gpu, port, pid, state, up, str(p.restarts), capacity, why or "")
 
 
-def _gpus_text(g: Mapping[str, Any]) -> str:
+def _gpus_text(g: ServerEntry) -> str:
     """The GPU column: `3` for a one-GPU server, `0-1` for one over GPUs 0 and 1 (its queue's
     name without `gpu`)."""
-    gpus, name = g.get("gpus") or [], str(g.get("name") or "")
-    return name.removeprefix("gpu") if len(gpus) > 1 and name else str(g.get("gpu"))
+    name = g.server.name
+    return name.removeprefix("gpu") if len(g.gpus) > 1 and name else str(g.gpu)
 
 
-def _rollout_text(r: Mapping[str, Any]) -> str:
-    text = f"restart {r.get('id')}: {r.get('state')}, done GPU {r.get('done')}"
-    if r.get("current") is not None:
-        text += f", now GPU {r['current']}"
-    if r.get("reason"):
-        text += f": {r['reason']}"
-    if r.get("rejected"):
-        text += f"\nrestart {r['rejected']['id']}: rejected: {r['rejected']['reason']}"
+def _rollout_text(r: Rollout) -> str:
+    text = f"restart {r.id}: {r.state}, done GPU {list(r.done)}"
+    if r.current is not None:
+        text += f", now GPU {r.current}"
+    if r.reason:
+        text += f": {r.reason}"
+    if r.rejected:
+        text += f"\nrestart {r.rejected.id}: rejected: {r.rejected.reason}"
     return text
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from launcher.node._args import split_flags, version_tuple
 
@@ -48,6 +48,15 @@ _SWITCH_ACTIONS = frozenset({"store_true", "store_false", "store_const", "count"
 Actions = Mapping[str, bool]
 
 
+class FlagJson(TypedDict, total=False):
+    """One flag in sglang_flags.json: `kind` always, the rest only when they hold."""
+
+    kind: str
+    many: bool
+    optional: bool
+    choices: list[str]
+
+
 @dataclass(frozen=True)
 class Flag:
     """What one flag takes: `kind`, several values (`many`), and the allowed `choices`."""
@@ -57,8 +66,8 @@ class Flag:
     choices: tuple[str, ...] | None = None
     optional: bool = False  # nargs "?" or "*": the flag may stand alone
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind}
+    def to_json(self) -> FlagJson:
+        out: FlagJson = {"kind": self.kind}
         if self.many:
             out["many"] = True
         if self.optional:

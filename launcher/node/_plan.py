@@ -13,7 +13,6 @@ and the up-front check that every planned port is free.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shlex
 import sys
@@ -24,22 +23,12 @@ from pathlib import Path
 from fleetgen.keys import METRICS_BASE_PORT, gpu_queue
 from fleetgen.redact import redact, redact_argv
 from launcher.errors import PortBusyError
-from launcher.node._args import (
-    NEWEST_SGLANG,
-    Profile,
-    adapt_flags,
-    build_argv,
-    flag_value,
-    load_profile,
-    merge_args,
-    sglang_command,
-)
-from launcher.node._args import sglang_version as installed_sglang_version
+from launcher.node._args import Profile, adapt_flags, flag_value, load_profile, merge_args
 from launcher.node._errors import NodeError, ProfileError
-from launcher.node._flags import check_args
 from launcher.node._gpus import group_gpus
+from launcher.node._kind import ServerLaunch, launch_for
 from launcher.node._process import LaunchSpec
-from launcher.node._rundir import REQUEST_FILE
+from launcher.node._rundir import REQUEST_FILE, RestartRequest
 from launcher.node._supervisor import Order, OrderError
 from launcher.ports import HOST, ephemeral_range, port_is_free
 
@@ -59,7 +48,6 @@ RANDOM_NCCL_RANGE = range(22000, 30000)
 # worker's port sits beside its server's instead, at BASE+2000+N, above the NCCL ports.
 METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
 METRICS_BESIDE_OFFSET = 2 * NCCL_OFFSET
-SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
 # What the workers inherit that says where they talk to, and what each means when unset: the
 # Redis of the queues, the S3 endpoint of the results, the default output. The dry run shows
 # them (redacted) so a wrong one is seen before anything starts.
@@ -151,25 +139,18 @@ class NodePlan:
     host: str = HOST
 
     @property
+    def launch(self) -> ServerLaunch:
+        """The kind of server each GPU runs: SGLang, the simulator, or another engine."""
+        return launch_for(self.profile, self.sim)
+
+    @property
     def version(self) -> str:
         """The SGLang version whose flag names are used (the simulator mimics the newest)."""
-        if self.sim:
-            return NEWEST_SGLANG
-        return self.profile.sglang_version or installed_sglang_version() or NEWEST_SGLANG
+        return self.launch.version(self.profile)
 
     def version_text(self) -> str:
         """Which SGLang the flags are spelled for, and where that version came from."""
-        if self.sim:
-            return f"simulator (flags of sglang {NEWEST_SGLANG})"
-        if self.profile.other_engine:
-            return f"{shlex.join((self.profile.command or ())[:2])} (the profile's command)"
-        if self.profile.sglang_version:
-            return f"sglang {self.profile.sglang_version} (the profile's sglang_version)"
-        installed = installed_sglang_version()
-        if installed:
-            return f"sglang {installed} (installed)"
-        return (f"SGLang is not installed here: flags spelled and checked for sglang "
-                f"{NEWEST_SGLANG}, the newest release the flags table was made from")
+        return self.launch.describe(self.profile)
 
     @property
     def parallel(self) -> Parallel:
@@ -207,17 +188,18 @@ class NodePlan:
         name = gpu_queue(gpus)
         model, args = self.profile.for_gpu(gpu, self.cli_args, self.model)
         self._check_overrides(gpus, args)
-        if not self.sim and model is None and flag_value(args, "--model-path", "--model") is None:
+        if self.launch.needs_model and model is None \
+                and flag_value(args, "--model-path", "--model") is None:
             raise ProfileError("no model: pass --model PATH or set `model` in the profile")
         args, notes = adapt_flags(args, self.version)
         for note in notes:
             log.info("%s: flag %s", name, note)
-        command = SIM_COMMAND if self.sim else tuple(self._command())
+        command = self.launch.command(self.profile, assume=self.assume_command)
         # base + lead GPU index, not position: a worker for queue gpuN (or gpuN-M) defaults
         # to port 30000+N.
         port = self.base_port + gpu
         nccl = port + NCCL_OFFSET if self.parallel.one_nccl_port else None
-        argv = build_argv(command, model, port, nccl, args, self.host)
+        argv = self.launch.argv(command, model, port, nccl, args, self.host)
         env = {**self.env, **self.profile.env_for_gpu(gpu),
                # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order may differ.
                "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
@@ -237,14 +219,6 @@ class NodePlan:
                                "GPUs: give --tp-size, --dp-size, --pp-size and "
                                f"{DP_ATTENTION_FLAG} in the profile's `args` or after `--`")
 
-    def _command(self) -> list[str]:
-        try:
-            return sglang_command(self.profile)
-        except ProfileError:
-            if self.assume_command:
-                return ["sglang", "serve"]
-            raise
-
     def worker_spec(self, gpu: int, server: LaunchSpec) -> LaunchSpec:
         """The Celery worker of the server led by GPU `gpu`, pointed at that server."""
         queue = gpu_queue(self.servers[gpu])
@@ -262,19 +236,19 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
     """Turn `restart.json` into an Order and the plan it implies; (None, plan) if absent."""
     path = run_dir / REQUEST_FILE
     try:
-        request = json.loads(path.read_text())
+        request = RestartRequest.from_json(path.read_text())
     except FileNotFoundError:
         return None, plan
     path.unlink(missing_ok=True)
-    request_id, new = str(request.get("id")), plan
+    new = plan
     try:
-        if request.get("args") is not None:
-            given = [str(a) for a in request["args"]]
-            args = given if request.get("replace") else merge_args(plan.cli_args, given)
+        if request.args is not None:
+            given = list(request.args)
+            args = given if request.replace else merge_args(plan.cli_args, given)
             new = dataclasses.replace(new, cli_args=tuple(args))
-        if request.get("profile"):
-            new = dataclasses.replace(new, profile=load_profile(Path(request["profile"])))
-        gpus = request.get("gpus") or list(plan.gpus)
+        if request.profile:
+            new = dataclasses.replace(new, profile=load_profile(Path(request.profile)))
+        gpus = request.gpus or plan.gpus
         missing = [g for g in gpus if g not in plan.gpus]
         if missing:
             raise NodeError(f"GPU {missing} not supervised here (GPUs {list(plan.gpus)})")
@@ -285,8 +259,8 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
         # A GPU names the server holding it: a group server restarts as a whole.
         specs = {lead: new.server_spec(lead) for lead in sorted({plan.lead_of(g) for g in gpus})}
     except NodeError as exc:
-        raise OrderError(request_id, str(exc)) from None
-    return Order(request_id, specs, bool(request.get("rolling", True))), new
+        raise OrderError(request.id, str(exc)) from None
+    return Order(request.id, specs, request.rolling), new
 
 
 def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
@@ -307,8 +281,7 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
     for gpu, spec in specs.items():
         added = {k: v for k, v in spec.env.items() if plan.env.get(k) != v}
         nccl = flag_value(spec.argv, "--nccl-port")
-        ports = (f"nccl port {nccl}" if nccl else "no NCCL port (another engine)"
-                 if plan.profile.other_engine else "nccl ports picked by SGLang, one per DP rank")
+        ports = plan.launch.ports_text(nccl)
         lines.append(f"{spec.name}: http {spec.url}, {ports}, log {spec.log_path}")
         lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(
             added.items())))
@@ -316,8 +289,7 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
         server_args = list(spec.argv[next((i for i, a in enumerate(spec.argv)
                                             if a.startswith("--")), len(spec.argv)):])
         # The simulator's flags are its own, and another engine's are that engine's.
-        if not plan.sim and not plan.profile.other_engine:
-            lines += [f"  warning: {p}" for p in check_args(server_args, plan.version)]
+        lines += [f"  warning: {p}" for p in plan.launch.warnings(server_args, plan.version)]
         if gpu in workers:
             worker = workers[gpu]
             metrics = worker.env.get("FLEETGEN_METRICS_PORT")

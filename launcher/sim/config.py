@@ -119,7 +119,8 @@ class SimConfig:
     default_chat_template_kwargs: dict[str, Any] | None = _opt(  # noqa: RUF009 (a field())
         None, "JSON, e.g. '{\"enable_thinking\": false}'", type=_json_dict)
     # Simulator flags.
-    profile: str = _opt("dense", "capacity model (§7)", choices=("dense", "mamba-hybrid"))
+    model_arch: str = _opt("dense", "the architecture it serves, which sets its capacity model "
+                           "(§7) and the model class it reports", choices=("dense", "mamba-hybrid"))
     decode_tps: float = _opt(86.0, "tokens/s of one running request (--decode-model fixed)",
                              type=float)
     decode_model: str = _opt(
@@ -278,7 +279,7 @@ class SimConfig:
     @property
     def hybrid(self) -> bool:
         """Whether the Mamba-hybrid capacity model applies."""
-        return self.profile == "mamba-hybrid"
+        return self.model_arch == "mamba-hybrid"
 
     @classmethod
     def from_argv(cls, argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:

@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 from fastapi import Request, Response
@@ -91,33 +91,61 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
     return sreq, plan
 
 
-def meta_info(sim: Simulator, job: Job, n: int, final: bool) -> dict[str, Any]:
-    """The `meta_info` dict of a (possibly partial) result."""
+class MetaInfo(TypedDict):
+    """A result's `meta_info`, as SGLang's /generate writes it: the speculative figures with
+    speculative decoding, the timings with --enable-metrics."""
+
+    id: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    weight_version: str
+    num_retractions: int
+    e2e_latency: float
+    spec_verify_ct: NotRequired[int]
+    spec_accept_length: NotRequired[float]
+    spec_accept_rate: NotRequired[float]
+    spec_num_correct_drafts: NotRequired[int]
+    spec_num_proposed_drafts: NotRequired[int]
+    request_received_ts: NotRequired[float]
+    first_token_latency: NotRequired[float]
+    queue_time: NotRequired[float]
+    decode_throughput: NotRequired[float]
+    forward_entry_time: NotRequired[float]
+    prefill_finished_time: NotRequired[float]
+    request_finished_ts: NotRequired[float]
+
+
+def meta_info(sim: Simulator, job: Job, n: int, final: bool) -> MetaInfo:
+    """The `meta_info` of a (possibly partial) result."""
     sreq, plan = job
     loop_now = sim.scheduler.loop.time()
-    meta: dict[str, Any] = {"id": sreq.rid, "finish_reason": _finish(plan, sreq) if final else None,
-                            "prompt_tokens": sreq.input_tokens, "completion_tokens": n,
-                            "cached_tokens": 0, "reasoning_tokens": 0,
-                            "weight_version": "default", "num_retractions": 0,
-                            "e2e_latency": loop_now - sreq.arrival}
+    meta: MetaInfo = {"id": sreq.rid, "finish_reason": _finish(plan, sreq) if final else None,
+                      "prompt_tokens": sreq.input_tokens, "completion_tokens": n,
+                      "cached_tokens": 0, "reasoning_tokens": 0,
+                      "weight_version": "default", "num_retractions": 0,
+                      "e2e_latency": loop_now - sreq.arrival}
     if sim.cfg.speculative and n > 0:
         accept = sim.cfg.speculative_accept_length
         verify = max(1, math.ceil(n / accept))
         draft = sim.capacity.spec_draft_tokens or 2
-        meta.update(spec_verify_ct=verify, spec_accept_length=n / verify,
-                    spec_accept_rate=sim.scheduler.accept_rate(),
-                    spec_num_correct_drafts=n - verify,
-                    spec_num_proposed_drafts=verify * (draft - 1))
+        meta["spec_verify_ct"] = verify
+        meta["spec_accept_length"] = n / verify
+        meta["spec_accept_rate"] = sim.scheduler.accept_rate()
+        meta["spec_num_correct_drafts"] = n - verify
+        meta["spec_num_proposed_drafts"] = verify * (draft - 1)
     if sim.cfg.enable_metrics and sreq.admitted_at is not None:
         to_unix = time.time() - loop_now
         first = sreq.first_token_at()
-        meta.update(request_received_ts=to_unix + sreq.arrival,
-                    first_token_latency=first - sreq.arrival,
-                    queue_time=sreq.admitted_at - sreq.arrival,
-                    decode_throughput=n / max(loop_now - first, 1e-9) if n > 1 else 0.0,
-                    forward_entry_time=to_unix + sreq.admitted_at,
-                    prefill_finished_time=to_unix + sreq.decode_start,
-                    request_finished_ts=to_unix + loop_now)
+        meta["request_received_ts"] = to_unix + sreq.arrival
+        meta["first_token_latency"] = first - sreq.arrival
+        meta["queue_time"] = sreq.admitted_at - sreq.arrival
+        meta["decode_throughput"] = n / max(loop_now - first, 1e-9) if n > 1 else 0.0
+        meta["forward_entry_time"] = to_unix + sreq.admitted_at
+        meta["prefill_finished_time"] = to_unix + sreq.decode_start
+        meta["request_finished_ts"] = to_unix + loop_now
     return meta
 
 

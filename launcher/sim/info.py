@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from launcher.sim.capacity import AVAIL_BEFORE_LOAD_GB
 from launcher.sim.simulator import Simulator
@@ -62,7 +62,7 @@ def max_req_input_len(sim: Simulator) -> int:
     return min(sim.cfg.context_len - 1, sim.capacity.max_total_num_tokens - 1) - 5
 
 
-def internal_state(sim: Simulator) -> dict[str, Any]:
+def _internal_state(sim: Simulator) -> dict[str, Any]:
     """One DP rank's `internal_states` element: its scheduler's view, with the rank's
     effective running cap (every rank of the simulator has the same pools)."""
     cap = sim.capacity
@@ -89,16 +89,67 @@ def server_info(sim: Simulator) -> dict[str, Any]:
         "max_total_num_tokens": sim.capacity.max_total_num_tokens,
         "max_req_input_len": max_req_input_len(sim), "status": "ready",
         "startup_time": sim.startup_seconds, "hicache_object_layout": None, "kv_events": None,
-        "internal_states": [internal_state(sim) for _ in range(sim.cfg.dp_size)],
+        "internal_states": [_internal_state(sim) for _ in range(sim.cfg.dp_size)],
         "version": sim.cfg.sglang_version,
         "frontend": "python",
     }
 
 
-def model_info(sim: Simulator) -> dict[str, Any]:
+class ModelInfo(TypedDict):
+    """The /model_info body."""
+
+    model_path: str
+    served_model_name: str
+    tokenizer_path: str
+    is_generation: bool
+    preferred_sampling_params: None
+    weight_version: str
+    load_format: str
+    reasoning_parser: str | None
+    tool_call_parser: str | None
+    disaggregation_mode: str
+    has_image_understanding: bool
+    has_audio_understanding: bool
+    model_type: str
+    architectures: list[str]
+
+
+class ModelPermission(TypedDict):
+    """vLLM's ModelPermission, as its ModelCard lists one."""
+
+    id: str
+    object: str
+    created: int
+    allow_create_engine: bool
+    allow_sampling: bool
+    allow_logprobs: bool
+    allow_search_indices: bool
+    allow_view: bool
+    allow_fine_tuning: bool
+    organization: str
+    group: None
+    is_blocking: bool
+
+
+class ModelCard(TypedDict):
+    """One /v1/models entry: SGLang's and vLLM's (which adds `permission`) share the rest;
+    transformers serve's has `id`, `object`, `created`, `owned_by` and `status` only."""
+
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    root: NotRequired[str]
+    parent: NotRequired[None]
+    max_model_len: NotRequired[int]
+    permission: NotRequired[list[ModelPermission]]
+    status: NotRequired[dict[str, str]]
+
+
+def model_info(sim: Simulator) -> ModelInfo:
     """The /model_info dict."""
     cfg = sim.cfg
-    model_class, model_type = MODEL_CLASSES[cfg.profile]
+    model_class, model_type = MODEL_CLASSES[cfg.model_arch]
     return {"model_path": cfg.model_path, "served_model_name": cfg.served_name,
             "tokenizer_path": cfg.tokenizer_path or cfg.model_path, "is_generation": True,
             "preferred_sampling_params": None, "weight_version": "default",
@@ -108,7 +159,7 @@ def model_info(sim: Simulator) -> dict[str, Any]:
             "model_type": model_type, "architectures": [model_class]}
 
 
-def model_card(sim: Simulator) -> dict[str, Any]:
+def model_card(sim: Simulator) -> ModelCard:
     """One /v1/models entry, in the flavour's shape."""
     if sim.cfg.flavor == "vllm":
         return _vllm_model_card(sim)
@@ -119,11 +170,11 @@ def model_card(sim: Simulator) -> dict[str, Any]:
             "root": name, "parent": None, "max_model_len": sim.cfg.context_len}
 
 
-def _vllm_model_card(sim: Simulator) -> dict[str, Any]:
+def _vllm_model_card(sim: Simulator) -> ModelCard:
     """vLLM 0.11.0's ModelCard: `root` is the model path, one default ModelPermission."""
     cfg, now = sim.cfg, int(time.time())
     perm_id = hashlib.blake2b(cfg.served_name.encode(), digest_size=16).hexdigest()
-    permission = {"id": f"modelperm-{perm_id}", "object": "model_permission", "created": now,
+    permission: ModelPermission = {"id": f"modelperm-{perm_id}", "object": "model_permission", "created": now,
                   "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                   "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                   "organization": "*", "group": None, "is_blocking": False}
@@ -132,7 +183,7 @@ def _vllm_model_card(sim: Simulator) -> dict[str, Any]:
             "permission": [permission]}
 
 
-def _strict_model_card(sim: Simulator) -> dict[str, Any]:
+def _strict_model_card(sim: Simulator) -> ModelCard:
     """transformers serve's entry for the model it is pinned to (`model_owner`: the Hub
     organization, "local" for a path, "" for a bare name)."""
     name = sim.cfg.served_name

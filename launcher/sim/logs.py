@@ -13,8 +13,8 @@ Pure formatting functions plus the logging configuration of a simulator process.
 from __future__ import annotations
 
 import logging
+import logging.config
 from dataclasses import dataclass
-from typing import Any
 
 SCHEDULER_LOGGER = "launcher.sim.scheduler"  # lines a real scheduler process would print
 DATEFMT = "%Y-%m-%d %H:%M:%S"
@@ -156,10 +156,10 @@ class SglangFormatter(logging.Formatter):
         return super().format(record)
 
 
-def logging_config(log_level: str, http_level: str | None, tp_prefix: bool) -> dict[str, Any]:
-    """A dictConfig for a simulator process: everything to stdout, one line per record."""
+def configure_logging(log_level: str, http_level: str | None, tp_prefix: bool) -> None:
+    """Configure a simulator process's logging: everything to stdout, one line per record."""
     level = log_level.upper()
-    return {
+    logging.config.dictConfig({
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
@@ -179,4 +179,4 @@ def logging_config(log_level: str, http_level: str | None, tp_prefix: bool) -> d
                         "propagate": False},
             "uvicorn.access": {"handlers": ["uvicorn"], "level": "INFO", "propagate": False},
         },
-    }
+    })

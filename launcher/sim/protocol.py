@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
@@ -232,9 +233,9 @@ def strict_fields() -> frozenset[str]:
     return openai_fields | TRANSFORMERS_CHAT_FIELDS
 
 
-def check_strict_fields(data: dict[str, Any]) -> None:
+def check_strict_fields(fields: Iterable[str]) -> None:
     """transformers serve's `_validate_request`: any field outside its schema is a 422."""
-    unexpected = set(data) - strict_fields()
+    unexpected = set(fields) - strict_fields()
     if unexpected:
         detail = f"Unexpected fields in the request: {unexpected}"
         raise RequestError(422, orjson.dumps({"detail": detail}))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -44,6 +44,31 @@ class ChatView:
     reasoning_field: str = "reasoning_content"  # vLLM's name of it (--vllm-reasoning-field)
 
 
+class ToolFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """One parsed tool call in SGLang's shape."""
+
+    id: str
+    index: int
+    type: str
+    function: ToolFunction
+
+
+class Usage(TypedDict):
+    """SGLang's `usage` object (completion tokens include the reasoning tokens)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None
+    reasoning_tokens: int
+    completion_tokens_details: dict[str, int]
+
+
 def reasoning_tokens(plan: OutputPlan, n: int, view: ChatView) -> int:
     """Reasoning tokens among the first `n` (up to and including </think>)."""
     if not (view.count_reasoning and plan.thinking):
@@ -51,7 +76,7 @@ def reasoning_tokens(plan: OutputPlan, n: int, view: ChatView) -> int:
     return plan.think_end + 1 if 0 <= plan.think_end < n else n
 
 
-def _tool_calls(plan: OutputPlan, rid: str) -> list[dict[str, Any]] | None:
+def _tool_calls(plan: OutputPlan, rid: str) -> list[ToolCall] | None:
     if plan.tool_call is None:
         return None
     call_id = "call_" + hashlib.blake2b(rid.encode(), digest_size=12).hexdigest()
@@ -60,7 +85,7 @@ def _tool_calls(plan: OutputPlan, rid: str) -> list[dict[str, Any]] | None:
 
 
 def split_output(plan: OutputPlan, n: int, view: ChatView,
-                 complete: bool) -> tuple[str | None, str, list[dict[str, Any]] | None]:
+                 complete: bool) -> tuple[str | None, str, list[ToolCall] | None]:
     """(reasoning_content, content, tool_calls) of the first `n` tokens."""
     pieces = plan.pieces[:n]
     tools = _tool_calls(plan, view.rid) if complete and plan.tool_span else None
@@ -79,7 +104,7 @@ def split_output(plan: OutputPlan, n: int, view: ChatView,
     return "".join(pieces), "", tools
 
 
-def usage(plan: OutputPlan, n: int, view: ChatView) -> dict[str, Any]:
+def usage(plan: OutputPlan, n: int, view: ChatView) -> Usage:
     """The `usage` object (completion tokens include reasoning tokens)."""
     reasoning = reasoning_tokens(plan, n, view)
     return {"prompt_tokens": view.prompt_tokens, "completion_tokens": n,
@@ -131,7 +156,7 @@ def several_body(bodies: list[bytes]) -> bytes:
     return orjson.dumps(out)
 
 
-def _vllm_tool_calls(tools: list[dict[str, Any]] | None, rid: str) -> list[dict[str, Any]]:
+def _vllm_tool_calls(tools: list[ToolCall] | None, rid: str) -> list[dict[str, Any]]:
     """vLLM's ToolCall dumps: `chatcmpl-tool-<hex>` ids, no index."""
     digest = hashlib.blake2b(rid.encode(), digest_size=16).hexdigest()
     return [{"id": f"chatcmpl-tool-{digest}", "type": "function", "function": t["function"]}
@@ -213,7 +238,7 @@ class ChunkWriter:
         body = orjson.dumps({"role": None, "content": content, "reasoning_content": reasoning})
         return self._head + body + self._tail
 
-    def tools(self, calls: list[dict[str, Any]]) -> bytes:
+    def tools(self, calls: list[ToolCall]) -> bytes:
         """The parsed tool calls, sent once the call is complete."""
         body = orjson.dumps({"role": None, "content": None, "reasoning_content": None,
                              "tool_calls": calls})
@@ -285,7 +310,7 @@ class VllmChunkWriter(ChunkWriter):
             body = b"{" + self._reasoning_key + b":" + orjson.dumps(reasoning) + b"}"
         return self._head + body + self._tail
 
-    def tools(self, calls: list[dict[str, Any]]) -> bytes:
+    def tools(self, calls: list[ToolCall]) -> bytes:
         """The parsed tool calls in one delta."""
         tools = [{**call, "index": 0} for call in _vllm_tool_calls(calls, self.view.rid)]
         return self._head + orjson.dumps({"tool_calls": tools}) + self._tail

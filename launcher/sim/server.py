@@ -154,8 +154,8 @@ def run(config: SimConfig, argv: list[str] | None = None) -> int:
     except PortInUseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PORT_IN_USE
-    logging.config.dictConfig(logs.logging_config(config.log_level, config.log_level_http,
-                                                  config.tp_prefix or config.tp_size > 1))
+    logs.configure_logging(config.log_level, config.log_level_http,
+                           config.tp_prefix or config.tp_size > 1)
     sim = Simulator(config)
     sim.launch_command = ["python", "-m", "sglang.launch_server", *(argv or [])]
     sim.on_fatal = _kill_self

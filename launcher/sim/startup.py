@@ -38,7 +38,7 @@ def announce(sim: Simulator) -> bool:
     sched_log.info("Load weight begin. avail mem=%.2f GB", AVAIL_BEFORE_LOAD_GB)
     if cfg.load_delay:
         time.sleep(cfg.load_delay)
-    model_class = info.MODEL_CLASSES[cfg.profile][0]
+    model_class = info.MODEL_CLASSES[cfg.model_arch][0]
     base = AVAIL_BEFORE_LOAD_GB - (cap.weights_gb - DRAFT_WEIGHTS_GB if cfg.speculative
                                    else cap.weights_gb)
     sched_log.info(logs.load_weight_end(cfg.log_format, model_class, base,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -150,6 +150,25 @@ def _status(data: dict[str, Any], key: str) -> int:
     return value
 
 
+class WindowState(TypedDict):
+    """One error window as /sim/misbehave shows it."""
+
+    start_s: float
+    seconds: float
+    status: int
+    scope: str
+    active: bool
+
+
+class MisbehaviourState(TypedDict):
+    """The answer of /sim/misbehave: the misbehaviours in force."""
+
+    elapsed_s: float
+    fail_rate: float
+    fail_status: int
+    windows: list[WindowState]
+
+
 class Stress:
     """The misbehaviours in force and the counts `/sim/stats` gives.
 
@@ -221,7 +240,7 @@ class Stress:
             self.fail_rate = rate
         self.fail_status = fail_status
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> MisbehaviourState:
         """The misbehaviours in force (the answer of /sim/misbehave)."""
         elapsed = self.elapsed()
         return {"elapsed_s": round(elapsed, 1), "fail_rate": self.fail_rate,
@@ -232,7 +251,20 @@ class Stress:
                             for w in self.windows]}
 
 
-def stats(sim: Simulator) -> dict[str, Any]:
+class SimStats(MisbehaviourState):
+    """`GET /sim/stats`: what the server saw since it started and its load now."""
+
+    requests: int
+    answered: int
+    refused: dict[str, int]
+    peak_in_flight: int
+    running: int
+    waiting: int
+    running_cap: int
+    probes: dict[str, int]
+
+
+def stats(sim: Simulator) -> SimStats:
     """The body of `GET /sim/stats`: what the server saw since it started, its load now, and
     the misbehaviours in force (`elapsed_s` is the error windows' clock)."""
     stress, scheduler = sim.stress, sim.scheduler

@@ -28,6 +28,7 @@ from fleetgen.errors import JobError
 from fleetgen.jobview import job_status
 from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
 from fleetgen.liveledger import LiveLedger
+from fleetgen.poll import wait_until
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
@@ -38,7 +39,6 @@ from fleetgen.records import (
 )
 from fleetgen.settings import Settings, SettingsError
 from fleetgen.sink import open_sink
-from launcher.services import wait_until
 from producer import control
 from producer.status import render
 from tests.stack import Stack, make_job, write_jsonl

@@ -20,7 +20,7 @@ from fleetgen.canary import Sample, Thresholds, content_digest, evaluate, sample
 from fleetgen.errors import JobError
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.quality import CANARY_EVERY
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
-from launcher.child import ChildProcess
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
+from launcher.child import ChildProcess, stop_process, stop_process_async
 
 
 def gone(pid: int) -> bool:
@@ -39,3 +40,37 @@ def test_a_killed_child_reports_sigkill_and_is_no_longer_alive(tmp_path: Path) -
     assert child.alive()
     child.kill_group()
     assert (child.alive(), child.returncode) == (False, -9)
+
+
+class Stubborn:
+    """A scripted child that ignores SIGTERM until its group is killed."""
+
+    pid = 4242
+
+    def __init__(self, exits_on_term: bool) -> None:
+        self.code: int | None = None
+        self.exits_on_term = exits_on_term
+        self.signals: list[str] = []
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+        if self.exits_on_term:
+            self.code = 0
+
+    def kill_group(self) -> None:
+        self.signals.append("KILL group")
+        self.code = -9 if self.code is None else self.code
+
+
+def test_a_child_deaf_to_sigterm_is_killed_at_the_deadline_blocking_or_on_a_loop() -> None:
+    deaf = Stubborn(exits_on_term=False)
+    assert stop_process(deaf, grace=0.1) == (-9, True)
+    assert deaf.signals == ["TERM", "KILL group"]
+    polite = Stubborn(exits_on_term=True)
+    assert asyncio.run(stop_process_async(polite, grace=5.0)) == (0, False)
+    assert polite.signals == ["TERM", "KILL group"]  # the group swept after a clean exit too
+    crash = Stubborn(exits_on_term=True)
+    assert stop_process(crash, grace=0) == (-9, True) and crash.signals == ["KILL group"]

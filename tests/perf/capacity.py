@@ -48,7 +48,7 @@ def run_capacity(folder: Path, redis_url: str, prompts: int = 240) -> CapacityFo
     flags = [f for pair in zip(wl.sim_flags()[2::2], wl.sim_flags()[3::2], strict=False)
              for f in pair]
     # started like the reference run: speculative decoding on, 80 Mamba slots
-    flags += ["--profile", "mamba-hybrid", "--max-running-requests", str(REQUESTED),
+    flags += ["--model-arch", "mamba-hybrid", "--max-running-requests", str(REQUESTED),
               "--speculative-algorithm", "NEXTN"]
     source = wl.write_prompts(folder / "prompts.jsonl")
     ledger = Ledger.from_url(redis_url)

@@ -24,9 +24,9 @@ import httpx
 
 from fleetgen import keys
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.settings import Settings
 from launcher.ports import free_port
-from launcher.services import wait_until
 from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc, python_stacks
 
 _DEFAULTS = Settings()

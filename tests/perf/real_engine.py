@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.child import ChildProcess
 from launcher.ports import free_port, port_is_free
@@ -77,6 +77,9 @@ from tests.engine_model import (
     serve_argv,
     serve_env,
 )
+
+if TYPE_CHECKING:
+    from launcher.node import NodeState
 
 log = logging.getLogger("tests.perf.real_engine")
 
@@ -1507,10 +1510,10 @@ def _matching_lines(text: str, pattern: re.Pattern[str], limit: int) -> list[str
     return list(seen)[:limit]
 
 
-def _node_gpu(state: Mapping[str, Any] | None) -> dict[str, Any]:
-    """GPU 0's entry of node.json (empty before the first publish)."""
-    gpus = (state or {}).get("gpus") or [{}]
-    return dict(gpus[0])
+def _node_gpu(state: NodeState | None) -> dict[str, Any]:
+    """GPU 0's entry of node.json as the file has it (empty before the first publish)."""
+    gpus = json.loads(state.to_json())["gpus"] if state else []
+    return dict(gpus[0]) if gpus else {}
 
 
 def _json_or_text(text: str) -> Any:

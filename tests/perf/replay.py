@@ -46,8 +46,9 @@ import orjson
 
 from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
-from launcher.node import read_state
-from launcher.services import valkey_binary, wait_until
+from fleetgen.poll import wait_until
+from launcher.node import read_state as read_node_state
+from launcher.services import valkey_binary
 from tests.launcher.node.test_node import (
     REFERENCE_SIM,
     free_base,
@@ -59,6 +60,13 @@ from tests.perf.sampler import SIM_FAMILIES, Sampler, Tick
 from tests.perf.workload import Workload
 from tests.stack import PYTHON, ROOT, Proc
 from tests.system.test_sentinel import MASTER, sentinel_group
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    """node.json as plain JSON, the form this report keeps (None before the first publish)."""
+    state = read_node_state(run_dir)
+    return orjson.loads(state.to_json()) if state else None
+
 
 JOB = "replay"
 GPUS = 7

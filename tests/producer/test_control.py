@@ -21,9 +21,10 @@ from fleetgen.creation import creation_lock
 from fleetgen.job import GenerationParams, JobManifest
 from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.records import UNSENT_ATTEMPTS_EXHAUSTED
 from fleetgen.settings import Settings
-from launcher.services import S3Server, wait_until
+from launcher.services import S3Server
 from producer import cli
 from producer.enqueue import STORING, EnqueueInterrupted, EnqueueRequest, enqueue
 from tests.stack import Stack, chat_rows, iter_ids, queue_depth, wait_job_done, write_jsonl

@@ -21,6 +21,7 @@ from fleetgen import keys
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.records import (
     Origin,
     answer_key,
@@ -30,7 +31,6 @@ from fleetgen.records import (
     written_counts,
 )
 from fleetgen.sink import LocalSink, Sink, open_sink
-from launcher.services import wait_until
 from producer import control
 from producer.cli import main
 from producer.enqueue import EnqueueReport, EnqueueRequest, enqueue

@@ -196,7 +196,7 @@ SLOW = ("--max-running-requests", "4", "--decode-tps", "80", "--mean-output-toke
 def test_a_job_whose_redis_was_flushed_mid_way_is_rebuilt_by_its_enqueue_and_ends_exactly_once(
     stack: Stack, tmp_path: Path, redis_client: Any,
 ) -> None:
-    from launcher.services import wait_until
+    from fleetgen.poll import wait_until
 
     rows = chat_rows(120)
     for i in (5, 47, 88):

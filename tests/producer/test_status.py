@@ -32,10 +32,10 @@ from fleetgen.fleet import (
 )
 from fleetgen.jobview import job_status
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
+from fleetgen.poll import wait_until
 from fleetgen.readings import ServerReading
 from fleetgen.records import written_counts
 from launcher.ports import free_port
-from launcher.services import wait_until
 from producer.cli import main
 from producer.status import render, render_fleet
 from tests.job_figures import (
@@ -218,7 +218,7 @@ def test_the_fleet_table_reads_servers_live_and_shows_a_dead_or_hung_one_down(
 ) -> None:
     # No warm-up request: its tokens would show in gen throughput at the first Decode tick
     # after it, a moment that a loaded machine can move past any wait.
-    _, url = stack.sim("sim0", "--max-running-requests", "24", "--profile", "mamba-hybrid",
+    _, url = stack.sim("sim0", "--max-running-requests", "24", "--model-arch", "mamba-hybrid",
                        "--speculative-algorithm", "EAGLE", "--speculative-accept-length", "2.5",
                        "--skip-server-warmup")
     register(ledger, "gpu0@n", url)

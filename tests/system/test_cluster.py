@@ -20,7 +20,7 @@ import redis
 from fleetgen import keys
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
 from tests.cluster import BUCKET, Cluster, leases_held
 from tests.stack import chat_rows, write_jsonl
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from fleetgen.poll import wait_until
 from launcher import cli as launcher_cli
 from launcher.demo import DemoPorts
 from launcher.ports import free_port, port_is_free
-from launcher.services import wait_until
 from tests.stack import (
     CELERY,
     FAST_WORKER_ENV,

@@ -35,7 +35,7 @@ import pytest
 from fleetgen.fleet import registry
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
 from tests.stack import Stack, chat_rows, iter_ids, wait_job_done, write_jsonl
 
 pytestmark = pytest.mark.e2e

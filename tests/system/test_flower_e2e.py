@@ -21,7 +21,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.ledger import Ledger
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
 from producer import control
 from tests.browser import Browser
 from tests.stack import (

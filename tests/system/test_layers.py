@@ -45,10 +45,11 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
     # Nothing of the worker; of the domain only what every command shares and reads no
     # environment: the command-line style, the one function that masks secrets, the error
     # types, the one reader of a server's info and /metrics (advise samples servers through
-    # it), the server kinds whose gauges that reader knows, and the names of queues and ports
-    # (the launcher gives each worker its metrics port).
+    # it), the server kinds whose gauges that reader knows, the names of queues and ports
+    # (the launcher gives each worker its metrics port), and the one wait on a condition.
     shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact",
-              "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys"}
+              "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys",
+              "fleetgen.poll"}
     for module in ("launcher.node", "launcher.logs"):
         loaded = {m for m in _loaded_by(module) if not m.startswith("fleetgen.servers._")}
         assert loaded <= shared, module

@@ -34,12 +34,15 @@ from fleetgen import canary
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import Canary
 from fleetgen.ledger import EndVerdict
+from fleetgen.poll import wait_until
 from fleetgen.settings import Settings, SettingsError
-from launcher import demo, node
+from launcher import demo
 from launcher.demo import DemoPorts
 from launcher.errors import PortBusyError
+from launcher.node._args import NEWEST_SGLANG, Profile, sglang_version
+from launcher.node._plan import NodePlan, check_ports
 from launcher.ports import port_is_free
-from launcher.services import RedisServer, wait_until
+from launcher.services import RedisServer
 from producer import report
 from producer.inputs import read_prompts
 from producer.samples import generate_sample
@@ -300,7 +303,7 @@ def test_a_job_within_one_minute_gets_one_bar_per_gpu_not_one_dot(
 
 
 def test_a_dry_run_without_sglang_says_it_is_not_installed(tmp_path: Path) -> None:
-    if node.sglang_version() is not None:
+    if sglang_version() is not None:
         pytest.skip("SGLang is installed here")
     done = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--gpus", "0",
                            "--model", "/m", "--run-dir", str(tmp_path)], cwd=ROOT,
@@ -308,8 +311,8 @@ def test_a_dry_run_without_sglang_says_it_is_not_installed(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith(f"SGLang is not installed here: flags spelled and checked for "
-                            f"sglang {node.NEWEST_SGLANG}, the newest release the flags table")
-    profiled = node.NodePlan((0,), False, False, "/m", node.Profile(sglang_version="0.5.10"), (),
+                            f"sglang {NEWEST_SGLANG}, the newest release the flags table")
+    profiled = NodePlan((0,), False, False, "/m", Profile(sglang_version="0.5.10"), (),
                              30000, tmp_path, {})
     assert profiled.version_text() == "sglang 0.5.10 (the profile's sglang_version)"
 
@@ -325,7 +328,7 @@ def test_what_the_demo_and_the_producer_write_in_the_clone_is_ignored_by_git() -
 
 
 def worker_metrics(base: int, tmp_path: Path, gpus: tuple[int, ...] = (0, 1)) -> list[str]:
-    plan = node.NodePlan(gpus, True, True, None, node.Profile(), (), base, tmp_path, {})
+    plan = NodePlan(gpus, True, True, None, Profile(), (), base, tmp_path, {})
     return [plan.worker_spec(g, plan.server_spec(g)).env["FLEETGEN_METRICS_PORT"] for g in gpus]
 
 
@@ -334,7 +337,7 @@ def test_the_workers_metrics_ports_move_with_the_base_port(tmp_path: Path) -> No
     assert worker_metrics(31000, tmp_path) == ["10400", "10401"]
     # Under the default base, beside the server's ports: not down among well-known services.
     assert worker_metrics(22010, tmp_path) == ["24010", "24011"]
-    off = node.NodePlan((0,), True, True, None, node.Profile(), (), 31000, tmp_path,
+    off = NodePlan((0,), True, True, None, Profile(), (), 31000, tmp_path,
                         {"FLEETGEN_METRICS_PORT": "0"})
     assert off.worker_spec(0, off.server_spec(0)).env["FLEETGEN_METRICS_PORT"] == "0"
 
@@ -354,7 +357,7 @@ def test_up_refuses_a_taken_worker_metrics_port_before_starting_anything(tmp_pat
         else:
             pytest.skip("no free ports")
         held.listen()
-        plan = node.NodePlan((0,), True, True, None, node.Profile(), (), base, tmp_path, {})
+        plan = NodePlan((0,), True, True, None, Profile(), (), base, tmp_path, {})
         with pytest.raises(PortBusyError, match=f"GPU 0: its worker's metrics port {metrics} "
                                                 "is already in use"):
-            node.check_ports({0: plan.server_spec(0)}, {0: plan.metrics_port(0)})
+            check_ports({0: plan.server_spec(0)}, {0: plan.metrics_port(0)})

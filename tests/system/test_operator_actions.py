@@ -73,10 +73,11 @@ from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.errors import JobError, SinkError
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.records import is_failure
 from fleetgen.retry import REDIS_ERRORS
 from fleetgen.sink import Sink, batch_records, open_sink
-from launcher.services import RedisServer, S3Server, wait_until
+from launcher.services import RedisServer, S3Server
 from producer import sinkview
 from tests.stack import PYTHON, ROOT, Proc, Stack, chat_rows, write_jsonl
 

@@ -21,8 +21,9 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen.poll import wait_until
 from launcher.ports import free_port
-from launcher.services import S3Server, wait_until
+from launcher.services import S3Server
 from tests.conftest import unavailable
 from tests.engine_model import serve_argv, serve_env
 from tests.stack import (

@@ -22,9 +22,10 @@ import redis
 from fleetgen import keys, redisconn
 from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.settings import Settings, with_password
 from launcher.ports import free_port
-from launcher.services import RedisServer, S3Server, wait_until
+from launcher.services import RedisServer, S3Server
 from tests.stack import Proc, Stack, chat_rows, start_flower, wait_healthy, write_jsonl
 
 MASTER = "fleetgen"

@@ -141,7 +141,7 @@ def test_rerunning_enqueue_resumes_only_what_is_neither_done_nor_queued(
 
     dispatch(celery_app, ledger, "resume", ["b000002", "b000005"], keys.SHARED_QUEUE)
     worker = stack.worker(0, url)
-    from launcher.services import wait_until
+    from fleetgen.poll import wait_until
 
     wait_until(lambda: len(list((out_dir / "resume/results").glob("*.jsonl"))) == 2
                if (out_dir / "resume/results").exists() else False, 120, what="two batches done")
@@ -169,7 +169,7 @@ def test_a_sigkilled_worker_loses_nothing_and_duplicates_nothing(
     victim = stack.worker(0, url)
     stack.producer("enqueue", str(src), "--job", "kill", "--output", str(out_dir), "--batch-size", "20")
     ledger = Ledger(redis_client)
-    from launcher.services import wait_until
+    from fleetgen.poll import wait_until
 
     # Kill while a batch is half done: some prompts checkpointed, others in flight.
     wait_until(lambda: any(redis_client.hlen(keys.checkpoint("kill", b)) >= 3

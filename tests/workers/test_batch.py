@@ -21,10 +21,10 @@ import pytest
 from fleetgen import keys
 from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
 from fleetgen.ledger import Batches, Jobs, Leases, Ledger
+from fleetgen.poll import wait_until
 from fleetgen.servers import KINDS, Server, parse_server_info
 from fleetgen.settings import Settings
 from fleetgen.sink import LocalSink, open_sink
-from launcher.services import wait_until
 from tests.stack import make_job
 from workers.batch import BatchRunner
 from workers.runtime import WorkerRuntime

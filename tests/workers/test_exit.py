@@ -17,7 +17,7 @@ import pytest
 
 from fleetgen import keys
 from fleetgen.ledger import Ledger
-from launcher.services import wait_until
+from fleetgen.poll import wait_until
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 
 pytestmark = pytest.mark.e2e

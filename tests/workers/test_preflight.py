@@ -25,9 +25,9 @@ from fleetgen import keys
 from fleetgen.errors import SinkUnusableError
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
+from fleetgen.poll import wait_until
 from fleetgen.sink import LocalSink
 from launcher.ports import free_port
-from launcher.services import wait_until
 from producer.status import render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers.preflight import SinkChecks

@@ -96,7 +96,7 @@ def test_cancel_stops_the_job_and_resume_finishes_it_without_duplicates(
     assert "cancelled" in stack.producer("cancel", "stop").stdout
     from fleetgen.jobview import job_status
     from fleetgen.ledger import Ledger
-    from launcher.services import wait_until
+    from fleetgen.poll import wait_until
 
     ledger = Ledger.from_url(stack.base_env["REDIS_URL"])
     wait_until(lambda: not ledger.batches.running("stop"), 60, what="running batches stopped")

@@ -19,16 +19,29 @@ import httpx
 import pytest
 
 from launcher.cli import main
-from launcher.node import Observed, advise, relative_throughput, render_status
+from launcher.node._advise import Observed, advise, relative_throughput
+from launcher.node._commands import render_status
+from launcher.node._rundir import NodeState, ServerEntry
 from tests.sim_helpers import chat_body, gauge, running_sim, wait_until
 
 
-def entry(binding: str, effective: int, requested: int | None, *, slots: int | None = None,
-          argv: tuple[str, ...] = (), graph_bs: int | None = 256) -> dict[str, Any]:
+def entry_json(binding: str, effective: int, requested: int | None, *,
+               slots: int | None = None, argv: tuple[str, ...] = (),
+               graph_bs: int | None = 256) -> dict[str, Any]:
+    """GPU 0's node.json entry, as the file would have it."""
     return {"gpu": 0, "state": "ready", "argv": ["sglang", "serve", *argv],
             "capacity": {"effective": effective, "requested": requested, "binding": binding,
                          "mamba_slots": slots, "max_total_num_tokens": 500_000,
                          "cuda_graph_max_bs": graph_bs, "reason": "..."}}
+
+
+def entry(binding: str, effective: int, requested: int | None, **more: Any) -> ServerEntry:
+    return node_state([entry_json(binding, effective, requested, **more)]).gpus[0]
+
+
+def node_state(gpus: list[dict[str, Any]]) -> NodeState:
+    return NodeState.from_json(json.dumps({"supervisor_pid": 1, "supervisor_alive": True,
+                                           "updated_at": 0.0, "gpus": gpus}))
 
 
 def test_the_reference_run_is_told_to_raise_the_mamba_slots_and_memory() -> None:
@@ -96,13 +109,12 @@ def test_the_prediction_follows_the_step_cost_of_memory_bound_decode() -> None:
 
 
 def status_of(gpu: dict[str, Any]) -> str:
-    return render_status({"supervisor_pid": 1, "supervisor_alive": True, "updated_at": 0.0,
-                          "gpus": [{**gpu, "port": 30000, "pid": 5, "since": 0.0,
-                                    "restarts": 0, "pid_alive": True}]}, now=1.0)
+    return render_status(node_state([{**gpu, "port": 30000, "pid": 5, "since": 0.0,
+                                      "restarts": 0, "pid_alive": True}]), now=1.0)
 
 
 def test_status_shows_one_line_of_advice_per_bound_gpu() -> None:
-    text = status_of({**entry("mamba", 16, 128, slots=80), "peak_running": 16})
+    text = status_of({**entry_json("mamba", 16, 128, slots=80), "peak_running": 16})
     assert ("advice gpu0: bound by 80 Mamba slots at a peak of 16 running: "
             "`--max-mamba-cache-size 200 --mem-fraction-static 0.93` → ~40 running "
             "(+49% tokens/s) (check: launcher advise)") in text
@@ -110,16 +122,16 @@ def test_status_shows_one_line_of_advice_per_bound_gpu() -> None:
 
 def test_status_advises_nothing_for_a_server_that_never_ran_a_request() -> None:
     # The quick start's idle node: asked 40, and the simulator's 4096 above graphs of 256.
-    assert "advice" not in status_of(entry("request", 40, 40))
-    assert "advice" not in status_of({**entry("request", 4096, None, graph_bs=256),
+    assert "advice" not in status_of(entry_json("request", 40, 40))
+    assert "advice" not in status_of({**entry_json("request", 4096, None, graph_bs=256),
                                       "peak_running": None})
 
 
 def test_status_advises_nothing_where_the_running_peak_never_reached_the_bound() -> None:
-    assert "advice" not in status_of({**entry("request", 40, 40), "peak_running": 12})
-    assert "advice" not in status_of({**entry("request", 4096, None, graph_bs=256),
+    assert "advice" not in status_of({**entry_json("request", 40, 40), "peak_running": 12})
+    assert "advice" not in status_of({**entry_json("request", 4096, None, graph_bs=256),
                                       "peak_running": 200})
-    reached = status_of({**entry("request", 4096, None, graph_bs=256), "peak_running": 300})
+    reached = status_of({**entry_json("request", 4096, None, graph_bs=256), "peak_running": 300})
     assert "advice gpu0: batches above 256 run without CUDA graphs (a peak of 300 running" \
         in reached
 
@@ -133,14 +145,14 @@ def test_advise_without_any_sample_of_load_offers_no_flag() -> None:
 
 
 def test_advice_offers_no_flag_the_servers_release_lacks() -> None:
-    old = entry("mamba", 16, 128, slots=80)
+    old = entry_json("mamba", 16, 128, slots=80)
     old["capacity"]["version"] = "0.5.1"  # before --max-mamba-cache-size existed
-    advice = advise(old, Observed(samples=2, running=16, queue=9, kv_usage=0.1))
+    advice = advise(node_state([old]).gpus[0], Observed(samples=2, running=16, queue=9, kv_usage=0.1))
     assert advice.flags == ()
     assert "--max-mamba-cache-size does not exist in sglang 0.5.1" in advice.why
-    new = entry("request", 64, 64, graph_bs=32)
+    new = entry_json("request", 64, 64, graph_bs=32)
     new["capacity"]["version"] = "0.5.10"
-    assert advise(new, Observed(samples=2, running=64, queue=5)).flags == (
+    assert advise(node_state([new]).gpus[0], Observed(samples=2, running=64, queue=5)).flags == (
         "--cuda-graph-max-bs", "64")
 
 
@@ -173,7 +185,7 @@ def busy(url: str, clients: int) -> Iterator[None]:
 def test_advise_by_url_names_mamba_slots_as_the_binding_limit(
         capsys: pytest.CaptureFixture[str]) -> None:
     # 157 Mamba slots at 5 per request cap the 128 asked at 31; 45 clients keep a queue.
-    with running_sim("--profile", "mamba-hybrid", "--max-running-requests", "128", "--speed", "5",
+    with running_sim("--model-arch", "mamba-hybrid", "--max-running-requests", "128", "--speed", "5",
                      "--mean-output-tokens", "200", "--output-sigma", "0") as url, busy(url, 45):
         wait_until(lambda: gauge(url, "sglang:num_queue_reqs") > 0, what="a queue")
         code = main(["advise", "--url", url, "--window", "1", "--interval", "0.25", "--json"])

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from launcher.node._commands import render_status
-from launcher.node._tune import MAX_MEM_FRACTION, TuneSettings, describe_tune, more_memory
+from launcher.node._rundir import NodeState, TuneRecord
+from launcher.node._tune import MAX_MEM_FRACTION, TuneSettings, more_memory
 from tests.launcher.node.test_node import (
     REFERENCE_SIM,
     Node,
@@ -54,12 +55,12 @@ def test_launcher_status_shows_the_tuning_in_one_line() -> None:
     tune = {"state": "done", "chosen": ["--max-mamba-cache-size", "200"],
             "steps": [{"at": 0, "kind": "rolled-out", "gpu": [1, 2],
                        "flags": ["--max-mamba-cache-size", "200"]}]}
-    line = describe_tune(tune)
+    line = TuneRecord.from_json(json.dumps(tune)).describe()
     assert line == ("tune: done, chosen `--max-mamba-cache-size 200`; last gpu[1, 2] "
                     "rolled-out `--max-mamba-cache-size 200`")
     state = {"supervisor_pid": 1, "supervisor_alive": True, "updated_at": 0, "gpus": [],
              "rollout": None, "tune": tune}
-    assert line in render_status(state, now=0)
+    assert line in render_status(NodeState.from_json(json.dumps(state)), now=0)
 
 
 @pytest.mark.e2e
@@ -97,7 +98,7 @@ def test_up_with_tune_tunes_a_busy_reference_node_by_itself_one_gpu_at_a_time(
     assert max(out_at_once) == 1  # never two GPUs out at once
     assert all(g["capacity"]["effective"] > 16 for g in state["gpus"])  # both run the winner
     status = run_cli("status", "--run-dir", str(n.run_dir))
-    assert describe_tune(tune) in status.stdout
+    assert TuneRecord.from_json(json.dumps(tune)).describe() in status.stdout
     assert "tune: gpu0 won" in n.output()  # logged by `up` itself
     assert json.loads(Path(n.run_dir / "tune.json").read_text())["state"] == "done"
     assert n.stop() == 0

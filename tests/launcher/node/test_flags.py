@@ -19,19 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import (
-    SGLANG_FLAGS_FILE,
-    adapt_flags,
-    build_argv,
-    check_args,
-    read_source,
-    read_wheel,
-    release_for,
-    supported_releases,
-    table_json,
-    version_tuple,
-    wheel_release,
-)
+from launcher.node import SGLANG_FLAGS_FILE, read_wheel, table_json, wheel_release
+from launcher.node._args import adapt_flags, version_tuple
+from launcher.node._flags import check_args, read_source, release_for, supported_releases
+from launcher.node._kind import build_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 TOML_ARGS = re.compile(r"""\bargs\s*=\s*(\[[^\]\n]*\])""")
@@ -102,7 +93,7 @@ def test_every_emitted_flag_exists_in_the_release_with_a_value_of_its_kind(relea
 
 
 def test_the_table_covers_every_release_from_0_5_1_to_the_newest_the_launcher_knows() -> None:
-    from launcher.node import NEWEST_SGLANG
+    from launcher.node._args import NEWEST_SGLANG
     releases = supported_releases()
     assert releases[0] == "0.5.1" and releases[-1] == NEWEST_SGLANG
     assert len(releases) == 23
@@ -257,7 +248,7 @@ class ServerArgs:
 
 
 def test_actions_that_take_no_value_are_read_as_switches() -> None:
-    from launcher.node import read_actions
+    from launcher.node._flags import read_actions
     actions = read_actions(ACTIONS_0_5_23)
     flags = {n: f.to_json() for n, f in read_source(SERVER_ARGS_0_5_23, actions).items()}
     assert flags == {

@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher import node
+from fleetgen.poll import wait_until
+from launcher.node._commands import EXIT_FAILED
+from launcher.node._rundir import pid_alive, read_state
 from launcher.ports import port_is_free
-from launcher.services import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +47,12 @@ def free_base(gpus: int) -> int:
     raise RuntimeError("no free block of ports")
 
 
+def read_node_json(run_dir: Path) -> dict[str, Any] | None:
+    """node.json through its one reader, as plain JSON (None before the first publish)."""
+    state = read_state(run_dir)
+    return json.loads(state.to_json()) if state else None
+
+
 @dataclass
 class Node:
     """One `launcher up` process and its run dir."""
@@ -57,7 +64,7 @@ class Node:
     pids: set[int] = field(default_factory=set)
 
     def state(self) -> dict[str, Any]:
-        state = node.read_state(self.run_dir) or {"gpus": []}
+        state = read_node_json(self.run_dir) or {"gpus": []}
         for gpu in state["gpus"]:  # remember every process it ever ran, to check cleanup
             for entry in (gpu, gpu.get("worker") or {}):
                 if entry.get("pid"):
@@ -91,7 +98,7 @@ class Node:
 
 
 def alive(pid: int) -> bool:
-    return node.pid_alive(pid)
+    return pid_alive(pid)
 
 
 def running(pid: int) -> bool:
@@ -207,7 +214,7 @@ def test_startup_oom_is_reported_with_its_reason_from_the_log_not_the_ready_dead
 
     assert "Not enough memory. Please try to increase --mem-fraction-static" in \
         state["gpus"][0]["last_reason"]
-    assert n.proc.wait(60) == node.EXIT_FAILED  # two crashes: stopped, nothing left to run
+    assert n.proc.wait(60) == EXIT_FAILED  # two crashes: stopped, nothing left to run
     final = n.state()["gpus"][0]
     assert final["state"] == "stopped" and final["last_reason"].startswith("crash loop: 2 crashes")
 
@@ -304,7 +311,7 @@ def test_a_server_crash_mid_job_is_restarted_and_costs_no_prompt(
     assert n.stop() == 0
 
 
-REFERENCE_SIM = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+REFERENCE_SIM = ("--model-arch", "mamba-hybrid", "--max-running-requests", "128",
                  "--speculative-algorithm", "NEXTN", "--speculative-accept-length", "2.9",
                  "--decode-model", "step")
 

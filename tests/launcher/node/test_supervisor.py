@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
+import json
 import os
 import random
 import signal
@@ -26,30 +27,23 @@ from typing import Any
 import pytest
 
 from fleetgen.servers import ServerInfo, parse_server_info
-from launcher import node
-from launcher.node import (
-    Child,
-    GpuSpecError,
-    LaunchSpec,
-    LogFollower,
-    NoGpuError,
-    Order,
-    Policy,
+from launcher.node._args import (
     Profile,
-    ProfileError,
-    Slot,
-    Supervisor,
     adapt_flags,
-    build_argv,
-    discover_gpus,
-    limits_reading,
+    flag_value,
     load_profile,
     merge_args,
-    parse_gpu_line,
-    parse_gpu_spec,
     profile_from_mapping,
-    select_gpus,
 )
+from launcher.node._commands import EXIT_USAGE, main, render_status
+from launcher.node._errors import GpuSpecError, NoGpuError, ProfileError
+from launcher.node._gpus import discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
+from launcher.node._kind import build_argv
+from launcher.node._plan import DEFAULT_BASE_PORT, NodePlan, Parallel, read_request, render_dry_run
+from launcher.node._process import LaunchSpec
+from launcher.node._rundir import REQUEST_FILE, NodeState, Rejected, RestartRequest, write_atomic
+from launcher.node._supervisor import Child, Order, OrderError, Policy, Slot, Supervisor
+from launcher.node._watch import LogFollower, limits_reading
 from launcher.ports import ephemeral_range, port_is_free
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
@@ -219,9 +213,9 @@ class History:
         self.events: list[tuple[float, int, str, str | None]] = []
         self.last: dict[str, Any] = {}
 
-    def __call__(self, snapshot: dict[str, Any]) -> None:
-        self.last = snapshot
-        for g in snapshot["gpus"]:
+    def __call__(self, snapshot: NodeState) -> None:
+        self.last = json.loads(snapshot.to_json())  # as node.json says it
+        for g in self.last["gpus"]:
             event = (self.clock.t, g["gpu"], g["state"], g["last_reason"])
             previous = [e for e in self.events if e[1] == g["gpu"]]
             if not previous or previous[-1][2:] != event[2:]:
@@ -237,6 +231,11 @@ class History:
     def all_ready(self) -> bool:
         gpus = self.last.get("gpus", [])
         return bool(gpus) and all(g["state"] == "ready" for g in gpus)
+
+
+def node_state(data: Mapping[str, Any]) -> NodeState:
+    """node.json as the supervisor would write `data` (fields left out read as defaults)."""
+    return NodeState.from_json(json.dumps(data))
 
 
 def spec(tmp_path: Path, gpu: int = 0, args: Sequence[str] = ()) -> LaunchSpec:
@@ -429,11 +428,11 @@ def test_rolling_restart_restarts_one_gpu_at_a_time(tmp_path: Path) -> None:
 
     async def roll() -> None:
         sup.submit(Order("r1", new, rolling=True))
-        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+        await clock.until(lambda: sup.rollout is not None and sup.rollout.state != "running")
 
     run_until(sup, clock, history.all_ready, roll)
 
-    assert sup.rollout is not None and sup.rollout["state"] == "done"
+    assert sup.rollout is not None and sup.rollout.state == "done"
     old0, new0 = world.of("gpu0")
     old1, new1 = world.of("gpu1")
     assert new0.spec == new[0] and new1.spec == new[1]
@@ -449,14 +448,14 @@ def test_rolling_restart_stops_at_a_gpu_whose_new_args_fail(tmp_path: Path) -> N
 
     async def roll() -> None:
         sup.submit(Order("r2", new, rolling=True))
-        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+        await clock.until(lambda: sup.rollout is not None and sup.rollout.state != "running")
         await clock.until(lambda: history.gpu(0)["state"] == "ready")
 
     run_until(sup, clock, history.all_ready, roll)
 
-    assert sup.rollout is not None and sup.rollout["state"] == "failed"
-    assert "GPU 0: killed by SIGKILL: kv_no_memory" in sup.rollout["reason"]
-    assert "GPU [1] not restarted" in sup.rollout["reason"]
+    assert sup.rollout is not None and sup.rollout.state == "failed"
+    assert "GPU 0: killed by SIGKILL: kv_no_memory" in sup.rollout.reason
+    assert "GPU [1] not restarted" in sup.rollout.reason
     assert world.of("gpu0")[-1].spec == spec(tmp_path, 0)  # back on its previous arguments
     assert len(world.of("gpu1")) == 1
 
@@ -469,12 +468,12 @@ def test_restart_without_rolling_drains_every_gpu_at_once(tmp_path: Path) -> Non
     async def restart() -> None:
         sup.submit(Order("r4", new, rolling=False))
         sup.submit(Order("r5", new, rolling=True))  # one restart at a time
-        await clock.until(lambda: sup.rollout is not None and sup.rollout["state"] != "running")
+        await clock.until(lambda: sup.rollout is not None and sup.rollout.state != "running")
 
     run_until(sup, clock, history.all_ready, restart)
 
-    assert sup.rollout is not None and sup.rollout["state"] == "done"
-    assert sup.rollout["rejected"] == {"id": "r5", "reason": "restart r4 is still running"}
+    assert sup.rollout is not None and sup.rollout.state == "done"
+    assert sup.rollout.rejected == Rejected("r5", "restart r4 is still running")
     first0, first1 = world.of("gpu0")[0], world.of("gpu1")[0]
     assert first0.term_at is not None and first1.term_at is not None
     assert abs(first0.term_at - first1.term_at) <= sup.policy.poll_s
@@ -496,7 +495,7 @@ def test_restart_order_brings_a_stopped_gpu_back(tmp_path: Path) -> None:
 
 
 def test_ready_server_is_read_from_server_info_and_log(tmp_path: Path) -> None:
-    sim = Simulator(SimConfig.from_argv(["--profile", "mamba-hybrid",
+    sim = Simulator(SimConfig.from_argv(["--model-arch", "mamba-hybrid",
                                          "--max-running-requests", "128",
                                          "--speculative-algorithm", "NEXTN"]))
     graph = ("[2026-10-10 11:58:29] Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16], "
@@ -557,8 +556,8 @@ def test_argv_refuses_what_the_launcher_decides_per_server(args: list[str]) -> N
 # Placement: servers over GPU groups (SGLang's --tp-size, --dp-size, --pp-size).
 
 def group_plan(tmp_path: Path, gpus: Sequence[int], *args: str,
-               profile: Profile | None = None) -> node.NodePlan:
-    return node.NodePlan(tuple(gpus), True, True, None, profile or Profile(), args, 30000,
+               profile: Profile | None = None) -> NodePlan:
+    return NodePlan(tuple(gpus), True, True, None, profile or Profile(), args, 30000,
                          tmp_path, {})
 
 
@@ -605,16 +604,16 @@ def test_gpus_that_do_not_divide_into_servers_are_refused_naming_the_flags(
 
 def test_data_parallel_ranks_take_gpus_unless_they_share_them_with_dp_attention(
         tmp_path: Path) -> None:
-    assert node.Parallel.from_args(["--dp-size", "2"]).width == 2
-    assert node.Parallel.from_args(["--tp-size", "2", "--dp-size", "2"]).width == 4
-    assert node.Parallel.from_args(["--tp", "2", "--pp-size", "2"]).width == 4
-    shared = node.Parallel.from_args(["--tp-size", "4", "--dp-size", "4",
+    assert Parallel.from_args(["--dp-size", "2"]).width == 2
+    assert Parallel.from_args(["--tp-size", "2", "--dp-size", "2"]).width == 4
+    assert Parallel.from_args(["--tp", "2", "--pp-size", "2"]).width == 4
+    shared = Parallel.from_args(["--tp-size", "4", "--dp-size", "4",
                                       "--enable-dp-attention"])
     assert shared.width == 4 and shared.one_nccl_port
     with pytest.raises(ProfileError, match="--dp-size must divide --tp-size"):
-        node.Parallel.from_args(["--tp-size", "4", "--dp-size", "3", "--enable-dp-attention"])
+        Parallel.from_args(["--tp-size", "4", "--dp-size", "3", "--enable-dp-attention"])
     with pytest.raises(ProfileError, match="--tp-size 'two'"):
-        node.Parallel.from_args(["--tp-size", "two"])
+        Parallel.from_args(["--tp-size", "two"])
 
 
 def test_a_dp_server_leaves_its_nccl_ports_to_sglang_one_per_rank(tmp_path: Path) -> None:
@@ -637,24 +636,24 @@ def test_a_profile_section_of_a_gpu_inside_a_server_is_refused(tmp_path: Path) -
 
 def test_a_restart_of_any_gpu_of_a_server_restarts_that_server(tmp_path: Path) -> None:
     plan = group_plan(tmp_path, range(4), "--tp-size", "2")
-    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r1", "args": ["--a", "1"],
-                                                   "gpus": [1, 3], "rolling": True})
-    order, _ = node.read_request(tmp_path, plan)
+    write_atomic(tmp_path / REQUEST_FILE, RestartRequest("r1", args=("--a", "1"), gpus=(1, 3),
+                                                         rolling=True).to_json())
+    order, _ = read_request(tmp_path, plan)
     assert order is not None and sorted(order.specs) == [0, 2]
     assert order.specs[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_a_restart_that_would_regroup_the_gpus_is_rejected(tmp_path: Path) -> None:
     plan = group_plan(tmp_path, range(4), "--tp-size", "2")
-    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r2", "args": ["--tp-size", "4"]})
-    with pytest.raises(node.OrderError, match="stop the node and start it again"):
-        node.read_request(tmp_path, plan)
+    write_atomic(tmp_path / REQUEST_FILE, RestartRequest("r2", args=("--tp-size", "4")).to_json())
+    with pytest.raises(OrderError, match="stop the node and start it again"):
+        read_request(tmp_path, plan)
 
 
 def test_the_dry_run_shows_each_server_with_its_gpus_and_worker(tmp_path: Path) -> None:
     plan = group_plan(tmp_path, range(4), "--tp-size", "2")
     specs = {g: plan.server_spec(g) for g in plan.servers}
-    text = node.render_dry_run(plan, specs, {g: plan.worker_spec(g, specs[g]) for g in specs})
+    text = render_dry_run(plan, specs, {g: plan.worker_spec(g, specs[g]) for g in specs})
     lines = text.splitlines()
     assert "4 GPU(s) in 2 server(s) of 2 (--tp-size 2)" in lines[0]
     assert lines[1].startswith("gpu0-1: http http://127.0.0.1:30000, nccl port 31000")
@@ -666,9 +665,9 @@ def test_the_dry_run_of_another_engine_checks_no_sglang_flag_and_names_its_comma
         tmp_path: Path) -> None:
     profile = Profile(model="/m", args=("--continuous-batching",),
                       command=("transformers", "serve", "{model}", "--port", "{port}"))
-    plan = node.NodePlan((0,), False, True, None, profile, (), 30000, tmp_path, {})
+    plan = NodePlan((0,), False, True, None, profile, (), 30000, tmp_path, {})
     specs = {0: plan.server_spec(0)}
-    text = node.render_dry_run(plan, specs, {0: plan.worker_spec(0, specs[0])})
+    text = render_dry_run(plan, specs, {0: plan.worker_spec(0, specs[0])})
     assert text.startswith("transformers serve (the profile's command), 1 GPU(s)")
     assert "no NCCL port (another engine)" in text and "warning" not in text
     assert "argv transformers serve /m --port 30000 --continuous-batching" in text
@@ -682,7 +681,7 @@ def test_status_names_a_group_server_by_its_gpus() -> None:
                   "state": "starting", "since": 90.0, "restarts": 0, "last_reason": None,
                   "capacity": None, "worker": {"name": "worker2-3", "pid": None,
                                                "state": "starting", "since": 90.0}}]}
-    lines = node.render_status(state, now=100.0).splitlines()
+    lines = render_status(node_state(state), now=100.0).splitlines()
     assert lines[2].split()[:2] == ["2-3", "30002"]
     assert lines[3].split()[0] == "w2-3"
 
@@ -699,7 +698,7 @@ def test_status_shows_what_a_dp_server_runs_at_once_over_its_ranks(tmp_path: Pat
         "gpus": [{"gpu": 0, "gpus": [0, 1], "name": "gpu0-1", "port": 30000, "pid": None,
                   "state": "ready", "since": 90.0, "restarts": 0, "last_reason": None,
                   "capacity": dataclasses.asdict(reading), "worker": None}]}
-    assert "48 (24 per DP rank, asked 24)" in node.render_status(state, now=100.0)
+    assert "48 (24 per DP rank, asked 24)" in render_status(node_state(state), now=100.0)
 
 
 def test_profile_gpu_override_replaces_the_same_flag_only(tmp_path: Path) -> None:
@@ -838,18 +837,18 @@ def test_up_refuses_a_busy_port_naming_it(
                     continue
                 break
         busy.listen()
-        code = node.main(["up", "--sim", "--gpus", "0", "--base-port", str(port),
+        code = main(["up", "--sim", "--gpus", "0", "--base-port", str(port),
                           "--run-dir", str(tmp_path)])
-    assert code == node.EXIT_USAGE
+    assert code == EXIT_USAGE
     assert f"GPU 0: HTTP port {port} is already in use" in capsys.readouterr().err
 
 
 def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_good_bases(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first, last = ephemeral_range()
-    code = node.main(["up", "--sim", "--gpus", "0-1", "--base-port", str(first - 1001),
+    code = main(["up", "--sim", "--gpus", "0-1", "--base-port", str(first - 1001),
                       "--run-dir", str(tmp_path)])
-    assert code == node.EXIT_USAGE
+    assert code == EXIT_USAGE
     err = capsys.readouterr().err
     assert (f"GPU 1: NCCL port {first} is in the kernel's ephemeral range {first}-{last}, where "
             "outgoing connections take their local ports at random; pass a --base-port from "
@@ -860,17 +859,17 @@ def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_go
 def test_a_base_under_the_default_puts_the_workers_metrics_beside_its_servers(
         tmp_path: Path) -> None:
     # 9400+(BASE-30000)+N would give 400 here, below 1024, and 1410 for 22010.
-    plan = node.NodePlan((0, 1), True, True, None, node.Profile(), (), 21000, tmp_path, {})
+    plan = NodePlan((0, 1), True, True, None, Profile(), (), 21000, tmp_path, {})
     assert [plan.metrics_port(g) for g in (0, 1)] == [23000, 23001]
     assert [plan.server_spec(g).port for g in (0, 1)] == [21000, 21001]
 
 
 def test_every_default_port_of_a_node_lies_below_the_ephemeral_range(tmp_path: Path) -> None:
-    plan = node.NodePlan(tuple(range(8)), True, True, None, node.Profile(), (),
-                         node.DEFAULT_BASE_PORT, tmp_path, {})
+    plan = NodePlan(tuple(range(8)), True, True, None, Profile(), (),
+                         DEFAULT_BASE_PORT, tmp_path, {})
     for gpu in range(8):
         spec = plan.server_spec(gpu)
-        nccl = node.flag_value(spec.argv, "--nccl-port")
+        nccl = flag_value(spec.argv, "--nccl-port")
         ports = [spec.port, int(nccl or 0), plan.metrics_port(gpu)]
         assert all(p is not None and 1024 <= p < 32768 for p in ports), ports
 
@@ -886,8 +885,7 @@ def test_status_marks_processes_that_are_gone() -> None:
                  {"gpu": 1, "port": 30001, "pid": None, "state": "stopped", "since": 50.0,
                   "restarts": 5, "last_reason": "crash loop: 5 crashes", "worker": None,
                   "capacity": None}]}
-    node.annotate(state)
-    text = node.render_status(state, now=100.0)
+    text = render_status(node_state(state).with_liveness(), now=100.0)
     assert "NOT running" in text
     lines = text.splitlines()
     assert lines[1].split()[:6] == ["GPU", "PORT", "PID", "STATE", "UPTIME", "RESTARTS"]
@@ -897,22 +895,22 @@ def test_status_marks_processes_that_are_gone() -> None:
 
 
 def test_restart_request_overrides_args_flag_by_flag(tmp_path: Path) -> None:
-    plan = node.NodePlan((0, 1), True, False, None, Profile(), ("--speed", "100", "--a", "1"),
-                         30000, tmp_path, {})
-    node.write_json(tmp_path / node.REQUEST_FILE, {"id": "r9", "args": ["--a", "2"],
-                                                   "gpus": [1], "rolling": True})
-    order, new_plan = node.read_request(tmp_path, plan)
+    plan = NodePlan((0, 1), True, False, None, Profile(), ("--speed", "100", "--a", "1"),
+                    30000, tmp_path, {})
+    write_atomic(tmp_path / REQUEST_FILE, RestartRequest("r9", args=("--a", "2"), gpus=(1,),
+                                                         rolling=True).to_json())
+    order, new_plan = read_request(tmp_path, plan)
     assert order is not None and list(order.specs) == [1] and order.id == "r9"
     assert new_plan.cli_args == ("--speed", "100", "--a", "2")
     assert order.specs[1].argv[-4:] == ("--speed", "100", "--a", "2")
     assert order.specs[1].port == 30001 and order.specs[1].env["CUDA_VISIBLE_DEVICES"] == "1"
-    assert not (tmp_path / node.REQUEST_FILE).exists()
+    assert not (tmp_path / REQUEST_FILE).exists()
 
 
 def test_up_host_binds_the_servers_there_and_points_each_worker_at_its_server(
     tmp_path: Path,
 ) -> None:
-    plan = node.NodePlan((0,), True, True, None, Profile(), (), 30000, tmp_path, {},
+    plan = NodePlan((0,), True, True, None, Profile(), (), 30000, tmp_path, {},
                          host="10.213.0.11")
     server = plan.server_spec(0)
     assert server.argv[server.argv.index("--host") + 1] == "10.213.0.11"
@@ -936,7 +934,7 @@ def test_api_keys_stay_out_of_logs_and_the_state_file(tmp_path: Path) -> None:
 
 def test_up_help_names_every_port_the_base_moves(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        node.main(["up", "--help"])
+        main(["up", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "BASE+N (HTTP)" in text and "BASE+1000+N (NCCL)" in text
     assert "9400+(BASE-30000)+N (metrics; BASE+2000+N for a BASE under 30000)" in text

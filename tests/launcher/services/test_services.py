@@ -19,6 +19,7 @@ import pytest
 import redis
 from botocore.exceptions import ClientError
 
+from fleetgen.poll import wait_until
 from launcher import services
 from launcher.errors import PortBusyError
 from launcher.ports import free_port
@@ -30,7 +31,6 @@ from launcher.services import (
     ServiceStartError,
     free_s3_base,
     redis_password,
-    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parents[3]

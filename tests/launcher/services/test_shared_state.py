@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import fleetgen.settings
+from fleetgen.poll import wait_until
 from fleetgen.settings import Settings
 from launcher.demo import DemoPorts, stack_failure
 from launcher.errors import PortBusyError
@@ -26,7 +27,6 @@ from launcher.services import (
     S3Server,
     data_dir_holder,
     redis_password,
-    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parents[3]

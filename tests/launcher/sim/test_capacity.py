@@ -41,7 +41,7 @@ def test_a_small_kv_pool_caps_running_at_half_its_tokens() -> None:
 
 
 # The reference run's start: a hybrid model, speculative decoding on, 128 requested.
-REFERENCE_START = ("--profile", "mamba-hybrid", "--max-running-requests", "128",
+REFERENCE_START = ("--model-arch", "mamba-hybrid", "--max-running-requests", "128",
                    "--speculative-algorithm", "NEXTN")
 
 
@@ -73,7 +73,7 @@ def test_speculative_buffers_are_sized_by_the_requests_the_pool_runs_not_by_its_
 
 
 def test_speculative_buffers_take_their_share_of_the_auto_fit() -> None:
-    plain = plan_capacity(config("--profile", "mamba-hybrid", "--max-running-requests", "128"))
+    plain = plan_capacity(config("--model-arch", "mamba-hybrid", "--max-running-requests", "128"))
     assert plain.mamba_cache_size is not None and plain.mamba_cache_size > 80
 
 
@@ -90,7 +90,7 @@ def test_hybrid_cap_follows_the_strategy_ratio_and_slots(flags: tuple[str, ...],
 
 
 def test_start_up_failures_carry_sglangs_messages() -> None:
-    tiny = plan_capacity(config("--profile", "mamba-hybrid", "--max-mamba-cache-size", "3"))
+    tiny = plan_capacity(config("--model-arch", "mamba-hybrid", "--max-mamba-cache-size", "3"))
     assert tiny.fatal is not None and tiny.fatal.startswith(
         "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
         "requests. max_mamba_cache_size=3, mamba_ratio=5, resulting max_num_reqs=0.")

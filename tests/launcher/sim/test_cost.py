@@ -17,7 +17,7 @@ from launcher.sim.capacity import plan_capacity
 from launcher.sim.scheduler import Scheduler, SimRequest
 from tests.sim_helpers import SimProcess, VirtualClockLoop, config
 
-REFERENCE = ("--profile", "mamba-hybrid", "--speculative-algorithm", "NEXTN",
+REFERENCE = ("--model-arch", "mamba-hybrid", "--speculative-algorithm", "NEXTN",
              "--speculative-accept-length", "2.9", "--decode-model", "step")
 
 

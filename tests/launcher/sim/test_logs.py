@@ -75,7 +75,7 @@ def _startup_messages(caplog: pytest.LogCaptureFixture, *flags: str) -> list[str
 
 
 def test_startup_lines_come_in_sglangs_order(caplog: pytest.LogCaptureFixture) -> None:
-    messages = _startup_messages(caplog, "--profile", "mamba-hybrid")
+    messages = _startup_messages(caplog, "--model-arch", "mamba-hybrid")
     starts = ["server_args={", "Load weight begin.", "Load weight end. elapsed=",
               "Mamba Cache is allocated.", "KV Cache is allocated. dtype: torch.bfloat16,",
               "Memory pool end.", "Capture target decode CUDA graph begin.",
