@@ -3,7 +3,7 @@
 The producer, the Celery worker (`workers`) and the launcher all stand on this package; it
 imports none of them, and no Celery outside the broker's two modules.
 
-    state        keys (every Redis key, queue name and job-hash field), ledger (the module
+    state        keys (every Redis key, queue name and job-hash field), ledger (the package
                  that talks to Redis for the job's state) and liveledger (its asyncio side, on
                  a worker's loop), job (the manifest), records, checkpoints, sink (S3 or a
                  folder: the source of truth), creation (job locks), breaker and canary (when a

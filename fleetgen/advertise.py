@@ -1,6 +1,6 @@
 """The server URL a worker publishes in the registry: one that other nodes can use.
 
-A worker reaches its own server at whatever SGLANG_URL says, usually `http://127.0.0.1:3000N`;
+A worker reaches its own server at whatever FLEETGEN_SERVER_URL says, usually `http://127.0.0.1:3000N`;
 that address means another machine to `producer status` run elsewhere. So the registry gets
 the same URL with the loopback (or wildcard) host replaced by this node's address:
 `FLEETGEN_ADVERTISE_HOST` if set, else the address this node uses on its route to Redis, the

@@ -10,7 +10,7 @@ other node's server that cannot be read from here (a `127.0.0.1` URL there is no
 server; a firewall) shows the reading its worker published.
 
 The addresses come from Redis, which anyone with write access to it can fill: so these reads
-never carry SGLANG_API_KEY (only a worker sends it, to the one server it was configured with).
+never carry FLEETGEN_SERVER_API_KEY (only a worker sends it, to the one server it was configured with).
 A server that wants the key for `/server_info` still shows its live `/metrics` (SGLang serves
 those without a key), with capacity and version from the reading its worker published.
 

@@ -18,7 +18,7 @@ from fleetgen.keys import JOB_ENTRIES, JOB_NAME
 if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
     from fleetgen.servers import RequestBody
 
-# A job's state as the ledger keeps it (fleetgen/ledger.py STATE_*): `creating` while enqueue
+# A job's state as the ledger keeps it (fleetgen/ledger STATE_*): `creating` while enqueue
 # stores its inputs, then `running`, `paused` or `cancelled` as the operator and the canary
 # and breaker set it.
 JobState = Literal["creating", "running", "paused", "cancelled"]

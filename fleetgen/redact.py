@@ -3,7 +3,7 @@
 Every error path, log line and status field that may carry a URL or a setting passes it through
 `redact`. It masks the password of each URL's userinfo (`redis://:***@host:6389/0`), the values
 of secret-looking query parameters (`?token=***`, S3 presigned `X-Amz-Signature=***`), and the
-whole value of a setting whose name says it is a secret (`SGLANG_API_KEY`, `*_PASSWORD`, ...):
+whole value of a setting whose name says it is a secret (`FLEETGEN_SERVER_API_KEY`, `*_PASSWORD`, ...):
 
     redact("cannot reach redis://:hunter2@10.0.0.5:6379/0")
         -> "cannot reach redis://:***@10.0.0.5:6379/0"
@@ -28,7 +28,7 @@ MASK = "***"
 # scheme://[userinfo@]rest-of-url, up to whitespace, a quote or a closing bracket.
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"<>)\]}]+)")
 # A name holds a secret when one of its words (split at - _ . and spaces) is one of these:
-# `--api-key`, `SGLANG_API_KEY`, `--ssl-keyfile-password`, `X-Amz-Signature`, `FLOWER_BASIC_AUTH`
+# `--api-key`, `FLEETGEN_SERVER_API_KEY`, `--ssl-keyfile-password`, `X-Amz-Signature`, `FLOWER_BASIC_AUTH`
 # do; `--tokenizer-path`, `max_tokens`, `--ssl-keyfile` do not.
 _SECRET_WORDS = frozenset({"password", "passwd", "pass", "pwd", "secret", "token", "key", "auth",
                            "authorization", "signature", "credential", "apikey"})

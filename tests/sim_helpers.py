@@ -9,13 +9,13 @@ import os
 import re
 import selectors
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from fleetgen.poll import poll
 from launcher.child import ChildProcess
 from launcher.ports import free_port
 from launcher.sim import SimConfig, serve_in_thread
@@ -48,14 +48,10 @@ WAIT_S = 30.0
 def wait_until(condition: Callable[[], T | None], timeout: float = WAIT_S,
                what: str = "condition") -> T:
     """Poll `condition` until it returns a truthy value; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    value = poll(lambda: condition() or None, timeout, interval_s=0.02)
+    if value is None:
+        raise AssertionError(f"timed out waiting for {what}")
+    return value
 
 
 def metric(text: str, name: str) -> float:

@@ -127,7 +127,7 @@ class Stack:
         name = name or f"gpu{gpu}"
         argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"{name}@test",
                 "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
-        env = self.env({**FAST_WORKER_ENV, "SGLANG_URL": server_url, **(extra_env or {})})
+        env = self.env({**FAST_WORKER_ENV, "FLEETGEN_SERVER_URL": server_url, **(extra_env or {})})
         proc = Proc(name, argv, env, self.tmp / f"{name}.log").start()
         self.procs.append(proc)
         wait_until(lambda: "ready." in proc.log() or not proc.alive(), 60, what=f"{name} ready")

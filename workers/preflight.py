@@ -2,7 +2,7 @@
 consuming batches it can only fail.
 
 At start (`check_start`, from the worker's setup signal): it can tell its server (one `gpuN`
-queue or SGLANG_URL), Redis answers with its credentials, and no live worker runs under its
+queue or FLEETGEN_SERVER_URL), Redis answers with its credentials, and no live worker runs under its
 name. Any failure ends the process with one `error:` line (`refuse`).
 
 Per job (`SinkChecks`, in the batch runner): before its first batch of a job, the worker
@@ -29,6 +29,7 @@ from fleetgen import keys, redisconn
 from fleetgen.errors import FleetgenError, PreflightError, SinkError, SinkUnusableError
 from fleetgen.fleet import LOST_AFTER_S, WorkerEntry
 from fleetgen.ledger import Ledger
+from fleetgen.poll import poll
 from fleetgen.redact import redact
 from fleetgen.retry import REDIS_ERRORS, RedisAuthError, RedisNoPermissionError
 from fleetgen.settings import Settings
@@ -71,23 +72,26 @@ def check_start(settings: Settings, worker: str, server_url: Callable[[], str]) 
 
 def _check_redis(ledger: Ledger, settings: Settings) -> None:
     where = redact(settings.redis_url)
-    deadline = time.monotonic() + REDIS_START_WAIT_S
-    while True:
+    unreachable: list[BaseException] = []
+
+    def reached() -> bool | None:
         try:
             ledger.registry.check_access()
-            return
+            return True
         except RedisAuthError as exc:
             raise PreflightError(redisconn.auth_refused(settings.redis_url, exc)) from None
         except RedisNoPermissionError as exc:
             raise PreflightError(f"the Redis user of {where} may not do what a worker needs "
                                  f"({exc}); see the worker's ACL in docs/security.md") from None
         except REDIS_ERRORS as exc:
-            if time.monotonic() > deadline:
-                raise PreflightError(
-                    f"cannot reach Redis at {where} ({redact(exc)}) after "
-                    f"{REDIS_START_WAIT_S:.0f}s; start it (`python -m launcher redis`) or set "
-                    "REDIS_URL") from None
-            time.sleep(0.5)
+            unreachable[:] = [exc]
+            return None
+
+    if poll(reached, REDIS_START_WAIT_S, interval_s=0.5) is None:
+        raise PreflightError(
+            f"cannot reach Redis at {where} ({redact(unreachable[0])}) after "
+            f"{REDIS_START_WAIT_S:.0f}s; start it (`python -m launcher redis`) or set "
+            "REDIS_URL") from None
 
 
 def name_holder(ledger: Ledger, worker: str, now: float | None = None) -> WorkerEntry | None:

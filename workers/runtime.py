@@ -3,7 +3,7 @@ on, its view of that server (the backend) and its batch runner.
 
 Set up from Celery signals: `celeryd_after_setup` reads the worker's `-Q` to find its GPU
 (queue `gpuN`, or `gpuN-M` for a server over GPUs N to M, -> server port 30000+N unless
-SGLANG_URL is set) and adds the shared queue, so
+FLEETGEN_SERVER_URL is set) and adds the shared queue, so
 `celery -A workers worker -Q gpu0` serves GPU 0 and also takes shared work.
 """
 
@@ -41,7 +41,7 @@ def server_url(settings: Settings, queues: list[str]) -> str:
     if len(gpus) != 1:
         raise WorkerConfigError(
             f"cannot tell this worker's server from queues {queues}: "
-            "consume exactly one gpuN queue (-Q gpu0) or set SGLANG_URL"
+            "consume exactly one gpuN queue (-Q gpu0) or set FLEETGEN_SERVER_URL"
         )
     return settings.server_url_for_gpu(gpus[0])
 

@@ -298,7 +298,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
                             "node.json is not read")
     p.add_argument("--api-key", default=setting("server_api_key"),
                    help="the servers' API key (default: $FLEETGEN_SERVER_API_KEY or the older "
-                        "$SGLANG_API_KEY, which keeps it out of ps)")
+                        "$FLEETGEN_SERVER_API_KEY, which keeps it out of ps)")
     p.add_argument("--window", type=float, default=30.0, help="seconds of /metrics samples")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     p.add_argument("--json", action="store_true", help="one JSON object per server, in a list")

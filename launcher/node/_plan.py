@@ -224,7 +224,7 @@ class NodePlan:
         queue = gpu_queue(self.servers[gpu])
         argv = (sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue,
                 "-n", f"{queue}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO")
-        env = {**self.env, "SGLANG_URL": server.url}
+        env = {**self.env, "FLEETGEN_SERVER_URL": server.url}
         metrics = self.metrics_port(gpu)
         if metrics is not None:
             env["FLEETGEN_METRICS_PORT"] = str(metrics)
@@ -293,7 +293,7 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
         if gpu in workers:
             worker = workers[gpu]
             metrics = worker.env.get("FLEETGEN_METRICS_PORT")
-            lines.append(f"  worker SGLANG_URL={worker.env['SGLANG_URL']} "
+            lines.append(f"  worker FLEETGEN_SERVER_URL={worker.env['FLEETGEN_SERVER_URL']} "
                          + (f"FLEETGEN_METRICS_PORT={metrics} " if metrics else "")
                          + shlex.join(worker.argv))
     if workers:

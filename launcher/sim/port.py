@@ -42,7 +42,7 @@ def check_port(host: str, port: int) -> None:
             holder = port_holder(port)
             raise PortInUseError(
                 f"port {port} on {host} is in use{f' by {holder}' if holder else ''}; stop it, "
-                f"or pass another --port (its worker then needs SGLANG_URL=http://{host}:PORT)"
+                f"or pass another --port (its worker then needs FLEETGEN_SERVER_URL=http://{host}:PORT)"
             ) from None
 
 

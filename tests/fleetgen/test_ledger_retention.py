@@ -1,9 +1,7 @@
 """Retention (Jobs.settle, fleetgen/ledger/settle_job.lua): a finished job (done or cancelled) leaves
 the active jobs for the finished index, and its Redis keys expire FLEETGEN_JOB_RETENTION after
-it finished; the reconciler, `producer jobs` and each worker's /metrics stop paying for it.
-
-Before, every job's keys stayed forever, each worker's /metrics kept 64 series per job ever
-run, and the reconciler and `jobs` walked every job ever created.
+it finished; the reconciler, `producer jobs` and each worker's /metrics stop paying for it, so
+none of them grows with every job ever run.
 """
 
 from __future__ import annotations

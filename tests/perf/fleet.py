@@ -101,7 +101,7 @@ class Fleet:
         metrics_port = free_port()
         argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@perf",
                 "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
-        worker_env = self.env({**PRODUCTION_WORKER_ENV, "SGLANG_URL": server_url,
+        worker_env = self.env({**PRODUCTION_WORKER_ENV, "FLEETGEN_SERVER_URL": server_url,
                                "FLEETGEN_METRICS_PORT": str(metrics_port), **(env or {})})
         proc = Proc(name, argv, worker_env, self.tmp / f"{name}.log").start()
         self.procs.append(proc)

@@ -17,7 +17,7 @@ GPU, nvidia-smi's samples (nvidia_smi.csv).
 
 fleetgen runs with no setting beyond Redis and the output: the embedded Valkey
 (`python -m launcher redis`), one worker `celery -A workers worker -Q gpu0 -n gpu0@%h` with
-`SGLANG_URL`, `producer enqueue --output FOLDER --no-canary` (random weights never say EOS, so
+`FLEETGEN_SERVER_URL`, `producer enqueue --output FOLDER --no-canary` (random weights never say EOS, so
 every answer runs to max_tokens and the canary would rightly pause the job). No `--model`, no
 `FLEETGEN_MAX_IN_FLIGHT`: what the worker makes of this server on its own is the point.
 
@@ -817,8 +817,8 @@ class Bench:
         folder.mkdir()
         settings = self.fleetgen_settings(label)
         env = _clean_env({"PYTHONUNBUFFERED": "1", **settings})
-        worker_env = env | {"SGLANG_URL": self.server_url}
-        result.detail["worker_env"] = {"SGLANG_URL": self.server_url, **settings}
+        worker_env = env | {"FLEETGEN_SERVER_URL": self.server_url}
+        result.detail["worker_env"] = {"FLEETGEN_SERVER_URL": self.server_url, **settings}
         logs = folder / "logs"
         logs.mkdir()
         py = sys.executable

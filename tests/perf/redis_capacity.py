@@ -2,7 +2,7 @@
 
 A Python process on a 2-core machine cannot send the traffic of 1,000 GPUs at 25 prompts/s
 (25,000 checkpoint calls a second), so the benchmark measures what each unit of a GPU's Redis
-traffic costs Redis, with fleetgen's own calls (fleetgen/ledger.py, fleetgen/checkpoints.py,
+traffic costs Redis, with fleetgen's own calls (fleetgen/ledger/, fleetgen/checkpoints.py,
 the lease renewal script, the registry entry, `producer status`), and adds the units up for N
 GPUs. The units, per GPU:
 

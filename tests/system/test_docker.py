@@ -54,7 +54,7 @@ def test_compose_file_resolves_with_every_service_wired_to_a_passworded_redis(
         assert [s["source"] for s in services[name]["secrets"]] == ["redis_password"]
     assert "compose-test-password" not in result.stdout
     assert "requirepass" in services["redis"]["command"][0]
-    assert services["gpu0"]["environment"]["SGLANG_URL"] == "http://sim0:30000"
+    assert services["gpu0"]["environment"]["FLEETGEN_SERVER_URL"] == "http://sim0:30000"
     assert services["flower"]["ports"][0]["host_ip"] == "127.0.0.1"
 
 

@@ -355,7 +355,7 @@ def test_the_readme_quick_start_shows_each_port_and_the_workers_name() -> None:
     sim = next(line for line in lines if "launcher sim" in line)
     assert "--port 30000" in sim
     worker = next(line for line in lines if "celery" in line)
-    assert worker.startswith("SGLANG_URL=http://127.0.0.1:30000 ")
+    assert worker.startswith("FLEETGEN_SERVER_URL=http://127.0.0.1:30000 ")
     assert "-A workers worker -Q gpu0 -n gpu0@%h" in worker
     readme = " ".join(README.read_text(encoding="utf-8").split())
     assert "says which process holds it and exits; move it with `--port`" in readme
@@ -385,7 +385,7 @@ def test_the_demo_page_says_keep_leaves_the_stack_up_and_how_to_stop_it() -> Non
 def test_the_walkthrough_says_what_to_do_about_a_taken_port_and_another_directory() -> None:
     text = " ".join(page("getting-started/own-data.md").split())
     assert "error: port 30000 on 127.0.0.1 is in use by pid 4242" in text
-    assert "give the worker of step 3 the same one in `SGLANG_URL`" in text
+    assert "give the worker of step 3 the same one in `FLEETGEN_SERVER_URL`" in text
     assert "else in the clone (where `.env` names it), so a command run from another " \
            "directory finds it too" in text
 
@@ -619,7 +619,7 @@ WALKTHROUGH = "getting-started/own-data.md"
 # metrics, SeaweedFS (S3 and its inner parts).
 WALKTHROUGH_PORTS = (6389, 30000, 9400, *range(8333, 8342), 18341)
 # What a fresh terminal does not have: settings a developer's shell may hold.
-FRESH_TERMINAL_DROPS = ("REDIS_URL", "SGLANG_URL", "CELERY_APP", "AWS_", "FLEETGEN_")
+FRESH_TERMINAL_DROPS = ("REDIS_URL", "FLEETGEN_SERVER_URL", "CELERY_APP", "AWS_", "FLEETGEN_")
 READY_TIMEOUT_S = 180.0
 STEP_TIMEOUT_S = 600.0
 

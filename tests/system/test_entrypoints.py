@@ -70,7 +70,7 @@ def test_celery_worker_without_dash_a_serves_from_any_folder_and_says_when_it_is
     # No --loglevel: the default (WARNING) must still show the ready line.
     argv = [CELERY, "worker", "-Q", "gpu0", "-n", "gpu0@test", "--without-mingle",
             "--without-gossip"]
-    env = stack.env({**FAST_WORKER_ENV, "SGLANG_URL": url, "CELERY_APP": "workers"})
+    env = stack.env({**FAST_WORKER_ENV, "FLEETGEN_SERVER_URL": url, "CELERY_APP": "workers"})
     worker = Proc("gpu0", argv, env, tmp_path / "gpu0.log", cwd=elsewhere).start()
     stack.procs.append(worker)
     wait_until(lambda: READY.search(worker.log()) is not None or not worker.alive(), 60,

@@ -194,7 +194,7 @@ def test_a_simulator_on_a_taken_port_says_who_holds_it_in_one_line_before_starti
     assert done.stderr.startswith(f"error: port {port} on 127.0.0.1 is in use by pid "
                                   f"{os.getpid()} (")
     assert "pass another --port" in done.stderr
-    assert "SGLANG_URL=http://127.0.0.1:PORT" in done.stderr
+    assert "FLEETGEN_SERVER_URL=http://127.0.0.1:PORT" in done.stderr
 
 
 # --- 6. the sample generator -------------------------------------------------------------------

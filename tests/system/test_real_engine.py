@@ -3,7 +3,7 @@ a tiny random-weight Qwen3 made on the spot (tests/engine_model.py), and a real 
 
 Everywhere else the simulator (launcher/sim/) stands in for SGLang; here the answers come from a
 real model's forward passes, through a server fleetgen did not write. The worker gets only
-SGLANG_URL, as a user would start it: what it makes of this server on its own (its kind, the
+FLEETGEN_SERVER_URL, as a user would start it: what it makes of this server on its own (its kind, the
 model it is pinned to, the fields it refuses) is part of what is tested.
 
 The engine comes with the `engine` extra (torch, transformers[serving]), part of `test`. Without

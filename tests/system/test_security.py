@@ -71,7 +71,7 @@ def test_redact_masks_url_passwords_secret_query_values_and_secret_settings_only
     for kept in ("10.0.0.5:6379/0", "rediss://fleet:***@r:6380/1", "part=2", "proxy:8080/v1"):
         assert kept in shown
     assert redact("s3cr3t", name="AWS_SECRET_ACCESS_KEY") == "***"
-    assert redact("s3cr3t", name="SGLANG_API_KEY") == "***"
+    assert redact("s3cr3t", name="FLEETGEN_SERVER_API_KEY") == "***"
     assert redact("fleetgen", name="AWS_ACCESS_KEY_ID") == "fleetgen"
     assert redact("redis://127.0.0.1:6389/0") == "redis://127.0.0.1:6389/0"
 
@@ -94,7 +94,7 @@ def test_settings_never_show_the_redis_password_or_the_api_key(tmp_path: Path) -
     password.write_text("pw-from-file\n")
     settings = Settings.from_env({"REDIS_URL": "redis://127.0.0.1:7000/2",
                                   "FLEETGEN_REDIS_PASSWORD_FILE": str(password),
-                                  "SGLANG_API_KEY": "key-123"})
+                                  "FLEETGEN_SERVER_API_KEY": "key-123"})
     assert settings.redis_url == "redis://:pw-from-file@127.0.0.1:7000/2"
     assert "pw-from-file" not in repr(settings) and "key-123" not in repr(settings)
     with pytest.raises(SettingsError, match=r"http://u:\*\*\*@gpu0:30000") as refused:
@@ -459,7 +459,7 @@ def test_a_server_planted_in_the_registry_gets_no_key_from_status_nor_a_request_
     plant(redis_client, listener.url)
     _, url = stack.sim("sim0", "--api-key", key, "--max-running-requests", "8",
                        "--decode-tps", "200", "--mean-output-tokens", "40", "--speed", "20")
-    stack.worker(0, url, {"SGLANG_API_KEY": key})
+    stack.worker(0, url, {"FLEETGEN_SERVER_API_KEY": key})
     out = tmp_path / "out"
     prompts = write_jsonl(tmp_path / "in.jsonl", chat_rows(20))
     stack.producer("enqueue", str(prompts), "--job", "planted", "--output", str(out),
@@ -469,7 +469,7 @@ def test_a_server_planted_in_the_registry_gets_no_key_from_status_nor_a_request_
                what="progress.json written by the worker")
     assert not listener.requests, "the progress writer read the planted server"
     # `status` (text and --json), run by a user with the key in their environment.
-    keyed = {**os.environ, **stack.base_env, "SGLANG_API_KEY": key}
+    keyed = {**os.environ, **stack.base_env, "FLEETGEN_SERVER_API_KEY": key}
     for flags in ((), ("--json",)):
         subprocess.run([PYTHON, "-m", "producer", "status", "planted", *flags], cwd=ROOT,
                        env=keyed, capture_output=True, timeout=60, check=True)
@@ -518,10 +518,10 @@ def test_no_planted_secret_shows_in_any_log_status_file_page_or_redis_after_a_ru
                        "--max-running-requests", "8", "--decode-tps", "200",
                        "--mean-output-tokens", "40", "--speed", "20")
     metrics_port = free_port()
-    stack.worker(0, url, {"SGLANG_API_KEY": sglang_key, "FLEETGEN_PROMPT_MAX_ATTEMPTS": "1",
+    stack.worker(0, url, {"FLEETGEN_SERVER_API_KEY": sglang_key, "FLEETGEN_PROMPT_MAX_ATTEMPTS": "1",
                           "FLEETGEN_METRICS_PORT": str(metrics_port)})
     flower_proc, flower_port = flower(stack, "127.0.0.1", {
-        "FLOWER_BASIC_AUTH": f"fleet:{planted['flower password']}", "SGLANG_API_KEY": sglang_key})
+        "FLOWER_BASIC_AUTH": f"fleet:{planted['flower password']}", "FLEETGEN_SERVER_API_KEY": sglang_key})
     base = f"http://127.0.0.1:{flower_port}"
 
     def flower_up() -> bool:
@@ -533,7 +533,7 @@ def test_no_planted_secret_shows_in_any_log_status_file_page_or_redis_after_a_ru
 
     # Up before the job, so that it sees every task's events.
     wait_until(flower_up, 60, what="flower up")
-    keyed = {**os.environ, **stack.base_env, "SGLANG_API_KEY": sglang_key}
+    keyed = {**os.environ, **stack.base_env, "FLEETGEN_SERVER_API_KEY": sglang_key}
 
     def producer(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([PYTHON, "-m", "producer", *args], cwd=ROOT, env=env or keyed,

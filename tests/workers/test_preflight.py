@@ -74,9 +74,9 @@ def test_a_worker_that_cannot_tell_its_server_refuses_to_start_and_takes_no_batc
 ) -> None:
     enqueue(stack, tmp_path, "waiting", 30)
     before = queue_depth(redis_client, keys.SHARED_QUEUE)
-    # No -Q gpuN and no SGLANG_URL: which server would it send prompts to?
-    line = refusal(start_worker(stack, "noserver", drop=("SGLANG_URL",)))
-    assert "cannot tell this worker's server" in line and "SGLANG_URL" in line
+    # No -Q gpuN and no FLEETGEN_SERVER_URL: which server would it send prompts to?
+    line = refusal(start_worker(stack, "noserver", drop=("FLEETGEN_SERVER_URL",)))
+    assert "cannot tell this worker's server" in line and "FLEETGEN_SERVER_URL" in line
     assert queue_depth(redis_client, keys.SHARED_QUEUE) == before == 3
     assert not redis_client.hgetall(keys.job_part("waiting", "attempts"))
 
@@ -86,7 +86,7 @@ def test_a_worker_whose_redis_refuses_its_password_refuses_to_start(
 ) -> None:
     wrong = re.sub(r"redis://:[^@]*@", "redis://:WRONG-pass-123@", redis_url)
     line = refusal(start_worker(stack, "badpass", "-Q", "gpu0",
-                                env={"REDIS_URL": wrong, "SGLANG_URL": "http://127.0.0.1:9"}))
+                                env={"REDIS_URL": wrong, "FLEETGEN_SERVER_URL": "http://127.0.0.1:9"}))
     assert "refused the password that was given" in line
     assert "WRONG-pass-123" not in line
 
@@ -96,7 +96,7 @@ def test_a_worker_given_no_redis_password_says_one_is_needed(
 ) -> None:
     bare = re.sub(r"redis://:[^@]*@", "redis://", redis_url)
     line = refusal(start_worker(stack, "nopass", "-Q", "gpu0",
-                                env={"REDIS_URL": bare, "SGLANG_URL": "http://127.0.0.1:9"},
+                                env={"REDIS_URL": bare, "FLEETGEN_SERVER_URL": "http://127.0.0.1:9"},
                                 drop=("FLEETGEN_REDIS_PASSWORD_FILE",)))
     assert line.startswith(f"error: Redis at {bare} needs a password and none was given")
     assert "FLEETGEN_REDIS_PASSWORD_FILE" in line
@@ -105,7 +105,7 @@ def test_a_worker_given_no_redis_password_says_one_is_needed(
 def test_a_worker_with_no_redis_at_its_address_refuses_to_start(stack: Stack) -> None:
     nowhere = f"redis://127.0.0.1:{free_port()}/0"
     line = refusal(start_worker(stack, "noredis", "-Q", "gpu0",
-                                env={"REDIS_URL": nowhere, "SGLANG_URL": "http://127.0.0.1:9"}))
+                                env={"REDIS_URL": nowhere, "FLEETGEN_SERVER_URL": "http://127.0.0.1:9"}))
     assert line.startswith(f"error: cannot reach Redis at {nowhere}")
 
 
@@ -116,7 +116,7 @@ def test_a_second_worker_under_a_live_workers_name_refuses_naming_its_host_and_p
     first = stack.worker(0, url)
     wait_until(lambda: redis_client.hexists(keys.WORKERS, "gpu0@test"), 30, what="registered")
     host = orjson.loads(redis_client.hget(keys.WORKERS, "gpu0@test"))["host"]
-    line = refusal(start_worker(stack, "gpu0", "-Q", "gpu0", env={"SGLANG_URL": url},
+    line = refusal(start_worker(stack, "gpu0", "-Q", "gpu0", env={"FLEETGEN_SERVER_URL": url},
                                 log="second-gpu0"))
     assert f"worker name gpu0@test is taken by a live worker on host {host} (pid {first.pid})" \
         in line

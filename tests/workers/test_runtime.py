@@ -16,7 +16,7 @@ def test_the_gpu_queue_names_the_server_unless_sglang_url_does() -> None:
     assert server_url(settings, ["gpu3", "shared"]) == settings.server_url_for_gpu(3)
     # A server over GPUs 2 and 3 listens on its lead GPU's port.
     assert server_url(settings, ["gpu2-3", "shared"]) == settings.server_url_for_gpu(2)
-    assert server_url(Settings.from_env({"SGLANG_URL": "http://gpu-box:30000"}),
+    assert server_url(Settings.from_env({"FLEETGEN_SERVER_URL": "http://gpu-box:30000"}),
                       ["gpu3"]) == "http://gpu-box:30000"
     for queues in (["shared"], ["gpu0", "gpu1"]):
         with pytest.raises(WorkerConfigError, match="exactly one gpuN queue"):

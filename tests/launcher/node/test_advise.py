@@ -253,7 +253,7 @@ def test_advise_by_url_of_a_closed_port_says_it_cannot_read_it(
 
 def test_advise_by_url_sends_the_api_key_and_suspects_it_when_refused(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SGLANG_API_KEY", raising=False)  # the flag's default
+    monkeypatch.delenv("FLEETGEN_SERVER_API_KEY", raising=False)  # the flag's default
     with running_sim("--api-key", "s3cret", "--instant") as url:
         refused = main(["advise", "--url", url, "--window", "0"])
         err = capsys.readouterr().err

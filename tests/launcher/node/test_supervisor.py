@@ -571,7 +571,7 @@ def test_tp_2_places_one_server_and_one_worker_on_each_pair_of_gpus(tmp_path: Pa
     worker = plan.worker_spec(2, server)
     assert worker.argv[worker.argv.index("-Q") + 1:worker.argv.index("-n") + 2] == (
         "gpu2-3", "-n", "gpu2-3@%h")
-    assert worker.env["SGLANG_URL"] == "http://127.0.0.1:30002"
+    assert worker.env["FLEETGEN_SERVER_URL"] == "http://127.0.0.1:30002"
     assert worker.env["FLEETGEN_METRICS_PORT"] == "9402"
     assert worker.log_path == tmp_path / "worker_gpu2-3.log"
 
@@ -914,11 +914,11 @@ def test_up_host_binds_the_servers_there_and_points_each_worker_at_its_server(
                          host="10.213.0.11")
     server = plan.server_spec(0)
     assert server.argv[server.argv.index("--host") + 1] == "10.213.0.11"
-    assert plan.worker_spec(0, server).env["SGLANG_URL"] == "http://10.213.0.11:30000"
+    assert plan.worker_spec(0, server).env["FLEETGEN_SERVER_URL"] == "http://10.213.0.11:30000"
     # Every interface: the worker still reaches its server over loopback.
     wide = dataclasses.replace(plan, host="0.0.0.0").server_spec(0)
     assert wide.argv[wide.argv.index("--host") + 1] == "0.0.0.0"
-    assert plan.worker_spec(0, wide).env["SGLANG_URL"] == "http://127.0.0.1:30000"
+    assert plan.worker_spec(0, wide).env["FLEETGEN_SERVER_URL"] == "http://127.0.0.1:30000"
 
 
 def test_api_keys_stay_out_of_logs_and_the_state_file(tmp_path: Path) -> None:
