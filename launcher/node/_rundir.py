@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,8 @@ class TuneStep:
     tokens_per_s: float | None = None
     share: float | None = None
     share_before: float | None = None
+    expected: float | None = None  # the tokens/s gain the memory and step models predict
+    until: float | None = None  # when a step under way expects to end (time.time())
     note: str | None = None
 
     def describe(self) -> str:
@@ -174,6 +177,10 @@ class TuneStep:
             text += f": {self.tokens_per_s:,.0f} tokens/s"
         if self.share is not None:
             text += f", share {self.share:.3f} (before {self.share_before or 0:.3f})"
+        if self.expected is not None:
+            text += f", expected {self.expected:+.1%}"
+        if self.until is not None:
+            text += f", ~{max(0.0, self.until - time.time()):.0f} s left"
         if self.note:
             text += f" ({self.note})"
         return text

@@ -39,9 +39,11 @@ import httpx
 
 from fleetgen.commandline import CommandParser
 from fleetgen.poll import poll
-from launcher.node._advise import QUEUE_EMPTY, Observed, advise, observe
+from launcher.logs import read_log
+from launcher.node._advise import QUEUE_EMPTY, Advice, Observed, advise, observe
 from launcher.node._args import flag_value, split_flags
 from launcher.node._errors import NodeError
+from launcher.node._fit import Memory, candidates
 from launcher.node._gpus import parse_gpu_spec
 from launcher.node._restart import follow_restart, new_request_id, send_restart
 from launcher.node._rundir import (
@@ -100,13 +102,14 @@ class TuneLog:
     def add(self, kind: str, gpu: int | Sequence[int] | None, *,
             flags: Sequence[str] | None = None, tokens_per_s: float | None = None,
             share: float | None = None, share_before: float | None = None,
+            expected: float | None = None, until: float | None = None,
             note: str | None = None) -> None:
         """Record one step, print it and save the record."""
         step = TuneStep(at=time.time(), kind=kind,
                         gpu=gpu if gpu is None or isinstance(gpu, int) else tuple(gpu),
                         flags=tuple(flags) if flags is not None else None,
                         tokens_per_s=tokens_per_s, share=share, share_before=share_before,
-                        note=note)
+                        expected=expected, until=until, note=note)
         self.record.steps.append(step)
         print(step.describe(), flush=True)
         self.save()
@@ -210,6 +213,84 @@ def _resolved_args(url: str) -> Mapping[str, object]:
     return body if isinstance(body, dict) else {}
 
 
+def held_tokens(entry: ServerEntry, seen: Observed) -> float | None:
+    """KV tokens one running request holds while it runs: the pool over the requests running
+    when the pool binds (work queued below the cap); else twice what each uses on average, as
+    a running answer is on average halfway (None without figures)."""
+    cap = entry.capacity
+    tokens = cap.max_total_num_tokens if cap else None
+    if tokens is None or not seen.running:
+        return None
+    if cap is not None and cap.effective and seen.queue is not None and seen.queue >= 1 \
+            and seen.running < 0.95 * cap.effective:
+        return tokens / seen.running
+    if seen.kv_usage is None:
+        return None
+    return 2 * seen.kv_usage * tokens / seen.running
+
+
+def start_memory(entry: ServerEntry) -> Memory | None:
+    """The memory `entry`'s latest start stated on its log (None where it did not)."""
+    if not entry.server.log or not Path(entry.server.log).exists():
+        return None
+    report = read_log(entry.server.log)
+    cap = entry.capacity
+    ratio = report.capacity().ratio or (
+        cap.mamba_slots // cap.effective if cap and cap.mamba_slots and cap.effective else None)
+    return Memory.from_start(report.run, ratio)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to try next on the experiment GPU: the flags, the gain expected, and the
+    candidates the memory cannot hold (flags, why), skipped without a start."""
+
+    flags: list[str]
+    expected: float | None
+    skipped: list[tuple[list[str], str]] = field(default_factory=list)
+
+
+def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
+              advice_gain: float | None, ceiling: float, resolved: Mapping[str, object]) -> Plan:
+    """The next candidate: for a server bound by its Mamba slots, the memory and step models'
+    best (slots and fraction) up to `ceiling`, which its start-up lines say fits; the advice
+    otherwise. An advised candidate the memory cannot hold is skipped with the reason."""
+    memory = start_memory(entry)
+    if memory is None or not advice_flags or "--max-mamba-cache-size" not in advice_flags:
+        return Plan(list(advice_flags), advice_gain)
+    skipped: list[tuple[list[str], str]] = []
+    slots = flag_value(advice_flags, "--max-mamba-cache-size")
+    mfs = flag_value(advice_flags, "--mem-fraction-static") or _current(
+        entry, "--mem-fraction-static", resolved)
+    if slots and slots.isdigit() and mfs:
+        fit = memory.fit(float(mfs), int(slots))
+        if fit.refused:
+            skipped.append((list(advice_flags), f"predicted: {fit.refused}"))
+    now = _float(_current(entry, "--mem-fraction-static", resolved)) or ceiling
+    found = candidates(memory, held_tokens(entry, seen), seen.running or 0.0, ceiling,
+                       min(now, ceiling))
+    if not found:
+        return Plan([] if skipped else list(advice_flags), None if skipped else advice_gain,
+                    skipped)
+    return Plan(list(found[0].flags), found[0].gain, skipped)
+
+
+def _next(entry: ServerEntry, seen: Observed, advice: Advice,
+          resolved: Mapping[str, object], log: TuneLog) -> Plan:
+    """`plan_next` for the experiment GPU, its skipped candidates recorded."""
+    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved)
+    for flags, why in plan.skipped:
+        log.add(kind="skipped", gpu=entry.gpu, flags=flags, note=why)
+    return plan
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def _ready(run_dir: Path) -> list[ServerEntry]:
     return (read_state(run_dir) or NodeState()).ready
 
@@ -248,15 +329,16 @@ def _full(entry: ServerEntry, seen: Observed) -> bool:
 
 
 def _restart_one(run_dir: Path, args: Sequence[str], gpus: Sequence[int], timeout_s: float,
-                 log: TuneLog) -> tuple[str, str]:
-    """A rolling restart of `gpus` with `args` (state, reason), started only while no other
-    GPU is out, so the node never has two GPUs down at once."""
+                 log: TuneLog, rolling: bool = True) -> tuple[str, str]:
+    """A restart of `gpus` with `args` (state, reason), started only while no other GPU is
+    out: rolling (one at a time) for an experiment or a rollback, all at once (`rolling`
+    False) for a winner already proven to start on this node's GPUs."""
     poll(lambda: True if log.stopped or all_ready(run_dir) else None, timeout_s, 0.5)
     if log.stopped:
         return "failed", "the node is stopping"
     if not all_ready(run_dir):
         return "failed", "another GPU stayed out; not restarting a second one"
-    request = RestartRequest(new_request_id("t"), rolling=True, args=tuple(args),
+    request = RestartRequest(new_request_id("t"), rolling=rolling, args=tuple(args),
                              gpus=tuple(gpus))
     send_restart(run_dir, request)
     outcome = follow_restart(run_dir, request.id, timeout_s)
@@ -285,16 +367,19 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
                 note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
     entry = next(g for g in entries if g.gpu == exp)
     advice = advise(entry, seen[exp])
+    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log)
     if dry_run:
         log.record.state = "dry-run"
-        log.add(kind="plan", gpu=exp, flags=list(advice.flags), note=advice.line())
-        if advice.flags:
+        log.add(kind="plan", gpu=exp, flags=plan.flags, expected=plan.expected,
+                note=advice.line())
+        if plan.flags:
             log.add(kind="plan", gpu=exp, note=f"restart GPU {exp} alone with these flags, "
                     f"measure {window_s:.0f} s against GPUs {[g for g in gpus if g != exp]}, "
-                    f"keep them if they win by {margin:.0%}, then roll them out one GPU at a time")
+                    f"keep them if they win by {margin:.0%}, then roll them out to the others")
         return log
     best_tps, best_share = seen[exp].tokens_per_s, _share(seen, exp)
-    candidate = list(advice.flags)
+    candidate, expected = plan.flags, plan.expected
+    restart_s = window_s  # a restart's own time, until one is timed
     for _ in range(rounds):
         if not candidate:
             log.add(kind="stop", gpu=exp, note=advice.line())
@@ -303,11 +388,16 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
             break
         resolved = _resolved_args(entry.url)
         before = previous_values(entry, candidate, resolved)
+        log.add(kind="trying", gpu=exp, flags=candidate, expected=expected,
+                until=time.time() + restart_s + warmup_s + window_s)
+        began = time.time()
         state, reason = _restart_one(run_dir, candidate, [exp], timeout_s, log)
+        restart_s = time.time() - began
         if state != "done":
             log.add(kind="failed", gpu=exp, flags=candidate, note=reason[:300])
             candidate = more_memory(candidate, reason, _current(
                 entry, "--mem-fraction-static", resolved)) or smaller_step(candidate, before) or []
+            expected = None
             continue
         wait_full(run_dir, [exp], warmup_s, interval_s, log)
         entries = _ready(run_dir)
@@ -328,7 +418,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         if not won:
             state, reason = _restart_one(run_dir, before, [exp], timeout_s, log)
             log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
-            candidate = smaller_step(candidate, before) or []
+            candidate, expected = smaller_step(candidate, before) or [], None
             entries = _ready(run_dir)
             entry = next((g for g in entries if g.gpu == exp), entry)
             continue
@@ -336,9 +426,12 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         others = [g for g in gpus if g != exp]
         if others and not log.stopped:
             # A win pays on every GPU from now on, not after the last experiment: roll it out
-            # (one GPU at a time), then measure the next candidate against peers running it.
-            state, reason = _restart_one(run_dir, log.record.chosen, others, timeout_s * len(others),
-                                         log)
+            # to the others at once (it started on this node's GPU; each one that fails is
+            # rolled back alone), then measure the next candidate against peers running it.
+            log.add(kind="rolling-out", gpu=others, flags=log.record.chosen,
+                    until=time.time() + restart_s + warmup_s + window_s)
+            state, reason = _restart_one(run_dir, log.record.chosen, others, timeout_s, log,
+                                         rolling=False)
             log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
                     flags=log.record.chosen, note=reason[:300])
             wait_full(run_dir, gpus, warmup_s, interval_s, log)
@@ -348,7 +441,14 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         best_tps, best_share = tps, share
         entry = next(g for g in entries if g.gpu == exp)
         advice = advise(entry, seen[exp])
-        candidate = list(advice.flags)
+        plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log)
+        if plan.expected is not None and plan.expected < margin:
+            # The models say no candidate the memory holds beats this one by the margin, the
+            # least a window can tell apart: no restart would be kept.
+            log.add(kind="stop", gpu=exp, flags=plan.flags, expected=plan.expected,
+                    note=f"no candidate is expected to win by {margin:.0%}")
+            break
+        candidate, expected = plan.flags, plan.expected
     log.record.state = "done"
     log.save()
     return log
