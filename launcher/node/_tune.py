@@ -3,25 +3,30 @@
     python -m launcher tune [--window 60] [--margin 0.05] [--dry-run]
 
 1. Measure every ready GPU's tokens/s over a window (the baseline).
-2. Ask `advise` for GPU E's flags (E: the first ready GPU, or --gpu) and restart E alone with
-   them through the supervisor's rolling restart, which drains E first: its batches finish
-   or go back to the queue, nothing is lost, and no other GPU is touched.
+2. Plan GPU E's candidate (E: the first ready GPU, or --gpu): for a server bound by its Mamba
+   slots, the slots and memory fraction its start-up lines say its memory holds (`_fit.py`)
+   and that run the most requests, the KV tokens a running request holds read from the window;
+   an advised candidate that memory cannot hold is skipped with the reason. Otherwise the
+   `advise` flags. Restart E alone with them through the supervisor's rolling restart, which
+   drains E first: its batches finish or go back to the queue, nothing is lost, and no other
+   GPU is touched.
 3. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
    supervisor itself; more static memory (when SGLang asks for it) or a smaller step toward it
    is tried next. One that starts is measured, once its batch is full again, over
    the window against the other GPUs (E's share of the node's tokens/s, so a load change hits
    both sides) or, alone, against its own baseline. It wins by `--margin` or is rolled back
    by restarting E with its previous values.
-4. A win is rolled out to the other GPUs at once, one at a time; then the advice is asked
-   again on the new state, and the next candidate is measured against peers running the
-   winner, until nothing binds, no candidate is left or `--rounds` is reached.
+4. A win is rolled out to the other GPUs at once, all together (it started on one of them
+   already); then the next candidate is planned on the new state and measured against peers
+   running the winner, until none is expected to win by the margin, nothing binds, no
+   candidate is left or `--rounds` is reached.
 
 Every step is printed and kept in `{run_dir}/tune.json`, which the supervisor copies into
 node.json (`tune`). `--dry-run` prints the plan from one window of samples and changes nothing.
 
 `launcher up --tune` runs the same tuning by itself (`auto_tune`, in a thread of the
 supervisor): once every server is ready it samples them until work waits in a queue, then tunes
-where a limit binds, once; it never restarts a GPU while another one is out.
+where a limit binds, once; it starts no restart while a GPU is out.
 """
 
 from __future__ import annotations

@@ -434,7 +434,9 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
     assert tune.returncode == 0, tune.stdout + tune.stderr
     log = json.loads(tune.stdout[tune.stdout.index("{\n"):])
     steps = log["steps"]
-    assert any(s["kind"] == "failed" for s in steps), "no over-committed candidate rejected"
+    # The advice's over-committed candidate is skipped by the prediction from the start-up
+    # lines (or, where the prediction missed, refused by the server): never run.
+    assert any(s["kind"] in ("skipped", "failed") for s in steps), "none over-committed seen"
     assert any(s["kind"] == "won" for s in steps) and log["chosen"]
     assert any(s["kind"] == "rolled-out" for s in steps)  # each win, as soon as it won
     n.wait(lambda s: (s.get("tune") or {}).get("state") == "done", 10, "tune log in node.json")
