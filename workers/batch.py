@@ -331,7 +331,7 @@ class BatchRunner:
             job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
             counters=counters(record, thinking=thinking),
             # What the canary keeps of the answer, or nothing when it is off.
-            fact=(orjson.dumps(canary.sample(record, thinking))
+            fact=(canary.sample(record, thinking).to_json()
                   if self._quality.window(manifest.name) else b""),
             outcome=breaker.outcome(record),
         ))
