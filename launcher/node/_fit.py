@@ -121,8 +121,9 @@ def candidates(memory: Memory, held: float | None, now_running: float, max_fract
     request holds (None: the KV pool never binds)."""
     if memory.ratio is None or not memory.slot_gb:
         return []
-    fractions = [round(min_fraction + 0.01 * i, 2)
-                 for i in range(round((max_fraction - min_fraction) / 0.01) + 1)]
+    # Hundredths from the ceiling down to the floor (the floor itself included).
+    steps = math.floor(round((max_fraction - min_fraction) / 0.01, 6))
+    fractions = [round(max_fraction - 0.01 * i, 2) for i in range(max(0, steps) + 1)]
     found: dict[int, Candidate] = {}
     for slots in range(memory.ratio, 4097, memory.ratio):
         for mfs in fractions:
