@@ -46,6 +46,7 @@ past 99 have more digits (`r100-000001`), so batches are ordered by `batch_order
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -60,6 +61,9 @@ GPU_QUEUE = re.compile(r"^gpu(\d+)((?:[-_]\d+)*)$")
 # next to its server on 30000 + N.
 METRICS_BASE_PORT = 9400
 TASK_RUN_BATCH = "fleetgen.run_batch"
+# What the node supervisor sends a worker before it drains and restarts the worker's server
+# (Celery leaves SIGUSR2 alone unless CELERY_RDBSIG is set).
+RESTART_SIGNAL = signal.SIGUSR2
 # Broker priorities (kombu on Redis: 0 is served first, one list per step of 0/3/6/9, and a
 # worker pops the highest priority of all its queues first). Re-dispatched work goes before
 # fresh work, whichever queue it is in.

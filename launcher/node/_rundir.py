@@ -310,7 +310,11 @@ class NodeState:
 @dataclass(frozen=True)
 class RestartRequest:
     """restart.json: what `launcher restart` (or `tune`) asks of the supervisor, sent by
-    SIGHUP. `args` None keeps the server arguments; `gpus` None means every GPU."""
+    SIGHUP. `args` None keeps the server arguments; `gpus` None means every GPU.
+    `gpu_args` gives GPUs arguments of their own for this restart (merged over the node's
+    like `args`; the node's arguments stay as they were): `tune` measures several candidates
+    at once that way. `drain_s` is how long each server's running requests may finish before
+    the rest are cut and go back to the queue (None: the node's `--drain-timeout`)."""
 
     id: str
     rolling: bool = True
@@ -318,22 +322,31 @@ class RestartRequest:
     replace: bool = False
     gpus: tuple[int, ...] | None = None
     profile: str | None = None  # a profile file to reload
+    gpu_args: Mapping[int, tuple[str, ...]] | None = None
+    drain_s: float | None = None
 
     def to_json(self) -> str:
         return _dumps({"id": self.id, "rolling": self.rolling,
                        "args": list(self.args) if self.args is not None else None,
                        "replace": self.replace,
                        "gpus": list(self.gpus) if self.gpus is not None else None,
-                       "profile": self.profile})
+                       "profile": self.profile,
+                       "gpu_args": {str(g): list(a) for g, a in self.gpu_args.items()}
+                       if self.gpu_args is not None else None,
+                       "drain_s": self.drain_s})
 
     @classmethod
     def from_json(cls, text: str) -> RestartRequest:
         """The request `to_json` wrote; ValueError if `text` is not one."""
         def read(data: Mapping[str, Any]) -> RestartRequest:
-            args, gpus = data.get("args"), data.get("gpus")
+            args, gpus, own = data.get("args"), data.get("gpus"), data.get("gpu_args")
+            drain = data.get("drain_s")
             return cls(**{**_known(cls, data), "id": str(data.get("id")),
                           "args": tuple(str(a) for a in args) if args is not None else None,
-                          "gpus": tuple(int(g) for g in gpus) if gpus else None})
+                          "gpus": tuple(int(g) for g in gpus) if gpus else None,
+                          "gpu_args": {int(g): tuple(str(a) for a in v) for g, v in own.items()}
+                          if own is not None else None,
+                          "drain_s": float(drain) if drain is not None else None})
         return _parse(text, read)
 
 

@@ -1,25 +1,28 @@
-"""`launcher tune`: the advice applied while a job runs, one GPU's experiment at a time.
+"""`launcher tune`: the advice applied while a job runs, candidates measured side by side.
 
-    python -m launcher tune [--window 60] [--margin 0.05] [--dry-run]
+    python -m launcher tune [--window 60] [--margin 0.05] [--drain 30] [--width N] [--dry-run]
 
 1. Measure every ready GPU's tokens/s over a window (the baseline).
-2. Plan GPU E's candidate (E: the first ready GPU, or --gpu): for a server bound by its Mamba
-   slots, the slots and memory fraction its start-up lines say its memory holds (`_fit.py`)
-   and that run the most requests, the KV tokens a running request holds read from the window;
-   an advised candidate that memory cannot hold is skipped with the reason. Otherwise the
-   `advise` flags. Restart E alone with them through the supervisor's rolling restart, which
-   drains E first: its batches finish or go back to the queue, nothing is lost, and no other
-   GPU is touched.
-3. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
-   supervisor itself; more static memory (when SGLang asks for it) or a smaller step toward it
-   is tried next. One that starts is measured, once its batch is full again, over
-   the window against the other GPUs (E's share of the node's tokens/s, so a load change hits
-   both sides) or, alone, against its own baseline. It wins by `--margin` or is rolled back
-   by restarting E with its previous values.
-4. A win is rolled out to the other GPUs at once, all together (it started on one of them
-   already); then the next candidate is planned on the new state and measured against peers
-   running the winner, until none is expected to win by the margin, nothing binds, no
-   candidate is left or `--rounds` is reached.
+2. Plan up to `--width` candidates (default: half the GPUs), best predicted first: for a
+   server bound by its Mamba slots, the slots and memory fraction its start-up lines say its
+   memory holds (`_fit.py`) that run the most requests, the KV tokens a running request holds
+   read from the window; an advised candidate the memory cannot hold is skipped with the
+   reason. Otherwise the `advise` flags alone. Restart one GPU per candidate, all at once,
+   each with its own flags (the node's arguments stay as they were); the other GPUs keep
+   serving and are the reference.
+3. A restart drains for `--drain` seconds: the worker is told first, sends nothing more and
+   hands back what it has not sent; what finishes within the drain is kept, what is cut is
+   handed back and generated again elsewhere, at no attempt (`wait` waits for the longest
+   answer instead, up to the node's --drain-timeout).
+4. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
+   supervisor itself; with none started, more static memory (when SGLang asks for it) or a
+   smaller step toward it is tried next. Those that start are measured, once their batches
+   are full again, over the window against the reference (each one's tokens/s over the
+   reference GPUs' mean, so a load change hits both sides) or, alone, against the baseline.
+   The best wins by `--margin`, or all go back to their previous values.
+5. A win is rolled out to every other GPU at once (it started on this node already); then
+   the next candidates are planned on the new state, until none is expected to win by the
+   margin, nothing binds, no candidate is left or `--rounds` is reached.
 
 Every step is printed and kept in `{run_dir}/tune.json`, which the supervisor copies into
 node.json (`tune`). `--dry-run` prints the plan from one window of samples and changes nothing.
@@ -31,7 +34,9 @@ where a limit binds, once; it starts no restart while a GPU is out.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import math
 import os
 import signal
 import threading
@@ -88,12 +93,19 @@ class TuneSettings:
     margin: float = 0.03
     rounds: int = 10
     timeout_s: float = 1800.0
+    # A tuning restart lets running answers finish this long, then cuts the rest (handed back
+    # and generated again elsewhere, at no attempt); infinite waits for the longest one, up
+    # to the node's --drain-timeout.
+    drain_s: float = 30.0
+    # Candidates measured at once, one per GPU (None: half the node's GPUs).
+    width: int | None = None
 
     @classmethod
-    def for_window(cls, window_s: float) -> TuneSettings:
-        """Settings scaled to one window: 30 samples in it, a sixth of it to refill."""
+    def for_window(cls, window_s: float, drain_s: float | None = None) -> TuneSettings:
+        """Settings scaled to one window: 30 samples in it, a sixth of it to refill, half of
+        it to drain unless `drain_s` says otherwise."""
         return cls(window_s=window_s, interval_s=min(2.0, window_s / 30),
-                   warmup_s=window_s / 6)
+                   warmup_s=window_s / 6, drain_s=window_s / 2 if drain_s is None else drain_s)
 
 
 @dataclass
@@ -142,15 +154,6 @@ async def _measure(entries: Sequence[ServerEntry], window_s: float,
     found = await asyncio.gather(*(observe(g.url, window_s, interval_s, api_key)
                                    for g in entries))
     return {g.gpu: o for g, o in zip(entries, found, strict=True)}
-
-
-def _share(tps: Mapping[int | None, Observed], gpu: int) -> float | None:
-    """GPU `gpu`'s tokens/s over the mean of the others' (None alone or without figures)."""
-    mine = tps[gpu].tokens_per_s
-    others = [o.tokens_per_s for g, o in tps.items() if g != gpu and o.tokens_per_s]
-    if mine is None or not others:
-        return None
-    return mine / (sum(others) / len(others))
 
 
 def _current(entry: ServerEntry, flag: str, resolved: Mapping[str, object]) -> str | None:
@@ -247,22 +250,30 @@ def start_memory(entry: ServerEntry) -> Memory | None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to try next on the experiment GPU: the flags, the gain expected, and the
-    candidates the memory cannot hold (flags, why), skipped without a start."""
+    """What to try next, best first: each candidate's flags and the gain expected (one
+    candidate per experiment GPU), and the candidates the memory cannot hold (flags, why),
+    skipped without a start."""
 
-    flags: list[str]
-    expected: float | None
+    tries: list[tuple[list[str], float | None]]
     skipped: list[tuple[list[str], str]] = field(default_factory=list)
+
+    @property
+    def expected(self) -> float | None:
+        """The best candidate's expected gain."""
+        return self.tries[0][1] if self.tries else None
 
 
 def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
-              advice_gain: float | None, ceiling: float, resolved: Mapping[str, object]) -> Plan:
-    """The next candidate: for a server bound by its Mamba slots, the memory and step models'
-    best (slots and fraction) up to `ceiling`, which its start-up lines say fits; the advice
-    otherwise. An advised candidate the memory cannot hold is skipped with the reason."""
+              advice_gain: float | None, ceiling: float, resolved: Mapping[str, object],
+              width: int = 1) -> Plan:
+    """Up to `width` candidates, best predicted first: for a server bound by its Mamba slots,
+    the memory and step models' best (slots and fraction) up to `ceiling`, which its start-up
+    lines say fits; the advice otherwise. An advised candidate the memory cannot hold is
+    skipped with the reason."""
     memory = start_memory(entry)
+    advised = [(list(advice_flags), advice_gain)] if advice_flags else []
     if memory is None or not advice_flags or "--max-mamba-cache-size" not in advice_flags:
-        return Plan(list(advice_flags), advice_gain)
+        return Plan(advised)
     skipped: list[tuple[list[str], str]] = []
     slots = flag_value(advice_flags, "--max-mamba-cache-size")
     mfs = flag_value(advice_flags, "--mem-fraction-static") or _current(
@@ -275,15 +286,14 @@ def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
     found = candidates(memory, held_tokens(entry, seen), seen.running or 0.0, ceiling,
                        min(now, ceiling))
     if not found:
-        return Plan([] if skipped else list(advice_flags), None if skipped else advice_gain,
-                    skipped)
-    return Plan(list(found[0].flags), found[0].gain, skipped)
+        return Plan([] if skipped else advised, skipped)
+    return Plan([(list(c.flags), c.gain) for c in found[:max(1, width)]], skipped)
 
 
 def _next(entry: ServerEntry, seen: Observed, advice: Advice,
-          resolved: Mapping[str, object], log: TuneLog) -> Plan:
-    """`plan_next` for the experiment GPU, its skipped candidates recorded."""
-    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved)
+          resolved: Mapping[str, object], log: TuneLog, width: int) -> Plan:
+    """`plan_next` for the experiment GPUs, its skipped candidates recorded."""
+    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved, width)
     for flags, why in plan.skipped:
         log.add(kind="skipped", gpu=entry.gpu, flags=flags, note=why)
     return plan
@@ -306,24 +316,31 @@ def all_ready(run_dir: Path) -> bool:
 
 
 def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: float,
-              log: TuneLog) -> None:
-    """Wait `warmup_s`, then until each of `gpus` runs its new cap or queues work, within
-    FULL_WAIT_S: its worker learns a restarted server's cap at its next capacity read
-    (FLEETGEN_CAPACITY_REFRESH_S), and a window measured before that measures the old cap."""
+              log: TuneLog, full_wait_s: float = FULL_WAIT_S) -> None:
+    """Wait `warmup_s`, then until each of `gpus` is full, within `full_wait_s`: it runs its
+    cap or queues work, or its running count stopped growing for `warmup_s` (its KV pool
+    binds first, and its worker keeps no queue). A worker learns a restarted server's cap
+    once it sees it back; a window measured before its batch refills measures the refill."""
     time.sleep(warmup_s)
+    history: dict[int | None, list[tuple[float, float]]] = {}
 
     def full_or_stopped() -> bool | None:
         if log.stopped:
             return True
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, 0.0, interval_s))
-        full = {g.gpu: _full(g, seen[g.gpu]) for g in entries}
+        now = time.monotonic()
+        for g in entries:
+            if seen[g.gpu].running is not None:
+                history.setdefault(g.gpu, []).append((now, seen[g.gpu].running or 0.0))
+        full = {g.gpu: _full(g, seen[g.gpu]) or _settled(history.get(g.gpu, []), warmup_s)
+                for g in entries}
         peers = [full[g] for g in full if g not in gpus]
         # Full, or no peer is either: the work is running out.
         return True if all(full.get(g, True) for g in gpus) or (peers and not any(peers)) \
             else None
 
-    poll(full_or_stopped, FULL_WAIT_S, interval_s)
+    poll(full_or_stopped, full_wait_s, interval_s)
 
 
 def _full(entry: ServerEntry, seen: Observed) -> bool:
@@ -333,31 +350,73 @@ def _full(entry: ServerEntry, seen: Observed) -> bool:
     return cap is not None and seen.running is not None and seen.running >= cap
 
 
-def _restart_one(run_dir: Path, args: Sequence[str], gpus: Sequence[int], timeout_s: float,
-                 log: TuneLog, rolling: bool = True) -> tuple[str, str]:
-    """A restart of `gpus` with `args` (state, reason), started only while no other GPU is
-    out: rolling (one at a time) for an experiment or a rollback, all at once (`rolling`
-    False) for a winner already proven to start on this node's GPUs."""
+def _settled(history: Sequence[tuple[float, float]], span_s: float) -> bool:
+    """Whether the running count (time, running) has not grown over the last `span_s`."""
+    if not history or history[-1][0] - history[0][0] < span_s:
+        return False
+    cut = history[-1][0] - span_s
+    before = max(r for t, r in history if t <= cut)
+    return 0 < max(r for t, r in history if t > cut) <= before
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """How a restart ended: its state and reason, and the GPUs it restarted."""
+
+    state: str
+    reason: str
+    done: tuple[int, ...] = ()
+
+
+def restart(run_dir: Path, log: TuneLog, timeout_s: float, drain_s: float, *,
+            args: Sequence[str] | None = None, gpus: Sequence[int] = (),
+            gpu_args: Mapping[int, Sequence[str]] | None = None,
+            rolling: bool = True) -> Restarted:
+    """One restart request, started only while no GPU is out: `args` for `gpus` (the node's
+    arguments from then on: a winner), or `gpu_args`, each GPU its own (an experiment or a
+    rollback, the node's arguments untouched). Rolling (one at a time), or all at once for
+    candidates measured side by side and for a winner that started on this node already.
+    `drain_s` bounds each server's drain (infinite: the node's --drain-timeout)."""
     poll(lambda: True if log.stopped or all_ready(run_dir) else None, timeout_s, 0.5)
     if log.stopped:
-        return "failed", "the node is stopping"
+        return Restarted("failed", "the node is stopping")
     if not all_ready(run_dir):
-        return "failed", "another GPU stayed out; not restarting a second one"
-    request = RestartRequest(new_request_id("t"), rolling=rolling, args=tuple(args),
-                             gpus=tuple(gpus))
+        return Restarted("failed", "another GPU stayed out; not restarting a second one")
+    request = RestartRequest(
+        new_request_id("t"), rolling=rolling,
+        args=tuple(args) if args is not None else None,
+        gpus=tuple(gpus) if gpus else None,
+        gpu_args={g: tuple(a) for g, a in gpu_args.items()} if gpu_args is not None else None,
+        drain_s=None if math.isinf(drain_s) else drain_s)
     send_restart(run_dir, request)
     outcome = follow_restart(run_dir, request.id, timeout_s)
     if outcome.state in ("done", "failed", "rejected"):
-        return outcome.state, outcome.reason
+        return Restarted(outcome.state, outcome.reason, outcome.done)
     # Not picked up is as good as turned down; still running after the timeout, failed.
-    return ("rejected" if outcome.state == "unacknowledged" else "failed"), outcome.reason
+    return Restarted("rejected" if outcome.state == "unacknowledged" else "failed",
+                     outcome.reason, outcome.done)
+
+
+def _share_of(seen: Mapping[int | None, Observed], gpu: int,
+              reference: Sequence[int]) -> float | None:
+    """GPU `gpu`'s tokens/s over the mean of the `reference` GPUs' (its peers serving on
+    the flags being improved upon); over every other GPU's when none is left as reference."""
+    peers: list[int | None] = [g for g in reference if g != gpu and g in seen] \
+        or [g for g in seen if g != gpu]
+    mine = seen[gpu].tokens_per_s
+    others = [t for g in peers if (t := seen[g].tokens_per_s)]
+    if mine is None or not others:
+        return None
+    return mine / (sum(others) / len(others))
 
 
 def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
              margin: float, rounds: int, warmup_s: float, timeout_s: float,
-             dry_run: bool, stop: threading.Event | None = None) -> TuneLog:
+             dry_run: bool, stop: threading.Event | None = None, drain_s: float = math.inf,
+             width: int | None = None) -> TuneLog:
     """Tune the node under `run_dir` (see the module docstring); returns the log. `stop`
-    (`up --tune`) ends it between steps when the node stops."""
+    (`up --tune`) ends it between steps when the node stops. `width`: candidates measured at
+    once, one per GPU (default: half the GPUs, the rest serving as reference)."""
     entries = _ready(run_dir)
     if not entries:
         raise NodeError("no ready GPU to tune (see `launcher status`)")
@@ -365,6 +424,9 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
     exp = gpu if gpu is not None else gpus[0]
     if exp not in gpus:
         raise NodeError(f"GPU {exp} is not ready (ready: {gpus})")
+    # The experiment GPUs: `exp` first, then the next ones; the rest stay the reference.
+    order = [exp, *(g for g in gpus if g != exp)]
+    width = max(1, min(width or len(gpus) // 2, len(gpus)))
     log = TuneLog(run_dir / TUNE_FILE, stop=stop)
     seen = asyncio.run(_measure(entries, window_s, interval_s))
     for g in gpus:
@@ -372,88 +434,111 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
                 note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
     entry = next(g for g in entries if g.gpu == exp)
     advice = advise(entry, seen[exp])
-    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log)
+    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log, width)
     if dry_run:
         log.record.state = "dry-run"
-        log.add(kind="plan", gpu=exp, flags=plan.flags, expected=plan.expected,
-                note=advice.line())
-        if plan.flags:
-            log.add(kind="plan", gpu=exp, note=f"restart GPU {exp} alone with these flags, "
-                    f"measure {window_s:.0f} s against GPUs {[g for g in gpus if g != exp]}, "
-                    f"keep them if they win by {margin:.0%}, then roll them out to the others")
+        for g, (flags, expected) in zip(order, plan.tries, strict=False):
+            log.add(kind="plan", gpu=g, flags=flags, expected=expected, note=advice.line())
+        if plan.tries:
+            tried = order[:len(plan.tries)]
+            log.add(kind="plan", gpu=tried, note=f"restart GPU {tried} with these flags, "
+                    f"measure {window_s:.0f} s against GPUs {order[len(tried):] or 'own baseline'}, "
+                    f"keep the best if it wins by {margin:.0%}, then roll it out to the others")
         return log
-    best_tps, best_share = seen[exp].tokens_per_s, _share(seen, exp)
-    candidate, expected = plan.flags, plan.expected
+    best_tps, best_share = seen[exp].tokens_per_s, _share_of(seen, exp, order[width:])
+    tries = plan.tries
     restart_s = window_s  # a restart's own time, until one is timed
     for _ in range(rounds):
-        if not candidate:
+        if not tries:
             log.add(kind="stop", gpu=exp, note=advice.line())
             break
         if log.stopped:
             break
         resolved = _resolved_args(entry.url)
-        before = previous_values(entry, candidate, resolved)
-        log.add(kind="trying", gpu=exp, flags=candidate, expected=expected,
-                until=time.time() + restart_s + warmup_s + window_s)
+        trial: dict[int, list[str]] = {
+            g: flags for g, (flags, _) in zip(order, tries, strict=False)}
+        reference = [g for g in order if g not in trial]
+        before = {g: previous_values(entry, flags, resolved) for g, flags in trial.items()}
+        for g, (flags, expected) in zip(trial, tries, strict=False):
+            log.add(kind="trying", gpu=g, flags=flags, expected=expected,
+                    until=time.time() + restart_s + warmup_s + window_s)
         began = time.time()
-        state, reason = _restart_one(run_dir, candidate, [exp], timeout_s, log)
+        done = restart(run_dir, log, timeout_s, drain_s, gpu_args=trial, rolling=False)
         restart_s = time.time() - began
-        if state != "done":
-            log.add(kind="failed", gpu=exp, flags=candidate, note=reason[:300])
-            candidate = more_memory(candidate, reason, _current(
-                entry, "--mem-fraction-static", resolved)) or smaller_step(candidate, before) or []
-            expected = None
+        started = [g for g in trial if g in done.done]
+        for g, flags in trial.items():
+            if g not in started:
+                log.add(kind="failed", gpu=g, flags=flags, note=done.reason[:300])
+        if not started:
+            first = trial[order[0]]
+            retry = more_memory(first, done.reason, _current(
+                entry, "--mem-fraction-static", resolved)) or smaller_step(first, before[order[0]])
+            tries = [(retry, None)] if retry else []
             continue
-        wait_full(run_dir, [exp], warmup_s, interval_s, log)
+        wait_full(run_dir, started, warmup_s, interval_s, log)
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, window_s, interval_s))
-        tps, share = seen[exp].tokens_per_s, _share(seen, exp)
         if all(o.queue is not None and o.queue < QUEUE_EMPTY for o in seen.values()):
             # No queue anywhere: the job is ending, no cap binds and the window says nothing
-            # about the candidate; it goes back like a loser.
-            state, reason = _restart_one(run_dir, before, [exp], timeout_s, log)
-            log.add(kind="stop", gpu=exp, flags=before, note="the queues are empty: nothing "
-                    f"binds; back on the previous values ({state})")
+            # about the candidates; they go back like losers.
+            back = restart(run_dir, log, timeout_s, drain_s,
+                           gpu_args={g: before[g] for g in started}, rolling=False)
+            log.add(kind="stop", gpu=started, note="the queues are empty: nothing binds; "
+                    f"back on the previous values ({back.state})")
             break
-        won = (share is not None and best_share is not None and share > best_share * (1 + margin)) \
+        shares = {g: _share_of(seen, g, reference) for g in started}
+        for g in started:
+            log.add(kind="measured", gpu=g, flags=trial[g], tokens_per_s=seen[g].tokens_per_s,
+                    share=shares[g], share_before=best_share)
+        top = max(started, key=lambda g: (shares[g] or 0.0, seen[g].tokens_per_s or 0.0))
+        share, tps = shares[top], seen[top].tokens_per_s
+        won = (share is not None and best_share is not None
+               and share > best_share * (1 + margin)) \
             or (share is None and tps is not None and best_tps is not None
                 and tps > best_tps * (1 + margin))
-        log.add(kind="won" if won else "lost", gpu=exp, flags=candidate, tokens_per_s=tps,
+        log.add(kind="won" if won else "lost", gpu=top, flags=trial[top], tokens_per_s=tps,
                 share=share, share_before=best_share)
         if not won:
-            state, reason = _restart_one(run_dir, before, [exp], timeout_s, log)
-            log.add(kind="rolled-back", gpu=exp, flags=before, note=state)
-            candidate, expected = smaller_step(candidate, before) or [], None
+            back = restart(run_dir, log, timeout_s, drain_s,
+                           gpu_args={g: before[g] for g in started}, rolling=False)
+            log.add(kind="rolled-back", gpu=started, note=back.state)
+            retry = smaller_step(trial[top], before[top])
+            tries = [(retry, None)] if retry else []
             entries = _ready(run_dir)
             entry = next((g for g in entries if g.gpu == exp), entry)
             continue
-        log.record.chosen = _merge(log.record.chosen, candidate)
-        others = [g for g in gpus if g != exp]
+        log.record.chosen = _merge(log.record.chosen, trial[top])
+        others = [g for g in gpus if g != top]
         if others and not log.stopped:
-            # A win pays on every GPU from now on, not after the last experiment: roll it out
-            # to the others at once (it started on this node's GPU; each one that fails is
-            # rolled back alone), then measure the next candidate against peers running it.
+            # A win pays on every GPU from now on: roll it out to the others at once (it
+            # started on this node's GPU; each one that fails is rolled back alone), then
+            # measure the next candidates against peers running it.
             log.add(kind="rolling-out", gpu=others, flags=log.record.chosen,
                     until=time.time() + restart_s + warmup_s + window_s)
-            state, reason = _restart_one(run_dir, log.record.chosen, others, timeout_s, log,
-                                         rolling=False)
-            log.add(kind="rolled-out" if state == "done" else "rollout-failed", gpu=others,
-                    flags=log.record.chosen, note=reason[:300])
-            wait_full(run_dir, gpus, warmup_s, interval_s, log)
-            entries = _ready(run_dir)
-            seen = asyncio.run(_measure(entries, window_s, interval_s))
-            tps, share = seen[exp].tokens_per_s, _share(seen, exp)
-        best_tps, best_share = tps, share
-        entry = next(g for g in entries if g.gpu == exp)
-        advice = advise(entry, seen[exp])
-        plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log)
-        if plan.expected is not None and plan.expected < margin:
+            out = restart(run_dir, log, timeout_s, drain_s, args=log.record.chosen,
+                          gpus=others, rolling=False)
+            log.add(kind="rolled-out" if out.state == "done" else "rollout-failed", gpu=others,
+                    flags=log.record.chosen, note=out.reason[:300])
+        # The next experiments run where the winner did not start, against peers running it.
+        exp = others[0] if others else top
+        order = [exp, *(g for g in gpus if g != exp)]
+        entries = _ready(run_dir)
+        entry = next(g for g in entries if g.gpu == top)
+        advice = advise(entry, seen[top])
+        plan = _next(entry, seen[top], advice, _resolved_args(entry.url), log, width)
+        if plan.expected is None or plan.expected < margin:
             # The models say no candidate the memory holds beats this one by the margin, the
             # least a window can tell apart: no restart would be kept.
-            log.add(kind="stop", gpu=exp, flags=plan.flags, expected=plan.expected,
+            log.add(kind="stop", gpu=top, flags=plan.tries[0][0] if plan.tries else None,
+                    expected=plan.expected,
                     note=f"no candidate is expected to win by {margin:.0%}")
             break
-        candidate, expected = plan.flags, plan.expected
+        wait_full(run_dir, gpus, warmup_s, interval_s, log)
+        entries = _ready(run_dir)
+        seen = asyncio.run(_measure(entries, window_s, interval_s))
+        best_tps, best_share = seen[exp].tokens_per_s, _share_of(seen, exp, order[width:])
+        entry = next(g for g in entries if g.gpu == exp)
+        tries = plan.tries
     log.record.state = "done"
     log.save()
     return log
@@ -476,7 +561,7 @@ def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> T
         if bound:
             return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
                             settings.margin, settings.rounds, settings.warmup_s,
-                            settings.timeout_s, False, stop)
+                            settings.timeout_s, False, stop, settings.drain_s, settings.width)
         if all(a.binding == "idle" for a in advice):
             if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
                 waiting = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"), stop=stop)
@@ -492,6 +577,19 @@ def _merge(old: Sequence[str], new: Sequence[str]) -> list[str]:
     names = {n for n, _ in split_flags(new)}
     kept = [t for n, tokens in split_flags(old) if n not in names for t in tokens]
     return kept + list(new)
+
+
+def drain_seconds(text: str) -> float:
+    """`--drain`'s value: seconds, or `wait` (infinite) for the longest answer."""
+    if text == "wait":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds or `wait`, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0, not {text}")
+    return value
 
 
 def cmd_tune(argv: Sequence[str]) -> int:
@@ -513,12 +611,19 @@ def cmd_tune(argv: Sequence[str]) -> int:
                    "this share of tokens/s")
     p.add_argument("--rounds", type=int, default=10, help="candidates tried at most")
     p.add_argument("--timeout", type=float, default=1800.0, help="per restart, seconds")
+    p.add_argument("--drain", type=drain_seconds, default=TuneSettings.drain_s,
+                   help="seconds a restarted server's running answers may finish before the "
+                        "rest are cut and handed back, or `wait` for the longest one (up to "
+                        "the node's --drain-timeout; default: %(default)s)")
+    p.add_argument("--width", type=int, help="candidates measured at once, one per GPU "
+                   "(default: half the GPUs; the rest serve as the reference)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--json", action="store_true", help="print tune.json at the end")
     args = p.parse_args(list(argv))
     gpu = parse_gpu_spec(args.gpu)[0] if args.gpu else None
     log = run_tune(args.run_dir, gpu, args.window, args.interval, args.margin, args.rounds,
-                   args.warmup, args.timeout, args.dry_run)
+                   args.warmup, args.timeout, args.dry_run, drain_s=args.drain,
+                   width=args.width)
     if args.json:
         print(log.record.to_json())
     return 0

@@ -111,18 +111,24 @@ def test_an_advised_candidate_the_memory_cannot_hold_is_skipped_for_the_models_b
     log.write_text("\n".join(reference_lines) + "\n")
     seen = Observed(samples=30, running=16.0, queue=40.0, kv_usage=HELD / 2 * 16 / 515971)
     too_big = ["--max-mamba-cache-size", "500", "--mem-fraction-static", "0.93"]
-    plan = plan_next(_entry(log), seen, too_big, 1.5, MAX_MEM_FRACTION, {})
+    plan = plan_next(_entry(log), seen, too_big, 1.5, MAX_MEM_FRACTION, {}, width=3)
     assert plan.skipped == [(too_big, f"predicted: {NOT_ENOUGH_MEMORY}")]
-    assert plan.flags[:1] == ["--max-mamba-cache-size"] and plan.expected is not None
-    assert _sim(float(plan.flags[3]), int(plan.flags[1]))[2] is None
-    assert float(plan.flags[3]) <= MAX_MEM_FRACTION
+    assert len(plan.tries) == 3 and plan.expected == plan.tries[0][1] is not None
+    for flags, _ in plan.tries:
+        assert flags[:1] == ["--max-mamba-cache-size"]
+        assert _sim(float(flags[3]), int(flags[1]))[2] is None
+        assert float(flags[3]) <= MAX_MEM_FRACTION
+    # Side by side, best predicted first: distinct slot counts, the expected gain falling.
+    assert len({flags[1] for flags, _ in plan.tries}) == 3
+    gains = [gain or 0.0 for _, gain in plan.tries]
+    assert gains == sorted(gains, reverse=True)
 
 
 def test_a_server_without_start_up_lines_keeps_the_advice(tmp_path: Path) -> None:
     advised = ["--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93"]
     plan = plan_next(_entry(tmp_path / "none.log"), Observed(samples=1, running=16.0),
                      advised, 0.4, MAX_MEM_FRACTION, {})
-    assert (plan.flags, plan.expected, plan.skipped) == (advised, 0.4, [])
+    assert (plan.tries, plan.expected, plan.skipped) == ([(advised, 0.4)], 0.4, [])
 
 
 def test_held_tokens_reads_the_pool_when_it_binds_and_twice_the_use_otherwise(
@@ -142,3 +148,40 @@ def test_a_step_under_way_says_its_expected_gain_and_time_left() -> None:
     assert " s left" in text
     back = TuneStep._read(step._json())
     assert (back.expected, back.until) == (0.561, 10**12)
+
+
+def test_a_running_count_that_stopped_growing_is_settled() -> None:
+    from launcher.node._tune import _settled
+
+    rising = [(t * 0.5, 10.0 + t) for t in range(10)]
+    assert not _settled(rising, 2.0)
+    flat = [*rising, *((5.0 + t * 0.5, 19.0) for t in range(6))]
+    assert _settled(flat, 2.0)
+    assert not _settled(flat[:2], 2.0)  # too short a history says nothing
+    assert not _settled([(t * 0.5, 0.0) for t in range(10)], 2.0)  # idle is not full
+
+
+def test_drain_takes_seconds_or_wait() -> None:
+    import argparse
+    import math
+
+    from launcher.node._tune import TuneSettings, drain_seconds
+
+    assert drain_seconds("12.5") == 12.5
+    assert drain_seconds("wait") == math.inf
+    for bad in ("-1", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            drain_seconds(bad)
+    assert TuneSettings.for_window(6.0).drain_s == 3.0
+    assert TuneSettings.for_window(6.0, math.inf).drain_s == math.inf
+
+
+def test_a_restart_request_keeps_each_gpus_own_arguments_and_its_drain() -> None:
+    from launcher.node._rundir import RestartRequest
+
+    request = RestartRequest("t1", rolling=False, gpu_args={0: ("--a", "1"), 3: ("--b", "2")},
+                             drain_s=3.0)
+    back = RestartRequest.from_json(request.to_json())
+    assert back.gpu_args == {0: ("--a", "1"), 3: ("--b", "2")} and back.drain_s == 3.0
+    plain = RestartRequest.from_json(RestartRequest("r1").to_json())
+    assert plain.gpu_args is None and plain.drain_s is None
