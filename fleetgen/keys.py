@@ -6,6 +6,8 @@ Redis (the ledger, rebuildable from the sink):
     fg:jobs:finished             zset   finished jobs (done, cancelled) -> when they finished;
                                         their keys expire FLEETGEN_JOB_RETENTION after it
     fg:workers                   hash   worker -> its server, state, capacity, in flight
+    fg:tuning                    hash   node -> what its launcher's tuning does now (JSON:
+                                        fleetgen/fleet.py `TuningNote`)
     fg:job:{job}                 hash   the job's fields, JOB_FIELDS below (manifest, state,
                                         reason, clock, canary, quality, breaker, rounds)
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
@@ -117,6 +119,7 @@ JOB_ENTRIES = (SINK_MANIFEST, "inputs", "results", "errors", "rejects.jsonl",
                "progress.json", ".fleetgen")
 # hash: worker name -> its registry entry, JSON (fleetgen/fleet.py `WorkerEntry`)
 WORKERS = f"{PREFIX}:workers"
+TUNING = f"{PREFIX}:tuning"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
 # Redis CLIENT SETNAME of every connection a worker opens: its connections vanish from
 # CLIENT LIST the moment its process dies (the reconciler's fast dead-worker signal).

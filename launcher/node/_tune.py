@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
 import math
 import os
 import signal
@@ -44,6 +46,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -70,6 +73,10 @@ from launcher.node._rundir import (
     write_atomic,
 )
 
+if TYPE_CHECKING:
+    from fleetgen.ledger import Ledger
+
+log = logging.getLogger(__name__)
 # SGLang's own advice when the pools do not fit: the candidate is retried with a larger
 # static memory fraction before its integer flags are halved, up to this fraction (above it
 # the CUDA-graph capture runs out of memory on the reference GPU).
@@ -115,6 +122,7 @@ class TuneLog:
     path: Path
     record: TuneRecord = field(default_factory=TuneRecord)
     stop: threading.Event | None = None  # set when the node stops: signal the supervisor no more
+    notes: TuningNotes = field(default_factory=lambda: TuningNotes())
 
     def add(self, kind: str, gpu: int | Sequence[int] | None, *,
             flags: Sequence[str] | None = None, tokens_per_s: float | None = None,
@@ -133,6 +141,7 @@ class TuneLog:
 
     def save(self) -> None:
         write_atomic(self.path, self.record.to_json())
+        self.notes.publish(self.record)
         # SIGHUP without a restart request makes the supervisor republish node.json with it.
         state = read_state(self.path.parent)
         pid = state.supervisor_pid if state else None
@@ -144,6 +153,52 @@ class TuneLog:
     def stopped(self) -> bool:
         """Whether the node is stopping (`up --tune`): no more restarts or signals."""
         return self.stop is not None and self.stop.is_set()
+
+
+class TuningNotes:
+    """Publishes what the tuning does to the Redis of the node's workers (fg:tuning), where
+    `producer status` shows it. A Redis out of reach costs a note, never the tuning: it is
+    tried again after RETRY_S, and each try waits TIMEOUT_S at most."""
+
+    RETRY_S, TIMEOUT_S = 30.0, 2.0
+
+    def __init__(self) -> None:
+        self._ledger: Ledger | None = None
+        self.failed_at: float | None = None
+
+    def publish(self, record: TuneRecord) -> None:
+        if not record.steps or (self.failed_at is not None
+                                and time.monotonic() - self.failed_at < self.RETRY_S):
+            return
+        from fleetgen import redisconn
+        from fleetgen.errors import FleetgenError
+        from fleetgen.fleet import THIS_HOST, TuningNote
+        from fleetgen.ledger import Ledger
+        from fleetgen.settings import Settings
+
+        steps = record.steps
+        # Candidates tried side by side are one step: say each.
+        group = [steps[-1]]
+        while steps[-1].kind == "trying" and len(group) < len(steps) \
+                and steps[-1 - len(group)].kind == "trying":
+            group.insert(0, steps[-1 - len(group)])
+        line = "; ".join(dataclasses.replace(s, until=None).describe().removeprefix("tune: ")
+                         for s in group)
+        if record.chosen:
+            line += f" (chosen `{' '.join(record.chosen)}`)"
+        note = TuningNote(THIS_HOST, steps[-1].at, record.state, line, steps[-1].until)
+        try:
+            if self._ledger is None:
+                settings = Settings.from_env()
+                self._ledger = Ledger(redisconn.client(
+                    settings.redis_url, settings.redis_master_name,
+                    socket_timeout=self.TIMEOUT_S, socket_connect_timeout=self.TIMEOUT_S))
+            why = self._ledger.registry.publish_tuning(THIS_HOST, note.to_json())
+        except FleetgenError as exc:
+            why = str(exc)
+        self.failed_at = None if why is None else time.monotonic()
+        if why is not None:
+            log.info("tune: the note for `producer status` not published: %s", why)
 
 
 async def _measure(entries: Sequence[ServerEntry], window_s: float,
