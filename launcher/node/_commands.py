@@ -372,13 +372,18 @@ def cmd_restart(argv: Sequence[str]) -> int:
     p.add_argument("--timeout", type=float, default=3 * 3600.0,
                    help="seconds to follow the restart before giving up waiting")
     p.add_argument("--no-wait", action="store_true", help="return once the supervisor accepts")
+    p.add_argument("--drain", type=float, help="seconds each server's running requests may "
+                   "finish before the rest are cut and handed back to the queue (default: "
+                   "the node's --drain-timeout)")
     args = p.parse_args(flags)
+    if args.drain is not None and args.drain < 0:
+        p.error(f"--drain must be >= 0, got {args.drain:g}")
     request = RestartRequest(
         new_request_id("r"), rolling=args.rolling,
         args=tuple(server_args) if server_args is not None else None,
         replace=args.replace_args,
         gpus=tuple(parse_gpu_spec(args.gpus)) if args.gpus else None,
-        profile=str(args.profile.resolve()) if args.profile else None)
+        profile=str(args.profile.resolve()) if args.profile else None, drain_s=args.drain)
     send_restart(args.run_dir, request)
     return follow(args.run_dir, request.id, args.timeout, args.no_wait)
 

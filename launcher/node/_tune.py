@@ -82,8 +82,9 @@ log = logging.getLogger(__name__)
 # the CUDA-graph capture runs out of memory on the reference GPU).
 MEM_FRACTION_STEP, MAX_MEM_FRACTION = 0.02, 0.95
 MORE_MEMORY = "increase --mem-fraction-static"
-# Longest wait for a restarted server's batch to fill: a worker re-reads its server's cap
-# every 30 s (FLEETGEN_CAPACITY_REFRESH_S), so twice that and a margin.
+# Longest wait for a restarted server's batch to fill: a worker re-reads the cap of a server
+# it sees restart at once, and every 30 s otherwise (FLEETGEN_CAPACITY_REFRESH_S): twice
+# that and a margin.
 FULL_WAIT_S = 75.0
 
 
@@ -95,6 +96,10 @@ class TuneSettings:
     interval_s: float = 2.0
     # After a restart the batch refills before the window starts.
     warmup_s: float = 10.0
+    # Then its answers turn over: a restarted server's running answers are all young, so its
+    # KV pool binds only once the long ones have built up again; a candidate measured before
+    # that looks better than it runs.
+    settle_s: float = 120.0
     # A share of the node's tokens/s moves well under 1% between windows of one job (peers see
     # the same load), so a 3% win is real; the first advice gains far more.
     margin: float = 0.03
@@ -112,7 +117,8 @@ class TuneSettings:
         """Settings scaled to one window: 30 samples in it, a sixth of it to refill, half of
         it to drain unless `drain_s` says otherwise."""
         return cls(window_s=window_s, interval_s=min(2.0, window_s / 30),
-                   warmup_s=window_s / 6, drain_s=window_s / 2 if drain_s is None else drain_s)
+                   warmup_s=window_s / 6, settle_s=2 * window_s,
+                   drain_s=window_s / 2 if drain_s is None else drain_s)
 
 
 @dataclass
@@ -371,11 +377,13 @@ def all_ready(run_dir: Path) -> bool:
 
 
 def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: float,
-              log: TuneLog, full_wait_s: float = FULL_WAIT_S) -> None:
-    """Wait `warmup_s`, then until each of `gpus` is full, within `full_wait_s`: it runs its
-    cap or queues work, or its running count stopped growing for `warmup_s` (its KV pool
-    binds first, and its worker keeps no queue). A worker learns a restarted server's cap
-    once it sees it back; a window measured before its batch refills measures the refill."""
+              log: TuneLog, window_s: float) -> None:
+    """Wait `warmup_s`, then until each of `gpus` is full, within two windows (FULL_WAIT_S at
+    most): it runs its cap or queues work, or its running count stopped growing for half a
+    window (its KV pool binds first, and its worker keeps no queue). A worker learns a
+    restarted server's cap once it sees it back, then takes batches until its server is full;
+    a window measured before that measures the refill."""
+    settle_s = max(warmup_s, window_s / 2)
     time.sleep(warmup_s)
     history: dict[int | None, list[tuple[float, float]]] = {}
 
@@ -388,14 +396,14 @@ def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: f
         for g in entries:
             if seen[g.gpu].running is not None:
                 history.setdefault(g.gpu, []).append((now, seen[g.gpu].running or 0.0))
-        full = {g.gpu: _full(g, seen[g.gpu]) or _settled(history.get(g.gpu, []), warmup_s)
+        full = {g.gpu: _full(g, seen[g.gpu]) or settled(history.get(g.gpu, []), settle_s)
                 for g in entries}
         peers = [full[g] for g in full if g not in gpus]
         # Full, or no peer is either: the work is running out.
         return True if all(full.get(g, True) for g in gpus) or (peers and not any(peers)) \
             else None
 
-    poll(full_or_stopped, full_wait_s, interval_s)
+    poll(full_or_stopped, min(FULL_WAIT_S, 2 * window_s), interval_s)
 
 
 def _full(entry: ServerEntry, seen: Observed) -> bool:
@@ -405,7 +413,7 @@ def _full(entry: ServerEntry, seen: Observed) -> bool:
     return cap is not None and seen.running is not None and seen.running >= cap
 
 
-def _settled(history: Sequence[tuple[float, float]], span_s: float) -> bool:
+def settled(history: Sequence[tuple[float, float]], span_s: float) -> bool:
     """Whether the running count (time, running) has not grown over the last `span_s`."""
     if not history or history[-1][0] - history[0][0] < span_s:
         return False
@@ -465,13 +473,31 @@ def _share_of(seen: Mapping[int | None, Observed], gpu: int,
     return mine / (sum(others) / len(others))
 
 
+# Candidates measured within this share of the best are as good: the one expected to run the
+# fewest requests is kept (the most KV room for the long answers to come).
+TIE = 0.005
+
+
+def best_of(started: Sequence[int], shares: Mapping[int, float | None],
+          seen: Mapping[int | None, Observed], expected: Mapping[int, float | None]) -> int:
+    """The best measured of `started`: by share (else tokens/s); within TIE of it, the one
+    expected to gain the least."""
+    def rate(g: int) -> float:
+        return shares[g] or seen[g].tokens_per_s or 0.0
+
+    top = max(rate(g) for g in started)
+    close = [g for g in started if rate(g) >= top * (1 - TIE)]
+    return min(close, key=lambda g: (expected.get(g) or 0.0, -rate(g)))
+
+
 def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
              margin: float, rounds: int, warmup_s: float, timeout_s: float,
              dry_run: bool, stop: threading.Event | None = None, drain_s: float = math.inf,
-             width: int | None = None) -> TuneLog:
+             width: int | None = None, settle_s: float = 0.0) -> TuneLog:
     """Tune the node under `run_dir` (see the module docstring); returns the log. `stop`
     (`up --tune`) ends it between steps when the node stops. `width`: candidates measured at
-    once, one per GPU (default: half the GPUs, the rest serving as reference)."""
+    once, one per GPU (default: half the GPUs, the rest serving as reference); `settle_s`:
+    how long the candidates serve, once full, before they are measured."""
     entries = _ready(run_dir)
     if not entries:
         raise NodeError("no ready GPU to tune (see `launcher status`)")
@@ -516,7 +542,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         before = {g: previous_values(entry, flags, resolved) for g, flags in trial.items()}
         for g, (flags, expected) in zip(trial, tries, strict=False):
             log.add(kind="trying", gpu=g, flags=flags, expected=expected,
-                    until=time.time() + restart_s + warmup_s + window_s)
+                    until=time.time() + restart_s + warmup_s + settle_s + window_s)
         began = time.time()
         done = restart(run_dir, log, timeout_s, drain_s, gpu_args=trial, rolling=False)
         restart_s = time.time() - began
@@ -530,7 +556,11 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
                 entry, "--mem-fraction-static", resolved)) or smaller_step(first, before[order[0]])
             tries = [(retry, None)] if retry else []
             continue
-        wait_full(run_dir, started, warmup_s, interval_s, log)
+        wait_full(run_dir, started, warmup_s, interval_s, log, window_s)
+        if log.stop is not None:
+            log.stop.wait(settle_s)
+        else:
+            time.sleep(settle_s)
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, window_s, interval_s))
         if all(o.queue is not None and o.queue < QUEUE_EMPTY for o in seen.values()):
@@ -545,7 +575,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         for g in started:
             log.add(kind="measured", gpu=g, flags=trial[g], tokens_per_s=seen[g].tokens_per_s,
                     share=shares[g], share_before=best_share)
-        top = max(started, key=lambda g: (shares[g] or 0.0, seen[g].tokens_per_s or 0.0))
+        top = best_of(started, shares, seen, dict(zip(trial, (e for _, e in tries), strict=False)))
         share, tps = shares[top], seen[top].tokens_per_s
         won = (share is not None and best_share is not None
                and share > best_share * (1 + margin)) \
@@ -588,7 +618,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
                     expected=plan.expected,
                     note=f"no candidate is expected to win by {margin:.0%}")
             break
-        wait_full(run_dir, gpus, warmup_s, interval_s, log)
+        wait_full(run_dir, gpus, warmup_s, interval_s, log, window_s)
         entries = _ready(run_dir)
         seen = asyncio.run(_measure(entries, window_s, interval_s))
         best_tps, best_share = seen[exp].tokens_per_s, _share_of(seen, exp, order[width:])
@@ -616,7 +646,8 @@ def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> T
         if bound:
             return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
                             settings.margin, settings.rounds, settings.warmup_s,
-                            settings.timeout_s, False, stop, settings.drain_s, settings.width)
+                            settings.timeout_s, False, stop, settings.drain_s, settings.width,
+                            settings.settle_s)
         if all(a.binding == "idle" for a in advice):
             if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
                 waiting = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"), stop=stop)
@@ -670,6 +701,10 @@ def cmd_tune(argv: Sequence[str]) -> int:
                    help="seconds a restarted server's running answers may finish before the "
                         "rest are cut and handed back, or `wait` for the longest one (up to "
                         "the node's --drain-timeout; default: %(default)s)")
+    p.add_argument("--settle", type=float, default=TuneSettings.settle_s,
+                   help="seconds the candidates serve, once their batches are full, before "
+                        "they are measured: their long answers build up again (default: "
+                        "%(default)s)")
     p.add_argument("--width", type=int, help="candidates measured at once, one per GPU "
                    "(default: half the GPUs; the rest serve as the reference)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
@@ -678,7 +713,7 @@ def cmd_tune(argv: Sequence[str]) -> int:
     gpu = parse_gpu_spec(args.gpu)[0] if args.gpu else None
     log = run_tune(args.run_dir, gpu, args.window, args.interval, args.margin, args.rounds,
                    args.warmup, args.timeout, args.dry_run, drain_s=args.drain,
-                   width=args.width)
+                   width=args.width, settle_s=args.settle)
     if args.json:
         print(log.record.to_json())
     return 0

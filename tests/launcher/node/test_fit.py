@@ -151,14 +151,14 @@ def test_a_step_under_way_says_its_expected_gain_and_time_left() -> None:
 
 
 def test_a_running_count_that_stopped_growing_is_settled() -> None:
-    from launcher.node._tune import _settled
+    from launcher.node._tune import settled
 
     rising = [(t * 0.5, 10.0 + t) for t in range(10)]
-    assert not _settled(rising, 2.0)
+    assert not settled(rising, 2.0)
     flat = [*rising, *((5.0 + t * 0.5, 19.0) for t in range(6))]
-    assert _settled(flat, 2.0)
-    assert not _settled(flat[:2], 2.0)  # too short a history says nothing
-    assert not _settled([(t * 0.5, 0.0) for t in range(10)], 2.0)  # idle is not full
+    assert settled(flat, 2.0)
+    assert not settled(flat[:2], 2.0)  # too short a history says nothing
+    assert not settled([(t * 0.5, 0.0) for t in range(10)], 2.0)  # idle is not full
 
 
 def test_drain_takes_seconds_or_wait() -> None:
@@ -185,3 +185,16 @@ def test_a_restart_request_keeps_each_gpus_own_arguments_and_its_drain() -> None
     assert back.gpu_args == {0: ("--a", "1"), 3: ("--b", "2")} and back.drain_s == 3.0
     plain = RestartRequest.from_json(RestartRequest("r1").to_json())
     assert plain.gpu_args is None and plain.drain_s is None
+
+
+def test_of_candidates_measured_alike_the_one_expected_to_run_fewest_is_kept() -> None:
+    from launcher.node._tune import best_of
+
+    seen = {g: Observed(samples=1, tokens_per_s=1.0) for g in (0, 1, 2)}
+    expected = {0: 0.581, 1: 0.571, 2: 0.561}
+    # 240 slots ran best until its pool bound; within 0.5% the smaller 230 keeps KV room.
+    assert best_of([0, 1, 2], {0: 1.640, 1: 1.641, 2: 1.636}, seen, expected) == 2
+    assert best_of([0, 1, 2], {0: 1.640, 1: 1.700, 2: 1.636}, seen, expected) == 1
+    # Alone (no reference GPUs): by tokens/s.
+    alone = {0: Observed(samples=1, tokens_per_s=3600.0), 1: Observed(samples=1, tokens_per_s=3000.0)}
+    assert best_of([0, 1], {0: None, 1: None}, alone, expected) == 0

@@ -428,7 +428,7 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
     started = time.monotonic()
     tune = subprocess.run(
         [*LAUNCHER, "tune", "--run-dir", str(n.run_dir), "--window", "4", "--interval", "0.5",
-         "--warmup", "4", "--timeout", "120", "--json"],
+         "--warmup", "4", "--settle", "8", "--drain", "5", "--timeout", "120", "--json"],
         capture_output=True, text=True, timeout=900, check=False)
     took = time.monotonic() - started
     assert tune.returncode == 0, tune.stdout + tune.stderr
@@ -488,7 +488,7 @@ def test_tune_dry_run_prints_the_plan_and_restarts_nothing(
         stop.set()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tune: gpu0 plan `--max-mamba-cache-size" in done.stdout
-    assert "restart GPU 0 alone with these flags" in done.stdout
+    assert "restart GPU [0] with these flags" in done.stdout
     assert n.gpu(0)["restarts"] == 0
 
 
