@@ -298,6 +298,23 @@ def held_tokens(entry: ServerEntry, seen: Observed) -> float | None:
     return 2 * seen.kv_usage * tokens / seen.running
 
 
+def pooled_held(entries: Sequence[ServerEntry],
+                seen: Mapping[int | None, Observed]) -> float | None:
+    """`held_tokens` over every GPU of the node at once, weighted by its running requests: the
+    servers run one job's answers, and a long answer on one GPU says as much as on another
+    (one GPU's few running answers are a noisy sample of a long-tailed length)."""
+    found = [(h, seen[e.gpu].running or 0.0) for e in entries
+             if e.gpu in seen and (h := held_tokens(e, seen[e.gpu])) is not None]
+    weight = sum(w for _, w in found)
+    return sum(h * w for h, w in found) / weight if weight else None
+
+
+# The answers' mix is steady once the KV a running request holds grows by less than this
+# from one window to the next: a job's first minutes run only young answers.
+STEADY_GROWTH = 0.03
+STEADY_WINDOWS = 8
+
+
 def start_memory(entry: ServerEntry) -> Memory | None:
     """The memory `entry`'s latest start stated on its log (None where it did not)."""
     if not entry.server.log or not Path(entry.server.log).exists():
@@ -326,11 +343,12 @@ class Plan:
 
 def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
               advice_gain: float | None, ceiling: float, resolved: Mapping[str, object],
-              width: int = 1) -> Plan:
+              width: int = 1, held: float | None = None) -> Plan:
     """Up to `width` candidates, best predicted first: for a server bound by its Mamba slots,
     the memory and step models' best (slots and fraction) up to `ceiling`, which its start-up
     lines say fits; the advice otherwise. An advised candidate the memory cannot hold is
-    skipped with the reason."""
+    skipped with the reason. `held`: the KV tokens a running request holds (default: this
+    server's own figure)."""
     memory = start_memory(entry)
     advised = [(list(advice_flags), advice_gain)] if advice_flags else []
     if memory is None or not advice_flags or "--max-mamba-cache-size" not in advice_flags:
@@ -344,7 +362,8 @@ def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
         if fit.refused:
             skipped.append((list(advice_flags), f"predicted: {fit.refused}"))
     now = _float(_current(entry, "--mem-fraction-static", resolved)) or ceiling
-    found = candidates(memory, held_tokens(entry, seen), seen.running or 0.0, ceiling,
+    found = candidates(memory, held if held is not None else held_tokens(entry, seen),
+                       seen.running or 0.0, ceiling,
                        min(now, ceiling))
     if not found:
         return Plan([] if skipped else advised, skipped)
@@ -352,9 +371,11 @@ def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
 
 
 def _next(entry: ServerEntry, seen: Observed, advice: Advice,
-          resolved: Mapping[str, object], log: TuneLog, width: int) -> Plan:
+          resolved: Mapping[str, object], log: TuneLog, width: int,
+          held: float | None) -> Plan:
     """`plan_next` for the experiment GPUs, its skipped candidates recorded."""
-    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved, width)
+    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved, width,
+                     held)
     for flags, why in plan.skipped:
         log.add(kind="skipped", gpu=entry.gpu, flags=flags, note=why)
     return plan
@@ -473,31 +494,31 @@ def _share_of(seen: Mapping[int | None, Observed], gpu: int,
     return mine / (sum(others) / len(others))
 
 
-# Candidates measured within this share of the best are as good: the one expected to run the
-# fewest requests is kept (the most KV room for the long answers to come).
-TIE = 0.005
-
-
 def best_of(started: Sequence[int], shares: Mapping[int, float | None],
-          seen: Mapping[int | None, Observed], expected: Mapping[int, float | None]) -> int:
-    """The best measured of `started`: by share (else tokens/s); within TIE of it, the one
-    expected to gain the least."""
+            seen: Mapping[int | None, Observed], first: int, margin: float) -> int:
+    """The candidate kept of those `started`: the models' best (on GPU `first`) unless
+    another measured better by `margin`, the least a window tells apart (one GPU's batch
+    is fed by its worker batch by batch, and its rate moves by a few percent from window to
+    window); the best measured when the models' best did not start."""
     def rate(g: int) -> float:
         return shares[g] or seen[g].tokens_per_s or 0.0
 
-    top = max(rate(g) for g in started)
-    close = [g for g in started if rate(g) >= top * (1 - TIE)]
-    return min(close, key=lambda g: (expected.get(g) or 0.0, -rate(g)))
+    top = max(started, key=rate)
+    if first not in started or rate(top) > rate(first) * (1 + margin):
+        return top
+    return first
 
 
 def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
              margin: float, rounds: int, warmup_s: float, timeout_s: float,
              dry_run: bool, stop: threading.Event | None = None, drain_s: float = math.inf,
-             width: int | None = None, settle_s: float = 0.0) -> TuneLog:
+             width: int | None = None, settle_s: float = 0.0,
+             baseline: Mapping[int | None, Observed] | None = None) -> TuneLog:
     """Tune the node under `run_dir` (see the module docstring); returns the log. `stop`
     (`up --tune`) ends it between steps when the node stops. `width`: candidates measured at
     once, one per GPU (default: half the GPUs, the rest serving as reference); `settle_s`:
-    how long the candidates serve, once full, before they are measured."""
+    how long the candidates serve, once full, before they are measured; `baseline`: a window
+    just measured, taken as the baseline."""
     entries = _ready(run_dir)
     if not entries:
         raise NodeError("no ready GPU to tune (see `launcher status`)")
@@ -509,13 +530,15 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
     order = [exp, *(g for g in gpus if g != exp)]
     width = max(1, min(width or len(gpus) // 2, len(gpus)))
     log = TuneLog(run_dir / TUNE_FILE, stop=stop)
-    seen = asyncio.run(_measure(entries, window_s, interval_s))
+    seen = dict(baseline) if baseline is not None and all(g in baseline for g in gpus) \
+        else asyncio.run(_measure(entries, window_s, interval_s))
     for g in gpus:
         log.add(kind="baseline", gpu=g, tokens_per_s=seen[g].tokens_per_s,
                 note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
     entry = next(g for g in entries if g.gpu == exp)
     advice = advise(entry, seen[exp])
-    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log, width)
+    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log, width,
+                 pooled_held(entries, seen))
     if dry_run:
         log.record.state = "dry-run"
         for g, (flags, expected) in zip(order, plan.tries, strict=False):
@@ -575,7 +598,7 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         for g in started:
             log.add(kind="measured", gpu=g, flags=trial[g], tokens_per_s=seen[g].tokens_per_s,
                     share=shares[g], share_before=best_share)
-        top = best_of(started, shares, seen, dict(zip(trial, (e for _, e in tries), strict=False)))
+        top = best_of(started, shares, seen, order[0], margin)
         share, tps = shares[top], seen[top].tokens_per_s
         won = (share is not None and best_share is not None
                and share > best_share * (1 + margin)) \
@@ -610,7 +633,8 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
         entries = _ready(run_dir)
         entry = next(g for g in entries if g.gpu == top)
         advice = advise(entry, seen[top])
-        plan = _next(entry, seen[top], advice, _resolved_args(entry.url), log, width)
+        plan = _next(entry, seen[top], advice, _resolved_args(entry.url), log, width,
+                     pooled_held([e for e in entries if e.gpu in started], seen))
         if plan.expected is None or plan.expected < margin:
             # The models say no candidate the memory holds beats this one by the margin, the
             # least a window can tell apart: no restart would be kept.
@@ -631,9 +655,12 @@ def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
 
 def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> TuneLog | None:
     """`up --tune`: once every GPU is ready, sample them a window at a time until work waits in
-    a queue; then tune once where a limit binds (`run_tune` on that GPU), or record why not.
-    Returns the log, or None when the node stopped first."""
+    a queue and the answers' mix is steady (the KV a running request holds stopped growing,
+    STEADY_GROWTH, or STEADY_WINDOWS passed); then tune once where a limit binds (`run_tune`
+    on that GPU, from that window), or record why not. Returns the log, or None when the node
+    stopped first."""
     waiting: TuneLog | None = None
+    held: list[float] = []
     while not stop.wait(settings.interval_s):
         if not all_ready(run_dir):
             continue
@@ -644,10 +671,22 @@ def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> T
         advice = [advise(e, seen[e.gpu]) for e in entries]
         bound = [a for a in advice if a.flags]
         if bound:
+            now = pooled_held(entries, seen)
+            if now is not None and len(held) < STEADY_WINDOWS and (
+                    not held or now > held[-1] * (1 + STEADY_GROWTH)):
+                # A job's first minutes run young answers only: their KV says too little of
+                # what the long ones will hold, and the memory model would overcommit.
+                waiting = waiting or TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"),
+                                             stop=stop)
+                waiting.add(kind="waiting", gpu=None, note=(
+                    f"answers still building up: {now:,.0f} KV tokens per running request"
+                    + (f", {held[-1]:,.0f} a window before" if held else "")))
+                held.append(now)
+                continue
             return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
                             settings.margin, settings.rounds, settings.warmup_s,
                             settings.timeout_s, False, stop, settings.drain_s, settings.width,
-                            settings.settle_s)
+                            settings.settle_s, baseline=seen)
         if all(a.binding == "idle" for a in advice):
             if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
                 waiting = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"), stop=stop)

@@ -501,7 +501,7 @@ def test_tp_2_and_tp_4_servers_take_one_worker_each_and_a_rolling_restart_costs_
 
     # Two nodes of 4 simulated GPUs on one job: TP 2 (two servers) and TP 4 (one server).
     env = {"REDIS_URL": redis_url, **s3_server.env(), **FAST_WORKER_ENV}
-    # A short drain: what a server still runs then is cut off and sent again by its worker.
+    # A short drain: what a server still runs then is cut off and handed back to the queue.
     sim = ("--speed", "4", "--max-running-requests", "8", "--mean-output-tokens", "600")
     pairs = start_node(4, "--workers", "--drain-timeout", "3", env=env,
                        server_args=(*sim, "--tp-size", "2"))
