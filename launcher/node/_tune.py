@@ -96,10 +96,11 @@ class TuneSettings:
     interval_s: float = 2.0
     # After a restart the batch refills before the window starts.
     warmup_s: float = 10.0
-    # Then its answers turn over: a restarted server's running answers are all young, so its
-    # KV pool binds only once the long ones have built up again; a candidate measured before
-    # that looks better than it runs.
-    settle_s: float = 120.0
+    # Then, optionally, its answers turn over: a restarted server's running answers are all
+    # young, so its KV pool binds only once the long ones have built up again. The memory
+    # model, fed by a steady answer mix, keeps a candidate clear of that; the window only has
+    # to confirm a win by the margin.
+    settle_s: float = 0.0
     # A share of the node's tokens/s moves well under 1% between windows of one job (peers see
     # the same load), so a 3% win is real; the first advice gains far more.
     margin: float = 0.03
@@ -117,7 +118,7 @@ class TuneSettings:
         """Settings scaled to one window: 30 samples in it, a sixth of it to refill, half of
         it to drain unless `drain_s` says otherwise."""
         return cls(window_s=window_s, interval_s=min(2.0, window_s / 30),
-                   warmup_s=window_s / 6, settle_s=2 * window_s,
+                   warmup_s=window_s / 6,
                    drain_s=window_s / 2 if drain_s is None else drain_s)
 
 
@@ -284,14 +285,15 @@ def _resolved_args(url: str) -> Mapping[str, object]:
 
 def held_tokens(entry: ServerEntry, seen: Observed) -> float | None:
     """KV tokens one running request holds while it runs: the pool over the requests running
-    when the pool binds (work queued below the cap); else twice what each uses on average, as
-    a running answer is on average halfway (None without figures)."""
+    when the pool binds (work queued, and the cap never reached in the window: a batch still
+    filling queues below its cap too); else twice what each uses on average, as a running
+    answer is on average halfway (None without figures)."""
     cap = entry.capacity
     tokens = cap.max_total_num_tokens if cap else None
     if tokens is None or not seen.running:
         return None
     if cap is not None and cap.effective and seen.queue is not None and seen.queue >= 1 \
-            and seen.running < 0.95 * cap.effective:
+            and seen.peak_running is not None and seen.peak_running < cap.effective:
         return tokens / seen.running
     if seen.kv_usage is None:
         return None

@@ -135,7 +135,12 @@ def test_a_server_without_start_up_lines_keeps_the_advice(tmp_path: Path) -> Non
 def test_held_tokens_reads_the_pool_when_it_binds_and_twice_the_use_otherwise(
         tmp_path: Path) -> None:
     entry = _entry(tmp_path / "gpu0.log")
-    assert held_tokens(entry, Observed(samples=5, running=10.0, queue=5.0)) == 515971 / 10
+    bound = Observed(samples=5, running=10.0, queue=5.0, peak_running=12.0)
+    assert held_tokens(entry, bound) == 515971 / 10
+    # A batch still filling queues below its cap as well: it reached the cap, the pool did
+    # not bind.
+    filling = Observed(samples=5, running=10.0, queue=5.0, peak_running=16.0, kv_usage=0.02)
+    assert held_tokens(entry, filling) == pytest.approx(2 * 0.02 * 515971 / 10)
     half = held_tokens(entry, Observed(samples=5, running=16.0, queue=5.0, kv_usage=0.05))
     assert half == pytest.approx(2 * 0.05 * 515971 / 16)
     assert held_tokens(entry, Observed(samples=0)) is None
