@@ -211,13 +211,23 @@ class TuneRecord:
     chosen: list[str] = field(default_factory=list)
     steps: list[TuneStep] = field(default_factory=list)
 
+    @property
+    def current(self) -> list[TuneStep]:
+        """The latest step: the last one, or every candidate being tried side by side."""
+        group = self.steps[-1:]
+        while group and group[0].kind == "trying" and len(group) < len(self.steps) \
+                and self.steps[-1 - len(group)].kind == "trying":
+            group.insert(0, self.steps[-1 - len(group)])
+        return group
+
     def describe(self) -> str:
-        """In one line: state, chosen flags, the last step."""
+        """In one line: state, chosen flags, the latest step."""
         text = f"tune: {self.state}"
         if self.chosen:
             text += f", chosen `{' '.join(self.chosen)}`"
         if self.steps:
-            text += "; last " + self.steps[-1].describe().removeprefix("tune: ")
+            text += "; last " + "; ".join(s.describe().removeprefix("tune: ")
+                                          for s in self.current)
         return text
 
     def to_json(self) -> str:

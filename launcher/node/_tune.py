@@ -184,13 +184,8 @@ class TuningNotes:
         from fleetgen.settings import Settings
 
         steps = record.steps
-        # Candidates tried side by side are one step: say each.
-        group = [steps[-1]]
-        while steps[-1].kind == "trying" and len(group) < len(steps) \
-                and steps[-1 - len(group)].kind == "trying":
-            group.insert(0, steps[-1 - len(group)])
         line = "; ".join(dataclasses.replace(s, until=None).describe().removeprefix("tune: ")
-                         for s in group)
+                         for s in record.current)
         if record.chosen:
             line += f" (chosen `{' '.join(record.chosen)}`)"
         note = TuningNote(THIS_HOST, steps[-1].at, record.state, line, steps[-1].until)

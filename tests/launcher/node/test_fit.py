@@ -215,3 +215,20 @@ def test_the_kv_a_running_request_holds_is_pooled_over_the_node(tmp_path: Path) 
     one, other = 2 * 0.05 * 515971 / 16, 2 * 0.25 * 515971 / 48
     assert pooled_held(entries, seen) == pytest.approx((one * 16 + other * 48) / 64)
     assert pooled_held(entries, {}) is None
+
+
+def test_launcher_status_names_every_candidate_tried_side_by_side() -> None:
+    from launcher.node._rundir import TuneRecord
+
+    record = TuneRecord(steps=[
+        TuneStep(at=0.0, kind="baseline", gpu=0, tokens_per_s=2300.0),
+        TuneStep(at=0.0, kind="trying", gpu=0, flags=("--max-mamba-cache-size", "230"),
+                 expected=0.561),
+        TuneStep(at=0.0, kind="trying", gpu=1, flags=("--max-mamba-cache-size", "225"),
+                 expected=0.551)])
+    assert [s.gpu for s in record.current] == [0, 1]
+    assert record.describe() == (
+        "tune: running; last gpu0 trying `--max-mamba-cache-size 230`, expected +56.1%; "
+        "gpu1 trying `--max-mamba-cache-size 225`, expected +55.1%")
+    record.steps.append(TuneStep(at=1.0, kind="won", gpu=0))
+    assert [s.kind for s in record.current] == ["won"]
