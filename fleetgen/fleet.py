@@ -189,6 +189,59 @@ class WorkerEntry:
 
 
 @dataclass(frozen=True)
+class TuningNote:
+    """What one node's tuning (`launcher up --tune`, `launcher tune`) does now, as its launcher
+    publishes it at each step: running or done, its latest step in one line (the candidates
+    being tried, on which GPU, with the gain expected) and when that step should end."""
+
+    node: str
+    at: float
+    state: str
+    line: str
+    until: float | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TuningNote:
+        """The note `to_json` wrote; ValueError if `raw` is not one."""
+        try:
+            data = orjson.loads(raw)
+            until = data.get("until")
+            return cls(node=str(data["node"]), at=float(data["at"]), state=str(data["state"]),
+                       line=str(data["line"]),
+                       until=float(until) if until is not None else None)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a tuning note: {exc}") from None
+
+    def describe(self, now: float) -> str:
+        """`tuning on node1: gpu0 trying `--x 1`, expected +4.0%, ~40 s left`."""
+        text = f"tuning on {self.node}: {self.state}; {self.line}"
+        if self.state == "running" and self.until is not None:
+            text += f", ~{max(0.0, self.until - now):.0f} s left"
+        return text
+
+
+# A finished tuning stays in `status` this long after its last step.
+TUNING_SHOWN_S = 1800.0
+
+
+def tuning(ledger: Ledger, now: float | None = None) -> list[TuningNote]:
+    """Each node's tuning note, running or finished within TUNING_SHOWN_S, by node."""
+    now = time.time() if now is None else now
+    notes = []
+    for raw in ledger.registry.tuning().values():
+        try:
+            note = TuningNote.from_json(raw)
+        except ValueError:
+            continue
+        if note.state == "running" or now - note.at <= TUNING_SHOWN_S:
+            notes.append(note)
+    return sorted(notes, key=lambda n: n.node)
+
+
+@dataclass(frozen=True)
 class FleetRow:
     """One worker in the per-GPU table: its registry entry, its server's reading and its share
     of the job. A worker that did work for the job but is not registered any more has only

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Final
 
 import orjson
@@ -29,7 +29,7 @@ from fleetgen.breaker import accepted_causes
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
 from fleetgen.errors import UnknownJobError
-from fleetgen.fleet import FleetRow, WorkerEntry, read_fleet, registry
+from fleetgen.fleet import FleetRow, TuningNote, WorkerEntry, read_fleet, registry, tuning
 from fleetgen.job import JobManifest, ShownState, batch_sizes
 from fleetgen.ledger import (
     STATE_CANCELLED,
@@ -173,6 +173,8 @@ class JobStatus:
     stalled: Stalled | None
     fleet: list[FleetRow] | None
     updated_at: float
+    # Each node's tuning, running or lately finished (fleetgen/fleet.py `TuningNote`).
+    tuning: list[TuningNote] = field(default_factory=list)
 
     @property
     def clock_stopped(self) -> bool:
@@ -249,6 +251,7 @@ def job_status(
         stalled=_stalled(manifest, entries, worker_errors, queued, len(running), times, now),
         fleet=read_fleet(ledger, workers, clock["elapsed"], now=now) if live else None,
         updated_at=now,
+        tuning=tuning(ledger, now),
     )
 
 

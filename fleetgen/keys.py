@@ -6,6 +6,8 @@ Redis (the ledger, rebuildable from the sink):
     fg:jobs:finished             zset   finished jobs (done, cancelled) -> when they finished;
                                         their keys expire FLEETGEN_JOB_RETENTION after it
     fg:workers                   hash   worker -> its server, state, capacity, in flight
+    fg:tuning                    hash   node -> what its launcher's tuning does now (JSON:
+                                        fleetgen/fleet.py `TuningNote`)
     fg:job:{job}                 hash   the job's fields, JOB_FIELDS below (manifest, state,
                                         reason, clock, canary, quality, breaker, rounds)
     fg:job:{job}:queued          zset   batch -> time dispatched to the broker
@@ -46,6 +48,7 @@ past 99 have more digits (`r100-000001`), so batches are ordered by `batch_order
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -60,6 +63,9 @@ GPU_QUEUE = re.compile(r"^gpu(\d+)((?:[-_]\d+)*)$")
 # next to its server on 30000 + N.
 METRICS_BASE_PORT = 9400
 TASK_RUN_BATCH = "fleetgen.run_batch"
+# What the node supervisor sends a worker before it drains and restarts the worker's server
+# (Celery leaves SIGUSR2 alone unless CELERY_RDBSIG is set).
+RESTART_SIGNAL = signal.SIGUSR2
 # Broker priorities (kombu on Redis: 0 is served first, one list per step of 0/3/6/9, and a
 # worker pops the highest priority of all its queues first). Re-dispatched work goes before
 # fresh work, whichever queue it is in.
@@ -113,6 +119,7 @@ JOB_ENTRIES = (SINK_MANIFEST, "inputs", "results", "errors", "rejects.jsonl",
                "progress.json", ".fleetgen")
 # hash: worker name -> its registry entry, JSON (fleetgen/fleet.py `WorkerEntry`)
 WORKERS = f"{PREFIX}:workers"
+TUNING = f"{PREFIX}:tuning"
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
 # Redis CLIENT SETNAME of every connection a worker opens: its connections vanish from
 # CLIENT LIST the moment its process dies (the reconciler's fast dead-worker signal).

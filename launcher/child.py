@@ -98,6 +98,12 @@ class ChildProcess:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
 
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the leader while it runs (a worker's restart notice)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+
     def kill_group(self) -> None:
         """SIGKILL the whole group (a crash, or the sweep after a stop), then reap the leader."""
         with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
@@ -124,6 +130,8 @@ class ChildLike(Protocol):
     def poll(self) -> int | None: ...
 
     def terminate(self) -> None: ...
+
+    def send_signal(self, sig: int) -> None: ...
 
     def kill_group(self) -> None: ...
 

@@ -38,6 +38,7 @@ def render(status: JobStatus) -> str:
             lines.append(
                 f"  {name:<28} {int(w.get('prompts_done', 0)):>8,} {int(w.get('prompts_failed', 0)):>7,}"
                 f" {int(w.get('output_tokens', 0)):>12,} {int(w.get('batches_done', 0)):>8,}")
+    lines += [f"  {note.describe(s.updated_at)}" for note in s.tuning]
     if s.worker_errors:
         lines += ["", "  last errors of workers:"]
         for e in s.worker_errors:

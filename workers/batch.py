@@ -70,6 +70,7 @@ from workers import metrics
 from workers.backend import Backend
 from workers.backlog import Backlog, Delivery
 from workers.bridge import LoopThread
+from workers.healthcheck import HealthChecks
 from workers.heartbeat import cancel
 from workers.lease import Lease
 from workers.preflight import SinkChecks
@@ -531,6 +532,7 @@ class _Sender:
                 delivery.server_lost()
                 checks.server_failed()
                 await checks.wait_ready(self.settings.server_down_wait_s)
+                _hand_back_if_out(checks)
             except BadRequestError as exc:
                 checks.refused(exc)
                 learned = server.learn(exc.status, exc.message, body, prompt.body)
@@ -549,8 +551,10 @@ class _Sender:
                 # Not the prompt's fault: wait for the server, spend no attempt.
                 checks.server_failed()
                 delivery.server_lost()
+                _hand_back_if_out(checks)
                 waited = time.monotonic()
                 await checks.wait_ready(self.settings.server_down_wait_s)
+                _hand_back_if_out(checks)
                 if time.monotonic() - waited < UP_AT_ONCE_S:
                     # /health answered at once: the server is up and dropped this request (a
                     # reset): its failure, counted and resent within the budget like a 5xx.
@@ -591,6 +595,13 @@ class _Sender:
             await asyncio.sleep(wait_s)
             await backend.watch.budget.resend()
             self._may_send(job)
+
+
+def _hand_back_if_out(checks: HealthChecks) -> None:
+    """A request that found its server gone while the server is out of rotation (restarting
+    for its supervisor, or failing) goes back unsent, at no attempt, instead of waiting."""
+    if not checks.in_rotation:
+        raise _Held(_Held.OUT)
 
 
 def _asks(todo: list[Prompt]) -> list[list[Prompt]]:

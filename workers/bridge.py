@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from workers import loops
@@ -43,6 +43,11 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (from a thread other than the loop's)."""
         return self.submit(coro).result(timeout)
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run `callback` on the loop soon, from any thread or a signal handler (it appends to
+        the loop's queue and wakes it, taking no lock)."""
+        self._loop.call_soon_threadsafe(callback)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule `coro` on the loop, from any thread, the loop's own included."""

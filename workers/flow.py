@@ -202,6 +202,9 @@ class Rotation:
     ejections: int = 0
     probes: int = 0
     failures_in_a_row: int = 0
+    # Out because its supervisor is restarting it: back once it is seen restarted, not on
+    # a probe (a draining server still refuses, which a probe takes for a full one).
+    awaiting_restart: bool = False
     # Answers ever received: a prompt asks whether any came since its first failure.
     answers: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -238,7 +241,8 @@ class Rotation:
             while times and now - times[0] > FAILING_WINDOW_S:
                 times.popleft()
 
-    def eject(self, reason: str) -> None:
+    def eject(self, reason: str, until_restart: bool = False) -> None:
+        self.awaiting_restart |= until_restart
         if not self.in_rotation:
             return
         self.in_rotation = False
@@ -252,6 +256,7 @@ class Rotation:
         self._answered.clear()
         self._failed.clear()
         self.in_rotation = True
+        self.awaiting_restart = False
         self.out_since = None
         self.reason = None
         self.failures_in_a_row = 0

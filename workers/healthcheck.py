@@ -27,8 +27,14 @@ from workers.limits import InFlight
 
 log = logging.getLogger(__name__)
 HEALTH_PROBE_S = 1.0
+# While a restart is announced, /health is probed this often: a server down for less than a
+# probe's interval would not be seen restarting.
+RESTART_PROBE_S = 0.2
 # Waiting for a server to come back: /health probes under the one backoff policy.
 READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
+# A server announced as restarting and not seen restarting within this long is probed as any
+# server out of rotation (a probe answered puts it back).
+RESTART_WAIT_S = 600.0
 
 
 class HealthChecks:
@@ -57,10 +63,13 @@ class HealthChecks:
                 if self.failures:
                     self._restarted()
                     await self._discovery.refresh_soon()
+                    if self._watch.rotation.awaiting_restart:
+                        self._rejoin("is back from its restart")
                 self.failures = 0
             else:
                 self.failures += 1
-            await asyncio.sleep(HEALTH_PROBE_S)
+            await asyncio.sleep(RESTART_PROBE_S if self._watch.rotation.awaiting_restart
+                                else HEALTH_PROBE_S)
 
     def _restarted(self) -> None:
         """The server is back after failing its health probes: it may have restarted with
@@ -77,6 +86,13 @@ class HealthChecks:
                 rotation.changed.clear()
                 await rotation.changed.wait()
                 continue
+            if rotation.awaiting_restart:
+                rotation.changed.clear()
+                try:
+                    await asyncio.wait_for(rotation.changed.wait(), RESTART_WAIT_S)
+                except TimeoutError:
+                    rotation.awaiting_restart = False  # never seen restarting: probe it
+                continue
             await asyncio.sleep(rotation.next_probe_s())
             if self._discovery.server is None:
                 continue
@@ -88,12 +104,28 @@ class HealthChecks:
                 log.info("worker %s: %s still out of rotation (probe %d: %s)", self._worker,
                          self._server_url, rotation.probes, exc)
                 continue
-            out_s = time.time() - (rotation.out_since or time.time())
-            rotation.rejoin()
-            log.warning("worker %s: %s answered a probe; back in rotation after %.0fs",
-                        self._worker, self._server_url, out_s)
-            metrics.set_in_rotation(self._worker, self._server_url, True)
-            self._publish()
+            self._rejoin("answered a probe")
+
+    def _rejoin(self, why: str) -> None:
+        rotation = self._watch.rotation
+        out_s = time.time() - (rotation.out_since or time.time())
+        rotation.rejoin()
+        log.warning("worker %s: %s %s; back in rotation after %.0fs",
+                    self._worker, self._server_url, why, out_s)
+        metrics.set_in_rotation(self._worker, self._server_url, True)
+        self._publish()
+
+    def restarting(self) -> None:
+        """Its supervisor is draining the server to restart it: out of rotation until it is
+        seen back. Nothing more is sent; what was not sent goes back to the queue with its
+        batch, what finishes within the drain is kept, and what the restart cuts goes back
+        too, at no attempt (workers/batch.py)."""
+        rotation = self._watch.rotation
+        if rotation.in_rotation:
+            rotation.eject("restarting: its supervisor drains it", until_restart=True)
+            self._ejected()
+        else:
+            rotation.eject(rotation.reason or "", until_restart=True)
 
     def refused(self, exc: BadRequestError) -> None:
         """A request the server refused (4xx): the server works."""
@@ -129,12 +161,17 @@ class HealthChecks:
 
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until the server answers /health again; raise ServerDownError past the deadline."""
-        probes = AsyncRetrying(retry=retry_if_result(lambda ready: not ready),
+        # A server announced as restarting is not waited for: its work goes elsewhere.
+        probes = AsyncRetrying(retry=retry_if_result(
+                                   lambda ready: not ready
+                                   and not self._watch.rotation.awaiting_restart),
                                stop=stop_before_delay(deadline_s),
                                wait=backoff(READY_BACKOFF_S, READY_BACKOFF_MAX_S))
         try:
             await probes(self._client.ready)
         except RetryError:
+            if self._watch.rotation.awaiting_restart:
+                return  # the caller sees the server out of rotation and hands back
             raise ServerDownError(f"{self._server_url} not ready after {deadline_s:.0f}s") from None
         await self._discovery.refresh_soon()
 

@@ -125,6 +125,12 @@ class WorkerRuntime:
         if self._runner is not None:
             self._runner.drain()
 
+    def server_restarting(self) -> None:
+        """Its supervisor is about to drain and restart the server (workers/healthcheck.py
+        `restarting`). Called from a signal handler: it only schedules the change on the loop."""
+        if self._runner is not None and self._loop is not None and self._backend is not None:
+            self._loop.call_soon(self._backend.checks.restarting)
+
     def shutdown(self) -> None:
         """Close the backend, the ledger's asyncio side and the loop; running batches have been
         cancelled by then."""

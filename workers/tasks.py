@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from typing import Any, NotRequired, TypedDict
 
@@ -92,6 +93,8 @@ def _start(sender: Any = None, **_: Any) -> None:
     runner = runtime.runner()
     backend = runner.backend
     backend.registration.publish()
+    with contextlib.suppress(ValueError):  # not the main thread: no handler (tests)
+        signal.signal(keys.RESTART_SIGNAL, _server_restarting)
     port = metrics.exporter_port(settings.metrics_port, runtime.queues)
     if port is not None:
         try:
@@ -116,6 +119,11 @@ def _start(sender: Any = None, **_: Any) -> None:
 def _drain(**_: Any) -> None:
     # Runs inside the SIGTERM handler: set a flag, nothing else (no logging, no I/O).
     runtime.drain()
+
+
+def _server_restarting(signum: int, frame: object) -> None:
+    # RESTART_SIGNAL from the node supervisor: only schedules the change (runtime.py).
+    runtime.server_restarting()
 
 
 @worker_shutdown.connect

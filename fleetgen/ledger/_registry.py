@@ -12,7 +12,7 @@ from fleetgen import keys
 
 class Registry:
     """The workers' registry (fg:workers: worker -> its entry, JSON: fleetgen/fleet.py
-    `WorkerEntry`), the names of Redis's open connections (a worker's carry its name:
+    `WorkerEntry`), what each node's tuning does (fg:tuning), the names of Redis's open connections (a worker's carry its name:
     keys.worker_client), the reconciler's lock (fg:reconciler) and the ownerless leases
     (fg:ownerless)."""
 
@@ -28,6 +28,20 @@ class Registry:
         """The registry entry last published under the worker name `worker`, or None."""
         raw = self.r.hget(keys.WORKERS, worker)
         return raw if isinstance(raw, bytes) else None
+
+    def tuning(self) -> dict[str, bytes]:
+        """Node -> what its tuning last published (fleetgen/fleet.py `TuningNote`)."""
+        raw: dict[bytes, bytes] = self.r.hgetall(keys.TUNING)  # type: ignore[assignment]
+        return {node.decode(): note for node, note in raw.items()}
+
+    def publish_tuning(self, node: str, note: bytes) -> str | None:
+        """Keep `note` as what `node`'s tuning does now; why not when Redis is out of reach
+        (the note is what a tuning says of itself, never worth stopping it for)."""
+        try:
+            self.r.hset(keys.TUNING, node, note)
+        except (redis.RedisError, OSError) as exc:
+            return str(exc) or type(exc).__name__
+        return None
 
     def workers(self) -> list[str]:
         """The name of every worker in the registry."""

@@ -56,7 +56,7 @@ from launcher.node._rundir import (
     write_atomic,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
-from launcher.node._tune import TuneSettings, auto_tune, cmd_tune
+from launcher.node._tune import TuneSettings, auto_tune, cmd_tune, drain_seconds
 from launcher.node._watch import HttpProbe, Reading
 from launcher.ports import HOST
 
@@ -132,6 +132,10 @@ def up_parser() -> CommandParser:
                         "itself where a limit binds: one GPU at a time, kept where it wins")
     p.add_argument("--tune-window", type=float, default=TuneSettings.window_s,
                    help="seconds of samples per --tune measure (default: %(default)s)")
+    p.add_argument("--tune-drain", type=drain_seconds,
+                   help="seconds a --tune restart lets running answers finish before it cuts "
+                        "the rest (handed back, generated again elsewhere), or `wait` for the "
+                        "longest one, up to --drain-timeout (default: half --tune-window)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each GPU's argv, environment and ports, start nothing")
     return p
@@ -191,7 +195,7 @@ def cmd_up(argv: Sequence[str]) -> int:
              f" in {len(servers)} servers ({plan.parallel.text()})"
              if plan.parallel.width > 1 else "",
              " (simulator)" if args.sim else f" (sglang {plan.version})", run_dir, plan.log_dir)
-    tune = TuneSettings.for_window(args.tune_window) if args.tune else None
+    tune = TuneSettings.for_window(args.tune_window, args.tune_drain) if args.tune else None
     return asyncio.run(_supervise(plan, slots, policy, run_dir, flag_value(
         specs[gpus[0]].argv, "--api-key"), tune))
 
@@ -368,13 +372,18 @@ def cmd_restart(argv: Sequence[str]) -> int:
     p.add_argument("--timeout", type=float, default=3 * 3600.0,
                    help="seconds to follow the restart before giving up waiting")
     p.add_argument("--no-wait", action="store_true", help="return once the supervisor accepts")
+    p.add_argument("--drain", type=float, help="seconds each server's running requests may "
+                   "finish before the rest are cut and handed back to the queue (default: "
+                   "the node's --drain-timeout)")
     args = p.parse_args(flags)
+    if args.drain is not None and args.drain < 0:
+        p.error(f"--drain must be >= 0, got {args.drain:g}")
     request = RestartRequest(
         new_request_id("r"), rolling=args.rolling,
         args=tuple(server_args) if server_args is not None else None,
         replace=args.replace_args,
         gpus=tuple(parse_gpu_spec(args.gpus)) if args.gpus else None,
-        profile=str(args.profile.resolve()) if args.profile else None)
+        profile=str(args.profile.resolve()) if args.profile else None, drain_s=args.drain)
     send_restart(args.run_dir, request)
     return follow(args.run_dir, request.id, args.timeout, args.no_wait)
 

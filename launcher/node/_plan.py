@@ -248,7 +248,10 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
             new = dataclasses.replace(new, cli_args=tuple(args))
         if request.profile:
             new = dataclasses.replace(new, profile=load_profile(Path(request.profile)))
-        gpus = request.gpus or plan.gpus
+        own = request.gpu_args or {}
+        # Without `gpus`, a request of GPUs' own arguments restarts those GPUs alone.
+        gpus = list(request.gpus or (own if own else plan.gpus))
+        gpus += [g for g in own if g not in gpus]
         missing = [g for g in gpus if g not in plan.gpus]
         if missing:
             raise NodeError(f"GPU {missing} not supervised here (GPUs {list(plan.gpus)})")
@@ -258,9 +261,16 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
                             "stop the node and start it again with `launcher up`")
         # A GPU names the server holding it: a group server restarts as a whole.
         specs = {lead: new.server_spec(lead) for lead in sorted({plan.lead_of(g) for g in gpus})}
+        for gpu, own_args in own.items():
+            # This restart's own arguments for one server; the node's stay as they were.
+            lead = plan.lead_of(gpu)
+            mine = dataclasses.replace(new, cli_args=tuple(merge_args(new.cli_args, list(own_args))))
+            if mine.servers != plan.servers:
+                raise NodeError(f"GPU {gpu}'s arguments would place servers over other GPUs")
+            specs[lead] = mine.server_spec(lead)
     except NodeError as exc:
         raise OrderError(request.id, str(exc)) from None
-    return Order(request.id, specs, request.rolling), new
+    return Order(request.id, specs, request.rolling, request.drain_s), new
 
 
 def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],

@@ -48,6 +48,7 @@ class RestartOutcome:
 
     state: Ended
     reason: str = ""
+    done: tuple[int, ...] = ()  # the GPUs restarted with the new arguments
 
 
 def new_request_id(prefix: str) -> str:
@@ -80,7 +81,8 @@ def follow_restart(run_dir: Path, request_id: str, timeout_s: float,
         if rollout is not None and rollout.id == request_id:
             shown(rollout)
             if rollout.finished or until_accepted:
-                return RestartOutcome(rollout.state or "running", rollout.reason or "")
+                return RestartOutcome(rollout.state or "running", rollout.reason or "",
+                                      rollout.done)
         elif time.monotonic() - start > ACK_TIMEOUT_S:
             return RestartOutcome("unacknowledged", "the supervisor did not pick the request "
                                   f"up within {ACK_TIMEOUT_S:.0f} s")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,8 @@ class TuneStep:
     tokens_per_s: float | None = None
     share: float | None = None
     share_before: float | None = None
+    expected: float | None = None  # the tokens/s gain the memory and step models predict
+    until: float | None = None  # when a step under way expects to end (time.time())
     note: str | None = None
 
     def describe(self) -> str:
@@ -174,6 +177,10 @@ class TuneStep:
             text += f": {self.tokens_per_s:,.0f} tokens/s"
         if self.share is not None:
             text += f", share {self.share:.3f} (before {self.share_before or 0:.3f})"
+        if self.expected is not None:
+            text += f", expected {self.expected:+.1%}"
+        if self.until is not None:
+            text += f", ~{max(0.0, self.until - time.time()):.0f} s left"
         if self.note:
             text += f" ({self.note})"
         return text
@@ -204,13 +211,23 @@ class TuneRecord:
     chosen: list[str] = field(default_factory=list)
     steps: list[TuneStep] = field(default_factory=list)
 
+    @property
+    def current(self) -> list[TuneStep]:
+        """The latest step: the last one, or every candidate being tried side by side."""
+        group = self.steps[-1:]
+        while group and group[0].kind == "trying" and len(group) < len(self.steps) \
+                and self.steps[-1 - len(group)].kind == "trying":
+            group.insert(0, self.steps[-1 - len(group)])
+        return group
+
     def describe(self) -> str:
-        """In one line: state, chosen flags, the last step."""
+        """In one line: state, chosen flags, the latest step."""
         text = f"tune: {self.state}"
         if self.chosen:
             text += f", chosen `{' '.join(self.chosen)}`"
         if self.steps:
-            text += "; last " + self.steps[-1].describe().removeprefix("tune: ")
+            text += "; last " + "; ".join(s.describe().removeprefix("tune: ")
+                                          for s in self.current)
         return text
 
     def to_json(self) -> str:
@@ -303,7 +320,11 @@ class NodeState:
 @dataclass(frozen=True)
 class RestartRequest:
     """restart.json: what `launcher restart` (or `tune`) asks of the supervisor, sent by
-    SIGHUP. `args` None keeps the server arguments; `gpus` None means every GPU."""
+    SIGHUP. `args` None keeps the server arguments; `gpus` None means every GPU.
+    `gpu_args` gives GPUs arguments of their own for this restart (merged over the node's
+    like `args`; the node's arguments stay as they were): `tune` measures several candidates
+    at once that way. `drain_s` is how long each server's running requests may finish before
+    the rest are cut and go back to the queue (None: the node's `--drain-timeout`)."""
 
     id: str
     rolling: bool = True
@@ -311,22 +332,31 @@ class RestartRequest:
     replace: bool = False
     gpus: tuple[int, ...] | None = None
     profile: str | None = None  # a profile file to reload
+    gpu_args: Mapping[int, tuple[str, ...]] | None = None
+    drain_s: float | None = None
 
     def to_json(self) -> str:
         return _dumps({"id": self.id, "rolling": self.rolling,
                        "args": list(self.args) if self.args is not None else None,
                        "replace": self.replace,
                        "gpus": list(self.gpus) if self.gpus is not None else None,
-                       "profile": self.profile})
+                       "profile": self.profile,
+                       "gpu_args": {str(g): list(a) for g, a in self.gpu_args.items()}
+                       if self.gpu_args is not None else None,
+                       "drain_s": self.drain_s})
 
     @classmethod
     def from_json(cls, text: str) -> RestartRequest:
         """The request `to_json` wrote; ValueError if `text` is not one."""
         def read(data: Mapping[str, Any]) -> RestartRequest:
-            args, gpus = data.get("args"), data.get("gpus")
+            args, gpus, own = data.get("args"), data.get("gpus"), data.get("gpu_args")
+            drain = data.get("drain_s")
             return cls(**{**_known(cls, data), "id": str(data.get("id")),
                           "args": tuple(str(a) for a in args) if args is not None else None,
-                          "gpus": tuple(int(g) for g in gpus) if gpus else None})
+                          "gpus": tuple(int(g) for g in gpus) if gpus else None,
+                          "gpu_args": {int(g): tuple(str(a) for a in v) for g, v in own.items()}
+                          if own is not None else None,
+                          "drain_s": float(drain) if drain is not None else None})
         return _parse(text, read)
 
 

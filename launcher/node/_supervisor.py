@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetgen.keys import RESTART_SIGNAL
 from fleetgen.redact import redact_argv
 from launcher.child import ChildLike, stop_process_async
 from launcher.errors import LauncherError
@@ -121,6 +122,7 @@ class Slot:
     ready_s: float | None = None
     follower: LogFollower | None = None
     order: LaunchSpec | None = None  # a restart order not yet taken
+    order_drain_s: float | None = None  # its drain, when it sets one
     order_done: asyncio.Future[str | None] | None = None
     pending: asyncio.Future[str | None] | None = None  # the order being started
     ever_ready: bool = False
@@ -149,6 +151,9 @@ class Order:
     id: str
     specs: Mapping[int, LaunchSpec]
     rolling: bool = True
+    # How long a server's running requests may finish before the rest are cut (None: the
+    # policy's drain_timeout_s).
+    drain_s: float | None = None
 
 
 class OrderError(NodeError):
@@ -276,7 +281,8 @@ class Supervisor:
             self.rollout = dataclasses.replace(self.rollout,
                                                current=batch[0] if order.rolling else None)
             self.changed()
-            results = await asyncio.gather(*(self._order(g, order.specs[g]) for g in batch))
+            results = await asyncio.gather(*(self._order(g, order.specs[g], order.drain_s)
+                                             for g in batch))
             failed = [(g, why) for g, why in zip(batch, results, strict=True) if why is not None]
             done = self.rollout.done + tuple(g for g in batch if g not in dict(failed))
             if failed:
@@ -295,9 +301,10 @@ class Supervisor:
         log.info("node: restart %s done", order.id)
         self.changed()
 
-    def _order(self, gpu: int, spec: LaunchSpec) -> asyncio.Future[str | None]:
+    def _order(self, gpu: int, spec: LaunchSpec,
+               drain_s: float | None) -> asyncio.Future[str | None]:
         slot = self.slots[gpu]
-        slot.order = spec
+        slot.order, slot.order_drain_s = spec, drain_s
         slot.order_done = asyncio.get_running_loop().create_future()
         return slot.order_done
 
@@ -331,7 +338,7 @@ class Supervisor:
         previous = slot.server.spec
         if slot.order is not None:
             slot.server.spec, slot.pending = slot.order, slot.order_done
-            slot.order, slot.order_done = None, None
+            slot.order, slot.order_done, slot.order_drain_s = None, None, None
             slot.server.crashes.clear()  # new arguments, a fresh crash history
         return previous
 
@@ -354,11 +361,25 @@ class Supervisor:
         reason = await self._serve(slot)
         if reason is None:  # asked to restart (drain) or to stop
             draining = not self.stop.is_set()
+            drain_s = self.policy.drain_timeout_s if slot.order_drain_s is None \
+                else slot.order_drain_s
             self._set(child, "restarting" if draining else child.state,
-                      "draining for a restart" if draining else "launcher stopped")
-            await self._stop_child(child, timeout=self.policy.drain_timeout_s if draining
+                      f"draining for a restart (up to {drain_s:g} s)" if draining
+                      else "launcher stopped")
+            if draining:
+                self._announce_restart(slot)
+            await self._stop_child(child, timeout=drain_s if draining
                                    else self.policy.stop_timeout_s)
         return reason
+
+    def _announce_restart(self, slot: Slot) -> None:
+        """Tell the slot's worker its server is about to drain and restart (RESTART_SIGNAL):
+        it sends nothing more, hands back what it has not sent, keeps what finishes within
+        the drain and hands back what is cut, at no attempt; it takes work again once the
+        server is back."""
+        proc = slot.worker.proc if slot.worker is not None else None
+        if proc is not None:
+            proc.send_signal(RESTART_SIGNAL)
 
     def _asked(self, slot: Slot) -> bool:
         return self.stop.is_set() or slot.order is not None

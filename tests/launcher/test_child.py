@@ -60,6 +60,9 @@ class Stubborn:
         if self.exits_on_term:
             self.code = 0
 
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(str(sig))
+
     def kill_group(self) -> None:
         self.signals.append("KILL group")
         self.code = -9 if self.code is None else self.code

@@ -19,7 +19,13 @@ import orjson
 import pytest
 
 from fleetgen import keys
-from fleetgen.errors import BadRequestError, OverloadedError, RetryableError, ServerSickError
+from fleetgen.errors import (
+    BadRequestError,
+    OverloadedError,
+    RetryableError,
+    ServerDownError,
+    ServerSickError,
+)
 from fleetgen.ledger import Batches, Jobs, Leases, Ledger
 from fleetgen.poll import wait_until
 from fleetgen.servers import KINDS, Server, parse_server_info
@@ -50,6 +56,9 @@ class FakeServer:
     # The kind the server is found to be, and whether it refuses `n` (as a 400).
     kind: ClassVar[str] = "sglang"
     refuses_n: ClassVar[bool] = False
+    # Prompts whose request waits while listed (a long answer); /health fails while `down`.
+    hold: ClassVar[set[str]] = set()
+    down: ClassVar[bool] = False
 
     def __init__(self, base_url: str, **_: Any) -> None:
         self.base_url = base_url
@@ -62,6 +71,8 @@ class FakeServer:
         FakeServer.sent.append(prompt)
         FakeServer.asked.append((prompt, n, seed))
         await asyncio.sleep(0)
+        while prompt in FakeServer.hold:
+            await asyncio.sleep(0.01)
         if FakeServer.broken is not None:
             raise FakeServer.broken
         if n > 1 and FakeServer.refuses_n:
@@ -81,7 +92,10 @@ class FakeServer:
                 "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n}}
 
     async def ready(self) -> bool:
-        return True
+        return not FakeServer.down
+
+    def forget(self) -> None:
+        """The server restarted: nothing learned of it to drop here."""
 
     async def detect(self) -> Server:
         return Server(KINDS[FakeServer.kind], FakeServer.models, info=parse_server_info({
@@ -163,6 +177,7 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
                         lambda uri, **_: RecordingSink(Path(uri), events))
     FakeServer.sent, FakeServer.models, FakeServer.faults, FakeServer.broken = [], (), {}, None
     FakeServer.asked, FakeServer.kind, FakeServer.refuses_n = [], "sglang", False
+    FakeServer.hold, FakeServer.down = set(), False
     ledger = RecordingLedger(redis_client, events)
     make_job(ledger, JOB, str(tmp_path / "out"), prompts=len(PROMPTS), batch_size=len(PROMPTS))
     rows = [{"id": p, "line": i + 1, "body": {"messages": [{"role": "user", "content": p}]}}
@@ -299,6 +314,37 @@ def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attem
     wait_until(lambda: backend.checks.in_rotation, 30, what="the server back in rotation")
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+
+
+def test_a_restart_announced_mid_batch_hands_back_what_is_cut_at_no_attempt_and_rejoins(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    import concurrent.futures
+
+    FakeServer.hold = {"p2"}  # a long answer, running when the restart is announced
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(runner.run, JOB, BATCH)
+        wait_until(lambda: "p2" in FakeServer.sent and len(set(FakeServer.sent)) == 6, 30,
+                   what="every prompt sent, p2 still running")
+        backend = runner.backend
+        runner.loop.call_soon(backend.checks.restarting)  # the worker's RESTART_SIGNAL
+        wait_until(lambda: not backend.checks.in_rotation, 10, what="out of rotation")
+        # The drain ends and cuts p2: the server is gone.
+        FakeServer.down, FakeServer.broken = True, ServerDownError("connection refused")
+        FakeServer.hold = set()
+        with pytest.raises(ServerSickError, match="restarting: its supervisor drains it"):
+            running.result(30)
+    assert runner.ledger.leases.attempts(JOB, BATCH) == 0  # handed back, no attempt spent
+    kept = redis_client.hkeys(keys.checkpoint(JOB, BATCH))
+    assert sorted(k.decode() for k in kept) == ["p0", "p1", "p3", "p4", "p5"]
+    # A probe answering a draining server must not put it back: only its restart does.
+    FakeServer.broken = None
+    wait_until(lambda: backend.checks.failures > 0, 10, what="the restart seen")
+    assert not backend.checks.in_rotation
+    FakeServer.down = False
+    wait_until(lambda: backend.checks.in_rotation, 10, what="back in rotation after the restart")
+    outcome = runner.run(JOB, BATCH)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+    assert FakeServer.sent.count("p2") == 2 and FakeServer.sent.count("p0") == 1
 
 
 # Several answers per prompt: one request with `n` where the server takes it.

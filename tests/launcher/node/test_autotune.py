@@ -121,3 +121,50 @@ def test_producer_status_says_when_servers_run_different_caps() -> None:
                                       "47 on gpu0): `launcher status` on their node names the "
                                       "flags")
     assert not any("tuning" in line for line in render_fleet(rows[1:]))
+
+
+def test_producer_status_says_what_each_nodes_tuning_does(
+        redis_url: str, ledger: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetgen.fleet import THIS_HOST, TUNING_SHOWN_S, TuningNote, tuning
+    from launcher.node._rundir import TuneStep
+    from launcher.node._tune import TuningNotes
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    at = 1_000_000.0
+    record = TuneRecord(chosen=[], steps=[
+        TuneStep(at=at, kind="baseline", gpu=0, tokens_per_s=2300.0),
+        TuneStep(at=at, kind="trying", gpu=0, flags=("--max-mamba-cache-size", "235"),
+                 expected=0.571, until=at + 40),
+        TuneStep(at=at, kind="trying", gpu=1, flags=("--max-mamba-cache-size", "230"),
+                 expected=0.560, until=at + 40)])
+    TuningNotes().publish(record)
+    notes = tuning(ledger, now=at + 10)
+    assert [n.node for n in notes] == [THIS_HOST]
+    line = notes[0].describe(at + 10)
+    assert line == (f"tuning on {THIS_HOST}: running; gpu0 trying `--max-mamba-cache-size 235`,"
+                    " expected +57.1%; gpu1 trying `--max-mamba-cache-size 230`, expected "
+                    "+56.0%, ~30 s left")
+    # Done, it stays a while with the flags chosen, then leaves the status.
+    record.state, record.chosen = "done", ["--max-mamba-cache-size", "230"]
+    record.steps.append(TuneStep(at=at + 50, kind="rolled-out", gpu=(0, 2),
+                                 flags=("--max-mamba-cache-size", "230")))
+    TuningNotes().publish(record)
+    done = tuning(ledger, now=at + 60)[0]
+    assert done.describe(at + 60).endswith("rolled-out `--max-mamba-cache-size 230` (chosen "
+                                           "`--max-mamba-cache-size 230`)")
+    assert tuning(ledger, now=at + 50 + TUNING_SHOWN_S + 1) == []
+    assert TuningNote.from_json(done.to_json()) == done
+    with pytest.raises(ValueError, match="not a tuning note"):
+        TuningNote.from_json(b"{}")
+
+
+def test_a_tuning_note_that_cannot_reach_redis_costs_nothing_but_the_note(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.node._rundir import TuneStep
+    from launcher.node._tune import TuningNotes
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # nothing listens there
+    notes = TuningNotes()
+    record = TuneRecord(steps=[TuneStep(at=0.0, kind="baseline", gpu=0)])
+    notes.publish(record)
+    assert notes.failed_at is not None  # tried again after RETRY_S

@@ -428,13 +428,15 @@ def test_tune_during_a_job_gets_near_the_sweeps_best_and_the_export_is_exactly_o
     started = time.monotonic()
     tune = subprocess.run(
         [*LAUNCHER, "tune", "--run-dir", str(n.run_dir), "--window", "4", "--interval", "0.5",
-         "--warmup", "4", "--timeout", "120", "--json"],
+         "--warmup", "4", "--settle", "8", "--drain", "5", "--timeout", "120", "--json"],
         capture_output=True, text=True, timeout=900, check=False)
     took = time.monotonic() - started
     assert tune.returncode == 0, tune.stdout + tune.stderr
     log = json.loads(tune.stdout[tune.stdout.index("{\n"):])
     steps = log["steps"]
-    assert any(s["kind"] == "failed" for s in steps), "no over-committed candidate rejected"
+    # The advice's over-committed candidate is skipped by the prediction from the start-up
+    # lines (or, where the prediction missed, refused by the server): never run.
+    assert any(s["kind"] in ("skipped", "failed") for s in steps), "none over-committed seen"
     assert any(s["kind"] == "won" for s in steps) and log["chosen"]
     assert any(s["kind"] == "rolled-out" for s in steps)  # each win, as soon as it won
     n.wait(lambda s: (s.get("tune") or {}).get("state") == "done", 10, "tune log in node.json")
@@ -486,7 +488,7 @@ def test_tune_dry_run_prints_the_plan_and_restarts_nothing(
         stop.set()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tune: gpu0 plan `--max-mamba-cache-size" in done.stdout
-    assert "restart GPU 0 alone with these flags" in done.stdout
+    assert "restart GPU [0] with these flags" in done.stdout
     assert n.gpu(0)["restarts"] == 0
 
 
@@ -499,7 +501,7 @@ def test_tp_2_and_tp_4_servers_take_one_worker_each_and_a_rolling_restart_costs_
 
     # Two nodes of 4 simulated GPUs on one job: TP 2 (two servers) and TP 4 (one server).
     env = {"REDIS_URL": redis_url, **s3_server.env(), **FAST_WORKER_ENV}
-    # A short drain: what a server still runs then is cut off and sent again by its worker.
+    # A short drain: what a server still runs then is cut off and handed back to the queue.
     sim = ("--speed", "4", "--max-running-requests", "8", "--mean-output-tokens", "600")
     pairs = start_node(4, "--workers", "--drain-timeout", "3", env=env,
                        server_args=(*sim, "--tp-size", "2"))

@@ -161,6 +161,9 @@ class FakeProcess:
         self.signals.append("TERM")
         self.term_at = self.clock.t if self.term_at is None else self.term_at
 
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(signal.Signals(sig).name.removeprefix("SIG"))
+
     def kill_group(self) -> None:
         self.signals.append("KILL")
         if self.poll() is None:
@@ -460,6 +463,29 @@ def test_rolling_restart_stops_at_a_gpu_whose_new_args_fail(tmp_path: Path) -> N
     assert len(world.of("gpu1")) == 1
 
 
+def test_a_restart_with_its_own_drain_tells_the_worker_and_cuts_the_server_then(
+        tmp_path: Path) -> None:
+    # The server would take 100 s to drain; the order allows 3, after telling its worker.
+    scripts = {"gpu0": [Script(drain_s=100), Script()], "worker0": [Script()]}
+    sup, world, history, clock = make(tmp_path, scripts, workers=True, drain_timeout_s=300)
+    new = {0: spec(tmp_path, 0, ["--max-running-requests", "8"])}
+
+    async def restart() -> None:
+        sup.submit(Order("r6", new, rolling=False, drain_s=3.0))
+        await clock.until(lambda: sup.rollout is not None and sup.rollout.state != "running")
+
+    run_until(sup, clock, lambda: history.all_ready() and bool(world.of("worker0")), restart)
+
+    assert sup.rollout is not None and sup.rollout.state == "done"
+    old, fresh = world.of("gpu0")
+    worker = world.of("worker0")[0]
+    assert worker.signals[0] == "USR2" and len(world.of("worker0")) == 1  # told, not restarted
+    assert old.signals == ["TERM", "KILL"] and old.killed_alive  # cut at its drain
+    assert old.term_at is not None and 3 <= fresh.started - old.term_at <= 3 + 4 * sup.policy.poll_s
+    assert fresh.spec == new[0]
+    assert "draining for a restart (up to 3 s)" in [r for _, _, _, r in history.events]
+
+
 def test_restart_without_rolling_drains_every_gpu_at_once(tmp_path: Path) -> None:
     scripts = {"gpu0": [Script(drain_s=2)], "gpu1": [Script(drain_s=2)]}
     sup, world, history, clock = make(tmp_path, scripts, gpus=2)
@@ -641,6 +667,20 @@ def test_a_restart_of_any_gpu_of_a_server_restarts_that_server(tmp_path: Path) -
     order, _ = read_request(tmp_path, plan)
     assert order is not None and sorted(order.specs) == [0, 2]
     assert order.specs[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_a_restart_of_gpus_own_arguments_leaves_the_nodes_arguments(tmp_path: Path) -> None:
+    plan = group_plan(tmp_path, range(3), "--max-running-requests", "128")
+    request = RestartRequest("t1", rolling=False, drain_s=5.0,
+                             gpu_args={0: ("--max-mamba-cache-size", "230"),
+                                       2: ("--max-mamba-cache-size", "235")})
+    write_atomic(tmp_path / REQUEST_FILE, request.to_json())
+    order, new_plan = read_request(tmp_path, plan)
+    assert order is not None and sorted(order.specs) == [0, 2] and order.drain_s == 5.0
+    assert order.specs[0].argv[-4:] == ("--max-running-requests", "128",
+                                        "--max-mamba-cache-size", "230")
+    assert order.specs[2].argv[-2:] == ("--max-mamba-cache-size", "235")
+    assert new_plan.cli_args == plan.cli_args
 
 
 def test_a_restart_that_would_regroup_the_gpus_is_rejected(tmp_path: Path) -> None:
