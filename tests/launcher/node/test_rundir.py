@@ -71,7 +71,8 @@ def test_restart_json_and_tune_json_read_back_as_written() -> None:
     request = RestartRequest("r3", rolling=False, args=("--x", "1"), gpus=(0, 2))
     assert RestartRequest.from_json(request.to_json()) == request
     assert json.loads(request.to_json()) == {"id": "r3", "rolling": False, "args": ["--x", "1"],
-                                             "replace": False, "gpus": [0, 2], "profile": None}
+                                             "replace": False, "gpus": [0, 2], "profile": None,
+                                             "gpu_args": None, "drain_s": None}
     tune = a_node().tune
     assert tune is not None and TuneRecord.from_json(tune.to_json()) == tune
 
