@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "advise": ("launcher.node", "main",
                "what binds a GPU or an SGLang --url; flags to try"),
     "tune": ("launcher.node", "main",
-             "try the advice on one GPU at a time during a job"),
+             "try candidate flags side by side during a job"),
     "sim": ("launcher.sim.cli", "main",
             "run the SGLang simulator (a CPU stand-in for one GPU server)"),
     "redis": ("launcher.services", "main",

@@ -7,7 +7,7 @@
     python -m launcher up --gpus 0-6 --profile node.toml --dry-run   # print argv and env, exit
     python -m launcher advise [--json]   # what binds each GPU, flags to try, predictions
     python -m launcher advise --url http://10.0.0.5:30000   # any SGLang server
-    python -m launcher tune [--dry-run]  # apply the advice one GPU at a time while a job runs
+    python -m launcher tune [--dry-run]  # try candidates side by side while a job runs
 
 `up` runs in the foreground until SIGTERM/SIGINT and keeps `{run_dir}/node.json` current;
 `status` reads that file and prints it as a table; `restart` writes `{run_dir}/restart.json`
@@ -129,7 +129,8 @@ def up_parser() -> CommandParser:
                    help="seconds a restart waits for a server's running requests to finish")
     p.add_argument("--tune", action="store_true",
                    help="once the servers are loaded and work waits, run `launcher tune` by "
-                        "itself where a limit binds: one GPU at a time, kept where it wins")
+                        "itself where a limit binds: candidates side by side, kept where one "
+                        "wins")
     p.add_argument("--tune-window", type=float, default=TuneSettings.window_s,
                    help="seconds of samples per --tune measure (default: %(default)s)")
     p.add_argument("--tune-drain", type=drain_seconds,

@@ -718,8 +718,8 @@ def cmd_tune(argv: Sequence[str]) -> int:
     """`launcher tune`: see the module docstring."""
     p = CommandParser(
         prog="python -m launcher tune",
-        description="Try the advised flags on one GPU at a time while the job runs; keep "
-                    "them where they win, roll them back where they fail or lose.",
+        description="Try candidate flags side by side on half the GPUs while the job runs; "
+                    "keep the best where it wins, roll them back where they fail or lose.",
         epilog="examples:\n  python -m launcher tune --dry-run\n  python -m launcher tune "
                "--gpu 3 --window 120 --margin 0.05")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
