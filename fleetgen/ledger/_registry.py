@@ -12,9 +12,9 @@ from fleetgen import keys
 
 class Registry:
     """The workers' registry (fg:workers: worker -> its entry, JSON: fleetgen/fleet.py
-    `WorkerEntry`), what each node's tuning does (fg:tuning), the names of Redis's open connections (a worker's carry its name:
-    keys.worker_client), the reconciler's lock (fg:reconciler) and the ownerless leases
-    (fg:ownerless)."""
+    `WorkerEntry`), what each node's tuning does (fg:tuning), the names of Redis's open
+    connections (a worker's carry its name: keys.worker_client), the reconciler's lock
+    (fg:reconciler) and the ownerless leases (fg:ownerless)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.r = client

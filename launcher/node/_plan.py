@@ -250,7 +250,7 @@ def read_request(run_dir: Path, plan: NodePlan) -> tuple[Order | None, NodePlan]
             new = dataclasses.replace(new, profile=load_profile(Path(request.profile)))
         own = request.gpu_args or {}
         # Without `gpus`, a request of GPUs' own arguments restarts those GPUs alone.
-        gpus = list(request.gpus or (own if own else plan.gpus))
+        gpus = list(request.gpus or own or plan.gpus)
         gpus += [g for g in own if g not in gpus]
         missing = [g for g in gpus if g not in plan.gpus]
         if missing:

@@ -58,7 +58,12 @@ from launcher.node._args import flag_value, split_flags
 from launcher.node._errors import NodeError
 from launcher.node._fit import Memory, candidates
 from launcher.node._gpus import parse_gpu_spec
-from launcher.node._restart import follow_restart, new_request_id, send_restart
+from launcher.node._restart import (
+    RestartOutcome,
+    follow_restart,
+    new_request_id,
+    send_restart,
+)
 from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
     REQUEST_FILE,
@@ -440,19 +445,10 @@ def settled(history: Sequence[tuple[float, float]], span_s: float) -> bool:
     return 0 < max(r for t, r in history if t > cut) <= before
 
 
-@dataclass(frozen=True)
-class Restarted:
-    """How a restart ended: its state and reason, and the GPUs it restarted."""
-
-    state: str
-    reason: str
-    done: tuple[int, ...] = ()
-
-
 def restart(run_dir: Path, log: TuneLog, timeout_s: float, drain_s: float, *,
             args: Sequence[str] | None = None, gpus: Sequence[int] = (),
             gpu_args: Mapping[int, Sequence[str]] | None = None,
-            rolling: bool = True) -> Restarted:
+            rolling: bool = True) -> RestartOutcome:
     """One restart request, started only while no GPU is out: `args` for `gpus` (the node's
     arguments from then on: a winner), or `gpu_args`, each GPU its own (an experiment or a
     rollback, the node's arguments untouched). Rolling (one at a time), or all at once for
@@ -460,9 +456,9 @@ def restart(run_dir: Path, log: TuneLog, timeout_s: float, drain_s: float, *,
     `drain_s` bounds each server's drain (infinite: the node's --drain-timeout)."""
     poll(lambda: True if log.stopped or all_ready(run_dir) else None, timeout_s, 0.5)
     if log.stopped:
-        return Restarted("failed", "the node is stopping")
+        return RestartOutcome("failed", "the node is stopping")
     if not all_ready(run_dir):
-        return Restarted("failed", "another GPU stayed out; not restarting a second one")
+        return RestartOutcome("failed", "another GPU stayed out; not restarting a second one")
     request = RestartRequest(
         new_request_id("t"), rolling=rolling,
         args=tuple(args) if args is not None else None,
@@ -472,10 +468,10 @@ def restart(run_dir: Path, log: TuneLog, timeout_s: float, drain_s: float, *,
     send_restart(run_dir, request)
     outcome = follow_restart(run_dir, request.id, timeout_s)
     if outcome.state in ("done", "failed", "rejected"):
-        return Restarted(outcome.state, outcome.reason, outcome.done)
+        return outcome
     # Not picked up is as good as turned down; still running after the timeout, failed.
-    return Restarted("rejected" if outcome.state == "unacknowledged" else "failed",
-                     outcome.reason, outcome.done)
+    return dataclasses.replace(
+        outcome, state="rejected" if outcome.state == "unacknowledged" else "failed")
 
 
 def _share_of(seen: Mapping[int | None, Observed], gpu: int,
