@@ -241,8 +241,7 @@ class Rotation:
             while times and now - times[0] > FAILING_WINDOW_S:
                 times.popleft()
 
-    def eject(self, reason: str, until_restart: bool = False) -> None:
-        self.awaiting_restart |= until_restart
+    def eject(self, reason: str) -> None:
         if not self.in_rotation:
             return
         self.in_rotation = False

@@ -94,8 +94,8 @@ class HealthChecks:
                     rotation.awaiting_restart = False  # never seen restarting: probe it
                 continue
             await asyncio.sleep(rotation.next_probe_s())
-            if self._discovery.server is None:
-                continue
+            if self._discovery.server is None or rotation.awaiting_restart:
+                continue  # a restart announced meanwhile: it is waited for, not probed
             try:
                 await self._discovery.probe()
             except (BadRequestError, OverloadedError):
@@ -122,10 +122,9 @@ class HealthChecks:
         too, at no attempt (workers/batch.py)."""
         rotation = self._watch.rotation
         if rotation.in_rotation:
-            rotation.eject("restarting: its supervisor drains it", until_restart=True)
+            rotation.eject("restarting: its supervisor drains it")
             self._ejected()
-        else:
-            rotation.eject(rotation.reason or "", until_restart=True)
+        rotation.awaiting_restart = True
 
     def refused(self, exc: BadRequestError) -> None:
         """A request the server refused (4xx): the server works."""
@@ -170,9 +169,11 @@ class HealthChecks:
         try:
             await probes(self._client.ready)
         except RetryError:
-            if self._watch.rotation.awaiting_restart:
-                return  # the caller sees the server out of rotation and hands back
-            raise ServerDownError(f"{self._server_url} not ready after {deadline_s:.0f}s") from None
+            if not self._watch.rotation.awaiting_restart:
+                raise ServerDownError(
+                    f"{self._server_url} not ready after {deadline_s:.0f}s") from None
+        if self._watch.rotation.awaiting_restart:
+            return  # the caller sees the server out of rotation and hands back
         await self._discovery.refresh_soon()
 
     def report(self) -> ServerHealth:

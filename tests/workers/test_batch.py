@@ -10,6 +10,7 @@ so no prompt is sent or counted twice.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +34,7 @@ from fleetgen.settings import Settings
 from fleetgen.sink import LocalSink, open_sink
 from tests.stack import make_job
 from workers.batch import BatchRunner
+from workers.flow import PROBE_BACKOFF_S, PROBE_MIN_S
 from workers.runtime import WorkerRuntime
 
 JOB = "order"
@@ -345,6 +347,28 @@ def test_a_restart_announced_mid_batch_hands_back_what_is_cut_at_no_attempt_and_
     outcome = runner.run(JOB, BATCH)
     assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
     assert FakeServer.sent.count("p2") == 2 and FakeServer.sent.count("p0") == 1
+
+
+def test_a_restart_announced_while_out_of_rotation_is_waited_for_not_probed(
+        runner: BatchRunner) -> None:
+    FakeServer.broken = RetryableError("HTTP 502: Bad Gateway", status=502)
+    with pytest.raises(ServerSickError, match="out of rotation"):
+        runner.run(JOB, BATCH)
+    backend = runner.backend
+    runner.loop.call_soon(backend.checks.restarting)  # the worker's RESTART_SIGNAL
+    wait_until(lambda: backend.watch.rotation.awaiting_restart, 10, what="the restart noted")
+    # Draining, the server refuses with 503: a probe would take it for full and fit.
+    FakeServer.broken = OverloadedError("HTTP 503: draining", status=503)
+    rotation = backend.watch.rotation
+    # The probe under way when the restart was announced ends within its second backoff
+    # (at most 2 x PROBE_BACKOFF_S); a probe then would put the server back.
+    time.sleep(2 * PROBE_BACKOFF_S + PROBE_MIN_S)
+    assert not backend.checks.in_rotation
+    FakeServer.down = True  # it restarts ...
+    wait_until(lambda: backend.checks.failures > 0, 10, what="the restart seen")
+    FakeServer.down, FakeServer.broken = False, None  # ... and is back
+    wait_until(lambda: backend.checks.in_rotation, 10, what="back in rotation after the restart")
+    assert not rotation.awaiting_restart
 
 
 # Several answers per prompt: one request with `n` where the server takes it.
