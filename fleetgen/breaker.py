@@ -3,7 +3,7 @@
 A refusal every server gives (a model none serves, a wrong API key, a parameter all refuse:
 HTTP 4xx, never retried) would run a job through all its prompts as failures and end it
 `done`: a dataset of nothing. The quality canary judges answers, not failures, and can be
-turned off; the breaker watches every job. It judges only such refusals (records.job_caused):
+turned off; the breaker watches every job. It judges only such refusals (causes.job_caused):
 a prompt's own failure (too long, refused for its content) fails that prompt alone however many
 come in a row, and a server that fails what it is sent is taken out of rotation by its worker
 (workers/flow.py) instead of failing prompts.
@@ -28,38 +28,36 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import orjson
 
+from fleetgen.causes import KEY_CHARS, job_caused, normalise
 from fleetgen.checkpoints import Entry, Outcomes
 from fleetgen.ledger import STATE_RUNNING, FailureExample
 from fleetgen.liveledger import LiveLedger
-from fleetgen.records import OutputRecord, is_failure, job_caused, read_record
+from fleetgen.records import OutputRecord, is_failure, read_record
 from fleetgen.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # Every reason the breaker gives starts so; `resume` tells a breaker pause by it.
 REASON_PREFIX = "failures:"
-CAUSE_CHARS = 200
-# What differs between prompts failing for one reason: a token count, a size, a port.
-_NUMBER = re.compile(r"\d+")
 # Enough of an example's message to recognise the failure on a status screen.
 _EXAMPLE_CHARS = 500
 
 
 def cause(code: str, message: str) -> str:
     """What failures share when one thing breaks them all: the error code and the message
-    with each run of digits read as `N`, cut to CAUSE_CHARS characters."""
-    return f"{code}: {_NUMBER.sub('N', message)}"[:CAUSE_CHARS]
+    with what differs from request to request (ids, quoted values, numbers) read as
+    placeholders (causes.normalise), cut to KEY_CHARS characters."""
+    return f"{code}: {normalise(message)}"[:KEY_CHARS]
 
 
 def outcome(record: OutputRecord) -> str | None:
     """What the breaker keeps of one finished prompt: "" for an answer, the cause of a
-    failure the job may share (records.job_caused); None for a failure that is one prompt's
+    failure the job may share (causes.job_caused); None for a failure that is one prompt's
     own (too long, refused for its content, a server error while the server answered others)
     and for one never sent (its batch spent its attempts: no server spoke, and `requeue
     --failed` is that failure's remedy)."""

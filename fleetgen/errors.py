@@ -5,6 +5,7 @@
         RetryableError       a 5xx, a read timeout, a connection reset mid-request, an aborted
                              generation (finish_reason `abort`)
         BadRequestError      a 4xx, e.g. prompt longer than the context: fail, never retry
+        RequestHeldError     not sent, or abandoned at a hung server: handed back, no attempt
         ServerDownError      the server refuses connections or is not ready: wait, spend no attempt
           ServerSickError    the server answers but fails what it is sent: out of rotation,
                              its batches handed back, no attempt spent
@@ -36,10 +37,15 @@ class FleetgenError(Exception):
 
 
 class GenerationError(FleetgenError):
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    """A request's end that is not an answer; `code` is the record's error code
+    (fleetgen/causes.py), None where no reply was classified."""
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.code = code
 
 
 class RetryableError(GenerationError):
@@ -47,7 +53,21 @@ class RetryableError(GenerationError):
 
 
 class BadRequestError(GenerationError):
-    """Permanent: the server rejected this request; sending it again cannot help."""
+    """Permanent: the server rejected this request; sending it again cannot help. Its `code`
+    says whose fault it is: the prompt's alone, or the job's (causes.job_caused)."""
+
+
+class RequestHeldError(GenerationError):
+    """The request was not sent, or was abandoned unanswered, for a reason that is not the
+    prompt's: its worker is stopping (`STOPPING`), its job paused (`PAUSED`), its server out of
+    rotation or hung (`OUT`), or the server refuses several answers in one request (`SPLIT`:
+    send them one by one). No attempt is spent."""
+
+    PAUSED, STOPPING, OUT, SPLIT = "paused", "stopping", "out of rotation", "split"
+
+    def __init__(self, why: str, detail: str | None = None) -> None:
+        super().__init__(f"{why} ({detail})" if detail else why)
+        self.why = why
 
 
 class ServerDownError(GenerationError):
@@ -65,8 +85,8 @@ class OverloadedError(GenerationError):
     or a backoff."""
 
     def __init__(self, message: str, *, status: int | None = None,
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(message, status=status)
+                 retry_after_s: float | None = None, code: str | None = "overloaded") -> None:
+        super().__init__(message, status=status, code=code)
         self.retry_after_s = retry_after_s
 
 

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, final
 import orjson
 from typing_extensions import TypeIs
 
+from fleetgen.causes import Reply, classify
+
 if TYPE_CHECKING:  # the servers' package loads httpx, which a record's reader never needs
     from fleetgen.servers import ChatCompletion
 
@@ -236,40 +238,16 @@ def _apportion(total: int, weights: list[int]) -> list[int]:
 
 
 def error_code(status: int | None, message: str) -> str:
+    """The code of a failure given only its status and message (fleetgen/causes.py reads the
+    reply itself where there is one)."""
+    if status is not None:
+        return classify(Reply(status, message.encode())).code
     text = message.lower()
-    if any(phrase in text for phrase in CONTEXT_PHRASES):
-        return "context_length_exceeded"
-    if status == 413:
-        return "payload_too_large"
-    if any(phrase in text for phrase in POLICY_PHRASES):
-        return "content_filtered"
-    if status is not None and 400 <= status < 500:
-        return "invalid_request"
     if "aborted the generation" in text:
         return "aborted"
     if "timed out" in text:
         return "timeout"
-    if status is not None and status >= 500:
-        return "server_error"
     return "generation_failed"
-
-
-# How engines say a prompt does not fit: SGLang's "longer than the model's context length" and
-# "exceeds the model's maximum context length", vLLM's "maximum context length is N tokens",
-# llama.cpp's "exceeds the available context size", TGI's "must have less than N tokens".
-CONTEXT_PHRASES = ("context length", "maximum context", "context size", "context window",
-                   "must have less than", "input is too long", "prompt is too long")
-# A moderation refusal of one prompt's content.
-POLICY_PHRASES = ("content policy", "content_filter", "content management policy", "flagged")
-# Failures that belong to the job, not to one prompt: a refusal the next prompt would meet too
-# (a model not served, a parameter every server refuses). Only these are judged by the failure
-# breaker; a prompt too long, a refusal of its content, or a server-side failure of one prompt
-# while its server answered others, each fail that prompt alone, however many come in a row.
-JOB_CAUSED = frozenset({"invalid_request"})
-
-
-def job_caused(code: str) -> bool:
-    return code in JOB_CAUSED
 
 
 # The one reason a prompt is failed without having been sent: its batch was started

@@ -82,6 +82,14 @@ class Settings:
     retry_backoff_max_s: float = 60.0
     # A batch whose server stays down this long goes back to the queue (no attempt spent).
     server_down_wait_s: float = 300.0
+    # The least time requests may be in flight with nothing back before a probe asks whether
+    # the server hangs (the usual gap between replies sets more: workers/flow.py `Progress`);
+    # half a minute is far beyond a working server's gap at any useful load, and a hung GPU
+    # then costs a minute, not the request timeout.
+    hang_after_s: float = 30.0
+    # A warm shutdown (SIGTERM) sends nothing more and waits this long for the requests at the
+    # server, then hands them back unanswered (no attempt), whatever the server does.
+    shutdown_grace_s: float = 30.0
     # Lease per running batch: a dead worker's batch is re-dispatched within about
     # lease_ttl + reconcile_interval (~45 s), well inside the 60 s promise.
     lease_ttl_s: float = 30.0
@@ -158,6 +166,9 @@ class Settings:
         if self.job_retention < 1:
             raise SettingsError(f"FLEETGEN_JOB_RETENTION must be at least 1 second, got "
                                 f"{self.job_retention:g}")
+        if self.hang_after_s < 1:
+            raise SettingsError(f"FLEETGEN_HANG_AFTER_S must be at least 1 second, got "
+                                f"{self.hang_after_s:g}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 

@@ -1,27 +1,52 @@
-"""The worker's view of its server, as a load balancer's of a backend: what it is
-(`discovery`), how many requests it takes at once (`in_flight`), whether it is fit for work
-(`checks`), how loaded it is (`load`) and what the registry says of it (`registration`).
+"""The worker's view of its server, as a load balancer's of a backend, and its one door.
+
+`Backend.send(request)` is the only way a prompt's request reaches the server. Behind it: what
+the server is (`discovery`), how many requests it takes at once (`in_flight`), whether it is fit
+for work (`checks`: rotation, hangs), how loaded it is (`load`), what the registry says of it
+(`registration`), the resend budget and what every reply counts for. What came back is read
+once (fleetgen/causes.py `classify`, in workers/client.py) and `send` executes its cause:
+
+    overloaded   wait (Retry-After, else the backoff), keeping the slot, and send again
+    down         wait for /health (no attempt); out of rotation meanwhile: held
+    refused      learn what fleetgen added and the server refuses, and send again; else raise
+                 BadRequestError (the prompt's fault, or the job's: its `code` says)
+    server       count it toward the server's record (a probe decides when many prompts fail)
+                 and raise RetryableError: the caller's attempts decide
+    held         RequestHeldError: not sent, or abandoned at a hung server or a warm shutdown's
+                 end; handed back at no attempt
 
 Built on the worker's loop (`Backend.open`, from workers/bridge.py's thread), where its
 watchers run until `close`: the server found again every FLEETGEN_CAPACITY_REFRESH_S, its
-`/health` probed every second, its load read while its capacity is measured, a server out of
-rotation probed until it answers, the registry entry written every beat.
+`/health` probed every second, its progress watched, its load read while its capacity is
+measured, a server out of rotation probed until it answers, the registry entry written every
+beat.
 
     backend = loop.run(Backend.open(settings, url, worker, queues, loop, live))
-    server = await backend.discovery.connected(deadline_s)
-    async with backend.in_flight.slots(1):
-        reply = await backend.chat(body)
+    completion, latency_s = await backend.send(Request(body, job="j", name="p1", key="p1"))
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from fleetgen.errors import (
+    BadRequestError,
+    OverloadedError,
+    RequestHeldError,
+    RetryableError,
+    ServerDownError,
+)
 from fleetgen.liveledger import LiveLedger
 from fleetgen.servers import ChatCompletion, RequestBody
 from fleetgen.settings import Settings
+from workers import metrics
+from workers.backlog import Delivery
 from workers.bridge import LoopThread
 from workers.client import ServerClient
 from workers.discovery import Discovery
@@ -34,6 +59,32 @@ from workers.registration import Registration
 log = logging.getLogger(__name__)
 # How long closing waits for the watchers to end once cancelled.
 CLOSE_WAIT_S = 1.0
+# A server whose /health answers within this of a lost connection was not down.
+UP_AT_ONCE_S = 1.0
+
+
+def _never_held() -> str | None:
+    return None
+
+
+@dataclass
+class Request:
+    """One request to send: a prompt's stored body (`n` answers of it), whose it is (`key`:
+    failures are counted per prompt), what to call it in the log, whether it is a resend of a
+    failed try, and why it must not go now (`hold`: the job paused, say), checked before it
+    goes and again after each wait."""
+
+    body: RequestBody
+    job: str
+    name: str
+    key: str
+    n: int = 1
+    thinking: bool = False
+    resend: bool = False
+    hold: Callable[[], str | None] = _never_held
+    delivery: Delivery | None = None
+    # Seconds it waited for a slot, over all of its sends.
+    queue_wait_s: float = 0.0
 
 
 class Backend:
@@ -49,20 +100,27 @@ class Backend:
             connect_timeout_s=settings.connect_timeout_s,
             api_key=settings.server_api_key,
         )
-        # One chat completion (workers/client.py): the only request batches send themselves.
-        self.chat: Callable[[RequestBody], Awaitable[ChatCompletion]] = self._client.chat
+        self._settings = settings
         # What its requests met, whether it is in rotation, the overload ceiling (flow.py).
-        self.watch = ServerWatch()
+        self.watch = ServerWatch(settings.hang_after_s)
         self.in_flight = InFlight(settings, worker, server_url, self.watch)
         self.discovery = Discovery(settings, worker, server_url, self._client, self.in_flight,
                                    lambda: self.registration.publish())
         self.checks = HealthChecks(worker, server_url, self._client, self.watch, self.in_flight,
-                                   self.discovery, lambda: self.registration.publish())
+                                   self.discovery, lambda: self.registration.publish(),
+                                   self._abandon)
         self.load = LoadWatch(worker, server_url, self._client, self.watch, self.in_flight,
                               self.discovery)
         self.registration = Registration(settings, worker, server_url, queues, loop, live,
                                          self.in_flight, self.discovery, self.checks, self.load)
         self._watchers: list[asyncio.Task[None]] = []
+        # The tasks whose request is at the server now, and those told to give it up (a hung
+        # server, a warm shutdown's end) with why.
+        self._running: set[asyncio.Task[object]] = set()
+        self._abandoned: dict[asyncio.Task[object], str] = {}
+        # Set at the start of a warm shutdown (from a signal handler's thread).
+        self._draining = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def open(cls, settings: Settings, server_url: str, worker: str,
@@ -72,7 +130,8 @@ class Backend:
         backend._watchers = [asyncio.create_task(watcher) for watcher in (
             backend.discovery.refresh_forever(), backend.checks.probe_forever(),
             backend.load.watch_forever(), backend.checks.rotate_forever(),
-            backend.registration.beat_forever())]
+            backend.checks.progress_forever(), backend.registration.beat_forever())]
+        backend._loop = asyncio.get_running_loop()
         log.info("worker %s: serving %s (published as %s)", worker, server_url,
                  backend.registration.advertised_url)
         return backend
@@ -85,3 +144,169 @@ class Backend:
         if self._watchers:
             await asyncio.wait(self._watchers, timeout=CLOSE_WAIT_S)
         await self._client.aclose()
+
+    # The door.
+
+    async def takes_n(self) -> bool:
+        """Whether a prompt's answers go as one request with `n`, once the server is found; a
+        server not found within the down-wait is sent one request per answer (always right;
+        each request then waits for the server on its own)."""
+        with contextlib.suppress(ServerDownError):
+            server = await self.discovery.connected(self._settings.server_down_wait_s)
+            return server.takes_n
+        return False
+
+    async def send(self, request: Request) -> tuple[ChatCompletion, float]:
+        """One try of `request`: its completion and latency, or why not (the module's table).
+
+        Raises BadRequestError (refused: the prompt's fault or the job's, by its `code`),
+        RetryableError (the server failed it: the caller's attempts decide), RequestHeldError
+        (not sent, or abandoned: no attempt)."""
+        watch = self.watch
+        if request.resend:
+            await watch.budget.resend()
+        else:
+            watch.budget.first_try()
+        checks, in_flight, delivery = self.checks, self.in_flight, request.delivery
+        while True:
+            try:
+                server = await self.discovery.connected(self._settings.server_down_wait_s)
+                if request.n > 1 and not server.takes_n:
+                    raise RequestHeldError(RequestHeldError.SPLIT)
+                body = server.prepare(request.body, thinking=request.thinking, n=request.n)
+                waited = time.monotonic()
+                async with in_flight.slots(request.n):
+                    self._may_send(request)
+                    if delivery is not None:
+                        delivery.leaves()
+                    request.queue_wait_s += time.monotonic() - waited
+                    start, response = await self._exchange(request, body)
+                latency = time.monotonic() - start
+                for _ in range(request.n):
+                    in_flight.answered()
+                return response, latency
+            except OverloadedError:
+                # Refused, and /health fails too: a server starting or draining, not a full one.
+                await self._wait_down(request)
+            except BadRequestError as exc:
+                checks.refused(exc)
+                learned = server.learn(exc.status, exc.message, body, request.body)
+                if learned is not None:
+                    log.warning("worker %s: %s %s (it answered %s)", self.worker,
+                                self.server_url, learned, exc.message[:200])
+                elif request.n > 1 and not server.takes_n:
+                    raise RequestHeldError(RequestHeldError.SPLIT) from None
+                elif not server.resend(body, request.body, thinking=request.thinking):
+                    raise
+            except RetryableError as exc:
+                if await self._failed(exc, request):
+                    raise RequestHeldError(RequestHeldError.OUT,
+                                           self.watch.rotation.reason) from None
+                raise
+            except ServerDownError as exc:
+                waited = time.monotonic()
+                await self._wait_down(request)
+                if time.monotonic() - waited < UP_AT_ONCE_S:
+                    # /health answered at once: the server is up and dropped this request (a
+                    # reset): its failure, counted and resent within the budget like a 5xx.
+                    if await self._failed(exc, request):
+                        raise RequestHeldError(RequestHeldError.OUT,
+                                               self.watch.rotation.reason) from None
+                    await watch.budget.resend()
+
+    async def settle(self, exc: RetryableError, answers_before: int, tries: int) -> bool:
+        """Whether a prompt whose every try failed for a server-side reason failed for its own:
+        the server answered other requests since its first try (`answers_before`: `answers`
+        then), or answers a probe now. If not, the server is out of rotation."""
+        return await self.checks.settle(exc, answers_before, tries)
+
+    @property
+    def answers(self) -> int:
+        """Answers this server gave so far (a prompt's first try notes it: `settle`)."""
+        return self.watch.rotation.answers
+
+    def drain(self, grace_s: float) -> None:
+        """A warm shutdown began: nothing more is sent (held, handed back), and what is still at
+        the server after `grace_s` is abandoned and handed back too, whatever the server does.
+        Called from a signal handler: it only sets a flag and schedules the timer."""
+        self._draining.set()
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.call_later, grace_s, self._abandon,
+                                      RequestHeldError.STOPPING)
+
+    def _may_send(self, request: Request) -> None:
+        """Raise RequestHeldError when the request must not be sent now, with why."""
+        if self._draining.is_set():
+            raise RequestHeldError(RequestHeldError.STOPPING)
+        why = request.hold()
+        if why is not None:
+            raise RequestHeldError(why)
+        if not self.checks.in_rotation:
+            raise RequestHeldError(RequestHeldError.OUT, self.watch.rotation.reason)
+
+    async def _exchange(self, request: Request,
+                        body: RequestBody) -> tuple[float, ChatCompletion]:
+        """The request and its answer, holding its slots: when and what it was answered. A
+        refusal for a full server is waited out here, the slots kept, so that it frees none for
+        the next request to be refused in turn; the wait is the server's Retry-After or the
+        backoff, and draws on no budget. A refusal while /health fails too is raised (down)."""
+        refusals = 0
+        task = asyncio.current_task()
+        assert task is not None
+        progress = self.watch.progress
+        job, worker, server = request.job, self.worker, self.server_url
+        while True:
+            start = time.monotonic()
+            metrics.request_started(job, worker, server)
+            progress.sending(self.in_flight.active - request.n)
+            self._running.add(task)
+            replied = True
+            try:
+                return start, await self._client.chat(body)
+            except OverloadedError as exc:
+                if self.checks.failures:
+                    raise
+                refusals += 1
+                wait_s = self.in_flight.overloaded(exc, refusals)
+                log.debug("prompt %s: %s; sending again in %.1fs", request.name, exc.message,
+                          wait_s)
+            except asyncio.CancelledError:
+                replied = False
+                why = self._abandoned.pop(task, None)
+                if why is None:
+                    raise
+                task.uncancel()
+                raise RequestHeldError(why, self.watch.rotation.reason) from None
+            finally:
+                self._running.discard(task)
+                if replied:
+                    progress.replied(self.in_flight.active - request.n)
+                metrics.request_ended(job, worker, server)
+            await asyncio.sleep(wait_s)
+            self._may_send(request)
+
+    def _abandon(self, why: str) -> None:
+        """Give up every request at the server now (hung, or a warm shutdown's grace over):
+        each is handed back unanswered, at no attempt."""
+        for task in list(self._running):
+            if task not in self._abandoned:
+                self._abandoned[task] = why
+                task.cancel()
+                metrics.request_refused(self.worker, self.server_url, "abandoned", None)
+
+    async def _failed(self, exc: RetryableError | ServerDownError, request: Request) -> bool:
+        """Count a server-caused failure of `request`; True when the server is out of rotation
+        (now, or a probe the failures called for was not answered)."""
+        return await self.checks.request_failed(exc, request.key)
+
+    async def _wait_down(self, request: Request) -> None:
+        """The server is gone: wait for /health, spending nothing; a server out of rotation
+        meanwhile (restarting, failing) hands the request back instead."""
+        delivery = request.delivery
+        self.checks.server_failed()
+        if delivery is not None:
+            delivery.server_lost()
+        self._may_send(request)
+        await self.checks.wait_ready(self._settings.server_down_wait_s)
+        self._may_send(request)

@@ -23,7 +23,6 @@ and rotation; what the worker holds is counted in its backlog (workers/backlog.p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -37,13 +36,11 @@ from fleetgen import breaker, canary, keys
 from fleetgen.checkpoints import CheckpointWriter, Entry
 from fleetgen.errors import (
     BadRequestError,
-    GenerationError,
     JobError,
     JobNotRunningError,
     ModelChoiceError,
-    OverloadedError,
+    RequestHeldError,
     RetryableError,
-    ServerDownError,
     ServerSickError,
     WorkerStoppingError,
 )
@@ -67,10 +64,9 @@ from fleetgen.servers import ChatCompletion, RequestBody
 from fleetgen.settings import Settings
 from fleetgen.sink import Sink, batch_records, open_sink
 from workers import metrics
-from workers.backend import Backend
+from workers.backend import Backend, Request
 from workers.backlog import Backlog, Delivery
 from workers.bridge import LoopThread
-from workers.healthcheck import HealthChecks
 from workers.heartbeat import cancel
 from workers.lease import Lease
 from workers.preflight import SinkChecks
@@ -78,23 +74,6 @@ from workers.quality import QualityWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# A server whose /health answers within this of a lost connection was not down.
-UP_AT_ONCE_S = 1.0
-
-
-class _Split(Exception):
-    """The server refused `n`: the request's answers go as one request each."""
-
-
-class _Held(Exception):
-    """The prompt's request was not sent, and why: its job was paused (`PAUSED`), its worker is
-    stopping (`STOPPING`), or its server went out of rotation (`OUT`)."""
-
-    PAUSED, STOPPING, OUT = "paused", "stopping", "out of rotation"
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
 
 
 @dataclass(frozen=True)
@@ -163,11 +142,6 @@ class BatchRunner:
         self._quality.watch(job, canary.Thresholds(**spec) if spec else canary.Thresholds(),
                             manifest.answers)
         self._quality.hold(job, False)  # the job is running again (checked in _run)
-
-    def drain(self) -> None:
-        """Warm shutdown began: batches in hand stop sending, finish what is at the server and
-        go back to the queue, so the worker exits in about one request's time, not a batch's."""
-        self._sender.draining = True
 
     def sink(self, uri: str) -> Sink:
         if uri not in self._sinks:
@@ -339,8 +313,9 @@ class BatchRunner:
 
 
 class _Sender:
-    """Sends a batch's unanswered prompts to the server: a request per prompt's answers that sit
-    together, its failures classified once, each answer's record checkpointed as it is final."""
+    """Sends a batch's unanswered prompts through the server's door (workers/backend.py
+    `Backend.send`): a request per prompt's answers that sit together, tried under the prompt's
+    attempts, each answer's record checkpointed as it is final."""
 
     def __init__(self, settings: Settings, backend: Backend, backlog: Backlog,
                  quality: QualityWatch, checkpoint: Checkpoint) -> None:
@@ -349,9 +324,6 @@ class _Sender:
         self._backlog = backlog
         self._quality = quality
         self._checkpoint = checkpoint
-        self._worker, self._server_url = backend.worker, backend.server_url
-        # Set at the start of a warm shutdown: batches send no new request and are handed back.
-        self.draining = False
 
     async def generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], lease: Lease, origin: Origin,
@@ -372,16 +344,15 @@ class _Sender:
             # One cause is enough: a lost lease or a dead server stops the whole batch.
             raise group_error.exceptions[0] from None
         results = {p.key: r for p, r in zip(todo, records, strict=True) if isinstance(r, dict)}
-        held = {r.why for r in records if isinstance(r, _Held)}
+        held = {r.why for r in records if isinstance(r, RequestHeldError)}
         unsent = len(todo) - len(results)
-        if _Held.STOPPING in held:
-            raise WorkerStoppingError(f"worker {self._worker} is stopping; batch "
-                                      f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
-        if _Held.OUT in held:
-            raise ServerSickError(
-                f"{self._server_url} went out of rotation "
-                f"({self._backend.watch.rotation.reason or 'since back'}); batch "
-                f"{manifest.name}/{batch} handed back with {unsent} prompts unsent")
+        where = f"batch {manifest.name}/{batch} handed back with {unsent} prompts unsent"
+        if RequestHeldError.STOPPING in held:
+            raise WorkerStoppingError(f"worker {origin.worker} is stopping; {where}")
+        if RequestHeldError.OUT in held:
+            reason = next(r.message for r in records if isinstance(r, RequestHeldError)
+                          and r.why == RequestHeldError.OUT)
+            raise ServerSickError(f"{origin.server} {reason}; {where}")
         if unsent:
             # Paused mid-batch: requests already sent finished and are checkpointed; the rest
             # were not sent. The batch is released unwritten and resumed by `resume`.
@@ -391,217 +362,78 @@ class _Sender:
 
     async def _ask(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
-    ) -> list[OutputRecord | _Held]:
+    ) -> list[OutputRecord | RequestHeldError]:
         """The checkpointed records of one prompt's answers (`_asks`), or why each was not
         sent: one request with `n` where the server takes it, else one request each."""
-        if len(ask) > 1 and await self._takes_n():
-            try:
-                return await self._prompt(manifest, batch, ask, origin)
-            except _Split:
-                pass  # learned just now: one request each, below
+        if len(ask) > 1 and await self._backend.takes_n():
+            outcomes = await self._prompt(manifest, batch, ask, origin)
+            if not any(isinstance(o, RequestHeldError) and o.why == RequestHeldError.SPLIT
+                       for o in outcomes):
+                return outcomes
+            # learned just now: one request each, below
         if len(ask) == 1:
             return await self._prompt(manifest, batch, ask, origin)
         singles = await asyncio.gather(*(self._prompt(manifest, batch, [p], origin) for p in ask))
         return [r for outcomes in singles for r in outcomes]
 
-    async def _takes_n(self) -> bool:
-        """Whether the server takes `n`, once it is found; a server not found within the
-        down-wait is sent one request per answer (always right; each request then waits for
-        the server on its own)."""
-        with contextlib.suppress(ServerDownError):
-            server = await self._backend.discovery.connected(self.settings.server_down_wait_s)
-            return server.takes_n
-        return False
-
     async def _prompt(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
-    ) -> list[OutputRecord | _Held]:
+    ) -> list[OutputRecord | RequestHeldError]:
         """The checkpointed records of the answers of one request, or why it was not sent
-        (`_Held`, for each); `_Split` when the server refused `n`."""
+        (RequestHeldError, for each; SPLIT when the server refused `n`)."""
         delivery = Delivery(self._backlog, len(ask))
+        job, first = manifest.name, ask[0]
+        request = Request(first.body, job, _name(ask), first.key, n=len(ask),
+                          thinking=manifest.params.thinking_of(first.body),
+                          hold=lambda: RequestHeldError.PAUSED if job in self._quality.held
+                          else None, delivery=delivery)
         try:
-            records = await self._generate_one(manifest, ask, origin, delivery)
-        except _Held as held:
+            records = await self._generate_one(request, ask, origin)
+        except RequestHeldError as held:
+            if held.why == RequestHeldError.SPLIT:
+                delivery.hand_on()
             return [held] * len(ask)
-        except _Split:
-            delivery.hand_on()
-            raise
         finally:
             delivery.ends()
         for prompt, record in zip(ask, records, strict=True):
-            _observe(manifest.name, record, delivery.queue_wait_s, origin)
+            _observe(job, record, request.queue_wait_s, origin)
             await self._checkpoint(manifest, batch, prompt, record)
         return list(records)
 
-    async def _generate_one(
-        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: Delivery
-    ) -> list[OutputRecord]:
+    async def _generate_one(self, request: Request, ask: list[Prompt],
+                            origin: Origin) -> list[OutputRecord]:
         """The final records (answers or failures) of one request's answers, in `ask`'s order.
 
         A server-caused failure (5xx, reset, timeout) is tried again under the one backoff
-        policy (fleetgen/retry.py) and the server's resend budget; a 4xx fails the request's
-        answers at once; a full or down server spends no attempt. A request whose tries all
-        failed fails its answers only if the server is shown to work (it answered others
-        meanwhile, or a probe); otherwise the server goes out of rotation and the answers back
-        unsent (`_Held`).
-        """
-        settings = self.settings
-        watch = self._backend.watch
+        policy (fleetgen/retry.py); a refusal fails the request's answers at once. A request
+        whose tries all failed fails its answers only if the server is shown to work (it
+        answered others meanwhile, or a probe); otherwise the server is out of rotation and
+        the answers go back unsent (RequestHeldError)."""
+        settings, backend = self.settings, self._backend
         tries = 0
-        answers = watch.rotation.answers
+        answers = backend.answers
 
         async def one_try() -> tuple[ChatCompletion, float]:
             nonlocal tries
             tries += 1
-            if tries == 1:
-                watch.budget.first_try()
-            else:
-                await watch.budget.resend()
-            return await self._send(manifest, ask, origin, delivery)
+            request.resend = tries > 1
+            return await backend.send(request)
 
         try:
             response, latency = await with_attempts(
-                f"prompt {_name(ask)}", one_try, settings.prompt_max_attempts,
+                f"prompt {request.name}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
         except BadRequestError as exc:
             return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
-                                 sample=p.sample) for p in ask]
+                                 code=exc.code, sample=p.sample) for p in ask]
         except RetryableError as exc:
-            if not await self._prompt_at_fault(exc, answers, tries):
-                raise _Held(_Held.OUT) from None
+            if not await backend.settle(exc, answers, tries):
+                raise RequestHeldError(RequestHeldError.OUT) from None
             return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
-                                 sample=p.sample) for p in ask]
+                                 code=exc.code, sample=p.sample) for p in ask]
         replies = split_choices(response) if len(ask) > 1 else [response]
         return [result_record(p.id, p.line, reply, latency, origin, p.sample)
                 for p, reply in zip(ask, replies, strict=True)]
-
-    async def _prompt_at_fault(self, exc: RetryableError, answers: int, tries: int) -> bool:
-        """Whether a prompt whose every try failed for a server-side reason failed for its own:
-        the server answered other requests since its first try, or answers a probe now. If not,
-        the server is taken out of rotation."""
-        backend = self._backend
-        if not backend.checks.in_rotation:
-            return False
-        if backend.watch.rotation.answers > answers:
-            return True
-        try:
-            await backend.discovery.probe()
-        except (BadRequestError, OverloadedError):
-            return True
-        except GenerationError as probe_error:
-            backend.checks.eject(f"a prompt's {tries} tries failed ({exc.message[:120]}) and so did a "
-                         f"probe ({probe_error.message[:120]})")
-            return False
-        return True
-
-    async def _send(
-        self, manifest: JobManifest, ask: list[Prompt], origin: Origin, delivery: Delivery,
-    ) -> tuple[ChatCompletion, float]:
-        """One try: a slot per answer, the request (`n` of them when `ask` holds several, with
-        the first one's body and seed), its answer and latency.
-
-        What spends nothing is handled here: a server found down is waited for
-        (ServerDownError past FLEETGEN_SERVER_DOWN_WAIT_S); a full one (429, 503) is sent
-        again after its Retry-After or a backoff, under a cut ceiling; a refusal of what
-        fleetgen added on its own (a field, the model name) is learned and the request sent
-        again at once. A server-caused failure is counted toward taking the server out of
-        rotation, and raised for the prompt's attempts."""
-        job = manifest.name
-        prompt = ask[0]
-        thinking = manifest.params.thinking_of(prompt.body)
-        backend = self._backend
-        checks, in_flight = backend.checks, backend.in_flight
-        while True:
-            try:
-                server = await backend.discovery.connected(self.settings.server_down_wait_s)
-                if len(ask) > 1 and not server.takes_n:
-                    raise _Split
-                body = server.prepare(prompt.body, thinking=thinking, n=len(ask))
-                waited = time.monotonic()
-                async with in_flight.slots(len(ask)):
-                    self._may_send(job)
-                    delivery.leaves()
-                    delivery.queue_wait_s += time.monotonic() - waited
-                    start, response = await self._exchange(job, _name(ask), body, origin)
-                latency = time.monotonic() - start
-                for _ in ask:
-                    in_flight.answered()
-                return response, latency
-            except OverloadedError:
-                # Refused, and /health fails too: a server starting or draining, not a full one.
-                delivery.server_lost()
-                checks.server_failed()
-                await checks.wait_ready(self.settings.server_down_wait_s)
-                _hand_back_if_out(checks)
-            except BadRequestError as exc:
-                checks.refused(exc)
-                learned = server.learn(exc.status, exc.message, body, prompt.body)
-                if learned is not None:
-                    log.warning("worker %s: %s %s (it answered %s)", self._worker,
-                                self._server_url, learned, exc.message[:200])
-                elif len(ask) > 1 and not server.takes_n:
-                    raise _Split from None  # another request learned it meanwhile
-                elif not server.resend(body, prompt.body, thinking=thinking):
-                    raise
-            except RetryableError as exc:
-                if checks.request_failed(exc):
-                    raise _Held(_Held.OUT) from None  # the prompt goes back unsent
-                raise
-            except ServerDownError as exc:
-                # Not the prompt's fault: wait for the server, spend no attempt.
-                checks.server_failed()
-                delivery.server_lost()
-                _hand_back_if_out(checks)
-                waited = time.monotonic()
-                await checks.wait_ready(self.settings.server_down_wait_s)
-                _hand_back_if_out(checks)
-                if time.monotonic() - waited < UP_AT_ONCE_S:
-                    # /health answered at once: the server is up and dropped this request (a
-                    # reset): its failure, counted and resent within the budget like a 5xx.
-                    if checks.request_failed(exc):
-                        raise _Held(_Held.OUT) from None
-                    await backend.watch.budget.resend()
-
-    def _may_send(self, job: str) -> None:
-        """Raise `_Held` when the prompt must not be sent now, with why."""
-        if self.draining:
-            raise _Held(_Held.STOPPING)
-        if job in self._quality.held:
-            raise _Held(_Held.PAUSED)
-        if not self._backend.checks.in_rotation:
-            raise _Held(_Held.OUT)
-
-    async def _exchange(self, job: str, name: str, body: RequestBody,
-                        origin: Origin) -> tuple[float, ChatCompletion]:
-        """The request and its answer, holding a slot: when and what it was answered. A
-        refusal for a full server is waited out here, the slot kept, so that it frees no slot
-        for the next request to be refused in turn; the wait is the server's Retry-After or the
-        backoff, then a resend token. A refusal while /health fails too is raised (down)."""
-        backend = self._backend
-        refusals = 0
-        while True:
-            start = time.monotonic()
-            metrics.request_started(job, origin.worker, origin.server)
-            try:
-                return start, await backend.chat(body)
-            except OverloadedError as exc:
-                if backend.checks.failures:
-                    raise
-                refusals += 1
-                wait_s = backend.in_flight.overloaded(exc, refusals)
-                log.debug("prompt %s: %s; sending again in %.1fs", name, exc.message, wait_s)
-            finally:
-                metrics.request_ended(job, origin.worker, origin.server)
-            await asyncio.sleep(wait_s)
-            await backend.watch.budget.resend()
-            self._may_send(job)
-
-
-def _hand_back_if_out(checks: HealthChecks) -> None:
-    """A request that found its server gone while the server is out of rotation (restarting
-    for its supervisor, or failing) goes back unsent, at no attempt, instead of waiting."""
-    if not checks.in_rotation:
-        raise _Held(_Held.OUT)
 
 
 def _asks(todo: list[Prompt]) -> list[list[Prompt]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import email.utils
 import http.cookiejar
 import logging
 import time
@@ -20,6 +19,7 @@ from typing import Any, NoReturn
 import httpx
 import orjson
 
+from fleetgen.causes import Failure, Reply, Verdict, classify, retry_after_s
 from fleetgen.errors import (
     BadRequestError,
     GenerationError,
@@ -40,8 +40,6 @@ FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_
 # Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
 # SGLang and the simulator) can close one just as a request goes out on it.
 KEEPALIVE_S = 4.0
-# Statuses that say "full, come back later" rather than "failed".
-OVERLOADED = frozenset({429, 503})
 # A cold endpoint's answer is reused this long: no endpoint is asked more than once a second,
 # but liveness, which must say the truth now (its own loop asks it once a second).
 FRESH_S = 1.0
@@ -148,54 +146,49 @@ class ServerClient:
         mid-request arrives as `ConnectTimeout`); what it leaves unmapped, e.g. a malformed
         status line (`ClientResponseError`), is a broken exchange like httpx's
         `RemoteProtocolError`. Anything else is raised as it is."""
+        failure: Failure
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-            raise ServerDownError(f"{what}: {self.base_url} unreachable ({exc!r})") from exc
-        if isinstance(exc, httpx.TimeoutException):
-            raise RetryableError(f"{what}: timed out ({type(exc).__name__})") from exc
-        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            failure, detail = "connect", f"{what}: {self.base_url} unreachable ({exc!r})"
+        elif isinstance(exc, httpx.TimeoutException):
+            failure, detail = "timeout", f"{what}: timed out ({type(exc).__name__})"
+        elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
             # The connection died mid-request: usually the server crashed; the health wait
             # that follows tells a crash from a blip.
-            raise ServerDownError(f"{what}: connection lost ({exc!r})") from exc
-        if isinstance(exc, httpx.HTTPError):
-            raise RetryableError(f"{what}: {exc!r}") from exc
-        # Loaded with the transport by then (see _aiohttp_transport).
-        import aiohttp
+            failure, detail = "reset", f"{what}: connection lost ({exc!r})"
+        elif isinstance(exc, httpx.HTTPError):
+            failure, detail = "incomplete", f"{what}: {exc!r}"
+        else:
+            # Loaded with the transport by then (see _aiohttp_transport).
+            import aiohttp
 
-        if isinstance(exc, aiohttp.ClientError):
-            raise ServerDownError(f"{what}: broken exchange ({exc!r})") from exc
-        raise exc
+            if not isinstance(exc, aiohttp.ClientError):
+                raise exc
+            failure, detail = "reset", f"{what}: broken exchange ({exc!r})"
+        raise error_of(classify(Reply(failure=failure, detail=detail)), None) from exc
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:
         status = response.status_code
         if status < 400:
             return
-        message = _error_message(response)
-        if status in OVERLOADED:
-            # Full (429 from TGI, routers, hosted endpoints; 503 from SGLang's waiting-queue cap,
-            # or a server starting or draining, which its /health probe tells apart): the
-            # request was not run, and is not the prompt's fault.
-            raise OverloadedError(f"HTTP {status}: {message}", status=status,
-                                  retry_after_s=retry_after_s(response))
-        if status >= 500:
-            raise RetryableError(f"HTTP {status}: {message}", status=status)
-        raise BadRequestError(f"HTTP {status}: {message}", status=status)
+        reply = Reply(status, response.content,
+                      retry_after_s(response.headers.get("retry-after")))
+        raise error_of(classify(reply), status)
 
 
-def retry_after_s(response: httpx.Response, now: float | None = None) -> float | None:
-    """The wait a `Retry-After` header asks for (delay-seconds or an HTTP date), or None."""
-    value = response.headers.get("retry-after", "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+def error_of(verdict: Verdict, status: int | None) -> GenerationError:
+    """The worker's error for a reply's cause (fleetgen/causes.py): the one mapping of causes
+    to exceptions."""
+    message, code = verdict.message, verdict.code
+    match verdict.cause:
+        case "overloaded":
+            return OverloadedError(message, status=status, retry_after_s=verdict.retry_after_s)
+        case "down":
+            return ServerDownError(message, status=status, code=code)
+        case "server":
+            return RetryableError(message, status=status, code=code)
+        case _:
+            return BadRequestError(message, status=status, code=code)
 
 
 class ColdEndpoints(httpx.AsyncBaseTransport):
@@ -271,7 +264,8 @@ def _raise_unless_finished(data: ChatCompletion, count: int) -> None:
     choices = data.get("choices")
     choices = choices if isinstance(choices, list) and choices else [{}]
     if count > 1 and len(choices) != count:
-        raise RetryableError(f"server answered {len(choices)} choices of the {count} asked")
+        raise error_of(classify(Reply(failure="incomplete", detail=(
+            f"server answered {len(choices)} choices of the {count} asked"))), None)
     for choice in choices:
         _raise_unless_ended(choice)
 
@@ -285,18 +279,6 @@ def _raise_unless_ended(choice: Any) -> None:
         detail = None
     if reason in FINISHED:
         return
-    raise RetryableError(f"server aborted the generation (finish_reason {reason!r}"
-                         + (f": {detail}" if detail else "") + ")")
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        return response.text[:500] or response.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("message") or err.get("detail") or body)[:2000]
-        return str(err)[:2000]
-    return str(body)[:2000]
+    raise error_of(classify(Reply(failure="aborted", detail=(
+        f"server aborted the generation (finish_reason {reason!r}"
+        + (f": {detail}" if detail else "") + ")"))), None)

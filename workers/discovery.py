@@ -17,10 +17,17 @@ import math
 import time
 from collections.abc import Callable
 
-from fleetgen.errors import BadRequestError, FleetgenError, GenerationError, ServerDownError
+from fleetgen.errors import (
+    BadRequestError,
+    FleetgenError,
+    GenerationError,
+    RetryableError,
+    ServerDownError,
+)
 from fleetgen.servers import RequestBody, Server, ServerCapacity
 from fleetgen.settings import Settings
 from workers.client import ServerClient
+from workers.flow import PROBE_TIMEOUT_S
 from workers.limits import InFlight
 
 log = logging.getLogger(__name__)
@@ -73,9 +80,9 @@ class Discovery:
             # Learn the served model from the server's own refusal of a probe, before any
             # prompt is sent (a server pinned to one model that /v1/models does not list);
             # and time an idle server, the probe controller's reference.
-            with contextlib.suppress(GenerationError, TimeoutError):
+            with contextlib.suppress(GenerationError):
                 idle = in_flight.active == 0
-                latency = await asyncio.wait_for(self.probe(), FIRST_PROBE_S)
+                latency = await self.probe(FIRST_PROBE_S)
                 if idle:
                     in_flight.idle_probe_s = latency
         capacity = in_flight.found(server)
@@ -122,10 +129,18 @@ class Discovery:
         except FleetgenError as exc:
             log.info("worker %s: capacity not readable yet (%s)", self._worker, exc)
 
-    async def probe(self) -> float:
+    async def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> float:
         """One one-token request to the server; its latency. A refusal that teaches the worker
         something (the model it is pinned to, a field it refuses) is learned and the probe
-        sent again; other errors are raised (GenerationError)."""
+        sent again; other errors are raised (GenerationError). Unanswered within `timeout_s`,
+        it is a RetryableError ("timeout"): a probe never waits on a hung server."""
+        try:
+            return await asyncio.wait_for(self._probe(), timeout_s)
+        except TimeoutError:
+            raise RetryableError(f"probe unanswered in {timeout_s:.0f}s",
+                                 code="timeout") from None
+
+    async def _probe(self) -> float:
         server = self.server
         assert server is not None
         while True:

@@ -11,18 +11,29 @@ Every request's end is one of a few causes, each with one response (docs/guides/
   is cut to a tenth under what was in flight (at most once a second: a burst of refusals is
   one signal). `Ceiling`.
 - server (5xx, a reset, an abort, a timeout): tried again under the prompt's attempts, within a
-  retry budget. `EJECT_AFTER` of them in a row, which are also half of what the server did
-  lately (running requests included), take the server out of rotation (Envoy's outlier detection): the worker stops sending,
-  hands its batches back with no attempt spent, takes no new one, and probes the server with
-  a one-token request on a growing backoff; a probe that is answered puts it back.
-  `Rotation`.
+  retry budget. Failures are evidence about the server only when they come from many prompts:
+  `EJECT_AFTER` in a row from as many different prompts, which are also half of what the server
+  did lately (running requests included), make the server suspect, and a one-token probe then
+  decides (Envoy's outlier detection, confirmed): unanswered, the server goes out of rotation —
+  the worker stops sending, hands its batches back with no attempt spent, takes no new one,
+  and probes it on a growing backoff until a probe is answered; answered, the failures were
+  the prompts' own (a poison prompt fails alone after its attempts; it never ejects a server
+  that answers the rest). `Rotation`.
+- hung: requests in flight and nothing back, of any kind, for many times the usual gap between
+  replies (at least FLEETGEN_HANG_AFTER_S), and a time-boxed probe unanswered too: the server
+  is out of rotation as hung and its requests are abandoned, handed back at no attempt.
+  `Progress`.
 - prompt / job (a 4xx): the prompt fails alone; only a refusal that is not the prompt's own
-  (records.job_caused) is judged by the failure breaker, which pauses the job.
+  (causes.job_caused) is judged by the failure breaker, which pauses the job.
 
-Resends of both kinds are throttled per server (gRPC's retry throttling): each first try earns
-`RETRY_RATIO` of a resend token, and tokens also trickle in at `RETRY_FLOOR_PER_S`; a resend
-takes one or waits for it. So a server that refuses everything sees at most a fifth more
-requests than it is sent first tries, plus one a second: never a hot loop. `RetryBudget`.
+Resends of failed requests are capped as a share, not paced (gRPC's retry throttling, with
+Envoy's retry budget in mind): each first try earns `RETRY_RATIO` of a resend token and each
+answer `ANSWER_TOKENS`, a resend takes one, and a trickle of `RETRY_FLOOR_PER_S` keeps a lone
+request going. A server that fails everything sees at most a fifth more requests than first
+tries, plus one a second; one that answers again earns its backlog back as fast as it answers;
+one a probe showed working (the failures were the prompts') refills the budget. Overload waits
+never draw on it: a full server's refusals are paced by its Retry-After and the ceiling.
+`RetryBudget`.
 
 `Outcomes` keeps the last `WINDOW_S` of it per second for `producer status`, the registry entry,
 `/metrics` and Flower's task results (fleetgen/fleet.py `ServerHealth`).
@@ -65,10 +76,23 @@ OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
 # the answers' length.
 DECREASE = 0.9
 CUT_EVERY_S = GROW_EVERY_S = 1.0
-# Resend tokens: earned per first try, the trickle that keeps a lone request going, the cap.
+# Resend tokens: earned per first try and per answer (two: a server answering again gets its
+# backlog back doubling each round trip, as TCP's slow start), the trickle that keeps a lone
+# request going, the least cap (the in-flight limit raises it: a whole server's worth of
+# resends may be out once it answers).
 RETRY_RATIO = 0.2
+ANSWER_TOKENS = 2.0
 RETRY_FLOOR_PER_S = 1.0
 RETRY_TOKENS_MAX = 20.0
+# A hang: requests in flight and no reply of any kind for HANG_GAPS times the usual gap between
+# replies (a high quantile of the last GAPS_KEPT gaps), at least FLEETGEN_HANG_AFTER_S; before
+# any reply since the server was last idle, FIRST_REPLY_FACTOR times that (a thinking model's
+# first answers may take minutes). Then a probe decides, within PROBE_TIMEOUT_S.
+HANG_GAPS = 8.0
+GAPS_KEPT = 256
+GAP_QUANTILE = 0.99
+FIRST_REPLY_FACTOR = 10.0
+PROBE_TIMEOUT_S = 10.0
 
 
 def label(exc: GenerationError) -> str:
@@ -156,19 +180,31 @@ class Ceiling:
 
 
 class RetryBudget:
-    """Resend tokens for one server: first tries earn them, resends spend them."""
+    """Resend tokens for one server: first tries and answers earn them, resends spend them."""
 
     def __init__(self, ratio: float = RETRY_RATIO, floor_per_s: float = RETRY_FLOOR_PER_S,
                  cap: float = RETRY_TOKENS_MAX, now: Callable[[], float] = time.monotonic) -> None:
-        self.ratio, self.floor_per_s, self.cap = ratio, floor_per_s, cap
+        self.ratio, self.floor_per_s, self.least_cap = ratio, floor_per_s, cap
+        self.cap = cap
         self._now = now
         self.tokens = cap
         self._at = now()
         self.waited_s = 0.0
 
+    def sized(self, limit: int) -> None:
+        """The in-flight limit is `limit`: as many resends may be out at once."""
+        self.cap = max(self.least_cap, float(limit))
+
     def first_try(self) -> None:
-        self._refill()
-        self.tokens = min(self.cap, self.tokens + self.ratio)
+        self._earn(self.ratio)
+
+    def answered(self) -> None:
+        self._earn(ANSWER_TOKENS)
+
+    def refill(self) -> None:
+        """The server was shown to work (a probe answered while requests failed): the failures
+        are the prompts' own, and their resends are not a storm against a sick server."""
+        self.tokens = self.cap
 
     def take(self) -> float:
         """Take a token if there is one (0.0), else the seconds until the next one."""
@@ -184,10 +220,78 @@ class RetryBudget:
             self.waited_s += wait
             await asyncio.sleep(wait)
 
+    def _earn(self, tokens: float) -> None:
+        if self.tokens < self.cap:
+            self._refill()
+            self.tokens = min(self.cap, self.tokens + tokens)
+
     def _refill(self) -> None:
         now = self._now()
         self.tokens = min(self.cap, self.tokens + (now - self._at) * self.floor_per_s)
         self._at = now
+
+
+class Progress:
+    """Whether a server with requests in flight is still giving anything back: the time of the
+    last reply of any kind (an answer, a refusal, a failure) and the usual gap between replies.
+
+    A server that accepts requests and answers `/health` but whose GPU hangs returns nothing at
+    all; a working one returns something every gap or so, however long each answer takes. The
+    gap's high quantile (not the answers' length) sets the wait, so a server running a hundred
+    ten-minute answers is not suspected while its answers keep landing."""
+
+    def __init__(self, floor_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.floor_s = floor_s
+        self._now = now
+        self.last_reply: float | None = None
+        # When requests went out to an idle server (no reply yet since then), else None.
+        self.busy_since: float | None = None
+        self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS_KEPT)
+        self._usual_gap: float | None = None
+
+    def sending(self, active: int) -> None:
+        """A request goes out with `active` slots held before it: with none, a busy period
+        starts."""
+        if active == 0 and self.busy_since is None:
+            self.busy_since = self._now()
+
+    def replied(self, active: int) -> None:
+        """A reply came back; `active` slots stay held after it (none: the server is idle, and
+        the next request starts a new busy period)."""
+        now = self._now()
+        if self.last_reply is not None:
+            self._gaps.append(now - self.last_reply)
+            self._usual_gap = None
+        if active == 0:
+            self.last_reply = self.busy_since = None
+        else:
+            self.last_reply = now
+
+    def usual_gap(self) -> float | None:
+        """The high quantile of the gaps between replies, or None before there are any."""
+        if self._usual_gap is None and self._gaps:
+            ordered = sorted(self._gaps)
+            self._usual_gap = ordered[min(len(ordered) - 1, int(GAP_QUANTILE * len(ordered)))]
+        return self._usual_gap
+
+    def stall_s(self) -> float:
+        """How long nothing may come back before the server is probed as possibly hung."""
+        gap = self.usual_gap()
+        if self.last_reply is None:
+            return self.floor_s * FIRST_REPLY_FACTOR
+        return max(self.floor_s, HANG_GAPS * gap) if gap is not None else self.floor_s
+
+    def quiet_s(self, active: int) -> float | None:
+        """How long the server has returned nothing while requests were in flight, or None
+        when nothing is in flight."""
+        if active == 0:
+            return None
+        since = self.last_reply if self.last_reply is not None else self.busy_since
+        return None if since is None else self._now() - since
+
+    def heard(self) -> None:
+        """The server answered a probe: it is alive, the quiet starts again."""
+        self.last_reply = self._now()
 
 
 @dataclass
@@ -207,33 +311,51 @@ class Rotation:
     awaiting_restart: bool = False
     # Answers ever received: a prompt asks whether any came since its first failure.
     answers: int = 0
+    # Why the server is suspect now (failures from many prompts), until a probe decides.
+    suspicion: str | None = None
+    # Probes that found the server working while its requests failed (poison prompts).
+    checks_passed: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # When requests were answered and when they failed, over the last FAILING_WINDOW_S.
     _answered: collections.deque[float] = field(default_factory=collections.deque)
     _failed: collections.deque[float] = field(default_factory=collections.deque)
+    # The prompts whose requests make the current run of failures.
+    _failing: set[str] = field(default_factory=set)
 
     def answered(self) -> None:
         self.answers += 1
         self.failures_in_a_row = 0
+        self._failing.clear()
         now = self.now()
         self._answered.append(now)
         self._forget(now)
 
-    def failed(self, what: str, running: int = 0) -> bool:
-        """A server-caused failure, with `running` requests out there now; True when it takes
-        the server out of rotation."""
+    def failed(self, what: str, running: int = 0, prompt: str | None = None) -> bool:
+        """A server-caused failure of `prompt`'s request, with `running` requests out there
+        now; True when the failures are evidence about the server (EJECT_AFTER in a row, from
+        as many prompts, half of what it did lately): the caller then probes it and ejects it
+        (`eject`) or clears it (`cleared`). A prompt failing again and again is one prompt."""
         self.failures_in_a_row += 1
+        self._failing.add(prompt if prompt is not None else f"#{self.failures_in_a_row}")
         now = self.now()
         self._failed.append(now)
         self._forget(now)
         failed, seen = len(self._failed), len(self._failed) + len(self._answered) + running
         if (self.in_rotation and self.failures_in_a_row >= EJECT_AFTER
-                and failed >= FAILING_SHARE * seen):
-            self.eject(f"{self.failures_in_a_row} requests in a row failed ({what}); "
-                       f"{failed} failed, {len(self._answered)} answered in "
-                       f"{FAILING_WINDOW_S:.0f} s, {running} running")
+                and len(self._failing) >= EJECT_AFTER and failed >= FAILING_SHARE * seen):
+            self.suspicion = (f"{self.failures_in_a_row} requests of {len(self._failing)} prompts "
+                              f"failed in a row ({what}); {failed} failed, {len(self._answered)} "
+                              f"answered in {FAILING_WINDOW_S:.0f} s, {running} running")
             return True
         return False
+
+    def cleared(self) -> None:
+        """A probe answered while requests failed: the failures were the prompts' own; the next
+        suspicion needs a new run of them."""
+        self.failures_in_a_row = 0
+        self._failing.clear()
+        self.suspicion = None
+        self.checks_passed += 1
 
     def _forget(self, now: float) -> None:
         """Drop the answers and failures older than FAILING_WINDOW_S."""
@@ -254,6 +376,8 @@ class Rotation:
     def rejoin(self) -> None:
         self._answered.clear()
         self._failed.clear()
+        self._failing.clear()
+        self.suspicion = None
         self.in_rotation = True
         self.awaiting_restart = False
         self.out_since = None
@@ -270,11 +394,13 @@ class Rotation:
 class ServerWatch:
     """One worker's view of its server: outcomes, rotation, overload ceiling, resend budget."""
 
-    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, hang_after_s: float = 30.0,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self.outcomes = Outcomes(now=now)
         self.rotation = Rotation(now=now)
         self.ceiling = Ceiling(now=now)
         self.budget = RetryBudget(now=now)
+        self.progress = Progress(hang_after_s, now=now)
         # Why the limit is what it is, when an overload set it (`status`, the log).
         self.ceiling_reason: str | None = None
 
@@ -282,6 +408,7 @@ class ServerWatch:
         """A request answered; True when the overload ceiling moved."""
         self.outcomes.add("answered")
         self.rotation.answered()
+        self.budget.answered()
         moved = self.ceiling.grow(limit)
         if moved:
             value = self.ceiling.value
@@ -299,12 +426,12 @@ class ServerWatch:
             self.ceiling_reason = f"cut to {cut} after {what} (server full)"
         return cut
 
-    def failed(self, exc: GenerationError, running: int = 0) -> bool:
-        """A server-caused failure with `running` requests out; True when it takes the server
-        out of rotation."""
+    def failed(self, exc: GenerationError, running: int = 0, prompt: str | None = None) -> bool:
+        """A server-caused failure of `prompt`'s request with `running` requests out; True when
+        the server is suspect (Rotation.failed)."""
         what = label(exc)
         self.outcomes.add("failed", what)
-        return self.rotation.failed(what, running)
+        return self.rotation.failed(what, running, prompt)
 
     def refused(self, exc: GenerationError) -> None:
         """A 4xx: the server works, the request (or the job) is at fault."""

@@ -1,10 +1,15 @@
 """Whether the worker's server is fit to take work, as a load balancer checks a backend.
 
-Two checks. Its `/health`, once a second: a server failing it takes no new batch (gate.py)
-and, once it answers again, may have restarted as something else, so it is found again. And
-what its requests meet (workers/flow.py `ServerWatch`): a server failing what it is sent is
-taken out of rotation (ejected), its batches go back to the queue, and it is probed on a
-growing backoff until it answers; then it rejoins.
+Three checks. Its `/health`, once a second: a server failing it takes no new batch (gate.py)
+and, once it answers again, may have restarted as something else, so it is found again. What
+its requests meet (workers/flow.py `ServerWatch`): when requests of many prompts fail, a probe
+decides whether the server fails what it is sent; if so it is taken out of rotation (ejected),
+its batches go back to the queue, and it is probed on a growing backoff until it answers; then
+it rejoins. And its progress: requests in flight with nothing back for many times the usual gap
+between replies, and a probe unanswered too, is a hung server: out of rotation, its requests
+abandoned and handed back (workers/backend.py).
+
+Every probe has its own timeout (PROBE_TIMEOUT_S): a probe that hangs is an answer too.
 """
 
 from __future__ import annotations
@@ -16,13 +21,19 @@ from collections.abc import Callable
 
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_before_delay
 
-from fleetgen.errors import BadRequestError, GenerationError, OverloadedError, ServerDownError
+from fleetgen.errors import (
+    BadRequestError,
+    GenerationError,
+    OverloadedError,
+    RequestHeldError,
+    ServerDownError,
+)
 from fleetgen.fleet import ServerHealth
 from fleetgen.retry import backoff
 from workers import metrics
 from workers.client import ServerClient
 from workers.discovery import Discovery
-from workers.flow import ServerWatch
+from workers.flow import PROBE_TIMEOUT_S, ServerWatch
 from workers.limits import InFlight
 
 log = logging.getLogger(__name__)
@@ -35,13 +46,16 @@ READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 # A server announced as restarting and not seen restarting within this long is probed as any
 # server out of rotation (a probe answered puts it back).
 RESTART_WAIT_S = 600.0
+# How often the progress of requests in flight is looked at.
+PROGRESS_TICK_S = 1.0
 
 
 class HealthChecks:
     """The server's `/health` probes and its rotation (out on failures, back on a probe)."""
 
     def __init__(self, worker: str, server_url: str, client: ServerClient, watch: ServerWatch,
-                 in_flight: InFlight, discovery: Discovery, publish: Callable[[], None]) -> None:
+                 in_flight: InFlight, discovery: Discovery, publish: Callable[[], None],
+                 abandon: Callable[[str], None]) -> None:
         self._worker = worker
         self._server_url = server_url
         self._client = client
@@ -50,8 +64,12 @@ class HealthChecks:
         self._discovery = discovery
         # Tells the registry at once when the server leaves or rejoins the rotation.
         self._publish = publish
+        # Gives up the requests at the server (a hung one): workers/backend.py.
+        self._abandon = abandon
         # Consecutive failed /health probes; the consumer gate reads it (gate.py).
         self.failures = 0
+        # The probe a run of failures called for, shared by every request that failed meanwhile.
+        self._check: asyncio.Future[bool] | None = None
 
     @property
     def in_rotation(self) -> bool:
@@ -96,15 +114,46 @@ class HealthChecks:
             await asyncio.sleep(rotation.next_probe_s())
             if self._discovery.server is None or rotation.awaiting_restart:
                 continue  # a restart announced meanwhile: it is waited for, not probed
-            try:
-                await self._discovery.probe()
-            except (BadRequestError, OverloadedError):
-                pass  # refused or full, but running requests: fit to take work
-            except GenerationError as exc:
+            failed = await self._probe()
+            if failed is not None:
                 log.info("worker %s: %s still out of rotation (probe %d: %s)", self._worker,
-                         self._server_url, rotation.probes, exc)
+                         self._server_url, rotation.probes, failed)
                 continue
             self._rejoin("answered a probe")
+
+    async def _probe(self) -> str | None:
+        """One time-boxed probe: None when the server answered it (or refused it, or said it is
+        full: it runs requests), else what went wrong."""
+        try:
+            await self._discovery.probe(PROBE_TIMEOUT_S)
+        except (BadRequestError, OverloadedError):
+            return None
+        except GenerationError as exc:
+            return exc.message[:200]
+        return None
+
+    async def progress_forever(self) -> None:
+        """Watch that requests in flight get replies: nothing back for many times the usual
+        gap (flow.py `Progress`) calls for a probe; unanswered, the server is hung."""
+        progress, rotation = self._watch.progress, self._watch.rotation
+        while True:
+            await asyncio.sleep(PROGRESS_TICK_S)
+            active = self._in_flight.active
+            quiet = progress.quiet_s(active)
+            if (quiet is None or not rotation.in_rotation or self._discovery.server is None
+                    or quiet < progress.stall_s()):
+                continue
+            failed = await self._probe()
+            if failed is None:
+                progress.heard()
+                continue
+            if not rotation.in_rotation:
+                continue
+            rotation.eject(f"hung: {active} requests in flight and nothing back for "
+                           f"{quiet:.0f}s; a probe unanswered ({failed})")
+            self._ejected()
+            metrics.server_hung(self._worker, self._server_url)
+            self._abandon(RequestHeldError.OUT)
 
     def _rejoin(self, why: str) -> None:
         rotation = self._watch.rotation
@@ -131,17 +180,58 @@ class HealthChecks:
         self._watch.refused(exc)
         metrics.request_refused(self._worker, self._server_url, "refused", exc.status)
 
-    def request_failed(self, exc: GenerationError) -> bool:
-        """A server-caused failure; True when the server is (now) out of rotation."""
+    async def request_failed(self, exc: GenerationError, prompt: str) -> bool:
+        """A server-caused failure of `prompt`'s request; True when the server is (now) out of
+        rotation. Failures of many prompts call for one probe, shared by every request failing
+        meanwhile: unanswered, the server goes out; answered, the failures were the prompts'."""
         # The failed request gave its slot back: what holds one is running.
-        ejected = self._watch.failed(exc, self._in_flight.active)
+        suspect = self._watch.failed(exc, self._in_flight.active, prompt)
         metrics.request_refused(self._worker, self._server_url, "failed", exc.status)
-        if ejected:
-            self._ejected()
-        return not self.in_rotation
+        if self._check is not None:
+            return await asyncio.shield(self._check)
+        if not suspect:
+            return not self.in_rotation
+        self._check = asyncio.get_running_loop().create_future()
+        try:
+            out = await self._confirm()
+        finally:
+            check, self._check = self._check, None
+            if not check.done():
+                check.set_result(not self.in_rotation)
+        return out
+
+    async def _confirm(self) -> bool:
+        """Probe a suspect server: out of rotation if the probe is not answered (True)."""
+        rotation = self._watch.rotation
+        failed = await self._probe()
+        if not rotation.in_rotation:
+            return True
+        if failed is None:
+            log.info("worker %s: %s answered a probe while %s: the prompts' own failures, not "
+                     "the server's", self._worker, self._server_url, rotation.suspicion)
+            rotation.cleared()
+            self._watch.budget.refill()
+            return False
+        self.eject(f"{rotation.suspicion}; a probe failed too ({failed})")
+        return True
+
+    async def settle(self, exc: GenerationError, answers_before: int, tries: int) -> bool:
+        """Whether a prompt whose every try failed for a server-side reason failed for its own:
+        the server answered other requests since its first try, or answers a probe now. If
+        not, the server is taken out of rotation."""
+        if not self.in_rotation:
+            return False
+        if self._watch.rotation.answers > answers_before:
+            return True
+        failed = await self._probe()
+        if failed is None:
+            return True
+        self.eject(f"a prompt's {tries} tries failed ({exc.message[:120]}) and so did a "
+                   f"probe ({failed})")
+        return False
 
     def eject(self, reason: str) -> None:
-        """Take the server out of rotation (a prompt's tries all failed and a probe failed)."""
+        """Take the server out of rotation."""
         if self.in_rotation:
             self._watch.rotation.eject(reason)
             self._ejected()

@@ -75,7 +75,7 @@ class LoadWatch:
     async def _time_probe(self) -> None:
         in_flight = self._in_flight.active
         try:
-            latency = await self._discovery.probe()
+            latency = await self._discovery.probe(LOAD_READ_S)
         except GenerationError as exc:
             log.debug("worker %s: probe unanswered (%s)", self._worker, exc)
             return

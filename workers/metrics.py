@@ -118,6 +118,11 @@ IN_ROTATION = Gauge(
     "fleetgen_server_in_rotation",
     "1 while the worker sends its server requests, 0 while it is out of rotation (failing "
     "what it is sent) and probed.", ("worker", "server"), registry=REGISTRY)
+SERVER_HANGS = Counter(
+    "fleetgen_server_hangs_total",
+    "Times the worker found its server hung: requests in flight, nothing back for many times "
+    "the usual gap between replies, and a probe unanswered; its requests were abandoned and "
+    "handed back.", ("worker", "server"), registry=REGISTRY)
 # The families labelled by job, with their label names: what `forget_job` removes.
 _BY_JOB: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
     (PROMPTS_DONE, DONE_LABELS), (PROMPTS_FAILED, FAILED_LABELS), (INPUT_TOKENS, LABELS),
@@ -308,6 +313,11 @@ def set_server_capacity(worker: str, server: str, effective: int, limit: int) ->
 def request_refused(worker: str, server: str, cause: str, status: int | None) -> None:
     """One request the server did not answer, by cause (workers/flow.py)."""
     SERVER_REQUESTS.labels(worker, server, cause, "" if status is None else str(status)).inc()
+
+
+def server_hung(worker: str, server: str) -> None:
+    """The worker found its server hung (workers/healthcheck.py)."""
+    SERVER_HANGS.labels(worker, server).inc()
 
 
 def set_in_rotation(worker: str, server: str, in_rotation: bool) -> None:

@@ -120,10 +120,12 @@ class WorkerRuntime:
         return self._runner.backlog if self._runner is not None else None
 
     def drain(self) -> None:
-        """Warm shutdown began: batches in hand stop sending, finish what is at the server and
-        go back to the queue, so the worker exits in about one request's time, not a batch's."""
-        if self._runner is not None:
-            self._runner.drain()
+        """Warm shutdown began: batches in hand stop sending, finish what is at the server
+        within FLEETGEN_SHUTDOWN_GRACE_S and go back to the queue, what is still at the server
+        then handed back unanswered, so the worker exits in at most that, whatever its server
+        does (workers/backend.py `Backend.drain`)."""
+        if self._runner is not None and self._backend is not None and self.settings is not None:
+            self._backend.drain(self.settings.shutdown_grace_s)
 
     def server_restarting(self) -> None:
         """Its supervisor is about to drain and restart the server (workers/healthcheck.py

@@ -46,7 +46,7 @@ from workers.quality import TRIPPED_HOLD_S, QualityWatch
 
 LIMITS = Limits(streak=20, window=50, share=0.9)
 ORIGIN = Origin("http://127.0.0.1:30000", "gpu0@test", 1)
-UNSERVED = "invalid_request: HTTP N: The model `mN` does not exist."
+UNSERVED = "model_not_found: HTTP N: The model Q does not exist."
 REFUSED = "invalid_request: HTTP N: tool_choice is not supported"
 
 
@@ -272,7 +272,7 @@ def test_a_trip_pauses_the_job_with_the_cause_the_count_and_one_example(
     breaker = job_status(ledger, JOB).breaker
     assert breaker is not None
     assert asdict(breaker) == {"cause": UNSERVED, "accepted": [], "example": {
-        "id": "p8", "code": "invalid_request",
+        "id": "p8", "code": "model_not_found",
         "message": "HTTP 404: The model `m41234` does not exist."}}
 
 
@@ -412,7 +412,7 @@ FAULTS = {
     # 16 the trip comes as the second batch runs, whose prompts at the server fail too: both
     # are written, and resume sends their failures again in new batches (a requeue round).
     "wrong-model": (("--flavor", "vllm"), ("--model", "nosuch"), 16,
-                    "invalid_request: HTTP N: The model `nosuch` does not exist.",
+                    "model_not_found: HTTP N: The model Q does not exist.",
                     "HTTP 404: The model `nosuch` does not exist."),
 }
 # The fixed server serves the model the job names.

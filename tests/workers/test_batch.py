@@ -308,7 +308,7 @@ def test_a_server_failing_everything_goes_out_of_rotation_and_back_with_no_attem
         runner.run(JOB, BATCH)
     backend = runner.backend
     assert not backend.checks.in_rotation
-    assert "requests in a row failed (HTTP 502)" in (backend.watch.rotation.reason or "")
+    assert "failed in a row (HTTP 502)" in (backend.watch.rotation.reason or "")
     assert runner.ledger.leases.attempts(JOB, BATCH) == 0
     assert not redis_client.exists(keys.checkpoint(JOB, BATCH))  # no prompt failed for it
     assert not (tmp_path / "out" / JOB / "errors").exists()

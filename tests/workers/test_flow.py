@@ -14,6 +14,7 @@ from workers.flow import (
     OVERLOAD_BACKOFF_MAX_S,
     Ceiling,
     Outcomes,
+    Progress,
     RetryBudget,
     Rotation,
     ServerWatch,
@@ -62,28 +63,95 @@ def test_resends_are_a_fifth_of_first_tries_plus_one_a_second() -> None:
     assert budget.take() == 0.0
 
 
-def test_five_failures_in_a_row_take_a_server_out_and_an_answer_resets_the_count() -> None:
+def test_a_server_answering_again_earns_its_backlog_back_doubling_each_round_trip() -> None:
+    budget = RetryBudget(now=Clock())
+    budget.sized(64)
+    budget.tokens = 0.0
+    out = 1  # the trickle's resend
+    for _ in range(6):
+        for _ in range(out):
+            budget.answered()
+        out = 0
+        while budget.take() == 0.0:
+            out += 1
+    assert out == 64  # 1, 2, 4, ... up to the in-flight limit: the server's own pace
+
+
+def test_a_server_a_probe_showed_working_gets_a_full_budget_for_the_prompts_resends() -> None:
+    budget = RetryBudget(now=Clock())
+    budget.sized(40)
+    budget.tokens = 0.0
+    budget.refill()
+    assert sum(1 for _ in range(50) if budget.take() == 0.0) == 40
+
+
+def test_failures_of_many_prompts_make_a_server_suspect_and_an_answer_resets_the_count() -> None:
     rotation = Rotation()
-    for _ in range(EJECT_AFTER - 1):
-        assert not rotation.failed("HTTP 500")
+    for n in range(EJECT_AFTER - 1):
+        assert not rotation.failed("HTTP 500", prompt=f"p{n}")
     rotation.answered()
-    assert [rotation.failed("HTTP 500") for _ in range(EJECT_AFTER)] == [False] * 4 + [True]
+    assert [rotation.failed("HTTP 500", prompt=f"q{n}") for n in range(EJECT_AFTER)] == \
+        [False] * 4 + [True]
+    # Suspect, not out: a probe decides (workers/healthcheck.py).
+    assert rotation.in_rotation
+    assert rotation.suspicion is not None and rotation.suspicion.startswith(
+        "5 requests of 5 prompts failed in a row (HTTP 500)")
+    rotation.eject(rotation.suspicion)
     assert not rotation.in_rotation
-    assert rotation.reason is not None and rotation.reason.startswith(
-        "5 requests in a row failed (HTTP 500)")
     delays = [rotation.next_probe_s() for _ in range(8)]
     assert all(1 <= d <= 10 for d in delays)
     rotation.rejoin()
     assert rotation.in_rotation and rotation.reason is None and rotation.ejections == 1
 
 
+def test_one_prompt_failing_again_and_again_is_never_evidence_about_the_server() -> None:
+    rotation = Rotation()
+    assert not any(rotation.failed("HTTP 500", prompt="poison") for _ in range(50))
+    rotation.answered()
+    assert not any(rotation.failed("HTTP 500", prompt=f"p{n % 4}") for n in range(50))
+    assert rotation.failed("HTTP 500", prompt="p4")  # a fifth prompt: now it may be the server
+
+
+def test_a_probe_that_answers_clears_the_suspicion_and_the_next_needs_a_new_run() -> None:
+    rotation = Rotation()
+    assert [rotation.failed("HTTP 500", prompt=f"p{n}") for n in range(5)][-1]
+    rotation.cleared()
+    assert rotation.suspicion is None and rotation.checks_passed == 1
+    assert [rotation.failed("HTTP 500", prompt=f"p{n}") for n in range(5)] == [False] * 4 + [True]
+
+
 def test_a_run_of_fast_failures_among_requests_still_running_keeps_the_server() -> None:
     # Two thirds answered, but the failures come back first: the run is not the server's
     # whole story while most of what was sent is still running.
     rotation = Rotation()
-    assert not any(rotation.failed("HTTP 500", running=20) for _ in range(10))
+    assert not any(rotation.failed("HTTP 500", running=20, prompt=f"p{n}") for n in range(10))
     assert rotation.in_rotation
-    assert rotation.failed("HTTP 500", running=1)  # the rest failed too: it fails everything
+    # the rest failed too: it fails everything
+    assert rotation.failed("HTTP 500", running=1, prompt="p10")
+
+
+def test_progress_waits_many_usual_gaps_and_at_least_the_floor_before_a_hang_is_suspected() -> None:
+    clock = Clock()
+    progress = Progress(30.0, now=clock)
+    assert progress.quiet_s(0) is None
+    progress.sending(0)
+    clock.t += 100
+    # No reply yet since the server went busy: a first answer may take minutes.
+    assert progress.quiet_s(40) == 100 and progress.stall_s() == 300
+    for _ in range(50):
+        clock.t += 0.5
+        progress.replied(40)
+    assert progress.stall_s() == 30  # 8 gaps of half a second are under the floor
+    for _ in range(300):
+        clock.t += 10
+        progress.replied(40)
+    assert progress.stall_s() == 80  # one reply every 10 s: 8 of those
+    clock.t += 50
+    assert progress.quiet_s(40) == 50
+    progress.heard()
+    assert progress.quiet_s(40) == 0
+    progress.replied(0)  # idle: the next busy period starts over
+    assert progress.quiet_s(0) is None
 
 
 def test_a_healthy_server_keeps_only_the_last_ten_seconds_of_answers() -> None:
