@@ -37,6 +37,9 @@ CHAT_PATH = "/v1/chat/completions"
 # vLLM's `abort` above all (a request aborted on purpose, under memory pressure or at
 # shutdown), is a request the server did not finish: sent again like a server error.
 FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
+# A request budget an endpoint states on every answer (OpenAI, Azure, Together, the HF router):
+# requests per window (a minute, for most).
+RATE_LIMIT_HEADER = "x-ratelimit-limit-requests"
 # Idle connections are dropped before the server's keep-alive timeout (5 s in uvicorn, under
 # SGLang and the simulator) can close one just as a request goes out on it.
 KEEPALIVE_S = 4.0
@@ -82,6 +85,10 @@ class ServerClient:
         # adds anyway, and each header passed down is converted twice (~3% of the worker).
         self._chat_url = httpx.URL(self.base_url + CHAT_PATH)
         self._chat_headers = httpx.Headers({**headers, **JSON})
+        # Whether the endpoint has a request budget (it states one, or refused a request with
+        # 429): every extra request (a timing probe) then spends it. The budget when stated.
+        self.budgeted = False
+        self.requests_per_window: int | None = None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -126,6 +133,8 @@ class ServerClient:
             response = await self._http.send(request)
         except Exception as exc:  # noqa: BLE001 - mapped or raised again, never swallowed
             self._raise_mapped("POST " + CHAT_PATH, exc)
+        if not self.budgeted:
+            self._note_budget(response)
         self._raise_for_status(response)
         data: ChatCompletion = orjson.loads(response.content)
         _raise_unless_finished(data, int(body.get("n") or 1))
@@ -165,6 +174,18 @@ class ServerClient:
                 raise exc
             failure, detail = "reset", f"{what}: broken exchange ({exc!r})"
         raise error_of(classify(Reply(failure=failure, detail=detail)), None) from exc
+
+    def _note_budget(self, response: httpx.Response) -> None:
+        """Learn that the endpoint has a request budget: its rate-limit header, or a 429."""
+        stated = response.headers.get(RATE_LIMIT_HEADER)
+        if stated is None and response.status_code != 429:
+            return
+        self.budgeted = True
+        if stated is not None and stated.strip().isdigit():
+            self.requests_per_window = int(stated)
+        log.info("%s has a request budget (%s): sized from its answers and refusals, no "
+                 "timing probes", self.base_url,
+                 f"{RATE_LIMIT_HEADER}: {stated}" if stated is not None else "it answered 429")
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:

@@ -69,13 +69,17 @@ FAILING_SHARE, FAILING_WINDOW_S = 0.5, 10.0
 # most one a second; the cap is how long a healed server may wait to be used again.
 PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S, PROBE_MIN_S = 2.0, 10.0, 1.0
 # A refused request waits for the server's Retry-After, else this backoff (doubling per
-# refusal of the same request, with full jitter).
-OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 15.0
+# refusal of the same request, with full jitter). It keeps its slot meanwhile, so the cap is a
+# few seconds: the ceiling, not the wait, takes the load off a full server.
+OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 4.0
 # The ceiling: a refusal cuts it to a tenth under what was in flight, at most once a second (a
 # burst of refusals is one signal); it grows back each second without one (`Ceiling`), whatever
 # the answers' length.
 DECREASE = 0.9
 CUT_EVERY_S = GROW_EVERY_S = 1.0
+# Past what the server took before, a quiet second adds an eighth (at least one): a server
+# whose capacity rose is found again within seconds, and one refusal cuts the overshoot.
+GROW_SHARE = 8
 # Resend tokens: earned per first try and per answer (two: a server answering again gets its
 # backlog back doubling each round trip, as TCP's slow start), the trickle that keeps a lone
 # request going, the least cap (the in-flight limit raises it: a whole server's worth of
@@ -141,9 +145,10 @@ class Ceiling:
     lifted once it no longer binds.
 
     The first refusal of an episode says how many the server took (`good`: what was in flight
-    less the refused one). A quiet second doubles the ceiling back up to that, then adds one:
-    after an outage the server is full again within seconds, and at a server that refuses only
-    beyond its slots the ceiling rises past them by one before the next refusal."""
+    less the refused one). A quiet second doubles the ceiling back up to that, then adds an
+    eighth: after an outage the server is full again within seconds, and at a server that
+    refuses only beyond its slots the ceiling rises a little past them before the next
+    refusal."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.value: int | None = None
@@ -164,6 +169,13 @@ class Ceiling:
         self.value = max(1, min(base - 1, int(base * DECREASE)))
         return self.value
 
+    def hold(self, value: int) -> None:
+        """Start a ceiling at `value` (what is known to work) where none holds: the limit grows
+        from there on quiet seconds instead of jumping to a far larger base."""
+        if self.value is None:
+            self.value = self.good = max(1, value)
+            self._changed_at = self._now()
+
     def grow(self, limit: int) -> bool:
         """Called with each answer: True when the ceiling moved (or was lifted) because a
         second passed without a refusal."""
@@ -173,7 +185,8 @@ class Ceiling:
         if now - self._changed_at < GROW_EVERY_S:
             return False
         self._changed_at = now
-        self.value = min(2 * self.value, self.good) if self.value < self.good else self.value + 1
+        self.value = (min(2 * self.value, self.good) if self.value < self.good
+                      else self.value + max(1, self.value // GROW_SHARE))
         if self.value >= limit:
             self.value = None
         return True

@@ -19,7 +19,9 @@ figure comes from depends on the server's kind (fleetgen/servers), one way each
   says nothing for a minute; a probe's wait says within a second whether requests queue at
   the server, and with the answer rate, how many. The limit grows by half a probe until one
   waits (so it never passes 1.5 times the server's capacity), then sits at the measured
-  capacity plus the queue margin, and follows a capacity that falls at the next probe.
+  capacity plus the queue margin, and follows a capacity that falls at the next probe. While
+  probes find free slots it probes five times a second (workers/load.py), so a large server
+  fills within seconds.
 
 Overload refusals (429, 503) cap all three from above (workers/flow.py `Ceiling`).
 
@@ -58,6 +60,9 @@ MAX_LIMIT = 8192
 # While ramping, the probe controller grows the limit by this factor a probe: once a probe
 # waits, at most this many times the server's capacity is in flight.
 RAMP = 1.5
+# Past the ramp, a probe that did not wait while requests were ready grows the limit by this
+# share of it: a server whose capacity rose fills again within a few probes.
+REGROW_SHARE = 4
 # A probe that took longer than the fastest by more than the fastest (and by at least this)
 # waited for a slot.
 QUEUED_S = 0.05
@@ -126,6 +131,8 @@ class QueueProbe:
         self.capacity: int | None = None
         self._margin = margin
         self._ramping = True
+        # Whether the last probe grew the limit: the load watch then probes faster.
+        self.growing = True
         # The fastest probe: at first an idle server's answer (`idle_s`, timed before any
         # request was sent), so even the first probe under load can tell a wait.
         self.fastest = idle_s
@@ -145,6 +152,7 @@ class QueueProbe:
         ahead = max(0.0, wait * answers_per_s - 1) if answers_per_s > 0 else None
         waited = (wait > max(RAMP_WAIT_FACTOR * fastest, RAMP_WAIT_S) if ahead is None
                   else wait > max(fastest, QUEUED_S) and ahead >= 0.5)
+        self.growing = not waited and saturated
         if waited:
             self._ramping = False
             if ahead is not None and in_flight > 0:
@@ -160,7 +168,7 @@ class QueueProbe:
                 self.how = f"probe waited {wait:.2f}s at {in_flight} in flight; holding {self.limit}"
         elif saturated:
             grown = (math.ceil(self.limit * RAMP) if self._ramping
-                     else self.limit + max(1, self.limit // 16))
+                     else self.limit + max(1, self.limit // REGROW_SHARE))
             self.limit = min(MAX_LIMIT, grown)
             self.how = (f"probe: no wait at {in_flight} in flight; growing to {self.limit}"
                         + (f" (~{self.capacity} measured)" if self.capacity else ""))
@@ -284,6 +292,8 @@ class InFlight:
         self._answers: collections.deque[float] = collections.deque()
         # A probe's latency at an idle server (the probe controller's reference).
         self.idle_probe_s: float | None = None
+        # The endpoint has a request budget: sized from answers and refusals, never probes.
+        self._budget: ServerCapacity | None = None
         # When the limit was last logged, and what it was then.
         self._logged = (-LIMIT_LOG_EVERY_S, 1)
 
@@ -304,7 +314,7 @@ class InFlight:
         """Whether the server's limit is to be found by timing probes and no controller does it
         yet: a probe at the idle server is then timed first, the controller's reference."""
         return (self.control is None and not self._settings.max_in_flight
-                and not server.kind.reads_load
+                and self._budget is None and not server.kind.reads_load
                 and (server.info is None or stated_capacity(server.info) is None))
 
     def found(self, server: Server) -> ServerCapacity:
@@ -337,6 +347,8 @@ class InFlight:
         if stated is not None:
             self.control = None
             return stated
+        if self._budget is not None:
+            return self._budget
         if self.control is None:
             self.control = (QueueWatch(self._margin) if server.kind.reads_load
                             else QueueProbe(self._margin, idle_s=self.idle_probe_s))
@@ -434,6 +446,24 @@ class InFlight:
         if control.capacity != before:
             log.info("worker %s: %s", self._worker, control.how)
         self._apply(limit)
+
+    def budgeted(self, per_window: int | None) -> None:
+        """The endpoint has a request budget (a hosted one): stop timing probes, which would
+        spend it, and keep what it allows in flight (its stated requests per window, else what
+        is in flight now), cut by its 429s and grown back by its answers (the ceiling)."""
+        if self._budget is not None or isinstance(self.control, QueueWatch):
+            return
+        base = min(MAX_LIMIT, per_window or MAX_LIMIT)
+        how = (f"a request budget of {per_window} per window: grown on answers up to that, cut "
+               "by its 429s" if per_window else "a request budget (it answered 429): grown on "
+               "answers, cut by its 429s, no timing probes")
+        self._budget = ServerCapacity(base, None, how, configured=False)
+        self.control = None
+        self.capacity = self._budget
+        log.info("worker %s: %s has %s", self._worker, self._server_url, how)
+        # From what runs now, grown each quiet second (the ceiling), never a jump to the base.
+        self._watch.ceiling.hold(max(self.limit, PROBE_START))
+        self._apply(base)
 
     def forget(self, *, restarted: bool) -> None:
         """What was measured of the server holds no more. Another server (another kind, other

@@ -22,12 +22,14 @@ from fleetgen.readings import ServerReading, read_server_within
 from workers.client import ServerClient
 from workers.discovery import Discovery
 from workers.flow import ServerWatch
-from workers.limits import InFlight, QueueWatch
+from workers.limits import InFlight, QueueProbe, QueueWatch
 
 log = logging.getLogger(__name__)
 # How often a server's queue gauges are read, or a probe sent, while its capacity is found
 # from them.
 LOAD_TICK_S = 1.0
+# While timed probes find free slots (the limit is growing), they go this often.
+GROWING_TICK_S = 0.2
 # A tick's reading waits this long for the server.
 LOAD_READ_S = 5 * LOAD_TICK_S
 
@@ -54,13 +56,18 @@ class LoadWatch:
         """Find the capacity of a server that does not state it: read its queue gauges, or
         time a probe, once a tick while requests are in flight."""
         while True:
-            await asyncio.sleep(LOAD_TICK_S)
+            control = self._in_flight.control
+            await asyncio.sleep(GROWING_TICK_S if isinstance(control, QueueProbe)
+                                and control.growing else LOAD_TICK_S)
             control = self._in_flight.control
             if (self._discovery.server is None or control is None
                     or not self._watch.rotation.in_rotation):
                 continue
             if isinstance(control, QueueWatch):
                 await self._read_gauges()
+            elif self._client.budgeted:
+                # Every probe would spend the endpoint's request budget.
+                self._in_flight.budgeted(self._client.requests_per_window)
             elif self._in_flight.active > 0:
                 await self._time_probe()
 

@@ -149,7 +149,7 @@ def test_a_proxy_answering_502_for_45_seconds_is_waited_out_and_never_pauses_the
     misbehave(url, status=502, seconds=45, scope="chat")
     done_clean(stack, tmp_path, "proxy", rows, timeout=400)
     log = worker.log_path.read_text()
-    assert re.search(r"taken out of rotation: \d+ requests in a row failed \(HTTP 502\)", log), \
+    assert re.search(r"taken out of rotation: \d+ requests of \d+ prompts failed in a row \(HTTP 502\)", log), \
         worker.log()
     assert "answered a probe; back in rotation" in log, worker.log()
 
@@ -165,7 +165,7 @@ def test_one_sick_server_of_two_the_job_finishes_on_the_other_and_status_names_i
     lines = done_clean(stack, tmp_path, "sick", rows, timeout=240)
     assert {x["worker"] for x in lines} == {"gpu0@test"}
     screen = stack.producer("status", "sick").stdout
-    assert re.search(r"gpu1@test: out of rotation: \d+ requests in a row failed \(HTTP 500\)",
+    assert re.search(r"gpu1@test: out of rotation: \d+ requests of \d+ prompts failed in a row \(HTTP 500\)",
                      screen), screen
     assert "gpu1@test: 100% of requests failed in the last 5 min (HTTP 500: " in screen, screen
     fleet = orjson.loads(stack.producer("status", "sick", "--json").stdout)["fleet"]
