@@ -328,6 +328,9 @@ class Rotation:
     suspicion: str | None = None
     # Probes that found the server working while its requests failed (poison prompts).
     checks_passed: int = 0
+    # A server of servers (a router): suspect only while it answers nothing at all (a failing
+    # backend fails the requests sent to it, and the router answers the rest).
+    several: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # When requests were answered and when they failed, over the last FAILING_WINDOW_S.
     _answered: collections.deque[float] = field(default_factory=collections.deque)
@@ -355,7 +358,8 @@ class Rotation:
         self._forget(now)
         failed, seen = len(self._failed), len(self._failed) + len(self._answered) + running
         if (self.in_rotation and self.failures_in_a_row >= EJECT_AFTER
-                and len(self._failing) >= EJECT_AFTER and failed >= FAILING_SHARE * seen):
+                and len(self._failing) >= EJECT_AFTER and failed >= FAILING_SHARE * seen
+                and not (self.several and self._answered)):
             self.suspicion = (f"{self.failures_in_a_row} requests of {len(self._failing)} prompts "
                               f"failed in a row ({what}); {failed} failed, {len(self._answered)} "
                               f"answered in {FAILING_WINDOW_S:.0f} s, {running} running")

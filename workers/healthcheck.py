@@ -48,6 +48,9 @@ READY_BACKOFF_S, READY_BACKOFF_MAX_S = 0.5, 5.0
 RESTART_WAIT_S = 600.0
 # How often the progress of requests in flight is looked at.
 PROGRESS_TICK_S = 1.0
+# Probes that must all go unanswered before failures of many prompts take a server out: one
+# answered says the server works (a flaky proxy, poison prompts).
+CONFIRM_PROBES = 2
 
 
 class HealthChecks:
@@ -201,9 +204,14 @@ class HealthChecks:
         return out
 
     async def _confirm(self) -> bool:
-        """Probe a suspect server: out of rotation if the probe is not answered (True)."""
+        """Probe a suspect server: out of rotation if none of CONFIRM_PROBES probes is
+        answered (True). A server failing everything fails them at once; a poison prompt's
+        server answers the first."""
         rotation = self._watch.rotation
-        failed = await self._probe()
+        for _ in range(CONFIRM_PROBES):
+            failed = await self._probe()
+            if failed is None or not rotation.in_rotation:
+                break
         if not rotation.in_rotation:
             return True
         if failed is None:

@@ -73,6 +73,8 @@ QUEUED_S = 0.05
 RAMP_WAIT_FACTOR, RAMP_WAIT_S = 4.0, 0.25
 # The probe controller's capacity is the median of this many estimates (one a waiting probe).
 ESTIMATES = 5
+# Behind a router, the last this many probes vote: most waited, the router is full.
+VOTES = 5
 # An estimate under this share of the capacity is a capacity that fell, not noise.
 FALLEN = 0.75
 # QueueWatch remembers the running count of this many ticks with a queue (a scheduler admits
@@ -123,11 +125,18 @@ class QueueProbe:
     ahead of it — the wait times the rate answers come back — and the server's capacity is what
     is in flight less that queue. The limit is that capacity plus the queue margin, and grows
     slowly while no probe waits and the worker has requests ready.
+
+    Behind a router (`several`), a probe lands on one backend of several: one waiting says that
+    backend is full, not the router. There the limit is sized down only when most of the last
+    VOTES probes waited, and grows while most find a free slot: a least-in-flight router over
+    unequal backends is kept full on its largest one, not sized by its smallest.
     """
 
     def __init__(self, margin: Callable[[int], int], start: int = PROBE_START,
-                 idle_s: float | None = None) -> None:
+                 idle_s: float | None = None, several: bool = False) -> None:
         self.limit = start
+        self._several = several
+        self._votes: collections.deque[bool] = collections.deque(maxlen=VOTES)
         self.capacity: int | None = None
         self._margin = margin
         self._ramping = True
@@ -153,6 +162,11 @@ class QueueProbe:
         waited = (wait > max(RAMP_WAIT_FACTOR * fastest, RAMP_WAIT_S) if ahead is None
                   else wait > max(fastest, QUEUED_S) and ahead >= 0.5)
         self.growing = not waited and saturated
+        self._votes.append(waited)
+        if waited and self._several and 2 * sum(self._votes) <= VOTES:
+            self.how = (f"probe waited at {in_flight} in flight, as {sum(self._votes)} of the "
+                        f"last {len(self._votes)} did: one backend full, not the router")
+            waited = False
         if waited:
             self._ramping = False
             if ahead is not None and in_flight > 0:
@@ -321,6 +335,8 @@ class InFlight:
         """The server as found now (at first contact, at each refresh): size the limit from what
         it states, or leave it to the controller that measures it."""
         capacity = self._capacity(server)
+        # A router's failures are its backends' while it answers others (flow.py Rotation).
+        self._watch.rotation.several = server.kind.several
         if self.control is not None:  # measured: the controller moves the limit, not this
             self._apply(self.control.limit)
             return capacity
@@ -351,7 +367,8 @@ class InFlight:
             return self._budget
         if self.control is None:
             self.control = (QueueWatch(self._margin) if server.kind.reads_load
-                            else QueueProbe(self._margin, idle_s=self.idle_probe_s))
+                            else QueueProbe(self._margin, idle_s=self.idle_probe_s,
+                                            several=server.kind.several))
             log.info("worker %s: %s (%s) does not state how many requests it runs at once; "
                      "finding it %s", self._worker, self._server_url, server.describe(),
                      "from its queue gauges" if isinstance(self.control, QueueWatch)

@@ -5,6 +5,7 @@ learns about one server.
       SGLang                _sglang.py: /server_info states its concurrency
       VLLM                  _vllm.py: /metrics shows requests running and waiting
       OpenAICompatible      _openai.py: anything else that speaks /v1/chat/completions
+      Router                _openai.py: a server of servers (sglang-router, a gateway)
     Server, detect          _server.py: a server as found at first contact; request shaping;
                             what its refusals taught (fields it refuses, its pinned model)
     RequestBody, ChatCompletion
@@ -19,7 +20,7 @@ domain; how many requests the worker keeps in flight is the worker's (workers/li
 
 from fleetgen.servers._chat import ChatCompletion, ChatTemplateKwargs, RequestBody
 from fleetgen.servers._kind import ServerKind
-from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._openai import OpenAICompatible, Router
 from fleetgen.servers._server import KINDS, Server, detect
 from fleetgen.servers._server_info import (
     CONFIGURED,
@@ -47,6 +48,7 @@ __all__ = [
     "ChatTemplateKwargs",
     "OpenAICompatible",
     "RequestBody",
+    "Router",
     "SGLang",
     "Server",
     "ServerCapacity",

@@ -25,6 +25,9 @@ class ServerKind:
     name: ClassVar[str]
     # Whether it serves a request whatever model it names (else the served name must be sent).
     any_model: ClassVar[bool] = False
+    # Whether it is a server of servers (a router): a request, a probe, a failure concerns
+    # one of its backends, not all of it.
+    several: ClassVar[bool] = False
     # Short gauge name -> (Prometheus family, how several samples combine). `running` and
     # `queue` are what the capacity discovery reads; the rest are shown in `status`.
     gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {}

@@ -22,14 +22,15 @@ import orjson
 from fleetgen.errors import ModelChoiceError
 from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import ServerKind
-from fleetgen.servers._openai import OpenAICompatible
+from fleetgen.servers._openai import OpenAICompatible, Router
 from fleetgen.servers._server_info import ServerInfo, fetch_server_info
 from fleetgen.servers._sglang import SGLang
 from fleetgen.servers._vllm import VLLM
 
 log = logging.getLogger(__name__)
 
-KINDS: dict[str, ServerKind] = {k.name: k for k in (SGLang(), VLLM(), OpenAICompatible())}
+KINDS: dict[str, ServerKind] = {k.name: k for k in (SGLang(), VLLM(), OpenAICompatible(),
+                                                    Router())}
 # `owned_by` of `/v1/models` entries, as each engine fills it.
 OWNERS = {"vllm": "vllm", "sglang": "sglang"}
 # What a strict server says when it refuses a field it does not know: pydantic's
@@ -152,12 +153,16 @@ class Server:
 
 
 async def detect(http: httpx.AsyncClient, timeout_s: float = 30.0) -> Server:
-    """Find what the server at `http`'s base URL is: SGLang by its `/server_info`, vLLM by its
-    `/metrics` names or `/v1/models` owner, anything else as a plain OpenAI-compatible server.
+    """Find what the server at `http`'s base URL is: a router by its router-manager info,
+    SGLang by its `/server_info`, vLLM by its `/metrics` names or `/v1/models` owner, anything
+    else as a plain OpenAI-compatible server.
 
     httpx errors are raised (a server that is down is not a server of another kind)."""
     info = await fetch_server_info(http, timeout_s=timeout_s)
     models, owners = await _models(http, timeout_s)
+    if info is not None and info.router:
+        # Its models' owner is its backends' engine, its /metrics not their queues.
+        return Server(KINDS["router"], models, info, info.version)
     if info is not None:
         return Server(KINDS["sglang"], models, info, info.version)
     metrics = await http.get("/metrics", timeout=timeout_s)

@@ -58,6 +58,9 @@ class ServerInfo:
     memory: Mapping[str, object]  # rank 0's memory_usage (GB and tokens)
     last_gen_throughput: float | None
     avg_spec_accept_length: float | None
+    # A router's info (sglang-router's router manager: `router_manager`, `workers_count`), not
+    # a server's: it states nothing of what its backends run.
+    router: bool = False
 
     @property
     def concurrency(self) -> int | None:
@@ -112,6 +115,7 @@ def parse_server_info(body: Mapping[str, object], path: str = SERVER_INFO_PATHS[
         memory=memory,
         last_gen_throughput=as_float(first.get("last_gen_throughput")),
         avg_spec_accept_length=as_float(first.get("avg_spec_accept_length")),
+        router=bool(body.get("router_manager")) or "workers_count" in body,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from fleetgen.errors import ModelChoiceError
 from fleetgen.job import GenerationParams
 from fleetgen.records import Origin, result_record, split_choices
-from fleetgen.servers import KINDS, Server, parse_server_info
+from fleetgen.servers import KINDS, Server, parse_server_info, stated_capacity
 from workers.limits import QueueProbe, QueueWatch
 
 STORED = GenerationParams().request_body({"messages": [{"role": "user", "content": "hi"}]})
@@ -176,7 +176,7 @@ def test_before_any_answer_longer_steps_do_not_end_the_ramp_and_a_queue_does() -
     control.on_probe(2.0, control.limit, True, answers_per_s=0.0)  # waited for a slot
     assert control.limit == 27
     control.on_probe(0.2, control.limit, True, answers_per_s=0.0)
-    assert control.limit == 28  # past the ramp: grows by a sixteenth
+    assert control.limit == 33  # past the ramp: grows by a quarter
 
 
 def test_the_probe_does_not_grow_a_limit_nobody_waited_for() -> None:
@@ -240,3 +240,30 @@ def test_the_choices_of_an_n_answer_split_the_usage_so_the_totals_stay_the_engin
     assert usage[1]["completion_tokens"] > usage[0]["completion_tokens"] > 0
     assert usage[2]["completion_tokens"] == 0
     assert all(u["prompt_tokens"] == 7 for u in usage)
+
+
+def test_behind_a_router_a_minority_of_waiting_probes_keeps_the_limit_growing() -> None:
+    # A least-in-flight router over a 32-slot and an 8-slot backend: a probe that lands on
+    # the small one waits, one on the large one does not.
+    control = QueueProbe(margin=lambda n: 4, start=40, idle_s=0.1, several=True)
+    control._ramping = False
+    for latency in (2.0, 0.1, 2.0, 0.1, 0.1):  # two of five waited
+        control.on_probe(latency, control.limit, True, answers_per_s=20.0)
+    assert control.limit > 40 and control.capacity is None
+    for _ in range(3):  # now most wait, ~29 ahead of each at 70 in flight: the router is full
+        control.on_probe(1.6, 70, True, answers_per_s=20.0)
+    assert (control.capacity, control.limit) == (41, 45)
+
+
+def test_a_single_server_is_sized_by_its_first_waiting_probe() -> None:
+    control = QueueProbe(margin=lambda n: 4, start=40, idle_s=0.1)
+    control._ramping = False
+    control.on_probe(1.1, 40, True, answers_per_s=20.0)  # ~19 waited ahead of it
+    assert control.capacity == 21 and control.limit == 25
+
+
+def test_sglang_routers_info_makes_it_a_router_that_states_no_capacity() -> None:
+    info = parse_server_info({"router_manager": True, "routers_count": 1, "workers_count": 2,
+                              "default_router": "http-regular"}, "/get_server_info")
+    assert info.router and stated_capacity(info) is None
+    assert not parse_server_info({"max_running_requests": 8}).router
