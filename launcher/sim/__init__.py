@@ -7,7 +7,7 @@ Everything it raises on purpose has one root:
       SimStartupError         a simulated start-up failure, or the server thread stopped (server.py)
       PortInUseError          --port is taken by another process, named (port.py)
       RequestError            an HTTP error answer, status and body as SGLang sends it (protocol.py)
-      ContextLengthError      the input is longer than the context (protocol.py)
+      ContextLengthError      the input is longer than the context (wording.py)
       QueueFullError          --max-queued-requests reached (scheduler.py)
       WindowError             an --error-window or /sim/misbehave value it cannot use (stress.py)
 """

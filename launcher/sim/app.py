@@ -4,8 +4,8 @@ As in docs/reference/sglang.md#endpoints. With --flavor vllm the routes are vLLM
 OpenAI server's (`/health`, `/ping`, `/version`, `/v1/models`, `/v1/chat/completions`,
 `/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
 `/v1/chat/completions`); any other path is FastAPI's 404 (docs/development/simulator.md).
-Every flavour also has the simulator's own `POST /sim/misbehave` and `GET /sim/stats`
-(stress.py), behind --api-key like the engine's routes.
+Every flavour also has the simulator's own `/sim/misbehave` (POST to change, GET to read) and
+`GET /sim/stats` (stress.py), behind --api-key like the engine's routes.
 
 Handlers take the raw Request and return Responses built with orjson: FastAPI's body
 parsing and response_model machinery would cost more than the whole simulated request.
@@ -102,6 +102,10 @@ def create_app(sim: Simulator) -> FastAPI:
         except (orjson.JSONDecodeError, WindowError) as exc:
             return _json({"error": str(exc)}, 400)
         log.info("misbehaviour now %s", sim.stress.state())
+        return _json(sim.stress.state())
+
+    @app.get("/sim/misbehave")
+    async def _misbehaviour() -> Response:
         return _json(sim.stress.state())
 
     @app.get("/sim/stats")

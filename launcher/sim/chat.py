@@ -21,14 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from launcher.sim import protocol, responses, tokenizer
+from launcher.sim import protocol, responses, tokenizer, wording
 from launcher.sim.protocol import ChatRequest, RequestError, bad_request, flavor_error
 from launcher.sim.responses import ChatView
 from launcher.sim.scheduler import SimRequest
@@ -97,24 +98,22 @@ def _check_model(sim: Simulator, req: ChatRequest) -> None:
                            f"requested '{req.model}'.", "BadRequestError")
 
 
-def _check_context(sim: Simulator, prompt_tokens: int, max_new: int | None,
+def _check_context(sim: Simulator, req: ChatRequest, prompt_tokens: int,
                    fail_prompt: bool) -> tuple[int, int | None]:
-    """(prompt tokens, max_new_tokens) once the context checks of the flavour pass."""
-    cfg, flavor = sim.cfg, sim.cfg.flavor
-    try:
-        if fail_prompt:
-            prompt_tokens += cfg.context_len
-        if flavor == "vllm":
-            protocol.check_context_vllm(prompt_tokens, max_new, cfg.context_len)
-            return prompt_tokens, max_new
-        if fail_prompt:
-            raise protocol.input_too_long(prompt_tokens, cfg.context_len)
-        return protocol.check_context(prompt_tokens, max_new, cfg.context_len,
-                                      cfg.allow_auto_truncate)
-    except protocol.ContextLengthError as exc:
-        # vLLM reports preprocessing errors as f"{e} {e.__cause__}": a trailing " None"
-        message = f"{exc} None" if flavor == "vllm" else str(exc)
-        raise bad_request(message, flavor) from exc
+    """(prompt tokens, max_new_tokens) once the context checks pass, in the words in force
+    (--wording, else the flavour's own)."""
+    cfg, given = sim.cfg, sim.stress.wording
+    words = given or wording.FLAVOR_WORDINGS[cfg.flavor]
+    shape = cfg.flavor if given is None else words
+    ask = wording.Ask(
+        prompt=prompt_tokens + (cfg.context_len if fail_prompt else 0),
+        completion=req.max_completion_tokens or req.max_tokens,
+        param="max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+        context=cfg.context_len, model=cfg.served_name,
+        # SGLang's own check of an explicit --context-length (transformers serve has none)
+        explicit_context=cfg.context_length is not None and shape == "sglang",
+        auto_truncate=cfg.allow_auto_truncate)
+    return wording.fit(words, ask, shape)
 
 
 def _identity(sim: Simulator, req: ChatRequest, given_rid: str | None) -> tuple[str, str]:
@@ -151,19 +150,15 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
         req = req.model_copy(update={"tool_choice": "auto", "stream_options": None})
     if not req.messages:
         raise bad_request("Messages cannot be empty.", flavor)
-    if flavor == "sglang" and cfg.context_length is not None \
-            and (req.max_completion_tokens or 0) > cfg.context_length:
-        raise bad_request(f"max_completion_tokens is too large: {req.max_completion_tokens}."
-                          f"This model supports at most {cfg.context_length} completion tokens.")
     texts = [tokenizer.content_text(m.content) for m in req.messages]
     thinking = thinking_requested(sim, req)
     tools, choice = _tools(req)
     prompt_tokens = tokenizer.chat_prompt_tokens(texts, [t["function"] for t in tools], thinking)
     given_rid = req.request_id if flavor == "vllm" else _first_rid(req.rid)
     index = sim.count_request()
-    prompt_tokens, max_new = _check_context(sim, prompt_tokens,
-                                            req.max_completion_tokens or req.max_tokens,
+    prompt_tokens, max_new = _check_context(sim, req, prompt_tokens,
                                             sim.fail_prompt_hit(given_rid, texts))
+    sim.fail_if_poisoned(texts)
     key = "\x00".join(f"{m.role}\x01{t}" for m, t in zip(req.messages, texts, strict=True))
     key_bytes = (key + "\x02" + ",".join(t["function"]["name"] for t in tools)).encode()
     sim.fail_if_drawn(key_bytes, index)
@@ -235,6 +230,22 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
             sim.leave()
 
 
+class ReleasingStream(StreamingResponse):
+    """An SSE stream that calls `release` once it is over, however it ends: also when it
+    never started (a hang held its headers until the client left), so its generator, whose
+    own `finally` would release it, never ran."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 def _release(sim: Simulator, job: ChatJob) -> None:
     if not job.sreq.done.done():
         sim.scheduler.abort_request(job.sreq)
@@ -254,7 +265,7 @@ async def _open_stream(sim: Simulator, job: ChatJob, request: Request) -> Respon
     except BaseException:
         _release(sim, job)
         raise
-    return StreamingResponse(_events(sim, job), media_type="text/event-stream")
+    return ReleasingStream(_events(sim, job), lambda: _release(sim, job))
 
 
 async def _events(sim: Simulator, job: ChatJob) -> AsyncIterator[bytes]:

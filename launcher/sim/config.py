@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.sim.errors import SimError
-from launcher.sim.stress import Window, WindowError
+from launcher.sim.hang import HANGS
+from launcher.sim.stress import Window, WindowError, check_switches
+from launcher.sim.wording import WORDINGS
 
 # The command a user types: `--help` and a flag error name it. The flags are SGLang's, and
 # a flag error still exits 2 as SGLang's argparse does.
@@ -169,6 +171,19 @@ class SimConfig:
         action="append")
     fail_prompt: tuple[str, ...] = _opt((), "rid prefix or content marker → context 400",
                                         action="append")
+    hang: str | None = _opt(None, "generation requests are taken and never answered (chat: "
+                            "nothing is sent; partial: the status, headers and half the body), "
+                            "while /health and the other routes answer", choices=HANGS)
+    wording: str | None = _opt(None, "whose words refuse a prompt or a max_tokens that does not "
+                               "fit the context (default: the flavour's own)", choices=WORDINGS)
+    error_request_ids: bool = _opt(False, "every JSON error message ends with "
+                                   "' (request id req_<13 hex>)', new for each request",
+                                   action="store_true")
+    poison: tuple[str, ...] = _opt((), "MARKER: a chat request with MARKER in any message is "
+                                   "answered the flavour's 500, every time; repeatable",
+                                   action="append")
+    rpm: int | None = _opt(None, "at most N generation requests per rolling minute: OpenAI's "
+                           "x-ratelimit-* headers on every answer, its 429 beyond", type=int)
     crash_after_requests: int | None = _opt(None, "die (-9) on receiving request N+1",
                                             type=int)
     crash_after_seconds: float | None = _opt(None, "die (-9) T s after ready", type=float)
@@ -225,6 +240,11 @@ class SimConfig:
                 Window.parse(window)
         except WindowError as exc:
             raise ConfigError(str(exc)) from None
+        try:
+            check_switches(self.hang, self.wording, self.error_request_ids, self.poison,
+                           self.rpm)
+        except WindowError as exc:  # its message starts with the switch's name
+            raise ConfigError(f"--{exc}") from None
 
     @property
     def served_name(self) -> str:
@@ -289,6 +309,7 @@ class SimConfig:
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
         values["fail_prompt"] = tuple(ns.fail_prompt or ())
         values["error_window"] = tuple(ns.error_window or ())
+        values["poison"] = tuple(ns.poison or ())
         if ns.max_num_seqs is not None:
             if values["flavor"] != "vllm":  # SGLang has no such flag: it exits 2 on it
                 parser.error("unrecognized arguments: --max-num-seqs (only with --flavor vllm)")

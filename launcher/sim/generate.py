@@ -12,15 +12,14 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NotRequired, TypedDict
 
 import orjson
 from fastapi import Request, Response
-from fastapi.responses import StreamingResponse
 
-from launcher.sim import protocol, tokenizer
-from launcher.sim.chat import JSON, STREAM_TICK
+from launcher.sim import protocol, tokenizer, wording
+from launcher.sim.chat import JSON, STREAM_TICK, ReleasingStream
 from launcher.sim.protocol import RequestError
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
@@ -72,10 +71,10 @@ def _prepare_one(sim: Simulator, data: dict[str, Any], i: int, text: str | None,
     index = sim.count_request()
     try:
         if sim.fail_prompt_hit(rid, [text or ""]):
-            raise protocol.input_too_long(cfg.context_len + prompt_tokens, cfg.context_len)
-        prompt_tokens, max_new = protocol.check_context(prompt_tokens, max_new, cfg.context_len,
-                                                        cfg.allow_auto_truncate)
-    except protocol.ContextLengthError as exc:
+            raise wording.input_too_long(cfg.context_len + prompt_tokens, cfg.context_len)
+        prompt_tokens, max_new = wording.sglang_fit(prompt_tokens, max_new, cfg.context_len,
+                                                    cfg.allow_auto_truncate)
+    except wording.ContextLengthError as exc:
         raise _error(str(exc)) from exc
     key = (text if text is not None else ",".join(map(str, ids or ()))).encode()
     sim.fail_if_drawn(key, index, plain_500=True)
@@ -177,7 +176,8 @@ async def generate(sim: Simulator, request: Request) -> Response:
         for i, (text, ids) in enumerate(prompts):
             jobs.append(_prepare_one(sim, data, i, text, ids, streaming))
         if streaming:
-            return StreamingResponse(_events(sim, jobs[0]), media_type="text/event-stream")
+            release = _releaser(sim, jobs[0][0])
+            return ReleasingStream(_events(sim, jobs[0], release), release)
         for sreq, _ in jobs:
             await sim.wait_done(sreq, request)
         results = [_result(sim, job, job[0].completion_tokens, True) for job in jobs]
@@ -192,7 +192,21 @@ async def generate(sim: Simulator, request: Request) -> Response:
             sim.leave()
 
 
-async def _events(sim: Simulator, job: Job) -> AsyncIterator[bytes]:
+def _releaser(sim: Simulator, sreq: SimRequest) -> Callable[[], None]:
+    """Abort a streamed request that did not finish and count it out, once."""
+    released = [False]
+
+    def release() -> None:
+        if not released[0]:
+            released[0] = True
+            if not sreq.done.done():
+                sim.scheduler.abort_request(sreq)
+            sim.leave()
+
+    return release
+
+
+async def _events(sim: Simulator, job: Job, release: Callable[[], None]) -> AsyncIterator[bytes]:
     sreq, loop = job[0], sim.scheduler.loop
     sent = 0
     try:
@@ -211,6 +225,4 @@ async def _events(sim: Simulator, job: Job) -> AsyncIterator[bytes]:
             next_at = sreq.decode_start + (sent + 1) / sreq.rate
             await asyncio.wait([sreq.done], timeout=max(next_at - loop.time(), STREAM_TICK))
     finally:
-        if not sreq.done.done():
-            sim.scheduler.abort_request(sreq)
-        sim.leave()
+        release()

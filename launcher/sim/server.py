@@ -3,7 +3,8 @@
 Process lifecycle, as SGLang's: the loading lines print before the port opens; uvicorn starts;
 /health answers 503 (empty) through --startup-delay and the warmup request, then 200 once
 "The server is fired up and ready to roll!" is logged. SIGTERM logs the drain line, turns
-/health to 503 and exits 0 once in-flight requests are done (at once with SGL_FORCE_SHUTDOWN).
+/health to 503 and exits 0 once in-flight requests are done (at once with SGL_FORCE_SHUTDOWN,
+or while a hang holds them: their connections are dropped).
 Fatal errors log SGLang's lines and SIGKILL the process, so its exit code is -9.
 """
 
@@ -27,6 +28,7 @@ from launcher.sim import logs, startup
 from launcher.sim.app import asgi_app
 from launcher.sim.config import SimConfig
 from launcher.sim.errors import SimError
+from launcher.sim.hang import HELD
 from launcher.sim.port import PortInUseError, check_port
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator, Status
@@ -56,6 +58,15 @@ class SimServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self.on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # A request held by a hang would be waited for (timeout_graceful_shutdown), then
+        # cancelled with a traceback; a dying server drops its connection instead.
+        for connection in list(self.server_state.connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and cycle.scope.get(HELD):
+                connection.transport.close()
+        await super().shutdown(sockets)
 
 
 def _uvicorn_config(sim: Simulator) -> uvicorn.Config:
@@ -115,7 +126,8 @@ def _on_sigterm(sim: Simulator, server: SimServer, tasks: set[asyncio.Task[None]
 
 async def _drain(sim: Simulator, server: SimServer) -> None:
     assert sim.idle is not None
-    while sim.inflight > 0:
+    # a hung server finishes nothing more: its requests are not waited for
+    while sim.inflight > 0 and sim.stress.hang.mode is None:
         log.info("Gracefully exiting... Remaining number of requests %d.", sim.inflight)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sim.idle.wait(), DRAIN_LOG_SECONDS)

@@ -3,7 +3,8 @@
 The HTTP layer (app.py) and the process layer (server.py) both act on one Simulator. What
 "dying" means is injected as `on_fatal`: a real process SIGKILLs itself (exit code -9), an
 in-thread test server just stops serving. A generation request's refusals for a drawn
-failure (`fail_if_drawn`) and a full server (`submit`) are decided here, once for every route.
+failure (`fail_if_drawn`), a poison prompt (`fail_if_poisoned`) and a full server (`submit`)
+are decided here, once for every route.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class Simulator:
         self.startup_seconds = 0.0
         self.received = 0
         # The misbehaviours in force and what /sim/stats counts (stress.py).
-        self.stress = Stress(cfg.windows, cfg.fail_rate, cfg.fail_status)
+        self.stress = Stress(cfg.windows, cfg.fail_rate, cfg.fail_status, hang=cfg.hang,
+                             wording=cfg.wording, error_request_ids=cfg.error_request_ids,
+                             poison=cfg.poison, rpm=cfg.rpm)
         self.inflight = 0
         self.idle: asyncio.Event | None = None
         self.on_fatal: Callable[[], None] = self._no_fatal_handler
@@ -127,6 +130,14 @@ class Simulator:
             status = self.stress.fail_status
             flavor = "strict" if plain_500 and status == 500 else self.cfg.flavor
             raise refusal(status, flavor, self.cfg.retry_after, "simulated failure (--fail-rate)")
+
+    def fail_if_poisoned(self, texts: list[str]) -> None:
+        """--poison: raise the flavour's 500 for a request with a marker in any message, every
+        time (a prompt that crashes the engine whenever it runs)."""
+        markers = self.stress.poison
+        if markers and any(marker in text for marker in markers for text in texts):
+            self.stress.poisoned += 1
+            raise refusal(500, self.cfg.flavor, message="simulated failure (--poison)")
 
     def submit(self, req: SimRequest) -> None:
         """Queue a generation request, or refuse it as --overload says when the running slots

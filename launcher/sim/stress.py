@@ -10,7 +10,14 @@ the simulator saw, for the tests of the worker's flow control (docs/development/
   answered STATUS at once: `chat` the generation routes only (a proxy whose backend restarts,
   a full queue: `/health` stays 200), `all` every route. Windows run on the wall clock from
   the moment the server is ready.
-- `POST /sim/misbehave` starts a window now or changes the failure rate of a running server;
+- `--hang chat|partial`: generation requests are taken and never answered, or answered in
+  part, while /health stays 200 (hang.py).
+- `--wording`: whose words refuse a job that does not fit the context (wording.py).
+- `--error-request-ids`: every JSON error message ends with a request id of its own.
+- `--poison MARKER`: a chat request with MARKER in a message is answered 500, every time.
+- `--rpm N`: at most N generation requests a minute, with OpenAI's headers and 429
+  (ratelimit.py).
+- `POST /sim/misbehave` starts a window now or switches any of these on a running server;
   `GET /sim/stats` says what the server received and how it answered. Both are the
   simulator's own routes (app.py): in every flavour, behind `--api-key`, never refused by a
   window and never counted.
@@ -22,6 +29,7 @@ misbehaviour sent it.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -30,7 +38,10 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from launcher.sim.errors import SimError
+from launcher.sim.hang import HANGS, Gate, Hang
 from launcher.sim.protocol import RequestError, error_body, flavor_error
+from launcher.sim.ratelimit import Headers, RequestBudget
+from launcher.sim.wording import WORDINGS
 
 if TYPE_CHECKING:
     from launcher.sim.simulator import Simulator
@@ -41,9 +52,16 @@ CHAT_ROUTE = ("POST", "/v1/chat/completions")
 SGLANG_GENERATE = (("POST", "/generate"), ("PUT", "/generate"))
 QUEUE_FULL = "The request queue is full."  # SGLang's scheduler, --max-queued-requests
 PROXY_REASONS = {502: "Bad Gateway", 504: "Gateway Time-out"}  # nginx's reason phrases
-MISBEHAVE_KEYS = frozenset(("status", "seconds", "scope", "fail_rate", "fail_status", "clear"))
+# What `/sim/misbehave` switches beyond the windows and the failure rate, each cleared by
+# `{"clear": true}`.
+SWITCHES = ("hang", "wording", "error_request_ids", "poison", "rpm")
+MISBEHAVE_KEYS = frozenset(("status", "seconds", "scope", "fail_rate", "fail_status", "clear",
+                            *SWITCHES))
 MISBEHAVE_SHAPES = ('{"status": 503, "seconds": 45, "scope": "chat"}, '
-                    '{"fail_rate": 0.3, "fail_status": 500} or {"clear": true}')
+                    '{"fail_rate": 0.3, "fail_status": 500}, {"hang": "chat"}, '
+                    '{"wording": "tgi"}, {"error_request_ids": true}, {"poison": ["MARKER"]}, '
+                    '{"rpm": 60} or {"clear": true}')
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 JSON = "application/json"
 
 
@@ -105,10 +123,13 @@ def refusal(status: int, flavor: str, retry_after_s: int = 0,
             message: str = "simulated failure") -> RequestError:
     """The answer a real server (or the proxy before it) gives with `status`.
 
-    429: TGI's overload body with `Retry-After` (none when `retry_after_s` is 0). 503: SGLang's
-    queue full. 502, 504: nginx's HTML page. 500: the engine's own error (`flavor`'s; "strict"
-    is Starlette's plain text). Any other: the flavour's JSON error with `message`.
+    429: TGI's overload body with `Retry-After` (none when `retry_after_s` is 0). 529:
+    Anthropic's overloaded error. 503: SGLang's queue full. 502, 504: nginx's HTML page. 500:
+    the engine's own error (`flavor`'s; "strict" is Starlette's plain text). Any other: the
+    flavour's JSON error with `message`.
     """
+    if status == 529:
+        return RequestError(529, orjson.dumps(OVERLOADED))
     if status == 429:
         headers = {"retry-after": str(retry_after_s)} if retry_after_s else {}
         return RequestError(429, orjson.dumps({"error": "Model is overloaded",
@@ -150,6 +171,21 @@ def _status(data: dict[str, Any], key: str) -> int:
     return value
 
 
+def check_switches(hang: Any, wording: Any, error_request_ids: Any, poison: Any,
+                   rpm: Any) -> None:
+    """Raise WindowError unless the switches' values can be served (None: off)."""
+    if hang is not None and hang not in HANGS:
+        raise WindowError(f"hang is one of {', '.join(HANGS)} or null, not {hang!r}")
+    if wording is not None and wording not in WORDINGS:
+        raise WindowError(f"wording is one of {', '.join(WORDINGS)} or null, not {wording!r}")
+    if not isinstance(error_request_ids, bool):
+        raise WindowError(f"error_request_ids is true or false, not {error_request_ids!r}")
+    if not isinstance(poison, list | tuple) or not all(isinstance(m, str) and m for m in poison):
+        raise WindowError(f"poison is a list of markers (non-empty strings), not {poison!r}")
+    if rpm is not None and (isinstance(rpm, bool) or not isinstance(rpm, int) or rpm < 1):
+        raise WindowError(f"rpm is a number of requests (1 or more) or null, not {rpm!r}")
+
+
 class WindowState(TypedDict):
     """One error window as /sim/misbehave shows it."""
 
@@ -161,12 +197,17 @@ class WindowState(TypedDict):
 
 
 class MisbehaviourState(TypedDict):
-    """The answer of /sim/misbehave: the misbehaviours in force."""
+    """The answer of /sim/misbehave: the misbehaviours in force (None: off)."""
 
     elapsed_s: float
     fail_rate: float
     fail_status: int
     windows: list[WindowState]
+    hang: str | None
+    wording: str | None  # None: the flavour's own
+    error_request_ids: bool
+    poison: list[str]
+    rpm: int | None
 
 
 class Stress:
@@ -177,17 +218,25 @@ class Stress:
     """
 
     def __init__(self, windows: tuple[Window, ...], fail_rate: float, fail_status: int,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, *, hang: str | None = None,
+                 wording: str | None = None, error_request_ids: bool = False,
+                 poison: tuple[str, ...] = (), rpm: int | None = None) -> None:
         self._now = now
         self.ready_at: float | None = None  # the windows' clock starts when the server is ready
         self.windows = list(windows)
         self.fail_rate = fail_rate
         self.fail_status = fail_status
+        self.hang = Hang(hang)
+        self.wording = wording
+        self.error_request_ids = error_request_ids
+        self.poison = poison
+        self.budget = RequestBudget(rpm, now)
         self.requests = 0
         self.answered = 0
         self.refused: dict[int, int] = {}
         self.probes: dict[str, int] = {}
         self.peak_in_flight = 0
+        self.poisoned = 0
 
     def mark_ready(self) -> None:
         """The server is ready: the error windows' START counts from now."""
@@ -210,9 +259,10 @@ class Stress:
     def misbehave(self, data: Any) -> None:
         """Apply a `/sim/misbehave` body, all of it or (WindowError) none of it.
 
-        `clear` ends every window and sets the failure rate to 0 first; `status` with
-        `seconds` (and `scope`, chat by default) starts a window now; `fail_rate` and
-        `fail_status` replace --fail-rate's and --fail-status's values.
+        `clear` ends every misbehaviour first (windows, failure rate, hang, wording, request
+        ids, poison, budget); `status` with `seconds` (and `scope`, chat by default) starts a
+        window now; `fail_rate` and `fail_status` replace --fail-rate's and --fail-status's
+        values; each of SWITCHES replaces its flag's value (null turns it off).
         """
         if not isinstance(data, dict) or not set(data) <= MISBEHAVE_KEYS:
             raise WindowError(f"expected a JSON object like {MISBEHAVE_SHAPES}")
@@ -231,14 +281,31 @@ class Stress:
             if not 0.0 <= rate <= 1.0:
                 raise WindowError(f"fail_rate is within [0, 1], not {rate}")
         fail_status = _status(data, "fail_status") if "fail_status" in data else self.fail_status
+        switched = {"hang": None, "wording": None, "error_request_ids": False, "poison": [],
+                    "rpm": None, **{k: data[k] for k in SWITCHES if k in data}}
+        check_switches(**switched)
         if data.get("clear"):
             self.windows.clear()
             self.fail_rate = 0.0
+            self._switch(dict.fromkeys(SWITCHES) | {"error_request_ids": False, "poison": []})
         if window is not None:
             self.windows.append(window)
         if "fail_rate" in data:
             self.fail_rate = rate
         self.fail_status = fail_status
+        self._switch({k: data[k] for k in SWITCHES if k in data})
+
+    def _switch(self, values: dict[str, Any]) -> None:
+        if "hang" in values:
+            self.hang.switch(values["hang"])
+        if "rpm" in values:
+            self.budget.set_limit(values["rpm"])
+        if "wording" in values:
+            self.wording = values["wording"]
+        if "error_request_ids" in values:
+            self.error_request_ids = values["error_request_ids"]
+        if "poison" in values:
+            self.poison = tuple(values["poison"])
 
     def state(self) -> MisbehaviourState:
         """The misbehaviours in force (the answer of /sim/misbehave)."""
@@ -248,7 +315,10 @@ class Stress:
                 "windows": [{"start_s": round(w.start_s, 1), "seconds": w.seconds,
                              "status": w.status, "scope": w.scope,
                              "active": self.ready_at is not None and w.covers(elapsed, True)}
-                            for w in self.windows]}
+                            for w in self.windows],
+                "hang": self.hang.mode, "wording": self.wording,
+                "error_request_ids": self.error_request_ids, "poison": list(self.poison),
+                "rpm": self.budget.limit}
 
 
 class SimStats(MisbehaviourState):
@@ -262,6 +332,10 @@ class SimStats(MisbehaviourState):
     waiting: int
     running_cap: int
     probes: dict[str, int]
+    hung: int
+    hanging: int
+    poisoned: int
+    rpm_used: int
 
 
 def stats(sim: Simulator) -> SimStats:
@@ -272,14 +346,20 @@ def stats(sim: Simulator) -> SimStats:
             "refused": {str(k): v for k, v in sorted(stress.refused.items())},
             "peak_in_flight": stress.peak_in_flight, "running": len(scheduler.running),
             "waiting": len(scheduler.waiting), "running_cap": scheduler.cap,
-            "probes": dict(sorted(stress.probes.items())), **stress.state()}
+            "probes": dict(sorted(stress.probes.items())), "hung": stress.hang.hung,
+            "hanging": stress.hang.holding, "poisoned": stress.poisoned,
+            "rpm_used": stress.budget.used() if stress.budget.limit is not None else 0,
+            **stress.state()}
 
 
 class StressMiddleware:
-    """The outermost layer of the simulator's app: the error windows and the counts.
+    """The outermost layer of the simulator's app: the budget, the error windows, the hang,
+    the request ids and the counts.
 
-    Outside the API key check, as a proxy before the server is: a window answers before the
-    server would, and the counts see every answer, a 401 included.
+    Outside the API key check, as a proxy before the server is: the budget and a window
+    answer before the server would (a hang never holds their answers), and the counts see
+    every answer, a 401 included. Each misbehaviour costs a request one attribute check
+    while it is off.
     """
 
     def __init__(self, app: ASGIApp, sim: Simulator) -> None:
@@ -296,20 +376,36 @@ class StressMiddleware:
             await self.app(scope, receive, send)
             return
         stress, method = self.stress, scope["method"]
-        generation = (method, path) in self.generation
-        if generation:
-            stress.requests += 1
-            send = self._counted(send)
-        elif method == "GET":
-            stress.probes[path] = stress.probes.get(path, 0) + 1
-        status = stress.window_status(generation)
-        if status is None:
-            await self.app(scope, receive, send)
+        if stress.error_request_ids:
+            send = _with_request_id(send)
+        if (method, path) not in self.generation:
+            if method == "GET":
+                stress.probes[path] = stress.probes.get(path, 0) + 1
+            status = stress.window_status(False)
+            if status is None:
+                await self.app(scope, receive, send)
+            else:
+                await _send_error(self._window_refusal(status), send)
             return
-        err = refusal(status, self.flavor, self.retry_after, "simulated failure (--error-window)")
-        await _send_error(err, send)
+        stress.requests += 1
+        headers: Headers = ()
+        if stress.budget.limit is not None:
+            try:
+                headers = stress.budget.take()
+            except RequestError as spent:
+                await _send_error(spent, self._counted(send))
+                return
+        status = stress.window_status(True)
+        if status is None:
+            await self.app(scope, receive, self._answered(scope, receive, send, headers))
+        else:
+            await _send_error(self._window_refusal(status), self._counted(send, headers))
 
-    def _counted(self, send: Send) -> Send:
+    def _window_refusal(self, status: int) -> RequestError:
+        return refusal(status, self.flavor, self.retry_after, "simulated failure (--error-window)")
+
+    def _counted(self, send: Send, headers: Headers = ()) -> Send:
+        """Count the answer's status; add the budget's headers to it."""
         stress = self.stress
 
         async def counted(message: Message) -> None:
@@ -319,9 +415,84 @@ class StressMiddleware:
                     stress.answered += 1
                 else:
                     stress.refused[status] = stress.refused.get(status, 0) + 1
+                if headers:
+                    message = {**message, "headers": [*message.get("headers", ()), *headers]}
             await send(message)
 
         return counted
+
+    def _answered(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> Send:
+        """The server's own answer to a generation request: counted, and passed by the hang.
+        A request that arrives during a hang meets it at once, one under way when a hang
+        starts at its next message."""
+        hang = self.stress.hang
+        counted = self._counted(send, headers)
+        gate: Gate | None = None
+        if hang.mode is not None:
+            gate = Gate(hang, scope, receive, counted)
+            gate.meet()
+
+        async def answered(message: Message) -> None:
+            nonlocal gate
+            if gate is None:
+                if hang.mode is None:
+                    await counted(message)
+                    return
+                gate = Gate(hang, scope, receive, counted)
+            await gate(message)
+
+        return answered
+
+
+def _with_request_id(send: Send) -> Send:
+    """`--error-request-ids`: the message of a JSON error answer ends with a request id of its
+    own, ` (request id req_<13 hex>)`; the content-length follows."""
+    held: list[Message] = []
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if message["status"] >= 400 and _is_json(message):
+                held.append(message)  # until the body is known
+                return
+        elif held:
+            start = held.pop()
+            if not message.get("more_body", False):
+                body = _append_request_id(message.get("body", b""))
+                length = str(len(body)).encode()
+                start = {**start, "headers": [(k, length if k == b"content-length" else v)
+                                              for k, v in start.get("headers", ())]}
+                message = {**message, "body": body}
+            await send(start)
+        await send(message)
+
+    return send_with_id
+
+
+def _is_json(start: Message) -> bool:
+    return any(k == b"content-type" and v.startswith(JSON.encode())
+               for k, v in start.get("headers", ()))
+
+
+def _append_request_id(body: bytes) -> bytes:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    suffix = f" (request id req_{uuid.uuid4().hex[:13]})"
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        error["message"] += suffix
+    elif isinstance(error, str):
+        data["error"] = error + suffix
+    elif isinstance(data.get("message"), str):
+        data["message"] += suffix
+    elif isinstance(data.get("detail"), str):
+        data["detail"] += suffix
+    else:
+        return body
+    return orjson.dumps(data)
 
 
 async def _send_error(err: RequestError, send: Callable[[Message], Awaitable[None]]) -> None:

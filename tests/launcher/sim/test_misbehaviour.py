@@ -6,6 +6,7 @@ for the window clock and the answers' shapes."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,8 @@ import pytest
 
 from launcher.sim import ConfigError, SimConfig
 from launcher.sim.cli import main
+from launcher.sim.protocol import RequestError
+from launcher.sim.ratelimit import RequestBudget, duration
 from launcher.sim.stress import Stress, Window, WindowError, refusal
 from tests.sim_helpers import WAIT_S, chat_body, running_sim
 
@@ -138,6 +141,8 @@ def test_a_chat_window_refuses_generation_while_health_and_info_stay_fine() -> N
 @pytest.mark.parametrize(("status", "check"), [
     (429, lambda r: r.json() == OVERLOADED and r.headers["retry-after"] == "3"),
     (502, lambda r: "<title>502 Bad Gateway</title>" in r.text),
+    (529, lambda r: r.json() == {"type": "error", "error": {"type": "overloaded_error",
+                                                            "message": "Overloaded"}}),
     (418, lambda r: r.json() == {"object": "error", "message":
                                  "simulated failure (--error-window)", "type": "418",
                                  "param": None, "code": 418}),
@@ -201,6 +206,14 @@ def test_misbehaviour_is_switched_on_and_off_while_the_server_runs() -> None:
     ({"fail_rate": "often"}, "number"),
     ({"fail_rte": 0.5}, "JSON object"),
     ([503], "JSON object"),
+    ({"hang": "forever"}, "hang"),
+    ({"wording": "bard"}, "wording"),
+    ({"error_request_ids": "yes"}, "true or false"),
+    ({"poison": "MARKER"}, "list of markers"),
+    ({"poison": [""]}, "list of markers"),
+    ({"rpm": 0}, "rpm"),
+    ({"rpm": True}, "rpm"),
+    ({"clear": True, "rpm": 1.5}, "rpm"),
 ])
 def test_a_misbehaviour_that_makes_no_sense_is_a_400_and_changes_nothing(
         body: Any, words: str) -> None:
@@ -209,8 +222,8 @@ def test_a_misbehaviour_that_makes_no_sense_is_a_400_and_changes_nothing(
         refused = httpx.post(f"{url}/sim/misbehave", content=orjson.dumps(body))
         after = httpx.get(f"{url}/sim/stats").json()
     assert refused.status_code == 400 and words in refused.json()["error"]
-    assert (after["fail_rate"], after["fail_status"], after["windows"]) == (
-        before["fail_rate"], before["fail_status"], before["windows"])
+    assert {k: v for k, v in after.items() if k not in ("elapsed_s", "probes")} == {
+        k: v for k, v in before.items() if k not in ("elapsed_s", "probes")}
 
 
 @pytest.mark.parametrize("flavor", ["sglang", "vllm", "strict"])
@@ -257,6 +270,116 @@ def test_the_warmup_and_routes_a_flavour_lacks_are_no_generation_requests() -> N
     assert (warmed["requests"], warmed["peak_in_flight"]) == (0, 0)
 
 
+REQUEST_ID = re.compile(r" \(request id req_[0-9a-f]{13}\)$")
+
+
+def test_every_json_error_message_ends_with_a_request_id_of_its_own() -> None:
+    with running_sim("--instant", "--error-request-ids") as url:
+        empty = [httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
+                 for _ in range(2)]
+        generate = httpx.post(f"{url}/generate", json={})
+        missing = httpx.get(f"{url}/nope")
+        fine = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+        httpx.post(f"{url}/sim/misbehave", json={"status": 503, "seconds": 60})
+        window = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        httpx.post(f"{url}/sim/misbehave", json={"clear": True, "status": 502, "seconds": 60})
+        proxy = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        httpx.post(f"{url}/sim/misbehave", json={"clear": True})
+        plain = httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
+    messages = [empty[0].json()["message"], empty[1].json()["message"],
+                generate.json()["error"]["message"], missing.json()["detail"],
+                window.json()["message"]]
+    assert all(REQUEST_ID.search(m) for m in messages), messages
+    assert messages[0].startswith("Messages cannot be empty. (request id req_")
+    assert messages[0] != messages[1]  # a new id for each request
+    for response in (*empty, generate, missing, window):
+        assert int(response.headers["content-length"]) == len(response.content)
+    assert fine.status_code == 200 and "request id" not in fine.text
+    assert proxy.status_code == 502 and "request id" not in proxy.text  # HTML, not JSON
+    assert plain.json()["message"] == "Messages cannot be empty."
+
+
+def test_the_request_id_goes_where_each_flavour_puts_its_message() -> None:
+    with running_sim("--instant", "--flavor", "vllm") as url:
+        httpx.post(f"{url}/sim/misbehave", json={"error_request_ids": True})
+        unknown = httpx.post(f"{url}/v1/chat/completions", json=chat_body())  # model "m"
+    message = unknown.json()["error"]["message"]
+    assert unknown.status_code == 404
+    assert message.startswith("The model `m` does not exist. (request id req_")
+    assert REQUEST_ID.search(message)
+
+
+@pytest.mark.parametrize(("flavor", "body"), [
+    ("sglang", b'{"object":"error","message":"Internal server error: simulated failure '
+               b'(--poison)","type":"InternalServerError","param":null,"code":500}'),
+    ("vllm", b'{"error":{"message":"Internal server error: simulated failure (--poison)",'
+             b'"type":"Internal Server Error","param":null,"code":500}}'),
+    ("strict", b"Internal Server Error"),
+])
+def test_a_poison_prompt_is_answered_500_every_time_while_the_others_are_served(
+        flavor: str, body: bytes) -> None:
+    def ask(url: str, text: str) -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": text}]})
+
+    with running_sim("--instant", "--flavor", flavor, "--poison", "BAD MARKER") as url:
+        poisoned = [ask(url, "some BAD MARKER here") for _ in range(3)]
+        fine = ask(url, "Hello there")
+        stats = httpx.get(f"{url}/sim/stats").json()
+        httpx.post(f"{url}/sim/misbehave", json={"poison": ["OTHER"]})
+        now_fine = ask(url, "some BAD MARKER here")
+        now_poisoned = ask(url, "an OTHER one")
+    assert [(r.status_code, r.content) for r in poisoned] == [(500, body)] * 3
+    assert fine.status_code == 200
+    assert (stats["poisoned"], stats["refused"], stats["poison"]) == (3, {"500": 3},
+                                                                      ["BAD MARKER"])
+    assert (now_fine.status_code, now_poisoned.status_code) == (200, 500)
+
+
+DURATION = re.compile(r"^(\d+m)?\d+(\.\d+)?s$|^\d+ms$")
+
+
+def test_the_budget_allows_n_requests_a_minute_with_openais_headers_then_a_429() -> None:
+    with running_sim("--instant", "--rpm", "2") as url:
+        first = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+        second = httpx.post(f"{url}/generate", json={"text": "hi"})
+        third = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+        health = httpx.get(f"{url}/health")
+        stats = httpx.get(f"{url}/sim/stats").json()
+        httpx.post(f"{url}/sim/misbehave", json={"rpm": None})
+        unlimited = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+        httpx.post(f"{url}/sim/misbehave", json={"rpm": 5})
+        renewed = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+    assert (first.status_code, second.status_code, third.status_code) == (200, 200, 429)
+    for response, remaining in ((first, "1"), (second, "0"), (third, "0"), (renewed, "4")):
+        assert response.headers["x-ratelimit-limit-requests"] in ("2", "5")
+        assert response.headers["x-ratelimit-remaining-requests"] == remaining
+        assert DURATION.match(response.headers["x-ratelimit-reset-requests"])
+    wait = third.headers["x-ratelimit-reset-requests"]
+    assert 1 <= int(third.headers["retry-after"]) <= 60
+    assert third.json() == {"error": {
+        "message": "Rate limit reached for requests per min (RPM): Limit 2, Used 2, Requested "
+                   f"1. Please try again in {wait}.",
+        "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+    assert "x-ratelimit-limit-requests" not in health.headers
+    assert (stats["rpm"], stats["rpm_used"], stats["refused"]) == (2, 2, {"429": 1})
+    assert unlimited.status_code == 200
+    assert "x-ratelimit-limit-requests" not in unlimited.headers
+
+
+def test_every_switch_shows_in_the_state_and_clear_turns_them_all_off() -> None:
+    with running_sim("--instant", "--hang", "partial", "--wording", "tgi",
+                     "--error-request-ids", "--poison", "X", "--poison", "Y",
+                     "--rpm", "9") as url:
+        given = httpx.get(f"{url}/sim/misbehave").json()
+        cleared = httpx.post(f"{url}/sim/misbehave", json={"clear": True}).json()
+        stats = httpx.get(f"{url}/sim/stats").json()
+    switches = ("hang", "wording", "error_request_ids", "poison", "rpm")
+    assert [given[k] for k in switches] == ["partial", "tgi", True, ["X", "Y"], 9]
+    assert [cleared[k] for k in switches] == [None, None, False, [], None]
+    assert (stats["hung"], stats["hanging"], stats["poisoned"], stats["rpm_used"]) == (0, 0, 0, 0)
+
+
 class Clock:
     """A hand-moved monotonic clock."""
 
@@ -296,11 +419,55 @@ def test_a_runtime_window_starts_now_and_a_bad_body_changes_nothing() -> None:
 
 def test_refusals_read_as_their_senders_write_them() -> None:
     assert refusal(429, "sglang").headers == {}
+    assert refusal(529, "vllm").status == 529 and refusal(529, "sglang").headers == {}
+    assert orjson.loads(refusal(529, "strict").body) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert refusal(429, "vllm", 9).headers == {"retry-after": "9"}
     assert orjson.loads(refusal(503, "strict").body) == QUEUE_FULL
     assert refusal(500, "strict").body == b"Internal Server Error"
     assert orjson.loads(refusal(500, "vllm").body)["error"]["type"] == "Internal Server Error"
     assert b"<title>504 Gateway Time-out</title>" in refusal(504, "sglang").body
+
+
+def test_a_bad_switch_changes_no_other_switch_nor_clears_anything() -> None:
+    stress = Stress((Window.parse("0:60:503"),), 0.5, 500, Clock(), hang="chat",
+                    wording="tgi", error_request_ids=True, poison=("X",), rpm=3)
+    before = stress.state()
+    with pytest.raises(WindowError, match="rpm"):
+        stress.misbehave({"clear": True, "hang": None, "rpm": 0})
+    assert stress.state() == before
+    stress.misbehave({"wording": None, "poison": ["Y", "Z"]})
+    assert (stress.wording, stress.poison, stress.hang.mode) == (None, ("Y", "Z"), "chat")
+
+
+def test_the_budget_frees_a_request_a_minute_after_it_was_taken() -> None:
+    clock = Clock()
+    budget = RequestBudget(2, clock)
+    taken = [budget.take()]
+    clock.now += 10
+    taken.append(budget.take())
+    clock.now += 5
+    with pytest.raises(RequestError) as spent:
+        budget.take()
+    assert spent.value.status == 429
+    assert spent.value.headers["retry-after"] == "45"
+    assert spent.value.headers["x-ratelimit-reset-requests"] == "45s"
+    assert b"Limit 2, Used 2, Requested 1. Please try again in 45s." in spent.value.body
+    assert [dict(h)[b"x-ratelimit-remaining-requests"] for h in taken] == [b"1", b"0"]
+    assert dict(taken[1])[b"x-ratelimit-reset-requests"] == b"50s"
+    clock.now += 45  # the first request leaves the window
+    assert dict(budget.take())[b"x-ratelimit-remaining-requests"] == b"0"
+    assert budget.used() == 2
+    budget.set_limit(1)  # a lower budget: the minute's requests still count
+    with pytest.raises(RequestError, match="Limit 1, Used 2"):
+        budget.take()
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.12, "120ms"), (0.0004, "0ms"), (1.5, "1.5s"), (59.9984, "59.998s"), (60, "1m0s"),
+    (360, "6m0s"), (61.25, "1m1.25s"), (3600, "1h0m0s")])
+def test_durations_read_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -313,6 +480,10 @@ def test_refusals_read_as_their_senders_write_them() -> None:
     (["--retry-after", "-1"], "--retry-after"),
     (["--max-queued-requests", "-1"], "--max-queued-requests"),
     (["--overload", "502"], "--overload"),
+    (["--hang", "forever"], "--hang"),
+    (["--wording", "bard"], "--wording"),
+    (["--rpm", "0"], "--rpm"),
+    (["--poison", ""], "--poison"),
 ])
 def test_a_bad_stress_flag_exits_2_naming_it(argv: list[str], words: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
