@@ -179,11 +179,12 @@ class SimConfig:
     error_request_ids: bool = _opt(False, "every JSON error message ends with "
                                    "' (request id req_<13 hex>)', new for each request",
                                    action="store_true")
-    poison: tuple[str, ...] = _opt((), "MARKER: a chat request with MARKER in any message is "
-                                   "answered the flavour's 500, every time; repeatable",
-                                   action="append")
+    poison: tuple[str, ...] = _opt((), "a chat request with MARKER in any message is answered "
+                                   "the flavour's 500, every time; repeatable",
+                                   action="append", metavar="MARKER")
     rpm: int | None = _opt(None, "at most N generation requests per rolling minute: OpenAI's "
-                           "x-ratelimit-* headers on every answer, its 429 beyond", type=int)
+                           "x-ratelimit-* headers on every answer, its 429 beyond", type=int,
+                           metavar="N")
     crash_after_requests: int | None = _opt(None, "die (-9) on receiving request N+1",
                                             type=int)
     crash_after_seconds: float | None = _opt(None, "die (-9) T s after ready", type=float)
