@@ -17,13 +17,14 @@ the simulator saw, for the tests of the worker's flow control (docs/development/
 - `--poison MARKER`: a chat request with MARKER in a message is answered 500, every time.
 - `--rpm N`: at most N generation requests a minute, with OpenAI's headers and 429
   (ratelimit.py).
-- `POST /sim/misbehave` starts a window now or switches any of these on a running server;
-  `GET /sim/stats` says what the server received and how it answered. Both are the
-  simulator's own routes (app.py): in every flavour, behind `--api-key`, never refused by a
-  window and never counted.
+- `POST /sim/misbehave` starts a window now or switches any of these on a running server
+  (`GET` reads them); `GET /sim/stats` says what the server received and how it answered.
+  They are the simulator's own routes (app.py): in every flavour, behind `--api-key`, never
+  refused by a window and never counted.
 
-`refusal` builds every one of these answers, so a status reads the same whichever
-misbehaviour sent it.
+`refusal` builds the answer of a status whichever misbehaviour sends it (a full server, a
+drawn failure, a window, a poison prompt), so a status reads the same from each; the words
+for a job too long and the budget's 429 are their engines' own (wording.py, ratelimit.py).
 """
 
 from __future__ import annotations
