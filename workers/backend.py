@@ -85,6 +85,8 @@ class Request:
     delivery: Delivery | None = None
     # Seconds it waited for a slot, over all of its sends.
     queue_wait_s: float = 0.0
+    # The server's answers before its first try (`Backend.settle` asks whether any came since).
+    answers_before: int | None = None
 
 
 class Backend:
@@ -167,6 +169,7 @@ class Backend:
             await watch.budget.resend()
         else:
             watch.budget.first_try()
+            request.answers_before = watch.rotation.answers
         checks, in_flight, delivery = self.checks, self.in_flight, request.delivery
         while True:
             try:
@@ -185,9 +188,6 @@ class Backend:
                 for _ in range(request.n):
                     in_flight.answered()
                 return response, latency
-            except OverloadedError:
-                # Refused, and /health fails too: a server starting or draining, not a full one.
-                await self._wait_down(request)
             except BadRequestError as exc:
                 checks.refused(exc)
                 learned = server.learn(exc.status, exc.message, body, request.body)
@@ -206,7 +206,7 @@ class Backend:
             except ServerDownError as exc:
                 waited = time.monotonic()
                 await self._wait_down(request)
-                if time.monotonic() - waited < UP_AT_ONCE_S:
+                if exc.status is None and time.monotonic() - waited < UP_AT_ONCE_S:
                     # /health answered at once: the server is up and dropped this request (a
                     # reset): its failure, counted and resent within the budget like a 5xx.
                     if await self._failed(exc, request):
@@ -214,16 +214,11 @@ class Backend:
                                                self.watch.rotation.reason) from None
                     await watch.budget.resend()
 
-    async def settle(self, exc: RetryableError, answers_before: int, tries: int) -> bool:
-        """Whether a prompt whose every try failed for a server-side reason failed for its own:
-        the server answered other requests since its first try (`answers_before`: `answers`
-        then), or answers a probe now. If not, the server is out of rotation."""
-        return await self.checks.settle(exc, answers_before, tries)
-
-    @property
-    def answers(self) -> int:
-        """Answers this server gave so far (a prompt's first try notes it: `settle`)."""
-        return self.watch.rotation.answers
+    async def settle(self, exc: RetryableError, request: Request, tries: int) -> bool:
+        """Whether `request`, whose every try failed for a server-side reason, failed for its
+        own: the server answered other requests since its first try, or answers a probe now.
+        If not, the server is out of rotation."""
+        return await self.checks.settle(exc, request.answers_before or 0, tries)
 
     def drain(self, grace_s: float) -> None:
         """A warm shutdown began: nothing more is sent (held, handed back), and what is still at
@@ -248,9 +243,10 @@ class Backend:
     async def _exchange(self, request: Request,
                         body: RequestBody) -> tuple[float, ChatCompletion]:
         """The request and its answer, holding its slots: when and what it was answered. A
-        refusal for a full server is waited out here, the slots kept, so that it frees none for
-        the next request to be refused in turn; the wait is the server's Retry-After or the
-        backoff, and draws on no budget. A refusal while /health fails too is raised (down)."""
+        refusal for a full server is waited out here (the one place an overload is caught), the
+        slots kept, so that it frees none for the next request to be refused in turn; the wait
+        is the server's Retry-After or the backoff, and draws on no budget. A refusal while
+        /health fails too is a server down (ServerDownError)."""
         refusals = 0
         task = asyncio.current_task()
         assert task is not None
@@ -266,7 +262,9 @@ class Backend:
                 return start, await self._client.chat(body)
             except OverloadedError as exc:
                 if self.checks.failures:
-                    raise
+                    # Refused while /health fails too: starting or draining, not full.
+                    raise ServerDownError(exc.message, status=exc.status,
+                                          code="server_down") from exc
                 refusals += 1
                 wait_s = self.in_flight.overloaded(exc, refusals)
                 log.debug("prompt %s: %s; sending again in %.1fs", request.name, exc.message,

@@ -411,7 +411,6 @@ class _Sender:
         the answers go back unsent (RequestHeldError)."""
         settings, backend = self.settings, self._backend
         tries = 0
-        answers = backend.answers
 
         async def one_try() -> tuple[ChatCompletion, float]:
             nonlocal tries
@@ -427,7 +426,7 @@ class _Sender:
             return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
                                  code=exc.code, sample=p.sample) for p in ask]
         except RetryableError as exc:
-            if not await backend.settle(exc, answers, tries):
+            if not await backend.settle(exc, request, tries):
                 raise RequestHeldError(RequestHeldError.OUT) from None
             return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
                                  code=exc.code, sample=p.sample) for p in ask]
