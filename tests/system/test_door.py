@@ -39,6 +39,7 @@ from tests.system.test_flow_control import (
     exactly_once,
     exported,
     first_attempts_only,
+    marked_rows,
     misbehave,
     sim_stats,
 )
@@ -156,8 +157,7 @@ def test_prompts_too_long_in_tgis_words_fail_alone_and_never_pause_the_job(
                        "--fail-prompt", marker)
     stack.worker(0, url)
     # A dataset sorted by length: 25 too long in a row.
-    rows = [{"id": f"q{i:04d}", "prompt": f"Question {i}" + (f", {marker}." if 40 <= i < 65
-                                                              else ".")} for i in range(120)]
+    rows = marked_rows(120, marker, range(40, 65))
     enqueue(stack, tmp_path, "tgi-long", rows)
     status = done_never_paused(stack, "tgi-long", timeout=240)
     assert (status.done, status.failed) == (95, 25)
@@ -174,8 +174,7 @@ def test_poison_prompts_fail_alone_after_their_tries_and_never_take_the_server_o
     marker = "poison pill"
     _, url = stack.sim("sim0", *QUICK, "--poison", marker)
     worker = stack.worker(0, url)
-    rows = [{"id": f"q{i:04d}", "prompt": f"Question {i}" + (f", {marker}." if 100 <= i < 160
-                                                              else ".")} for i in range(300)]
+    rows = marked_rows(300, marker, range(100, 160))
     enqueue(stack, tmp_path, "poison", rows)
     status = done_never_paused(stack, "poison", timeout=300)
     assert (status.done, status.failed) == (240, 60)

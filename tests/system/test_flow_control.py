@@ -76,6 +76,12 @@ def done_never_paused(stack: Stack, job: str, timeout: float) -> JobStatus:
     return wait_job_done(stack, job, timeout=timeout, on_tick=never_paused)
 
 
+def marked_rows(n: int, marker: str, marked: range) -> list[dict[str, Any]]:
+    """n one-line prompts, those at the indices of `marked` carrying `marker`."""
+    return [{"id": f"q{i:04d}", "prompt": f"Question {i}" + (f", {marker}." if i in marked
+                                                              else ".")} for i in range(n)]
+
+
 def exactly_once(lines: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     ids = [x.get("custom_id") or x["id"] for x in lines]
     assert sorted(ids) == sorted(iter_ids(rows)), "an id missing or twice in the export"
@@ -179,8 +185,7 @@ def test_thirty_prompts_too_long_in_a_row_fail_alone_and_never_pause_the_job(
     _, url = stack.sim("sim0", *QUICK, "--fail-prompt", marker)
     stack.worker(0, url)
     # A dataset sorted by length: lines 61-90 are all too long for the context.
-    rows = [{"id": f"q{i:04d}", "prompt": f"Question {i}" + (f", {marker}." if 60 <= i < 90
-                                                              else ".")} for i in range(150)]
+    rows = marked_rows(150, marker, range(60, 90))
     enqueue(stack, tmp_path, "long", rows)
     status = done_never_paused(stack, "long", timeout=240)
     assert (status.done, status.failed) == (120, 30)
