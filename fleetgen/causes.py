@@ -6,7 +6,8 @@ door, workers/backend.py `Backend.send`, executes it):
     cause        what it says                              the response
     overloaded   full or rate-limited: not run             wait (Retry-After or backoff), resend;
                                                            no attempt, no failure budget
-    down         not there (refused, starting, draining)   wait for /health; no attempt
+    down         not there (refused, starting, draining,   wait for /health, or hand the request
+                 hung)                                     back with its batch; no attempt
     server       the server failed this request            the prompt's attempts decide; counts
                                                            toward taking the server out only
                                                            with evidence about the server
@@ -43,8 +44,9 @@ Cause = Literal["overloaded", "down", "server", "prompt", "job"]
 # What ended a request without an HTTP status: refused or unreachable (`connect`), a connection
 # lost mid-request or a broken exchange (`reset`), no answer within the request timeout
 # (`timeout`), a generation the server ended without finishing it (`aborted`), an answer that
-# is not a whole one (`incomplete`: fewer choices than asked).
-Failure = Literal["connect", "reset", "timeout", "aborted", "incomplete"]
+# is not a whole one (`incomplete`: fewer choices than asked), a request abandoned at a server
+# that returns nothing at all (`hung`: workers/healthcheck.py finds it by its progress).
+Failure = Literal["connect", "reset", "timeout", "aborted", "incomplete", "hung"]
 
 # Codes of failures the failure breaker judges: a refusal the next prompt would meet too.
 JOB_CODES = frozenset({"invalid_request", "max_tokens_too_large", "model_not_found",
@@ -228,6 +230,8 @@ def _failure(reply: Reply) -> Verdict:
     match reply.failure:
         case "connect":
             return Verdict("down", "server_down", detail)
+        case "hung":
+            return Verdict("down", "server_hung", detail)
         case "timeout":
             return Verdict("server", "timeout", detail)
         case "aborted":

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fleetgen.causes import Reply, classify
 from fleetgen.errors import (
     BadRequestError,
     OverloadedError,
@@ -275,7 +276,11 @@ class Backend:
                 if why is None:
                     raise
                 task.uncancel()
-                raise RequestHeldError(why, self.watch.rotation.reason) from None
+                if why != RequestHeldError.OUT:
+                    raise RequestHeldError(why) from None
+                # A hung server: the table's verdict, not there (handed back, no attempt).
+                verdict = classify(Reply(failure="hung", detail=self.watch.rotation.reason or ""))
+                raise RequestHeldError(why, verdict.message) from None
             finally:
                 self._running.discard(task)
                 if replied:
