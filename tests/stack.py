@@ -121,6 +121,19 @@ class Stack:
         assert proc.alive(), proc.log()
         return proc, url
 
+    def router(self, name: str, backends: list[str], *flags: str) -> tuple[Proc, str]:
+        """A simulated router (launcher/sim/router.py) in front of `backends`."""
+        require_e2e("a router process")
+        port = free_port()
+        argv = [PYTHON, "-m", "launcher.sim.router", "--port", str(port), *flags,
+                *(arg for url in backends for arg in ("--backend", url))]
+        proc = Proc(name, argv, self.env(), self.tmp / f"{name}.log").start()
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: healthy(url) or not proc.alive(), 30, what=f"{name} healthy")
+        assert proc.alive(), proc.log()
+        return proc, url
+
     def worker(self, gpu: int, server_url: str, extra_env: Mapping[str, str] | None = None,
                name: str | None = None) -> Proc:
         require_e2e("a worker process")

@@ -153,9 +153,10 @@ class Server:
 
 
 async def detect(http: httpx.AsyncClient, timeout_s: float = 30.0) -> Server:
-    """Find what the server at `http`'s base URL is: a router by its router-manager info,
-    SGLang by its `/server_info`, vLLM by its `/metrics` names or `/v1/models` owner, anything
-    else as a plain OpenAI-compatible server.
+    """Find what the server at `http`'s base URL is: a router by its router-manager info (or
+    by models an engine owns with none of that engine's info or gauges), SGLang by its
+    `/server_info`, vLLM by its `/metrics` names or `/v1/models` owner, anything else as a plain
+    OpenAI-compatible server.
 
     httpx errors are raised (a server that is down is not a server of another kind)."""
     info = await fetch_server_info(http, timeout_s=timeout_s)
@@ -170,6 +171,10 @@ async def detect(http: httpx.AsyncClient, timeout_s: float = 30.0) -> Server:
         return Server(KINDS["vllm"], models, version=await _version(http, timeout_s))
     for owner in owners:
         if owner in OWNERS:
+            # Models an engine owns, but neither its info nor its gauges: a router or gateway
+            # in front of such engines (their /v1/models passed through).
+            if metrics.status_code != 200 or f"{owner}:" not in metrics.text:
+                return Server(KINDS["router"], models)
             return Server(KINDS[OWNERS[owner]], models)
     return Server(KINDS["openai"], models)
 
@@ -178,6 +183,9 @@ async def _models(http: httpx.AsyncClient, timeout_s: float) -> tuple[tuple[str,
                                                                       tuple[str, ...]]:
     """The ids and owners `/v1/models` lists (nothing where it has no such endpoint)."""
     response = await http.get("/v1/models", timeout=timeout_s)
+    if response.status_code >= 500:
+        # Not read now (a router whose backend failed it), which is not "no models".
+        response.raise_for_status()
     if response.status_code != 200:
         return (), ()
     try:

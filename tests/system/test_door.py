@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -226,3 +227,46 @@ def test_an_endpoint_with_a_request_budget_gets_no_timing_probes(
     # The prompts, their resends after a 429, and the probes before the budget was seen: no
     # probe a second for the job's length.
     assert stats["answered"] <= len(rows) + 3, stats
+
+
+def router_stats(url: str) -> list[dict[str, Any]]:
+    backends: list[dict[str, Any]] = httpx.get(f"{url}/router/stats", timeout=5).json()["backends"]
+    return backends
+
+
+def test_a_router_over_unequal_backends_is_sized_as_one_server_of_servers(
+        stack: Stack, tmp_path: Path) -> None:
+    slow = ("--decode-tps", "40", "--mean-output-tokens", "60", "--speed", "1")
+    _, large = stack.sim("sim-large", *slow, "--max-running-requests", "32")
+    _, small = stack.sim("sim-small", *slow, "--max-running-requests", "8")
+    _, url = stack.router("router", [large, small], "--flavor", "sglang-router")
+    worker = stack.worker(0, url)
+    rows = chat_rows(600)
+    enqueue(stack, tmp_path, "routed", rows)
+    done_clean(stack, tmp_path, "routed", rows, timeout=400)
+    log = worker.log_path.read_text()
+    assert "(router" in log, worker.log()
+    by_url = {b["url"]: b for b in router_stats(url)}
+    # Sized by the router, not by its smaller backend: the large one was kept full.
+    assert by_url[large]["peak_in_flight"] >= 32, by_url
+    assert by_url[small]["answered"] > 0
+
+
+def test_one_dead_backend_behind_a_router_never_takes_the_router_out(
+        stack: Stack, tmp_path: Path) -> None:
+    sim0, first = stack.sim("sim0", *QUICK, "--max-running-requests", "16")
+    _, second = stack.sim("sim1", *QUICK, "--max-running-requests", "16")
+    _, url = stack.router("router", [first, second])
+    # Tries a second or more apart, as by default: the router's own health check drops the
+    # dead backend within two seconds.
+    worker = stack.worker(0, url, {"FLEETGEN_RETRY_BACKOFF_S": "1",
+                                   "FLEETGEN_RETRY_BACKOFF_MAX_S": "4"})
+    rows = chat_rows(300)
+    enqueue(stack, tmp_path, "one-dead", rows)
+    wait_until(lambda: sim_stats(first)["answered"] >= 30, 120, what="the job under way")
+    sim0.kill()
+    done_never_paused(stack, "one-dead", timeout=300)
+    exactly_once(exported(stack, tmp_path, "one-dead"), rows)
+    assert "taken out of rotation" not in worker.log_path.read_text(), worker.log()
+    by_url = {b["url"]: b for b in router_stats(url)}
+    assert not by_url[first]["alive"] and by_url[first]["failed"] > 0, by_url
