@@ -10,6 +10,7 @@
     python -m tests.perf --only short --short-pairs 3   # figure 9: short answers, 3 pairs
     python -m tests.perf --only engines           # figure 10: vLLM and strict servers, no setting
     python -m tests.perf --only flow              # figure 11: a server under stress (~15 min)
+    python -m tests.perf --only door              # figure 12: the worker's door under faults
     python -m tests.perf real-engine --mode dry         # a real server (real_engine.py)
     python -m tests.perf replay                   # the reference run, hands-off (replay.py)
 
@@ -37,6 +38,7 @@ from launcher.services import RedisServer, S3Server
 from tests.perf import (
     capacity,
     crash,
+    door,
     engines,
     enqueue_cost,
     export_cost,
@@ -54,7 +56,7 @@ from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
 BENCHMARKS = ("saturation", "enqueue", "parquet", "overhead", "crash", "capacity", "export", "timings",
-              "short", "engines", "flow")
+              "short", "engines", "flow", "door")
 # Commands beside the suite, each with its own flags, processes and results folder:
 # `python -m tests.perf real-engine --help`.
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main,
@@ -81,6 +83,7 @@ class PerfConfig:
     keep: bool = False
     short_pairs: int = 1
     flow_scenarios: tuple[str, ...] = flow.SCENARIOS
+    door_scenarios: tuple[str, ...] = door.SCENARIOS
 
     def __post_init__(self) -> None:
         unknown = set(self.only) - set(BENCHMARKS)
@@ -114,6 +117,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                    help="figure 9: runs of each pipeline, alternating")
     p.add_argument("--flow-scenario", action="append", choices=flow.SCENARIOS,
                    help="figure 11: this scenario only (repeatable)")
+    p.add_argument("--door-scenario", action="append", choices=door.SCENARIOS,
+                   help="figure 12: this scenario only (repeatable)")
     a = p.parse_args(argv)
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
@@ -123,7 +128,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                       export_baseline=a.export_baseline, s3=a.s3, profile=not a.no_profile,
                       worker_env=env, batch_size=a.batch_size, keep=a.keep,
                       short_pairs=a.short_pairs,
-                      flow_scenarios=tuple(a.flow_scenario or flow.SCENARIOS))
+                      flow_scenarios=tuple(a.flow_scenario or flow.SCENARIOS),
+                      door_scenarios=tuple(a.door_scenario or door.SCENARIOS))
 
 
 class Suite:
@@ -141,7 +147,7 @@ class Suite:
             "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
             "timings": self.timings, "short": self.short, "engines": self.engines,
-            "flow": self.flow}
+            "flow": self.flow, "door": self.door}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -255,6 +261,10 @@ class Suite:
         self.results["flow"] = flow.run_flow(self.tmp / "flow", self.redis.url,
                                              self.cfg.flow_scenarios)
 
+    def door(self) -> None:
+        self.results["door"] = door.run_door(self.tmp / "door", self.redis.url,
+                                             self.cfg.door_scenarios)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite (or a command of COMMANDS); exit 0 when every figure met its target, 1
@@ -276,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         paths = report.write(cfg.out, suite.results, suite.runs)
         if "flow" in suite.results:
             paths.append(flow.write(cfg.out, suite.results))
+        if "door" in suite.results:
+            paths.append(door.write(cfg.out, suite.results))
     finally:
         if not cfg.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    rows = report.rows(suite.results) + flow.rows(suite.results)
+    rows = report.rows(suite.results) + flow.rows(suite.results) + door.rows(suite.results)
     print(report.table(rows))
     print("\nwrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                  for p in paths) + (f"; run folder {tmp}" if cfg.keep else ""))
