@@ -471,16 +471,18 @@ class InFlight:
         if self._budget is not None or isinstance(self.control, QueueWatch):
             return
         base = min(MAX_LIMIT, per_window or MAX_LIMIT)
-        how = (f"a request budget of {per_window} per window: grown on answers up to that, cut "
-               "by its 429s" if per_window else "a request budget (it answered 429): grown on "
+        how = (f"a request budget of {per_window} per window: up to that in flight, cut by its "
+               "429s" if per_window else "a request budget (it answered 429): grown on "
                "answers, cut by its 429s, no timing probes")
         self._budget = ServerCapacity(base, None, how, configured=False)
         self.control = None
         self.capacity = self._budget
         log.info("worker %s: %s has %s", self._worker, self._server_url, how)
-        # From what runs now, grown each quiet second (the ceiling), never a jump to the base.
-        self._watch.ceiling.hold(max(self.limit, PROBE_START))
-        self._apply(base)
+        if not per_window:
+            # No figure to go by: from what runs now, grown each quiet second (the ceiling),
+            # never a jump to the largest limit. A stated budget is kept in flight at once.
+            self._watch.ceiling.hold(max(self.limit, PROBE_START))
+        self._apply(base + self._margin(base))  # as `found` keeps it at the next refresh
 
     def forget(self, *, restarted: bool) -> None:
         """What was measured of the server holds no more. Another server (another kind, other

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.limits import Limiter
+from fleetgen.servers import KINDS, Server
+from fleetgen.settings import Settings
+from workers.flow import ServerWatch
+from workers.limits import PROBE_START, InFlight, Limiter, queue_margin
 
 
 async def _holders(limiter: Limiter, names: list[str], entered: list[str],
@@ -137,3 +140,29 @@ def test_a_request_of_several_answers_holds_a_slot_per_answer_and_keeps_its_turn
         assert limiter.active == 0
 
     asyncio.run(scenario())
+
+
+def in_flight_of_a_server_that_states_nothing() -> tuple[InFlight, ServerWatch]:
+    watch = ServerWatch()
+    in_flight = InFlight(Settings(), "w0@test", "http://fake", watch)
+    in_flight.found(Server(KINDS["openai"], ("m",)))
+    return in_flight, watch
+
+
+def test_a_stated_request_budget_is_kept_in_flight_at_once_and_probes_stop() -> None:
+    in_flight, _ = in_flight_of_a_server_that_states_nothing()
+    in_flight.budgeted(60)
+    assert in_flight.control is None
+    assert in_flight.limit == 60 + queue_margin(Settings(), 60)
+    # Found again at the next refresh: still the budget, never a probe controller.
+    in_flight.found(Server(KINDS["openai"], ("m",)))
+    assert in_flight.control is None and in_flight.limit == 66
+
+
+def test_an_unstated_budget_grows_from_what_runs_each_quiet_second() -> None:
+    in_flight, watch = in_flight_of_a_server_that_states_nothing()
+    before = in_flight.limit
+    in_flight.budgeted(None)
+    assert in_flight.control is None
+    assert in_flight.limit == max(before, PROBE_START)
+    assert watch.ceiling.value == in_flight.limit
