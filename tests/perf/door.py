@@ -55,6 +55,9 @@ import httpx
 import orjson
 
 from fleetgen.ledger import Ledger
+from fleetgen.settings import Settings
+from launcher.ports import free_port
+from launcher.services import RedisServer
 from tests.engine_model import TEMPERATURE, TOP_P
 from tests.perf.analysis import Requests
 from tests.perf.fleet import PRODUCTION_WORKER_ENV, READY_TIMEOUT_S, Fleet, Sim, Worker, wait_for
@@ -75,13 +78,14 @@ from tests.perf.flow import (
 )
 from tests.perf.report import Row, table
 from tests.perf.sampler import WORKER_FAMILIES, Sampler
-from tests.stack import CELERY, PYTHON, Proc, healthy
+from tests.stack import CELERY, PYTHON, ROOT, Proc, healthy
 
 SCENARIOS = ("burst-500", "overloaded-529", "rpm-60", "poison-60", "hung", "router-unequal")
-# The direct client's retry policy: fleetgen's defaults (fleetgen/settings.py).
-PROMPT_TRIES = 4
-RETRY_BACKOFF_S = 2.0
-RETRY_BACKOFF_MAX_S = 60.0
+# The direct client's retry policy is fleetgen's defaults (4 tries, 2 s doubling up to 60 s).
+_DEFAULTS = Settings()
+PROMPT_TRIES = _DEFAULTS.prompt_max_attempts
+RETRY_BACKOFF_S = _DEFAULTS.retry_backoff_s
+RETRY_BACKOFF_MAX_S = _DEFAULTS.retry_backoff_max_s
 # Statuses that say "busy, come back" rather than "failed": resent without spending a try.
 BUSY = frozenset({429, 503, 529})
 DIRECT_MARGIN = 2
@@ -160,8 +164,6 @@ def start_worker(fleet: Fleet, gpu: int, server_url: str, trees: Trees) -> Worke
     """`Fleet.worker`, or the same command run from another tree's checkout."""
     if trees.workers is None:
         return fleet.worker(gpu, server_url)
-    from launcher.ports import free_port
-
     name, port = f"worker{gpu}", free_port()
     argv = [CELERY, "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@perf",
             "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
@@ -399,8 +401,6 @@ def router_unequal(folder: Path, redis_url: str, trees: Trees, big: int = 32, sm
 
 def _router(fleet: Fleet, big: int, small: int) -> str:
     """Two recording simulators and `launcher.sim.router` in front of them; its URL."""
-    from launcher.ports import free_port
-
     backends = [fleet.sim(f"gpu0-{slots}", sim_flags(slots, "sglang")).url
                 for slots in (big, small)]
     port = free_port()
@@ -543,9 +543,6 @@ def write(out: Path, results: dict[str, Any]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tests.perf.door`: figure 12 alone, optionally with another tree's workers."""
-    from launcher.services import RedisServer
-    from tests.stack import ROOT
-
     p = argparse.ArgumentParser(prog="python -m tests.perf.door", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable")
     p.add_argument("--worker-tree", type=Path, help="run the workers from this checkout")
