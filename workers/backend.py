@@ -111,7 +111,7 @@ class Backend:
                                    lambda: self.registration.publish())
         self.checks = HealthChecks(worker, server_url, self._client, self.watch, self.in_flight,
                                    self.discovery, lambda: self.registration.publish(),
-                                   self._abandon)
+                                   self._abandon, lambda: len(self._running))
         self.load = LoadWatch(worker, server_url, self._client, self.watch, self.in_flight,
                               self.discovery)
         self.registration = Registration(settings, worker, server_url, queues, loop, live,
@@ -256,7 +256,7 @@ class Backend:
         while True:
             start = time.monotonic()
             metrics.request_started(job, worker, server)
-            progress.sending(self.in_flight.active - request.n)
+            progress.sending(len(self._running))
             self._running.add(task)
             replied = True
             try:
@@ -284,10 +284,13 @@ class Backend:
             finally:
                 self._running.discard(task)
                 if replied:
-                    progress.replied(self.in_flight.active - request.n)
+                    progress.replied(len(self._running))
                 metrics.request_ended(job, worker, server)
             await asyncio.sleep(wait_s)
             self._may_send(request)
+            # Over a ceiling cut meanwhile: wait in line for a slot again, so that no more
+            # refused requests go back at once than the ceiling lets in.
+            await self.in_flight.requeue(request.n)
 
     def _abandon(self, why: str) -> None:
         """Give up every request at the server now (hung, or a warm shutdown's grace over):

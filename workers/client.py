@@ -85,8 +85,8 @@ class ServerClient:
         # adds anyway, and each header passed down is converted twice (~3% of the worker).
         self._chat_url = httpx.URL(self.base_url + CHAT_PATH)
         self._chat_headers = httpx.Headers({**headers, **JSON})
-        # Whether the endpoint has a request budget (it states one, or refused a request with
-        # 429): every extra request (a timing probe) then spends it. The budget when stated.
+        # Whether the endpoint states a request budget: every extra request (a timing probe)
+        # then spends it. The budget, when it is a number.
         self.budgeted = False
         self.requests_per_window: int | None = None
 
@@ -176,16 +176,16 @@ class ServerClient:
         raise error_of(classify(Reply(failure=failure, detail=detail)), None) from exc
 
     def _note_budget(self, response: httpx.Response) -> None:
-        """Learn that the endpoint has a request budget: its rate-limit header, or a 429."""
+        """Learn that the endpoint has a request budget: it states one (a bare 429 is a full
+        server, which the overload ceiling handles)."""
         stated = response.headers.get(RATE_LIMIT_HEADER)
-        if stated is None and response.status_code != 429:
+        if stated is None:
             return
         self.budgeted = True
-        if stated is not None and stated.strip().isdigit():
+        if stated.strip().isdigit():
             self.requests_per_window = int(stated)
-        log.info("%s has a request budget (%s): sized from its answers and refusals, no "
-                 "timing probes", self.base_url,
-                 f"{RATE_LIMIT_HEADER}: {stated}" if stated is not None else "it answered 429")
+        log.info("%s has a request budget (%s: %s): sized from its answers and refusals, no "
+                 "timing probes", self.base_url, RATE_LIMIT_HEADER, stated)
 
     @staticmethod
     def _raise_for_status(response: httpx.Response) -> None:

@@ -58,7 +58,7 @@ class HealthChecks:
 
     def __init__(self, worker: str, server_url: str, client: ServerClient, watch: ServerWatch,
                  in_flight: InFlight, discovery: Discovery, publish: Callable[[], None],
-                 abandon: Callable[[str], None]) -> None:
+                 abandon: Callable[[str], None], at_server: Callable[[], int]) -> None:
         self._worker = worker
         self._server_url = server_url
         self._client = client
@@ -67,8 +67,10 @@ class HealthChecks:
         self._discovery = discovery
         # Tells the registry at once when the server leaves or rejoins the rotation.
         self._publish = publish
-        # Gives up the requests at the server (a hung one): workers/backend.py.
+        # Gives up the requests at the server (a hung one), and counts them (not those waiting
+        # out a full server's Retry-After): workers/backend.py.
         self._abandon = abandon
+        self._at_server = at_server
         # Consecutive failed /health probes; the consumer gate reads it (gate.py).
         self.failures = 0
         # The probe a run of failures called for, shared by every request that failed meanwhile.
@@ -141,7 +143,7 @@ class HealthChecks:
         progress, rotation = self._watch.progress, self._watch.rotation
         while True:
             await asyncio.sleep(PROGRESS_TICK_S)
-            active = self._in_flight.active
+            active = self._at_server()
             quiet = progress.quiet_s(active)
             if (quiet is None or not rotation.in_rotation or self._discovery.server is None
                     or quiet < progress.stall_s()):

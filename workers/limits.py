@@ -257,6 +257,19 @@ class Limiter:
         self.active -= count
         self._hand_over()
 
+    async def requeue(self, count: int) -> None:
+        """Holding `count` slots while the limit was cut below what is held: give them up and
+        wait in line for them again (still holding them afterwards, however this ends, for the
+        holder's own release)."""
+        if self.active <= self.limit:
+            return
+        self.release(count)
+        try:
+            await self.acquire(count)
+        except BaseException:
+            self.active += count  # not handed them: the holder releases what it took at first
+            raise
+
     async def set_limit(self, limit: int) -> None:
         self.limit = max(1, limit)
         self._hand_over()
@@ -323,6 +336,11 @@ class InFlight:
     def slots(self, count: int) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold `count` slots (one request of `count` answers), waiting in turn for them."""
         return self._limiter.slots(count)
+
+    async def requeue(self, count: int) -> None:
+        """A request refused for a full server, about to go again, holding `count` slots: over
+        a ceiling cut meanwhile, it waits in line for them again."""
+        await self._limiter.requeue(count)
 
     def wants_idle_probe(self, server: Server) -> bool:
         """Whether the server's limit is to be found by timing probes and no controller does it

@@ -166,3 +166,27 @@ def test_an_unstated_budget_grows_from_what_runs_each_quiet_second() -> None:
     assert in_flight.control is None
     assert in_flight.limit == max(before, PROBE_START)
     assert watch.ceiling.value == in_flight.limit
+
+
+def test_a_holder_over_a_cut_limit_waits_in_line_again_and_a_cancelled_one_keeps_the_count() -> None:
+    async def scenario() -> None:
+        limiter = Limiter(4)
+        for _ in range(4):
+            await limiter.acquire(1)
+        await limiter.set_limit(2)
+        # Four hold slots under a limit of two: two of them wait in line again.
+        again = [asyncio.create_task(limiter.requeue(1)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert limiter.active == 2 and sum(t.done() for t in again) == 1
+        again[1].cancel()
+        await asyncio.sleep(0.01)
+        # Cancelled in line: counted as held again, for its holder's own release.
+        assert limiter.active == 3 and again[1].cancelled()
+        for _ in range(3):
+            limiter.release(1)
+        await asyncio.sleep(0.01)
+        assert again[2].done() and limiter.active == 1
+        await limiter.requeue(1)  # under the limit: keeps its slot, no wait
+        assert limiter.active == 1
+
+    asyncio.run(scenario())
