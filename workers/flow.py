@@ -77,9 +77,6 @@ OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 0.5, 4.0
 # the answers' length.
 DECREASE = 0.9
 CUT_EVERY_S = GROW_EVERY_S = 1.0
-# Past what the server took before, a quiet second adds an eighth (at least one): a server
-# whose capacity rose is found again within seconds, and one refusal cuts the overshoot.
-GROW_SHARE = 8
 # Resend tokens: earned per first try and per answer (two: a server answering again gets its
 # backlog back doubling each round trip, as TCP's slow start), the trickle that keeps a lone
 # request going, the least cap (the in-flight limit raises it: a whole server's worth of
@@ -145,10 +142,9 @@ class Ceiling:
     lifted once it no longer binds.
 
     The first refusal of an episode says how many the server took (`good`: what was in flight
-    less the refused one). A quiet second doubles the ceiling back up to that, then adds an
-    eighth: after an outage the server is full again within seconds, and at a server that
-    refuses only beyond its slots the ceiling rises a little past them before the next
-    refusal."""
+    less the refused one). A quiet second doubles the ceiling back up to that, then adds one:
+    after an outage the server is full again within seconds, and at a server that refuses only
+    beyond its slots the ceiling rises past them by one before the next refusal."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.value: int | None = None
@@ -185,8 +181,7 @@ class Ceiling:
         if now - self._changed_at < GROW_EVERY_S:
             return False
         self._changed_at = now
-        self.value = (min(2 * self.value, self.good) if self.value < self.good
-                      else self.value + max(1, self.value // GROW_SHARE))
+        self.value = min(2 * self.value, self.good) if self.value < self.good else self.value + 1
         if self.value >= limit:
             self.value = None
         return True

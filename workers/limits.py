@@ -483,15 +483,16 @@ class InFlight:
         self._apply(limit)
 
     def budgeted(self, per_window: int | None) -> None:
-        """The endpoint has a request budget (a hosted one): stop timing probes, which would
-        spend it, and keep what it allows in flight (its stated requests per window, else what
-        is in flight now), cut by its 429s and grown back by its answers (the ceiling)."""
+        """The endpoint states a request budget (a hosted one): stop timing probes, which would
+        spend it, and keep what it allows in flight (its requests per window, else, when the
+        figure is not a number, what is in flight now, grown back by its answers), cut by its
+        429s (the ceiling)."""
         if self._budget is not None or isinstance(self.control, QueueWatch):
             return
         base = min(MAX_LIMIT, per_window or MAX_LIMIT)
         how = (f"a request budget of {per_window} per window: up to that in flight, cut by its "
-               "429s" if per_window else "a request budget (it answered 429): grown on "
-               "answers, cut by its 429s, no timing probes")
+               "429s" if per_window else "a request budget it states without a figure: grown "
+               "on answers, cut by its 429s, no timing probes")
         self._budget = ServerCapacity(base, None, how, configured=False)
         self.control = None
         self.capacity = self._budget

@@ -44,9 +44,9 @@ def test_an_overload_cuts_the_ceiling_once_a_burst_and_quiet_seconds_grow_it_bac
         clock.t += 1.0
         ceiling.grow(limit=24)
         values.append(ceiling.value)
-    # Doubling back to what the server took, then an eighth more a second; lifted once it is
-    # the limit.
-    assert values == [4, 8, 16, 19, 21, 23, None]
+    # Doubling back to what the server took, then one more a second; lifted once it is the
+    # limit.
+    assert values == [4, 8, 16, 19, 20, 21, 22, 23, None]
 
 
 def test_resends_are_a_fifth_of_first_tries_plus_one_a_second() -> None:
