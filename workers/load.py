@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fleetgen.errors import GenerationError
+from fleetgen.errors import GenerationError, OverloadedError
 from fleetgen.readings import ServerReading, read_server_within
 from workers.client import ServerClient
 from workers.discovery import Discovery
@@ -83,6 +83,11 @@ class LoadWatch:
         in_flight = self._in_flight.active
         try:
             latency = await self._discovery.probe(LOAD_READ_S)
+        except OverloadedError:
+            # Refused for being full: no free slot, so no faster probing (the ceiling has it).
+            if isinstance(self._in_flight.control, QueueProbe):
+                self._in_flight.control.growing = False
+            return
         except GenerationError as exc:
             log.debug("worker %s: probe unanswered (%s)", self._worker, exc)
             return
