@@ -408,6 +408,8 @@ class InFlight:
         before = limiter.limit
         limiter.limit = max(1, limit)
         limiter.resize()
+        # As many resends may be out at once as requests (flow.py RetryBudget).
+        self._watch.budget.sized(limiter.limit)
         capacity = self.capacity.effective if self.capacity else limit
         metrics.set_server_capacity(self._worker, self._server_url, capacity, limiter.limit)
         if limiter.limit != before:
