@@ -249,7 +249,7 @@ def _refusal(fields: ErrorFields, message: str) -> Verdict:
     text = fields.message
     if kinds & _CONTENT_CODES or _CONTENT_WORDS.search(text):
         return Verdict("prompt", "content_filtered", message)
-    if "model_not_found" in kinds or (_MODEL_WORDS.search(text) and "model" in text.lower()
+    if "model_not_found" in kinds or (_MODEL_WORDS.search(text)
                                       and not _PROMPT_TOO_LONG.search(text)):
         return Verdict("job", "model_not_found", message)
     tokens = _token_verdict(fields, message)
