@@ -20,6 +20,7 @@
         JobNotRunningError   a batch of a paused or cancelled job was dropped
         JobBusyError         another command holds the job's lock (enqueue, requeue, rebuild)
         ModelChoiceError     the server serves several models and the job names none
+        RolloutError         the job's rollout cannot be imported here, or is another version
       SettingsError          an environment variable fleetgen cannot use (settings.py)
       WorkerConfigError      the worker cannot tell which server to use (runtime.py)
       PreflightError         the worker cannot work as configured: it refuses to start (preflight.py)
@@ -134,3 +135,8 @@ class SinkUnusableError(SinkError):
 
 class PreflightError(FleetgenError):
     """The worker cannot do its work as configured."""
+
+
+class RolloutError(JobError):
+    """A job's rollout cannot be used here: not importable, not a rollout, or another version
+    of its module than the job's (fleetgen/rollouts)."""
