@@ -35,7 +35,7 @@ from launcher.sim.responses import ChatView
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
 from launcher.sim.stress import media_type
-from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
+from launcher.sim.textgen import OutputPlan, TextRequest, plan_output, read_conversation
 
 STREAM_TICK = 0.02  # wall seconds between stream writes, whatever --speed is
 JSON = "application/json"
@@ -159,7 +159,9 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     prompt_tokens, max_new = _check_context(sim, req, prompt_tokens,
                                             sim.fail_prompt_hit(given_rid, texts))
     sim.fail_if_poisoned(texts)
-    key = "\x00".join(f"{m.role}\x01{t}" for m, t in zip(req.messages, texts, strict=True))
+    roles_texts = [(m.role, t) for m, t in zip(req.messages, texts, strict=True)]
+    conversation = read_conversation(roles_texts)
+    key = "\x00".join(f"{role}\x01{t}" for role, t in roles_texts)
     key_bytes = (key + "\x02" + ",".join(t["function"]["name"] for t in tools)).encode()
     sim.fail_if_drawn(key_bytes, index)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -177,6 +179,7 @@ def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
             key=key_bytes, seed=seed, mean_tokens=cfg.mean_output_tokens,
             sigma=cfg.output_sigma, limit=max_new if max_new is not None else room,
             thinking=thinking, tools=tools, tool_choice=choice, tool_rate=cfg.tool_call_rate,
+            max_tool_turns=cfg.max_tool_turns, conversation=conversation,
             parse_tools=cfg.tool_call_parser is not None and flavor != "strict",
             boilerplate_rate=cfg.boilerplate_rate if cfg.mode == "thinking-off" else 0.0,
             ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, stop=stop))

@@ -145,6 +145,11 @@ class SimConfig:
                                    type=float)
     tool_call_rate: float = _opt(0.5, "share of answers that call a tool when tools given",
                                  type=float)
+    # A program's tool loop (call, run, answer) must end even when the model keeps calling.
+    # 3: a program sees several rounds and then the end, and a test that reaches it is short.
+    max_tool_turns: int = _opt(3, "an answer calls no tool once the conversation holds N tool "
+                               "results (role tool), whatever tool_choice says; 0: never calls",
+                               type=int, metavar="N")
     speculative_accept_length: float = _opt(3.2, "accept len shown with spec", type=float)
     speculative_accept_rate: float | None = _opt(None, "accept rate (default from length)",
                                                  type=float)
@@ -213,6 +218,8 @@ class SimConfig:
         for name in ("fail_rate", "abort_rate", "boilerplate_rate", "tool_call_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1]")
+        if self.max_tool_turns < 0:
+            raise ConfigError(f"--max-tool-turns must be >= 0, got {self.max_tool_turns}")
         if self.step_ms_per_request < 0:
             raise ConfigError("--step-ms-per-request must be >= 0")
         if self.decode_log_interval < 1:

@@ -16,7 +16,7 @@ split, the usage in the last stream chunk and no `[DONE]` (docs/development/simu
 
 from __future__ import annotations
 
-import hashlib
+import uuid
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -76,10 +76,12 @@ def reasoning_tokens(plan: OutputPlan, n: int, view: ChatView) -> int:
     return plan.think_end + 1 if 0 <= plan.think_end < n else n
 
 
-def _tool_calls(plan: OutputPlan, rid: str) -> list[ToolCall] | None:
+def _tool_calls(plan: OutputPlan) -> list[ToolCall] | None:
     if plan.tool_call is None:
         return None
-    call_id = "call_" + hashlib.blake2b(rid.encode(), digest_size=12).hexdigest()
+    # SGLang's own id: unique per call, so a program can key the tool results by it (the
+    # choices of a request with n > 1 included)
+    call_id = "call_" + uuid.uuid4().hex[:24]
     return [{"id": call_id, "index": 0, "type": "function",
              "function": {"name": plan.tool_call.name, "arguments": plan.tool_call.arguments}}]
 
@@ -88,7 +90,7 @@ def split_output(plan: OutputPlan, n: int, view: ChatView,
                  complete: bool) -> tuple[str | None, str, list[ToolCall] | None]:
     """(reasoning_content, content, tool_calls) of the first `n` tokens."""
     pieces = plan.pieces[:n]
-    tools = _tool_calls(plan, view.rid) if complete and plan.tool_span else None
+    tools = _tool_calls(plan) if complete and plan.tool_span else None
     if tools and plan.tool_span:
         start, end = plan.tool_span
         pieces = pieces[:start] + pieces[end:]
@@ -156,11 +158,10 @@ def several_body(bodies: list[bytes]) -> bytes:
     return orjson.dumps(out)
 
 
-def _vllm_tool_calls(tools: list[ToolCall] | None, rid: str) -> list[dict[str, Any]]:
-    """vLLM's ToolCall dumps: `chatcmpl-tool-<hex>` ids, no index."""
-    digest = hashlib.blake2b(rid.encode(), digest_size=16).hexdigest()
-    return [{"id": f"chatcmpl-tool-{digest}", "type": "function", "function": t["function"]}
-            for t in tools or ()]
+def _vllm_tool_calls(tools: list[ToolCall] | None) -> list[dict[str, Any]]:
+    """vLLM's ToolCall dumps: `chatcmpl-tool-<hex>` ids (a random UUID each), no index."""
+    return [{"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+             "function": t["function"]} for t in tools or ()]
 
 
 def _vllm_usage(view: ChatView, n: int) -> dict[str, Any]:
@@ -178,7 +179,7 @@ def _vllm_body(plan: OutputPlan, n: int, view: ChatView, aborted: str | None) ->
     reasoning, content, tools = split_output(plan, n, view, complete=not aborted)
     message: dict[str, Any] = {
         "role": "assistant", "content": content or None, "refusal": None, "annotations": None,
-        "audio": None, "function_call": None, "tool_calls": _vllm_tool_calls(tools, view.rid),
+        "audio": None, "function_call": None, "tool_calls": _vllm_tool_calls(tools),
         view.reasoning_field: reasoning if view.show_reasoning else None}
     finish, _ = finish_of(plan, aborted)
     return orjson.dumps({
@@ -312,7 +313,7 @@ class VllmChunkWriter(ChunkWriter):
 
     def tools(self, calls: list[ToolCall]) -> bytes:
         """The parsed tool calls in one delta."""
-        tools = [{**call, "index": 0} for call in _vllm_tool_calls(calls, self.view.rid)]
+        tools = [{**call, "index": 0} for call in _vllm_tool_calls(calls)]
         return self._head + orjson.dumps({"tool_calls": tools}) + self._tail
 
     def finish(self, finish: str, matched: int | str | None) -> bytes:

@@ -2,10 +2,16 @@
 
 A request's content digest seeds every draw: the natural answer length (lognormal with the
 configured mean), the share spent thinking, where in a fixed English-like corpus the text
-starts, whether a tool is called and whether a boilerplate "OK." is given. The plan is then
-cut by max_new_tokens / the context, `min_tokens`, `ignore_eos` and stop strings exactly as
-SGLang's scheduler would: stop strings are searched in the whole raw output (thinking
-included), the matched string is trimmed, and EOS counts as one completion token.
+starts, whether a tool is called and with which arguments, and whether a boilerplate "OK." is
+given. The plan is then cut by max_new_tokens / the context, `min_tokens`, `ignore_eos` and
+stop strings exactly as SGLang's scheduler would: stop strings are searched in the whole raw
+output (thinking included), the matched string is trimmed, and EOS counts as one completion
+token.
+
+Multi-step programs get answers they can act on (docs/development/simulator.md#programs): a
+tool call's arguments conform to the tool's JSON schema, an answer after tool results quotes
+the last one, a tool loop ends after `max_tool_turns` results, and a best-of-n judge prompt
+(`BEST:` and candidates marked `[1]`, `[2]`, ...) is answered `BEST: k`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import bisect
 import hashlib
 import math
 import random
+import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -39,6 +47,16 @@ _WORDS_TEXT = (
     "simple clear likely better rather total small large final whole"
 )
 _WORDS = tuple(_WORDS_TEXT.split())
+# Tool-call string arguments: short words a registered Python function can take as they are.
+_ARG_WORDS = ("paris", "london", "tokyo", "apple", "river", "green", "north", "python",
+              "report", "summer")
+# A string parameter so named gets an arithmetic expression a calculator tool can evaluate.
+_EXPRESSION_NAMES = frozenset(("expression", "expr", "formula", "equation", "calculation",
+                               "math", "arithmetic"))
+SMALL_SPAN = 9  # integers are drawn from [low, low + 9]: small, within the schema's bounds
+TOOL_RESULT_ROLES = ("tool", "function")
+JUDGE_MARK = "BEST:"
+_CANDIDATE = re.compile(r"^[ \t]*\[(\d+)\]", re.MULTILINE)
 
 
 def _piece_id(piece: str) -> int:
@@ -88,6 +106,29 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """What a chat's messages ask of the answer beyond their digest.
+
+    `judge_candidates` is None unless the last user message is a best-of-n judge prompt;
+    then it is the number of distinct candidate markers (`[1]`, `[2]`, ... at line starts),
+    at least 1."""
+
+    tool_results: int = 0
+    last_tool_result: str | None = None
+    judge_candidates: int | None = None
+
+
+def read_conversation(messages: Sequence[tuple[str, str]]) -> Conversation:
+    """The tool results and judge prompt in `messages`, given as (role, text) pairs."""
+    results = [text for role, text in messages if role in TOOL_RESULT_ROLES]
+    users = [text for role, text in messages if role == "user"]
+    judge = None
+    if users and JUDGE_MARK in users[-1]:
+        judge = max(1, len(set(_CANDIDATE.findall(users[-1]))))
+    return Conversation(len(results), results[-1] if results else None, judge)
+
+
+@dataclass(frozen=True)
 class TextRequest:
     """What decides an output: content digest, switches, and the cuts to apply."""
 
@@ -100,7 +141,9 @@ class TextRequest:
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: Any = "auto"
     tool_rate: float = 0.0
+    max_tool_turns: int = 3
     parse_tools: bool = True
+    conversation: Conversation = field(default_factory=Conversation)
     boilerplate_rate: float = 0.0
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -133,29 +176,133 @@ class OutputPlan:
         return self.think_end + 1 if self.think_end >= 0 else self.n_tokens
 
 
-def _arguments(function: dict[str, Any]) -> str:
-    params = function.get("parameters") or {}
-    props = params.get("properties") if isinstance(params, dict) else None
-    samples = {"string": "example", "integer": 1, "number": 1.0, "boolean": True,
-               "array": [], "object": {}}
-    args = {}
-    for name, schema in (props or {}).items():
-        schema = schema if isinstance(schema, dict) else {}
-        enum = schema.get("enum")
-        args[name] = enum[0] if enum else samples.get(str(schema.get("type")), "example")
-    return orjson.dumps(args).decode()
+def _schema_type(schema: dict[str, Any]) -> str:
+    kind = schema.get("type")
+    if isinstance(kind, list):  # ["string", "null"]: the first type that is not null
+        kind = next((k for k in kind if k != "null"), "null")
+    if isinstance(kind, str):
+        return kind
+    return "object" if "properties" in schema else "string"
 
 
-def _choose_tool(req: TextRequest, u: float, pick: int) -> ToolCall | None:
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, step: int) -> float | None:
+    """A numeric bound of `schema`, an exclusive one moved `step` inside."""
+    for key, shift in ((inclusive, 0), (exclusive, step)):
+        value = schema.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value + shift
+    return None
+
+
+def _small_int(schema: dict[str, Any], rng: random.Random) -> int:
+    low_bound = _bound(schema, "minimum", "exclusiveMinimum", 1)
+    high_bound = _bound(schema, "maximum", "exclusiveMaximum", -1)
+    high = None if high_bound is None else math.floor(high_bound)
+    default_low = 1 if high is None else min(1, high)
+    low = default_low if low_bound is None else math.ceil(low_bound)
+    high = low + SMALL_SPAN if high is None else max(low, min(high, low + SMALL_SPAN))
+    return rng.randint(low, high)
+
+
+def _string(schema: dict[str, Any], name: str, rng: random.Random) -> str:
+    word, day = rng.choice(_ARG_WORDS), rng.randint(10, 28)
+    formats = {"date": f"2026-01-{day}", "date-time": f"2026-01-{day}T10:30:00Z",
+               "email": f"{word}@example.com", "uri": f"https://example.com/{word}"}
+    if schema.get("format") in formats:
+        return formats[str(schema["format"])]
+    if name.lower() in _EXPRESSION_NAMES:
+        return f"{rng.randint(2, 20)} {rng.choice('+-*')} {rng.randint(2, 20)}"
+    min_length, max_length = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(min_length, int) and len(word) < min_length:
+        word = (word * min_length)[:min_length]
+    return word[:max_length] if isinstance(max_length, int) else word
+
+
+def sample_value(schema: Any, name: str, rng: random.Random) -> Any:
+    """A value that conforms to the JSON schema `schema` of a parameter called `name`:
+    a short word (an arithmetic expression for names such as "expression"), a small
+    number within the bounds, a boolean, one of the enum's values, or an object or array
+    of such values. `const`, `enum`, `anyOf`/`oneOf` (the first branch that is not null) and
+    `allOf` (merged) are honoured; `$ref` and `pattern` are not."""
+    schema = schema if isinstance(schema, dict) else {}
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return rng.choice(enum)
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            typed = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
+            return sample_value((typed or branches)[0], name, rng)
+    parts = schema.get("allOf")
+    if isinstance(parts, list) and parts:
+        merged = {k: v for part in parts if isinstance(part, dict) for k, v in part.items()}
+        return sample_value({**schema, **merged, "allOf": None}, name, rng)
+    kind = _schema_type(schema)
+    if kind == "object":
+        return _object(schema, rng)
+    if kind == "array":
+        min_items = schema.get("minItems")
+        count = max(1, min_items) if isinstance(min_items, int) else 1
+        if schema.get("maxItems") == 0:
+            count = 0
+        return [sample_value(schema.get("items"), name, rng) for _ in range(count)]
+    if kind == "integer":
+        return _small_int(schema, rng)
+    if kind == "number":
+        value = float(_small_int(schema, rng))
+        high = _bound(schema, "maximum", "exclusiveMaximum", -1)
+        return value + 0.5 if high is None or value + 0.5 <= high else value
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    return _string(schema, name, rng)
+
+
+def _object(schema: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Every listed property, and every required one (a word where none is described)."""
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
+    names = [*props, *(r for r in required or () if isinstance(r, str) and r not in props)]
+    return {name: sample_value(props.get(name), name, rng) for name in names}
+
+
+def tool_arguments(parameters: Any, rng: random.Random) -> str:
+    """The JSON arguments of a call to a function whose schema is `parameters`: an object
+    that the schema accepts, so `function(**json.loads(arguments))` runs."""
+    value = _object(parameters if isinstance(parameters, dict) else {}, rng)
+    return orjson.dumps(value).decode()
+
+
+def _choose_tool(req: TextRequest, u: float, pick: int, rng: random.Random) -> ToolCall | None:
+    """The call this answer makes, if any. The cap on tool results wins over
+    `tool_choice: "required"`, so that every tool loop ends."""
     choice = req.tool_choice
     if not req.tools or choice == "none" or (choice == "auto" and u >= req.tool_rate):
+        return None
+    if req.conversation.tool_results >= req.max_tool_turns:
         return None
     functions = [t.get("function") or {} for t in req.tools]
     if isinstance(choice, dict):
         wanted = (choice.get("function") or {}).get("name")
         functions = [f for f in functions if f.get("name") == wanted] or functions
     function = functions[pick % len(functions)]
-    return ToolCall(str(function.get("name", "tool")), _arguments(function))
+    return ToolCall(str(function.get("name", "tool")),
+                    tool_arguments(function.get("parameters"), rng))
+
+
+def _answer_pieces(req: TextRequest, rng: random.Random) -> list[str] | None:
+    """The content a program asked for: a judge's `BEST: k`, or the last tool result quoted;
+    None when the prompt asks for neither."""
+    conv = req.conversation
+    if conv.judge_candidates is not None:
+        return tokenizer.split(f"{JUDGE_MARK} {rng.randint(1, conv.judge_candidates)}")
+    if conv.last_tool_result is not None:
+        return tokenizer.split(f"The tool returned: {conv.last_tool_result}.")
+    return None
 
 
 def plan_output(req: TextRequest) -> OutputPlan:
@@ -167,7 +314,11 @@ def plan_output(req: TextRequest) -> OutputPlan:
     natural = max(MIN_NATURAL, round(rng.lognormvariate(mu, req.sigma)))
     share, u_tool, u_boiler = rng.uniform(0.55, 0.9), rng.random(), rng.random()
     start_a, start_b = rng.choice(_STARTS), rng.choice(_STARTS)
-    tool = _choose_tool(req, u_tool, rng.getrandbits(16))
+    # The arguments and the judge's pick have a stream of their own, so they leave the
+    # lengths and texts drawn above as they were.
+    program_rng = random.Random(digest + b"|program")
+    tool = _choose_tool(req, u_tool, rng.getrandbits(16), program_rng)
+    answer = _answer_pieces(req, program_rng)
     pieces: list[str] = []
     ids: list[int] = []
     think_end = -1
@@ -182,12 +333,20 @@ def plan_output(req: TextRequest) -> OutputPlan:
     if tool is not None:
         body = orjson.dumps({"name": tool.name, "arguments": orjson.loads(tool.arguments)})
         text_pieces = [TOOL_OPEN, "\n", *tokenizer.split(body.decode()), "\n", TOOL_CLOSE]
+        if answer is not None and req.conversation.judge_candidates is None:
+            # the quote goes before the call; the parser strips the line break between them
+            pieces += answer
+            ids += [_piece_id(p) for p in answer]
+            text_pieces.insert(0, "\n")
         tool_span = (len(pieces), len(pieces) + len(text_pieces))
         pieces += text_pieces
         ids += [_piece_id(p) for p in text_pieces]
     elif req.boilerplate_rate and u_boiler < req.boilerplate_rate:
         pieces += ["OK", "."]
         ids += [11683, 13]
+    elif answer is not None:
+        pieces += answer
+        ids += [_piece_id(p) for p in answer]
     else:
         more, more_ids = _take(start_b, min(max(1, natural - 1), req.limit))
         pieces += more

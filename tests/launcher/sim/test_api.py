@@ -149,7 +149,7 @@ def test_required_tool_choice_returns_tool_calls(client: openai.OpenAI) -> None:
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather"
-    assert orjson.loads(call.function.arguments) == {"city": "example"}
+    assert list(orjson.loads(call.function.arguments)) == ["city"]
 
 
 def test_auto_tool_choice_calls_tools_for_a_deterministic_share(url: str) -> None:

@@ -30,7 +30,8 @@ def test_force_shutdown_comes_from_the_flag_or_sglangs_env_var() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--speed", "0"], ["--fail-rate", "2"], ["--bogus"],
-                                  ["--mamba-radix-cache-strategy", "sometimes"]])
+                                  ["--mamba-radix-cache-strategy", "sometimes"],
+                                  ["--max-tool-turns", "-1"]])
 def test_bad_flags_exit_2_like_argparse(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("usage: python -m launcher sim")

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import random
+import re
 import statistics
 
+import orjson
+
 from launcher.sim import tokenizer
-from launcher.sim.textgen import EOS_ID, THINK_END, TextRequest, plan_output
+from launcher.sim.textgen import (
+    EOS_ID,
+    THINK_END,
+    TextRequest,
+    plan_output,
+    read_conversation,
+    tool_arguments,
+)
 
 
 def request(key: str = "hello", **kw: object) -> TextRequest:
@@ -97,4 +108,36 @@ def test_required_tool_choice_always_calls_a_tool() -> None:
     plan = plan_output(request(tools=tools, tool_choice="required"))
     assert plan.finish == "tool_calls" and plan.tool_call is not None
     assert plan.tool_call.name == "get_weather"
-    assert plan.tool_call.arguments == '{"city":"example"}'
+    assert list(orjson.loads(plan.tool_call.arguments)) == ["city"]
+
+
+def test_tool_arguments_follow_the_schema_bounds_types_and_required_names() -> None:
+    schema = {"type": "object", "required": ["query", "limit", "unlisted"], "properties": {
+        "query": {"type": "string", "maxLength": 3}, "limit": {"type": "integer", "minimum": 50},
+        "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "when": {"type": "string", "format": "date"}, "maybe": {"type": ["null", "boolean"]},
+        "mode": {"anyOf": [{"type": "null"}, {"enum": ["fast", "slow"]}]},
+        "ids": {"type": "array", "items": {"type": "integer", "maximum": 0}, "minItems": 2},
+        "filter": {"type": "object", "properties": {"formula": {"type": "string"}}}}}
+    for seed in range(20):
+        args = orjson.loads(tool_arguments(schema, random.Random(seed)))
+        assert list(args) == [*schema["properties"], "unlisted"]
+        assert isinstance(args["query"], str) and 0 < len(args["query"]) <= 3
+        assert isinstance(args["limit"], int) and 50 <= args["limit"] <= 59
+        assert isinstance(args["ratio"], float) and 0 < args["ratio"] <= 1
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", args["when"])
+        assert isinstance(args["maybe"], bool) and args["mode"] in ("fast", "slow")
+        assert len(args["ids"]) == 2 and all(i <= 0 for i in args["ids"])
+        assert re.fullmatch(r"\d+ [-+*] \d+", args["filter"]["formula"])
+        assert isinstance(args["unlisted"], str)
+
+
+def test_a_tool_result_is_quoted_and_the_judge_names_a_candidate() -> None:
+    after_tool = read_conversation([("user", "q"), ("assistant", ""), ("tool", "42 C")])
+    plan = plan_output(request(thinking=True, conversation=after_tool))
+    assert "".join(plan.pieces[plan.think_end + 2:]) == "The tool returned: 42 C."
+    judge = read_conversation([("user", "Pick one.\n[1] a\n[2] b\n[2] b again\nBEST:")])
+    assert judge.judge_candidates == 2
+    picks = {"".join(plan_output(request(f"k{i}", conversation=judge)).pieces)
+             for i in range(20)}
+    assert picks == {"BEST: 1", "BEST: 2"}
