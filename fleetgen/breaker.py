@@ -64,7 +64,8 @@ def outcome(record: OutputRecord) -> str | None:
     if not is_failure(record):
         return ""
     code = record["error"]["code"]
-    if record["tries"] == 0 or not job_caused(code):
+    # A rollout's failure came from its own code, whether or not it had called the server.
+    if (record["tries"] == 0 and "calls" not in record) or not job_caused(code):
         return None
     return cause(code, record["error"]["message"])
 

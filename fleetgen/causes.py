@@ -48,9 +48,16 @@ Cause = Literal["overloaded", "down", "server", "prompt", "job"]
 # that returns nothing at all (`hung`: workers/healthcheck.py finds it by its progress).
 Failure = Literal["connect", "reset", "timeout", "aborted", "incomplete", "hung"]
 
-# Codes of failures the failure breaker judges: a refusal the next prompt would meet too.
+# The codes of a rollout's own ends (workers/rollouts.py): its code raised (`rollout_error`),
+# a replay asked another call than the journal's (`rollout_changed`), its own time ran out.
+ROLLOUT_ERROR = "rollout_error"
+ROLLOUT_CHANGED = "rollout_changed"
+ROLLOUT_TIMEOUT = "rollout_timeout"
+# Codes of failures the failure breaker judges: a refusal the next prompt would meet too, and
+# a rollout's exception or timeout (a bug or a missing tool meets every prompt alike).
 JOB_CODES = frozenset({"invalid_request", "max_tokens_too_large", "model_not_found",
-                       "unauthorized", "quota_exceeded", "not_implemented"})
+                       "unauthorized", "quota_exceeded", "not_implemented", ROLLOUT_ERROR,
+                       ROLLOUT_TIMEOUT})
 # How much of an error message a record keeps.
 MESSAGE_CHARS = 2000
 # How much of a normalised message a cause keeps (the breaker groups by it).

@@ -47,6 +47,8 @@ class GenerationError(FleetgenError):
         self.message = message
         self.status = status
         self.code = code
+        # The tries the request took when it ended in this error (set where its tries end).
+        self.tries = 0
 
 
 class RetryableError(GenerationError):

@@ -14,6 +14,7 @@ import orjson
 
 from fleetgen.errors import JobError
 from fleetgen.keys import JOB_ENTRIES, JOB_NAME
+from fleetgen.rollouts import RolloutSpec
 
 if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
     from fleetgen.servers import RequestBody
@@ -146,11 +147,18 @@ class JobManifest:
     # The job's seed, from which the seed of each answer of a prompt of several is derived
     # when its line gives none (producer/answers.py); None: no answer needed one.
     seed: int | None = None
+    # The program each prompt runs (fleetgen.rollouts.RolloutSpec as a dict: its name, the
+    # digest of its module, its options); None: one request per answer.
+    rollout: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
         if self.answers == 0:
             object.__setattr__(self, "answers", self.prompts)
+
+    @property
+    def rollout_spec(self) -> RolloutSpec | None:
+        return RolloutSpec.from_dict(self.rollout) if self.rollout is not None else None
 
     @property
     def sampled(self) -> bool:

@@ -35,6 +35,9 @@ Redis (the ledger, rebuildable from the sink):
     fg:job:{job}:progress_mark   string what the last progress.json of a stopped job said
     fg:job:{job}:extra           set    batches made by `requeue --failed`
     fg:ckpt:{job}:{batch}        hash   prompt id -> finished result (prompt-level resume)
+    fg:calls:{job}:{batch}       hash   "{prompt id}#{k}" -> the result of a rollout's call k
+                                        (the journal a rollout replays on resume; dropped
+                                        with the checkpoint once the batch is written)
     fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
     fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
                                         Redis connection at the last reconciler round
@@ -165,6 +168,15 @@ def job_keys(name: str) -> list[str]:
 
 def checkpoint(name: str, batch: str) -> str:
     return f"{PREFIX}:ckpt:{name}:{batch}"
+
+
+def calls(name: str, batch: str) -> str:
+    return f"{PREFIX}:calls:{name}:{batch}"
+
+
+def call_field(answer: str, index: int) -> str:
+    """The journal field of call `index` of the rollout of answer key `answer`."""
+    return f"{answer}#{index}"
 
 
 def lease(name: str, batch: str) -> str:

@@ -52,6 +52,18 @@ class LiveLedger:
         return bool(await self._renew(keys=[keys.lease(job, batch)],
                                       args=[token, int(ttl_s * 1000)]))
 
+    # A rollout's journal (workers/rollouts.py): each call's result, kept until the batch is
+    # written (Batches.finish drops it with the checkpoint).
+
+    async def journal(self, job: str, batch: str) -> dict[str, bytes]:
+        """The batch's journaled calls: `keys.call_field(answer, k)` -> the call's result."""
+        raw = await self.r.hgetall(keys.calls(job, batch))
+        return {k.decode(): v for k, v in raw.items()  # the client gives bytes (no decoding)
+                if isinstance(k, bytes) and isinstance(v, bytes)}
+
+    async def journal_call(self, job: str, batch: str, field: str, value: bytes) -> None:
+        await self.r.hset(keys.calls(job, batch), field, value)
+
     async def job_state(self, job: str) -> str | None:
         """The job's state (running, paused, cancelled ...), None if it has none."""
         raw = await self.r.hget(keys.job(job), keys.JOB_STATE)

@@ -93,6 +93,11 @@ class AnswerRecord(TypedDict):
     server: str
     worker: str
     attempt: int
+    # A rollout's answer (fleetgen/rollouts): the dict it returned, the calls it made, and
+    # with `--keep-calls` each call's request and completion in order.
+    result: NotRequired[dict[str, Any]]
+    calls: NotRequired[int]
+    trajectory: NotRequired[list[dict[str, Any]]]
 
 
 @final
@@ -109,6 +114,10 @@ class FailureRecord(TypedDict):
     worker: str
     attempt: int
     tries: int
+    # A rollout's failure: the calls it had made, and the type of the exception that ended
+    # it when its own code raised one.
+    calls: NotRequired[int]
+    exception: NotRequired[str]
 
 
 # What a batch's objects and a checkpoint hold for each answer.
@@ -174,7 +183,8 @@ def result_record(
         content = content.lstrip()
     return {
         "id": prompt_id,
-        **_sample_field(sample),
+        # (mypy asks a spread to name the record's other optional fields too: a rollout's)
+        **_sample_field(sample),  # type: ignore[typeddict-item]
         "line": line,
         "reasoning_content": reasoning,
         "content": content,
@@ -269,7 +279,8 @@ def error_record(
     code = code or error_code(status, message)
     return {
         "id": prompt_id,
-        **_sample_field(sample),
+        # (mypy asks a spread to name the record's other optional fields too: a rollout's)
+        **_sample_field(sample),  # type: ignore[typeddict-item]
         "custom_id": answer_key(prompt_id, sample),
         "response": (
             {"status_code": status, "body": {"error": {"message": message, "code": code}}}
@@ -296,7 +307,12 @@ def is_failure(record: OutputRecord) -> TypeIs[FailureRecord]:
 def counters(record: OutputRecord, *, thinking: bool) -> dict[str, float]:
     """What one finished prompt adds to the job's counters."""
     if is_failure(record):
-        return {"prompts_failed": 1, f"error_{record['error']['code']}": 1}
+        failed: dict[str, float] = {"prompts_failed": 1, f"error_{record['error']['code']}": 1}
+        if "calls" in record:
+            failed.update(_rollout_counters(record["calls"]))
+            if "exception" in record:
+                failed[f"rollout_failed_{record['exception']}"] = 1
+        return failed
     usage = record["usage"]
     out: dict[str, float] = {
         "prompts_done": 1,
@@ -310,7 +326,50 @@ def counters(record: OutputRecord, *, thinking: bool) -> dict[str, float]:
         out["empty_content"] = 1
     if thinking and not record["reasoning_content"]:
         out["missing_reasoning"] = 1
+    if "calls" in record:
+        out.update(_rollout_counters(record["calls"]))
     return out
+
+
+# A rollout's calls are counted by number up to this; more count here (the status's "max"
+# then reads "this or more").
+ROLLOUT_CALLS_COUNTED = 64
+
+
+def _rollout_counters(calls: int) -> dict[str, float]:
+    """What a finished rollout adds: its calls, and one to the rollouts of its number of
+    calls (`rollout_calls_{k}`: the status's mean and max)."""
+    return {"rollout_calls": calls, f"rollout_calls_{min(calls, ROLLOUT_CALLS_COUNTED)}": 1}
+
+
+def rollout_record(
+    prompt_id: str, line: int, result: dict[str, Any], usage: Usage, latency_s: float,
+    origin: Origin, calls: int, trajectory: list[dict[str, Any]] | None = None,
+) -> AnswerRecord:
+    """The answer of a prompt whose rollout returned `result`: its `content` (the answer the
+    canary judges and the exports show) is the result's "content" when that is text, else the
+    result as JSON; `usage` sums its calls'."""
+    content = result.get("content")
+    reasoning = result.get("reasoning_content")
+    finish = result.get("finish_reason")
+    record: AnswerRecord = {
+        "id": prompt_id,
+        "line": line,
+        "reasoning_content": reasoning if isinstance(reasoning, str) else None,
+        "content": content if isinstance(content, str) else orjson.dumps(result).decode(),
+        "tool_calls": None,
+        "finish_reason": finish if isinstance(finish, str) else "stop",
+        "usage": usage,
+        "latency_s": round(latency_s, 4),
+        "server": origin.server,
+        "worker": origin.worker,
+        "attempt": origin.attempt,
+        "result": result,
+        "calls": calls,
+    }
+    if trajectory is not None:
+        record["trajectory"] = trajectory
+    return record
 
 
 def written_counts(records: Iterable[OutputRecord]) -> dict[str, float]:

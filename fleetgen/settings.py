@@ -90,6 +90,11 @@ class Settings:
     # A warm shutdown (SIGTERM) sends nothing more and waits this long for the requests at the
     # server, then hands them back unanswered (no attempt), whatever the server does.
     shutdown_grace_s: float = 30.0
+    # A rollout's own time (its code, tools and verifiers: the time outside its calls to the
+    # server) is limited to this; past it the prompt fails with `rollout_timeout`.
+    rollout_time_limit_s: float = 600.0
+    # Threads that run rollouts' CPU work (`generate.run`: tools, verifiers) in each worker.
+    rollout_threads: int = 32
     # Lease per running batch: a dead worker's batch is re-dispatched within about
     # lease_ttl + reconcile_interval (~45 s), well inside the 60 s promise.
     lease_ttl_s: float = 30.0
@@ -169,6 +174,9 @@ class Settings:
         if self.hang_after_s < 1:
             raise SettingsError(f"FLEETGEN_HANG_AFTER_S must be at least 1 second, got "
                                 f"{self.hang_after_s:g}")
+        if self.rollout_threads < 1:
+            raise SettingsError(f"FLEETGEN_ROLLOUT_THREADS must be at least 1, got "
+                                f"{self.rollout_threads}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
 

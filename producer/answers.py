@@ -66,11 +66,16 @@ def sample_seed(seed: int, prompt_id: str, sample: int) -> int:
 
 
 def work_items(record: PromptRecord, *, samples: int, seed: int | None,
-               sampled: bool) -> Iterator[WorkItem]:
+               sampled: bool, keep_n: bool = False) -> Iterator[WorkItem]:
     """The answers of one prompt in index order: its line's own n, else `samples`. With
     `sampled` each carries its index; with several, each its own seed (the module doc says
-    which, from the job's `seed`)."""
+    which, from the job's `seed`). With `keep_n` (a rollout's job) the prompt is one item
+    whose body keeps its line's `n`, for the rollout to read."""
     n = record.samples or samples
+    if keep_n:
+        body = record.body if record.samples is None else {**record.body, "n": record.samples}
+        yield WorkItem(record.id, None, record.line, body)
+        return
     if not sampled:
         yield WorkItem(record.id, None, record.line, record.body)
         return

@@ -22,7 +22,7 @@ import orjson
 from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
 from fleetgen.commandline import CommandParser
-from fleetgen.errors import FleetgenError, JobError, UnknownJobError
+from fleetgen.errors import FleetgenError, JobError, RolloutError, UnknownJobError
 from fleetgen.job import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -39,6 +39,7 @@ from fleetgen.retry import (
     RedisConnectionError,
     RedisNoPermissionError,
 )
+from fleetgen.rollouts import RolloutSpec
 from fleetgen.settings import Settings, SettingsError
 from fleetgen.sink import absolute, location, open_sink
 from producer import export, report
@@ -164,6 +165,16 @@ def build_parser() -> CommandParser:
                    help="the job's seed: an answer of a prompt of several whose line gives no "
                    "seed gets one drawn from it, the prompt's id and the answer's index "
                    "(default: drawn from the job's name)")
+    p.add_argument("--rollout", default=None, metavar="MODULE:NAME",
+                   help="run this program for each prompt instead of one request: an async "
+                   "function (prompt, generate) -> dict, importable here and on every worker "
+                   "node, e.g. fleetgen.rollouts:retry_unusable (docs/rollouts/)")
+    p.add_argument("--rollout-options", default=None, metavar="JSON",
+                   help="keyword arguments the rollout's class is built with, as a JSON "
+                   "object, e.g. '{\"tries\": 5}'")
+    p.add_argument("--keep-calls", action="store_true",
+                   help="keep every call of each prompt's rollout (request and completion) "
+                   "in its record and exports: the whole trajectory")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help=f"answers per batch (one per prompt unless --samples or sampling.n say "
                    f"more; default: answers/{MIN_BATCHES} within "
@@ -254,6 +265,35 @@ def build_parser() -> CommandParser:
     return parser
 
 
+def _rollout(args: argparse.Namespace) -> RolloutSpec | None:
+    """The job's rollout from --rollout, --rollout-options and --keep-calls, imported here to
+    take its digest; CommandError saying why it cannot be used."""
+    if args.rollout is None:
+        if args.rollout_options is not None or args.keep_calls:
+            raise CommandError("--rollout-options and --keep-calls go with --rollout",
+                               RET_BAD_INPUT)
+        return None
+    if args.samples is not None and args.samples > 1:
+        raise CommandError("--samples with --rollout: a rollout asks for the answers it needs "
+                           "itself (fleetgen.rollouts:BestOfN takes n)", RET_BAD_INPUT)
+    options: Any = {}
+    if args.rollout_options is not None:
+        try:
+            options = orjson.loads(args.rollout_options)
+        except orjson.JSONDecodeError as exc:
+            raise CommandError(f"--rollout-options is not JSON: {exc}", RET_BAD_INPUT) from None
+        if not isinstance(options, dict):
+            raise CommandError("--rollout-options must be a JSON object of keyword arguments, "
+                               f"not {type(options).__name__}", RET_BAD_INPUT)
+    # The user's module is looked up from where the command runs, as `python -m` does.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return RolloutSpec.of(args.rollout, options, keep_calls=args.keep_calls)
+    except RolloutError as exc:
+        raise CommandError(str(exc), RET_BAD_INPUT) from None
+
+
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     app = broker.make_app(settings)
 
@@ -290,6 +330,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError("--canary sets the canary's thresholds and --no-canary turns it off: "
                            "pass one of them", RET_BAD_INPUT)
     thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
+    rollout = _rollout(args)
     columns = Columns(prompt=args.prompt_column, id=args.id_column)
     with (_spooled_stdin() if from_stdin else nullcontext(args.input) as path,
           _opened(str(path), columns, args.split, STDIN_NAME if from_stdin else None) as source):
@@ -297,7 +338,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             path=source, job=args.job or PurePosixPath(args.input.rstrip("/")).stem,
             output=output, params=params, queue=args.queue, batch_size=args.batch_size,
             skip_invalid=args.skip_invalid, canary=asdict(thresholds),
-            samples=args.samples, seed=args.seed,
+            samples=args.samples, seed=args.seed, rollout=rollout,
         )
         # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with
         # a report of what was stored, and the job left for the same command to finish.

@@ -28,7 +28,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -49,6 +49,7 @@ from fleetgen.job import (
     validate_job_name,
 )
 from fleetgen.ledger import Ledger
+from fleetgen.rollouts import RolloutSpec
 from fleetgen.sink import Sink, location, open_sink
 from producer.answers import WorkItem, job_seed, work_items
 from producer.inputs import (
@@ -104,6 +105,8 @@ class EnqueueRequest:
     input_name: str | None = None  # the input in errors and the manifest (default: path)
     samples: int | None = None  # answers per prompt whose line gives no n (default 1)
     seed: int | None = None  # the job's seed (default: drawn from its name)
+    # The program each prompt runs (one answer per prompt; a line's `n` is the rollout's).
+    rollout: RolloutSpec | None = None
 
 
 @dataclass
@@ -192,24 +195,27 @@ def _enqueue(
         if existing is not None:
             manifest = _check_resume(existing, req, summary.sha256, report)
         else:
-            size = req.batch_size or default_batch_size(summary.answers)
-            sampled = summary.answers != summary.prompts
+            # A rollout job has one answer per prompt: a line's `n` is for its rollout.
+            answers = summary.prompts if req.rollout is not None else summary.answers
+            size = req.batch_size or default_batch_size(answers)
+            sampled = answers != summary.prompts
             manifest = JobManifest(
                 name=req.job,
                 output=req.output,
                 input=InputInfo(summary.path, summary.sha256, summary.lines, summary.bytes),
                 prompts=summary.prompts,
                 batch_size=size,
-                batches=len(batch_sizes(summary.answers, size, taper=TAPER)),
+                batches=len(batch_sizes(answers, size, taper=TAPER)),
                 taper=TAPER,
                 queue=req.queue,
                 params=req.params,
                 rejected=summary.rejected,
                 canary=req.canary,
                 complete=False,
-                answers=summary.answers,
+                answers=answers,
                 samples=req.samples or 1,
                 seed=job_seed(req.job, req.seed) if sampled else None,
+                rollout=asdict(req.rollout) if req.rollout is not None else None,
             )
         report.prompts, report.batches = manifest.prompts, manifest.batches
         report.answers = manifest.answers
@@ -297,6 +303,17 @@ def _check_resume(
         )
     if req.params != existing.params:
         report.notes.append("generation parameters differ from the job's; the job's are kept")
+    given = asdict(req.rollout) if req.rollout is not None else None
+    if given != existing.rollout:
+        theirs = existing.rollout_spec
+        raise JobError(
+            f"job {req.job!r} runs "
+            + (f"rollout {theirs.name} (module sha256 {theirs.digest[:12]})" if theirs
+               else "no rollout")
+            + ", not " + (f"{req.rollout.name} (sha256 {req.rollout.digest[:12]})"
+                          if req.rollout is not None else "none")
+            + "; a job runs one program for all its prompts: resume it as it was enqueued, "
+            "or use a new --job name")
     if (req.samples is not None and req.samples != existing.samples) or (
             req.seed is not None and req.seed != existing.seed):
         report.notes.append(f"--samples/--seed ignored: the job's are {existing.samples} answers "
@@ -313,7 +330,7 @@ def _batches(
     reading = _file_pass(progress, STORING, source)
     for record in read_prompts(source, skip_invalid=True, progress=reading):
         for item in work_items(record, samples=manifest.samples, seed=manifest.seed,
-                               sampled=manifest.sampled):
+                               sampled=manifest.sampled, keep_n=manifest.rollout is not None):
             chunk.append(item)
             if len(chunk) == sizes[min(index, len(sizes) - 1)]:
                 index += 1

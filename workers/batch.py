@@ -71,6 +71,7 @@ from workers.heartbeat import cancel
 from workers.lease import Lease
 from workers.preflight import SinkChecks
 from workers.quality import QualityWatch
+from workers.rollouts import Programs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,7 +126,10 @@ class BatchRunner:
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
         self._quality, self._checkpoints = loop.run(self._register())
-        self._sender = _Sender(settings, backend, self.backlog, self._quality, self._checkpoint)
+        self._sender = _Sender(settings, backend, self.backlog, self._quality, self._checkpoint,
+                               live)
+        # The jobs' programs per prompt (workers/rollouts.py).
+        self.programs = self._sender.programs
 
     async def _register(self) -> tuple[QualityWatch, CheckpointWriter]:
         live = self._live
@@ -167,8 +171,11 @@ class BatchRunner:
             self.ledger.batches.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
         self.loop.run(self._watch(job, manifest))
-        # Before the lease: a job whose output this worker cannot use goes back unstarted.
+        # Before the lease: a job whose output this worker cannot use, or whose rollout it
+        # cannot run as the job's, goes back unstarted.
         sink = self.sink_checks.require(job, lambda: self.sink(manifest.output))
+        if manifest.rollout is not None:
+            self.programs.require(manifest)
         if self.ledger.batches.is_done(job, batch):
             self.ledger.batches.finish(job, batch, {}, self.worker, [])
             return Outcome(status="already-done", batch=batch)
@@ -318,12 +325,16 @@ class _Sender:
     attempts, each answer's record checkpointed as it is final."""
 
     def __init__(self, settings: Settings, backend: Backend, backlog: Backlog,
-                 quality: QualityWatch, checkpoint: Checkpoint) -> None:
+                 quality: QualityWatch, checkpoint: Checkpoint, live: LiveLedger) -> None:
         self.settings = settings
         self._backend = backend
         self._backlog = backlog
         self._quality = quality
         self._checkpoint = checkpoint
+        self.programs = Programs(settings, live, backlog, self.send, self._held)
+
+    def _held(self, job: str) -> str | None:
+        return RequestHeldError.PAUSED if job in self._quality.held else None
 
     async def generate(
         self, manifest: JobManifest, batch: str, todo: list[Prompt], lease: Lease, origin: Origin,
@@ -335,8 +346,14 @@ class _Sender:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
                 watch = group.create_task(lease.held())
-                asks = [group.create_task(self._ask(manifest, batch, ask, origin))
-                        for ask in _asks(todo)]
+                if manifest.rollout is not None:
+                    journal = await self.programs.journal(manifest.name, batch)
+                    asks = [group.create_task(self._program(manifest, batch, prompt, origin,
+                                                            journal.get(prompt.key, {})))
+                            for prompt in todo]
+                else:
+                    asks = [group.create_task(self._ask(manifest, batch, ask, origin))
+                            for ask in _asks(todo)]
                 # The asks are todo's answers cut in order: their outcomes line up with it.
                 records = [r for outcomes in await asyncio.gather(*asks) for r in outcomes]
                 await cancel(watch)
@@ -359,6 +376,18 @@ class _Sender:
             raise JobNotRunningError(
                 f"job {manifest.name} paused; batch {batch} stopped with {unsent} prompts unsent")
         return results
+
+    async def _program(
+        self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
+        journaled: dict[int, bytes],
+    ) -> list[OutputRecord | RequestHeldError]:
+        """The checkpointed record of one prompt whose job runs a rollout, or why it was not
+        finished here (workers/rollouts.py)."""
+        outcome = await self.programs.run(manifest, batch, prompt, origin, journaled)
+        if not isinstance(outcome, RequestHeldError):
+            _observe(manifest.name, outcome, 0.0, origin)
+            await self._checkpoint(manifest, batch, prompt, outcome)
+        return [outcome]
 
     async def _ask(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
@@ -385,8 +414,7 @@ class _Sender:
         job, first = manifest.name, ask[0]
         request = Request(first.body, job, _name(ask), first.key, n=len(ask),
                           thinking=manifest.params.thinking_of(first.body),
-                          hold=lambda: RequestHeldError.PAUSED if job in self._quality.held
-                          else None, delivery=delivery)
+                          hold=lambda: self._held(job), delivery=delivery)
         try:
             records = await self._generate_one(request, ask, origin)
         except RequestHeldError as held:
@@ -402,13 +430,26 @@ class _Sender:
 
     async def _generate_one(self, request: Request, ask: list[Prompt],
                             origin: Origin) -> list[OutputRecord]:
-        """The final records (answers or failures) of one request's answers, in `ask`'s order.
+        """The final records (answers or failures) of one request's answers, in `ask`'s order
+        (`send` says how a request ends)."""
+        try:
+            response, latency, _ = await self.send(request)
+        except (BadRequestError, RetryableError) as exc:
+            return [error_record(p.id, p.line, exc.message, exc.status, origin, exc.tries,
+                                 code=exc.code, sample=p.sample) for p in ask]
+        replies = split_choices(response) if len(ask) > 1 else [response]
+        return [result_record(p.id, p.line, reply, latency, origin, p.sample)
+                for p, reply in zip(ask, replies, strict=True)]
+
+    async def send(self, request: Request) -> tuple[ChatCompletion, float, int]:
+        """One request through the door under its attempts: its completion, latency and the
+        tries it took, or its final failure, `tries` set on it.
 
         A server-caused failure (5xx, reset, timeout) is tried again under the one backoff
-        policy (fleetgen/retry.py); a refusal fails the request's answers at once. A request
-        whose tries all failed fails its answers only if the server is shown to work (it
-        answered others meanwhile, or a probe); otherwise the server is out of rotation and
-        the answers go back unsent (RequestHeldError)."""
+        policy (fleetgen/retry.py); a refusal (BadRequestError) ends it at once. A request
+        whose tries all failed ends in its RetryableError only if the server is shown to work
+        (it answered others meanwhile, or a probe); otherwise the server is out of rotation
+        and the request goes back unsent (RequestHeldError)."""
         settings, backend = self.settings, self._backend
         tries = 0
 
@@ -423,16 +464,14 @@ class _Sender:
                 f"prompt {request.name}", one_try, settings.prompt_max_attempts,
                 settings.retry_backoff_s, settings.retry_backoff_max_s)
         except BadRequestError as exc:
-            return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
-                                 code=exc.code, sample=p.sample) for p in ask]
+            exc.tries = tries
+            raise
         except RetryableError as exc:
             if not await backend.settle(exc, request, tries):
                 raise RequestHeldError(RequestHeldError.OUT) from None
-            return [error_record(p.id, p.line, exc.message, exc.status, origin, tries,
-                                 code=exc.code, sample=p.sample) for p in ask]
-        replies = split_choices(response) if len(ask) > 1 else [response]
-        return [result_record(p.id, p.line, reply, latency, origin, p.sample)
-                for p, reply in zip(ask, replies, strict=True)]
+            exc.tries = tries
+            raise
+        return response, latency, tries
 
 
 def _asks(todo: list[Prompt]) -> list[list[Prompt]]:

@@ -123,11 +123,21 @@ SERVER_HANGS = Counter(
     "Times the worker found its server hung: requests in flight, nothing back for many times "
     "the usual gap between replies, and a probe unanswered; its requests were abandoned and "
     "handed back.", ("worker", "server"), registry=REGISTRY)
+ROLLOUTS_RUNNING = Gauge(
+    "fleetgen_rollouts_running",
+    "Rollouts (programs per prompt) running now: at the server, waiting for a slot, or in "
+    "their own code and tools.", LABELS, registry=REGISTRY)
+ROLLOUT_CALLS = Counter(
+    "fleetgen_rollout_calls_total",
+    "Calls rollouts made, by where the answer came from: the server, or the journal (a "
+    "rollout run again after a crash or a hand-back gets its recorded calls back).",
+    (*LABELS, "source"), registry=REGISTRY)
 # The families labelled by job, with their label names: what `forget_job` removes.
 _BY_JOB: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
     (PROMPTS_DONE, DONE_LABELS), (PROMPTS_FAILED, FAILED_LABELS), (INPUT_TOKENS, LABELS),
     (OUTPUT_TOKENS, LABELS), (REASONING_TOKENS, LABELS), (REQUEST_LATENCY, LABELS),
-    (QUEUE_WAIT, LABELS), (IN_FLIGHT, LABELS), (BATCH_DURATION, BATCH_LABELS))
+    (QUEUE_WAIT, LABELS), (IN_FLIGHT, LABELS), (BATCH_DURATION, BATCH_LABELS),
+    (ROLLOUTS_RUNNING, LABELS), (ROLLOUT_CALLS, (*LABELS, "source")))
 
 
 class ExporterError(FleetgenError):
@@ -272,6 +282,19 @@ def request_started(job: str, worker: str, server: str) -> None:
 def request_ended(job: str, worker: str, server: str) -> None:
     """One request answered, failed or cancelled: call it in a `finally`."""
     _sent(job, worker, server).in_flight.dec()
+
+
+def rollout_started(job: str, worker: str, server: str) -> None:
+    ROLLOUTS_RUNNING.labels(job, worker, server).inc()
+
+
+def rollout_ended(job: str, worker: str, server: str) -> None:
+    """One rollout ended (answered, failed or held): call it in a `finally`."""
+    ROLLOUTS_RUNNING.labels(job, worker, server).dec()
+
+
+def rollout_call(job: str, worker: str, server: str, *, journaled: bool) -> None:
+    ROLLOUT_CALLS.labels(job, worker, server, "journal" if journaled else "server").inc()
 
 
 def batch_finished(job: str, worker: str, server: str, *, duration_s: float, status: str) -> None:

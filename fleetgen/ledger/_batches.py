@@ -109,7 +109,7 @@ class Batches:
         failures: list[bytes], bytes_written: int = 0, now: float | None = None,
     ) -> bool:
         """Record a batch whose objects are in the sink: done set and the written counters
-        (`records.written_counts`), once per batch; drop its checkpoint. True if this call was
+        (`records.written_counts`), once per batch; drop its checkpoint and its rollouts' journal. True if this call was
         the first to record it. `worker` is who wrote it ("" when rebuilt from the sink)."""
         args: list[Any] = [batch, time.time() if now is None else now, FAILURES_KEPT, len(written)]
         for field, value in written.items():
@@ -117,7 +117,8 @@ class Batches:
         first = bool(self._finish(
             keys=[keys.job_part(name, "done"), keys.job_part(name, "running"),
                   keys.job_part(name, "queued"), keys.job_part(name, "written"), keys.job(name),
-                  keys.checkpoint(name, batch), keys.job_part(name, "failures")],
+                  keys.checkpoint(name, batch), keys.job_part(name, "failures"),
+                  keys.calls(name, batch)],
             args=args + failures))
         if first:
             with self.r.pipeline(transaction=False) as p:

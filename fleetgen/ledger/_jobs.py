@@ -122,7 +122,7 @@ class Jobs:
         or running with every batch done, the job view's `done`), ACTIVE, or GONE (no such job).
 
         The one place a job's keys get their expiry: a finished job's keys and its unfinished
-        batches' checkpoints expire `job_retention` after it first finished; a job that runs
+        batches' checkpoints (and rollout journals) expire `job_retention` after it first finished; a job that runs
         again (resume, `requeue --failed`) keeps them for good again. Idempotent: calling it
         again sets the same expiry. Called where a job may finish or start again (a batch
         recorded, a state set, batches queued) and by the reconciler for every active job."""
@@ -137,10 +137,11 @@ class Jobs:
             unfinished = set(self.batches(name)) - members(self.r, keys.job_part(name, "done"))
             with self.r.pipeline(transaction=False) as p:
                 for batch in unfinished:
-                    if found == FINISHED:
-                        p.pexpireat(keys.checkpoint(name, batch), value)
-                    else:
-                        p.persist(keys.checkpoint(name, batch))
+                    for key in (keys.checkpoint(name, batch), keys.calls(name, batch)):
+                        if found == FINISHED:
+                            p.pexpireat(key, value)
+                        else:
+                            p.persist(key)
                 p.execute()
         return found
 

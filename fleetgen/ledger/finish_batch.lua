@@ -1,11 +1,11 @@
 -- Records a written batch once: only the call that adds it to the done set counts its prompts,
 -- so a late duplicate, or a re-count after a crash between the write and this call, adds nothing.
--- KEYS: done, running, queued, written, job, checkpoint, failures.
+-- KEYS: done, running, queued, written, job, checkpoint, failures, calls (a rollout's journal).
 -- ARGV: batch, now, failures kept, number of counters, counter name/value pairs, failure lines.
 local batch = ARGV[1]
 redis.call('zrem', KEYS[2], batch)
 redis.call('zrem', KEYS[3], batch)
-redis.call('del', KEYS[6])
+redis.call('del', KEYS[6], KEYS[8])
 if redis.call('sadd', KEYS[1], batch) == 0 then
   return 0
 end
