@@ -89,6 +89,25 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class Rollouts:
+    """A rollout job's programs: `name` (module:attribute), rollouts ended (answered or
+    failed, checkpointed), running now (every prompt of a batch in hand runs at once), the
+    calls they made and how many rollouts made each number of calls (the last key counts
+    that many or more), calls at the servers now, and rollouts failed by the exception
+    their code raised."""
+
+    name: str
+    ended: int
+    running: int
+    calls: int
+    calls_mean: float | None
+    calls_max: int | None
+    by_calls: dict[str, int]
+    calls_in_flight: int
+    raised: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Canary:
     """The quality canary's settings for the job and what it has seen."""
 
@@ -175,6 +194,8 @@ class JobStatus:
     updated_at: float
     # Each node's tuning, running or lately finished (fleetgen/fleet.py `TuningNote`).
     tuning: list[TuningNote] = field(default_factory=list)
+    # The job's programs per prompt; None for a job of one request per answer.
+    rollouts: Rollouts | None = None
 
     @property
     def clock_stopped(self) -> bool:
@@ -252,7 +273,24 @@ def job_status(
         fleet=read_fleet(ledger, workers, clock["elapsed"], now=now) if live else None,
         updated_at=now,
         tuning=tuning(ledger, now),
+        rollouts=_rollouts(manifest, stats, answered, in_hand, in_flight),
     )
+
+
+def _rollouts(manifest: JobManifest, stats: dict[str, float], ended: int, in_hand: int,
+              in_flight: int) -> Rollouts | None:
+    spec = manifest.rollout_spec
+    if spec is None:
+        return None
+    by_calls = {int(k): v for k, v in _prefixed(stats, "rollout_calls_").items()}
+    counted = sum(by_calls.values())
+    calls = int(stats.get("rollout_calls", 0))
+    return Rollouts(
+        name=spec.name, ended=ended, running=in_hand, calls=calls,
+        calls_mean=round(calls / counted, 2) if counted else None,
+        calls_max=max(by_calls) if by_calls else None,
+        by_calls={str(k): v for k, v in sorted(by_calls.items())},
+        calls_in_flight=in_flight, raised=_prefixed(stats, "rollout_failed_"))
 
 
 def _sent(

@@ -668,7 +668,8 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
             with export.Staged(args.to, force=args.force) as staged:
                 written = export.write(staged.tmp, args.format, rows,
                                        manifest.params.model or "default",
-                                       sampled=manifest.sampled, grouped=args.group_answers)
+                                       sampled=manifest.sampled, grouped=args.group_answers,
+                                       rollout=manifest.rollout is not None)
                 if (args.partial or report.problem() is None) and not staged.publish():
                     raise CommandError(f"--to {args.to} appeared during the export; nothing "
                                        "written (pass --force to replace it)")

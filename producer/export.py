@@ -67,30 +67,35 @@ def openai_line(record: OutputRecord, model: str) -> dict[str, Any]:
     if record.get("tool_calls"):
         message["tool_calls"] = record["tool_calls"]
     usage = record["usage"]
+    body: dict[str, Any] = {
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": record["finish_reason"]}],
+        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+    }
+    # A rollout's answer: what it returned, its calls and (--keep-calls) each call, beside
+    # the completion its `content` makes.
+    body.update({k: record[k] for k in ROLLOUT_FIELDS if k in record})  # type: ignore[literal-required]
     return {
         "id": f"fg-{key}",
         "custom_id": key,
         "response": {
             "status_code": 200,
             "request_id": f"fg-{key}-{record['attempt']}",
-            "body": {
-                "object": "chat.completion",
-                "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": record["finish_reason"]}],
-                "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
-            },
+            "body": body,
         },
         "error": None,
     }
 
 
 def write(path: Path, fmt: str, rows: Iterable[OutputRecord], model: str, *,
-          sampled: bool = False, grouped: bool = False) -> int:
+          sampled: bool = False, grouped: bool = False, rollout: bool = False) -> int:
     """Write `rows` to `path` in `fmt`, streaming; returns the number of lines (rows) written.
     `sampled`: the job has several answers per prompt (Parquet gets a `sample` column);
-    `grouped`: one row per prompt, its answers in a list."""
+    `grouped`: one row per prompt, its answers in a list; `rollout`: the job runs a rollout
+    (Parquet gets its ROLLOUT_COLUMNS)."""
     if fmt == "parquet":
-        return _write_parquet(path, rows, sampled=sampled, grouped=grouped)
+        return _write_parquet(path, rows, sampled=sampled, grouped=grouped, rollout=rollout)
     # OpenAI Batch lines hold one answer each: never grouped (format_problem).
     lines: Iterable[object] = (grouped_rows(rows) if grouped
                                else (openai_line(r, model) for r in rows) if fmt == "openai"
@@ -122,6 +127,10 @@ PARQUET_COLUMNS = {
     "completion_tokens": "int64", "reasoning_tokens": "int64", "error": "string",
     "worker": "string", "attempt": "int64",
 }
+# A rollout job's answers add what the rollout returned, its calls and (--keep-calls) each
+# call; the JSON ones as JSON text.
+ROLLOUT_FIELDS = ("result", "calls", "trajectory")
+ROLLOUT_COLUMNS = {"result": "string", "calls": "int64", "trajectory": "string"}
 # The answer's index, after `id`, in the export of a job of several answers per prompt.
 PARQUET_SAMPLE = ("sample", "int64")
 # A row group is written when its text reaches this size (or ROW_GROUP_ROWS rows). Peak RSS
@@ -132,23 +141,24 @@ ROW_GROUP_ROWS = 65_536
 
 
 def _write_parquet(path: Path, rows: Iterable[OutputRecord], *, sampled: bool,
-                   grouped: bool) -> int:
+                   grouped: bool, rollout: bool) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     # A fixed schema: every row group must have the same one, whatever its first rows hold.
-    fields = [(name, pa.type_for_alias(kind)) for name, kind in PARQUET_COLUMNS.items()]
+    columns = {**PARQUET_COLUMNS, **(ROLLOUT_COLUMNS if rollout else {})}
+    fields = [(name, pa.type_for_alias(kind)) for name, kind in columns.items()]
     if sampled or grouped:
         fields.insert(1, (PARQUET_SAMPLE[0], pa.type_for_alias(PARQUET_SAMPLE[1])))
     if grouped:
         # One row per prompt: its id, and its answers (every other column) as a list of structs.
         schema = pa.schema([fields[0], ("answers", pa.list_(pa.struct(fields[1:])))])
         items: Iterable[dict[str, Any]] = (
-            {"id": prompt_id, "answers": [_parquet_row(r) for r in answers]}
+            {"id": prompt_id, "answers": [_parquet_row(r, rollout) for r in answers]}
             for prompt_id, answers in groupby(rows, key=lambda r: r["id"]))
     else:
         schema = pa.schema(fields)
-        items = (_parquet_row(r) for r in rows)
+        items = (_parquet_row(r, rollout) for r in rows)
     buffer: list[dict[str, Any]] = []
     count = buffered = 0
     with pq.ParquetWriter(path, schema) as writer:
@@ -165,8 +175,9 @@ def _write_parquet(path: Path, rows: Iterable[OutputRecord], *, sampled: bool,
     return count
 
 
-def _parquet_row(r: OutputRecord) -> dict[str, Any]:
-    """One record as a Parquet row (PARQUET_COLUMNS, and `sample` where the record has one)."""
+def _parquet_row(r: OutputRecord, rollout: bool = False) -> dict[str, Any]:
+    """One record as a Parquet row (PARQUET_COLUMNS, `sample` where the record has one, and
+    ROLLOUT_COLUMNS for a rollout job's)."""
     row: dict[str, Any] = {"id": r["id"], "sample": r.get("sample")}
     if is_failure(r):
         row.update(status="failed", reasoning_content=None, content=None, tool_calls=None,
@@ -177,6 +188,11 @@ def _parquet_row(r: OutputRecord) -> dict[str, Any]:
                    tool_calls=orjson.dumps(r["tool_calls"]).decode() if r["tool_calls"] else None,
                    finish_reason=r["finish_reason"], **r["usage"], error=None)
     row.update(worker=r["worker"], attempt=r["attempt"])
+    if rollout:
+        raw: dict[str, Any] = dict(r)
+        row.update(calls=raw.get("calls"), **{
+            k: orjson.dumps(raw[k]).decode() if k in raw else None
+            for k in ("result", "trajectory")})
     return row
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleetgen.ledger import STATE_RUNNING
+from fleetgen.records import ROLLOUT_CALLS_COUNTED
 
 # Types only: the job view brings httpx and the fleet reader, which the commands that use
 # `format_duration` alone need not load.
 if TYPE_CHECKING:
     from fleetgen.fleet import FleetRow
-    from fleetgen.jobview import JobStatus, Stalled
+    from fleetgen.jobview import JobStatus, Rollouts, Stalled
 
 
 def render(status: JobStatus) -> str:
@@ -24,6 +25,7 @@ def render(status: JobStatus) -> str:
         f"job {s.job}  [{s.state}]{'  ' + s.reason if s.reason else ''}  -> {s.output}",
         *_render_stalled(s.stalled),
         *_render_progress(s),
+        *_render_rollouts(s.rollouts),
         *_render_quality(s),
         *_render_breaker(s),
     ]
@@ -104,6 +106,23 @@ def _render_progress(s: JobStatus) -> list[str]:
     if unit == "answers":
         lines.insert(1, f"  prompts   {s.prompts:,}, {s.total / (s.prompts or 1):,.3g} answers each"
                      " on average")
+    return lines
+
+
+def _render_rollouts(r: Rollouts | None) -> list[str]:
+    """A rollout job's programs: how many ended and run, their calls, what they raised."""
+    if r is None:
+        return []
+    calls = "no calls yet"
+    if r.calls_mean is not None and r.calls_max is not None:
+        most = f"{r.calls_max}+" if r.calls_max >= ROLLOUT_CALLS_COUNTED else str(r.calls_max)
+        spread = ", ".join(f"{k}: {v:,}" for k, v in r.by_calls.items())
+        calls = f"calls a rollout: mean {r.calls_mean:,.2f}, max {most} ({spread})"
+    lines = [f"  rollouts  {r.name}: {r.ended:,} ended, {r.running:,} running, "
+             f"{r.calls_in_flight:,} calls in flight, {r.calls:,} calls made",
+             f"            {calls}"]
+    if r.raised:
+        lines.append("            raised " + ", ".join(f"{k} {v:,}" for k, v in r.raised.items()))
     return lines
 
 

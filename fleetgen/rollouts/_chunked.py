@@ -90,7 +90,7 @@ class Chunked:
                                    "folder or a Hugging Face model id)")
             if importlib.util.find_spec("tokenizers") is None:
                 raise RolloutError('Chunked: by="tokens" needs the tokenizers library, not '
-                                   "installed here: pip install tokenizers (on the producer's "
+                                   "installed here: pip install 'fleetgen[rollouts]' (on the producer's "
                                    "machine and every worker node)")
 
     async def __call__(self, prompt: Prompt, generate: Generate) -> dict[str, Any]:

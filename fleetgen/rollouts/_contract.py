@@ -62,7 +62,9 @@ class Generate(Protocol):
 
     async def __call__(self, body: Body) -> Completion:
         """The server's chat completion for `body`; CallFailed when the request failed for
-        good (refused, or its tries ran out)."""
+        good (refused, or its tries ran out). A call is numbered when it is made, before it
+        awaits anything, so calls started together (asyncio.gather) keep the order they were
+        started in, run after run."""
         ...
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -195,7 +197,7 @@ def _build(name: str, options: dict[str, Any]) -> tuple[Rollout, str]:
     if inspect.isclass(target):
         try:
             built = target(**options)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise RolloutError(f"rollout {name}: its options {options} do not fit ({exc})") from None
     elif options:
         raise RolloutError(f"rollout {name}: options are given, but it is a function, not a "

@@ -387,7 +387,7 @@ def test_by_tokens_needs_a_tokenizer_and_the_tokenizers_library(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *rest: None if name == "tokenizers" else real(name, *rest))
-    with pytest.raises(RolloutError, match="pip install tokenizers"):
+    with pytest.raises(RolloutError, match=r"pip install .fleetgen\[rollouts\]."):
         Chunked(by="tokens", tokenizer="Qwen/Qwen3-8B")
 
 

@@ -167,3 +167,86 @@ def test_a_worker_with_another_version_of_the_rollout_refuses_the_jobs_batches(
     assert sim_stats(url1)["requests"] == 0
     time.sleep(0)
     assert orjson.loads(stack.producer("status", "versions", "--json").stdout)["state"] == "done"
+
+
+# The thinking model of the reference job: at a 512-token cap 87% of answers are thinking
+# alone, cut at the cap with no content (docs/development/simulator.md).
+THINKING = ("--mean-output-tokens", "1800", "--output-sigma", "0.6", "--decode-tps", "2000",
+            "--speed", "50", "--max-running-requests", "32")
+# Every answer calls a tool until two results are in.
+TOOLS = (*SERVER, "--tool-call-rate", "1", "--max-tool-turns", "2")
+
+
+def test_the_shipped_rollouts_end_to_end(stack: Stack, tmp_path: Path) -> None:
+    _, thinking = stack.sim("sim0", *THINKING)
+    _, tools = stack.sim("sim1", *TOOLS)
+    stack.worker(0, thinking, FLOWS_ENV)
+    stack.worker(1, tools, FLOWS_ENV)
+    reask = [{"id": f"t{i:04d}", "prompt": f"Explain topic {i} at length."} for i in range(300)]
+    enqueue(stack, tmp_path, "reask", reask, "--queue", "gpu0", "--max-tokens", "512",
+            "--rollout", "fleetgen.rollouts:retry_unusable")
+    sums = [{"id": f"s{i:03d}", "prompt": f"What is {i} plus {2 * i}?"} for i in range(60)]
+    enqueue(stack, tmp_path, "tools", sums, "--queue", "gpu1",
+            "--rollout", "tests.rollout_flows:tools")
+    judged = chat_rows(60, prefix="j")
+    enqueue(stack, tmp_path, "judge", judged, "--queue", "gpu1", "--keep-calls",
+            "--rollout", "fleetgen.rollouts:BestOfN", "--rollout-options", '{"n": 3}')
+    texts = [{"id": f"d{i:02d}", "prompt": " ".join(
+        f"Sentence {k} of document {i} says something worth translating." for k in range(60))}
+        for i in range(20)]
+    enqueue(stack, tmp_path, "chunks", texts, "--queue", "gpu1",
+            "--rollout", "fleetgen.rollouts:Chunked", "--rollout-options", '{"size": 1000}')
+    for job in ("reask", "tools", "judge", "chunks"):
+        assert wait_job_done_quietly(stack, job, timeout=400).failed == 0, job
+
+    # The reference job's failure, re-asked: usable answers for (nearly) every prompt, and
+    # status says how many rollouts needed more than one call.
+    lines = exported(stack, tmp_path, "reask")
+    exactly_once(lines, reask)
+    usable = [x for x in lines if x["result"]["usable"] and x["content"].strip()]
+    assert len(usable) >= 0.99 * len(reask), len(usable)
+    reasked = sum(1 for x in lines if x["calls"] > 1)
+    assert reasked >= 0.8 * len(reask)
+    screen = stack.producer("status", "reask").stdout
+    assert "rollouts  fleetgen.rollouts:retry_unusable: 300 ended, 0 running" in screen, screen
+    status = orjson.loads(stack.producer("status", "reask", "--json").stdout)["rollouts"]
+    assert status["by_calls"].get("1", 0) == len(reask) - reasked
+    assert sum(status["by_calls"].values()) == len(reask)
+
+    # Tools really executed: each tool message holds the sum of the arguments the model gave.
+    lines = exported(stack, tmp_path, "tools")
+    exactly_once(lines, sums)
+    for line in lines:
+        messages = line["result"]["messages"]
+        calls = {c["id"]: orjson.loads(c["function"]["arguments"])
+                 for m in messages for c in m.get("tool_calls") or []}
+        results = [m for m in messages if m["role"] == "tool"]
+        assert len(results) == 2 == line["result"]["tool_calls"], messages
+        for result in results:
+            args = calls[result["tool_call_id"]]
+            assert result["content"] == str(args["a"] + args["b"])
+        assert line["content"] == f"The tool returned: {results[-1]['content']}."
+
+    # Best of three, judged: the chosen candidate is the answer; every call kept.
+    parquet = tmp_path / "judge.parquet"
+    stack.producer("export", "judge", "--to", str(parquet), "--format", "parquet")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet).to_pylist()
+    assert len(table) == len(judged)
+    for row in table:
+        result, trajectory = orjson.loads(row["result"]), orjson.loads(row["trajectory"])
+        assert result["judged"] and 1 <= result["chosen"] <= 3
+        assert row["content"] == result["candidates"][result["chosen"] - 1]
+        assert row["calls"] == len(trajectory) == 4
+        assert "BEST:" in trajectory[-1]["request"]["messages"][-1]["content"]
+    openai = tmp_path / "judge-openai.jsonl"
+    stack.producer("export", "judge", "--to", str(openai), "--format", "openai")
+    body = orjson.loads(openai.read_bytes().splitlines()[0])["response"]["body"]
+    assert body["calls"] == 4 and body["result"]["judged"]
+
+    # A long text in pieces of at most 1,000 characters, the answers stitched in order.
+    lines = exported(stack, tmp_path, "chunks")
+    exactly_once(lines, texts)
+    assert all(x["result"]["pieces"] >= 3 and x["calls"] == x["result"]["pieces"]
+               for x in lines)
