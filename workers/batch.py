@@ -308,7 +308,9 @@ class BatchRunner:
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
     ) -> None:
-        thinking = manifest.params.thinking_of(prompt.body)
+        # A rollout's answer holds what its program returned: reasoning there is its choice,
+        # so the canary does not count it missing.
+        thinking = manifest.rollout is None and manifest.params.thinking_of(prompt.body)
         await self._checkpoints.add(Entry(
             job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
             counters=counters(record, thinking=thinking),
