@@ -167,7 +167,14 @@ class QueueProbe:
             self.how = (f"probe waited at {in_flight} in flight, as {sum(self._votes)} of the "
                         f"last {len(self._votes)} did: one backend full, not the router")
             waited = False
-        if waited:
+        if (waited and not saturated and self.capacity is not None
+                and in_flight - (ahead or 0) < self.capacity):
+            # Nothing of the worker's waited for a slot: fewer requests are out because fewer
+            # are left (a draining job), and a busier step than the idle one's reads as a
+            # short wait. That is not a smaller server: its measured capacity holds.
+            self.how = (f"probe slower at {in_flight} in flight with none waiting here; keeping "
+                        f"~{self.capacity} measured")
+        elif waited:
             self._ramping = False
             if ahead is not None and in_flight > 0:
                 estimate = max(1, round(in_flight - ahead))

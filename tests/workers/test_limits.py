@@ -8,7 +8,7 @@ import asyncio
 from fleetgen.servers import KINDS, Server
 from fleetgen.settings import Settings
 from workers.flow import ServerWatch
-from workers.limits import PROBE_START, InFlight, Limiter, queue_margin
+from workers.limits import PROBE_START, InFlight, Limiter, QueueProbe, queue_margin
 
 
 async def _holders(limiter: Limiter, names: list[str], entered: list[str],
@@ -190,3 +190,22 @@ def test_a_holder_over_a_cut_limit_waits_in_line_again_and_a_cancelled_one_keeps
         assert limiter.active == 1
 
     asyncio.run(scenario())
+
+
+def test_a_draining_job_is_not_a_smaller_server() -> None:
+    """Probes that come back a little slower than the idle one while nothing waits at the
+    worker (fewer requests left, not fewer slots) keep the capacity measured under load; the
+    same wait while requests queue at the worker lowers it."""
+    probe = QueueProbe(lambda capacity: capacity // 4, idle_s=0.02)
+    # Under load: 480 out, requests waiting here, ~7 queued at the server ahead of the probe.
+    for _ in range(5):
+        probe.on_probe(0.1, 480, True, answers_per_s=100.0)
+    assert probe.capacity == 473
+    # Draining: fewer out each probe, none waiting here, each probe ~5 answers slower.
+    for in_flight in (400, 300, 216, 120):
+        probe.on_probe(0.08, in_flight, False, answers_per_s=100.0)
+        assert probe.capacity == 473 and probe.limit == 473 + 473 // 4
+    assert "keeping ~473 measured" in probe.how
+    # A server that lost slots while work waits here is followed down.
+    probe.on_probe(0.1, 240, True, answers_per_s=100.0)
+    assert probe.capacity == 233
