@@ -558,7 +558,8 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
           f" {'prompts/s':>9} {'ETA':>8}  reason")
     for name in active:
         s = job_status(ledger, name)
-        pct = 100.0 * (s.done + s.failed) / max(1, s.total)
+        # Progress counts answers as they are checkpointed (done/failed: what is written).
+        pct = 100.0 * (s.done + s.failed + s.checkpointed) / max(1, s.total)
         eta = "-" if s.eta_s is None else format_duration(s.eta_s)
         print(f"{name:<32} {s.state:<10} {s.done:>10,} {s.failed:>8,} {s.total:>10,}"
               f" {pct:>7.1f}% {s.rate.prompts_per_s_5m:>9.2f} {eta:>8}  {s.reason or ''}")

@@ -75,7 +75,10 @@ def _ago(seconds: float) -> str:
 
 def _render_progress(s: JobStatus) -> list[str]:
     total = s.total or 1
-    pct = 100.0 * (s.done + s.failed) / total
+    # Progress counts every answer as it is checkpointed; `done` and `failed` are what the
+    # sink holds (written batches), which export reconciles.
+    finished = s.done + s.failed + s.checkpointed
+    pct = 100.0 * finished / total
     r, t, b = s.rate, s.tokens, s.batches
     if s.eta_s is not None:
         eta = format_duration(s.eta_s)
@@ -88,7 +91,7 @@ def _render_progress(s: JobStatus) -> list[str]:
     # Every figure counts answers; a job of one answer per prompt calls them prompts.
     unit = "answers" if s.total != s.prompts else "prompts"
     lines = [
-        (f"  {unit:<9} {s.done + s.failed:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
+        (f"  {unit:<9} {finished:,}/{s.total:,} ({pct:.1f}%)  done {s.done:,}"
          f"  failed {s.failed:,}  checkpointed {s.checkpointed:,}"
          f"  in flight {s.in_flight:,}  in hand {s.in_hand - s.in_flight:,}  {waiting}"),
         f"  batches   {b.done:,}/{b.total:,} done, {b.running:,} running, {b.queued:,} queued",

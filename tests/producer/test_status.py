@@ -56,7 +56,7 @@ from tests.stack import PYTHON, ROOT, Stack, chat_rows, make_job, python_stacks,
 def test_render_shows_every_figure_readably(ledger: Ledger) -> None:
     half_done_job(ledger)
     text = render(job_status(ledger, "half", NOW))
-    assert ("60/100 (60.0%)  done 58  failed 2  checkpointed 4  in flight 0  in hand 6  "
+    assert ("64/100 (64.0%)  done 58  failed 2  checkpointed 4  in flight 0  in hand 6  "
             "queued 30") in text
     assert ("last 1m00s 0.40 prompts/s, 37 out tok/s;  overall 0.11 prompts/s, 10 out tok/s "
             "(all GPUs)") in text
