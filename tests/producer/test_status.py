@@ -364,7 +364,7 @@ def test_jobs_lists_each_job_with_state_progress_and_reason(
     assert lines[0].split()[:4] == ["job", "state", "done", "failed"]
     half = next(line for line in lines if line.startswith("half "))
     later = next(line for line in lines if line.startswith("later "))
-    assert half.split()[1:6] == ["running", "58", "2", "100", "60.0%"]
+    assert half.split()[1:6] == ["running", "58", "2", "100", "64.0%"]
     assert later.split()[1:6] == ["paused", "0", "0", "50", "0.0%"] and "paused by user" in later
 
 
