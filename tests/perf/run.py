@@ -11,6 +11,7 @@
     python -m tests.perf --only engines           # figure 10: vLLM and strict servers, no setting
     python -m tests.perf --only flow              # figure 11: a server under stress (~15 min)
     python -m tests.perf --only door              # figure 12: the worker's door under faults
+    python -m tests.perf --only rollouts          # figure 13: programs per prompt (~4 min)
     python -m tests.perf real-engine --mode dry         # a real server (real_engine.py)
     python -m tests.perf replay                   # the reference run, hands-off (replay.py)
 
@@ -47,6 +48,7 @@ from tests.perf import (
     real_engine,
     replay,
     report,
+    rollouts,
     saturation,
     short,
     timings,
@@ -56,7 +58,7 @@ from tests.stack import ROOT
 
 log = logging.getLogger("tests.perf")
 BENCHMARKS = ("saturation", "enqueue", "parquet", "overhead", "crash", "capacity", "export", "timings",
-              "short", "engines", "flow", "door")
+              "short", "engines", "flow", "door", "rollouts")
 # Commands beside the suite, each with its own flags, processes and results folder:
 # `python -m tests.perf real-engine --help`.
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"real-engine": real_engine.main,
@@ -84,6 +86,7 @@ class PerfConfig:
     short_pairs: int = 1
     flow_scenarios: tuple[str, ...] = flow.SCENARIOS
     door_scenarios: tuple[str, ...] = door.SCENARIOS
+    rollout_scenarios: tuple[str, ...] = rollouts.SCENARIOS
 
     def __post_init__(self) -> None:
         unknown = set(self.only) - set(BENCHMARKS)
@@ -119,6 +122,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                    help="figure 11: this scenario only (repeatable)")
     p.add_argument("--door-scenario", action="append", choices=door.SCENARIOS,
                    help="figure 12: this scenario only (repeatable)")
+    p.add_argument("--rollout-scenario", action="append", choices=rollouts.SCENARIOS,
+                   help="figure 13: this scenario only (repeatable)")
     a = p.parse_args(argv)
     env = dict(item.split("=", 1) for item in a.worker_env)
     return PerfConfig(out=a.out, only=tuple(a.only or BENCHMARKS), prompts=a.prompts,
@@ -129,7 +134,8 @@ def parse_args(argv: list[str] | None) -> PerfConfig:
                       worker_env=env, batch_size=a.batch_size, keep=a.keep,
                       short_pairs=a.short_pairs,
                       flow_scenarios=tuple(a.flow_scenario or flow.SCENARIOS),
-                      door_scenarios=tuple(a.door_scenario or door.SCENARIOS))
+                      door_scenarios=tuple(a.door_scenario or door.SCENARIOS),
+                      rollout_scenarios=tuple(a.rollout_scenario or rollouts.SCENARIOS))
 
 
 class Suite:
@@ -147,7 +153,7 @@ class Suite:
             "overhead": self.overhead,
             "crash": self.crash, "capacity": self.capacity, "export": self.export,
             "timings": self.timings, "short": self.short, "engines": self.engines,
-            "flow": self.flow, "door": self.door}
+            "flow": self.flow, "door": self.door, "rollouts": self.rollouts}
         for name in self.cfg.only:
             started = time.monotonic()
             print(f"== {name} ...", flush=True)
@@ -265,6 +271,10 @@ class Suite:
         self.results["door"] = door.run_door(self.tmp / "door", self.redis.url,
                                              self.cfg.door_scenarios)
 
+    def rollouts(self) -> None:
+        self.results["rollouts"] = rollouts.run_rollouts(self.tmp / "rollouts", self.redis.url,
+                                                         self.cfg.rollout_scenarios)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite (or a command of COMMANDS); exit 0 when every figure met its target, 1
@@ -288,10 +298,13 @@ def main(argv: list[str] | None = None) -> int:
             paths.append(flow.write(cfg.out, suite.results))
         if "door" in suite.results:
             paths.append(door.write(cfg.out, suite.results))
+        if "rollouts" in suite.results:
+            paths.append(rollouts.write(cfg.out, suite.results))
     finally:
         if not cfg.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    rows = report.rows(suite.results) + flow.rows(suite.results) + door.rows(suite.results)
+    rows = (report.rows(suite.results) + flow.rows(suite.results) + door.rows(suite.results)
+            + rollouts.rows(suite.results))
     print(report.table(rows))
     print("\nwrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                  for p in paths) + (f"; run folder {tmp}" if cfg.keep else ""))
