@@ -13,7 +13,8 @@ is not, so a resumed job asks it again.
 
 Slots count calls, not rollouts: every rollout of a batch runs at once and its calls wait at
 the door for the server's slots, so rollouts waiting on tools or on their next step leave the
-server to the others. CPU work in a rollout (`generate.run`) goes to a bounded thread pool.
+server to the others. What the consumer gate sees unsent is the rollouts not started and the
+calls waiting at the door. CPU work in a rollout (`generate.run`) goes to a bounded thread pool.
 A rollout's own time (everything outside its calls) is limited by FLEETGEN_ROLLOUT_TIME_LIMIT_S.
 
 How a rollout ends, as its prompt's record says:
@@ -197,10 +198,17 @@ class Programs:
         """Send call `index` through the door; its journal entry once final."""
         job, key = calls.job, calls.key
         stored = cast(RequestBody, body)
+        # The rollout counts unsent until its first call leaves; each later call counts unsent
+        # while it waits at the door, so the consumer gate takes no new batch while the calls
+        # of rollouts already held wait for slots.
+        delivery = calls.delivery
+        if delivery.sent:
+            self._backlog.add(unsent=1)
+            delivery = Delivery(self._backlog, 1)
         request = Request(calls.manifest.params.request_body(stored), job,
                           f"{key} call {index}", key,
                           thinking=calls.manifest.params.thinking_of(stored),
-                          hold=lambda: self._hold(job), delivery=calls.delivery)
+                          hold=lambda: self._hold(job), delivery=delivery)
         self.calls_in_flight += 1
         try:
             completion, latency, _ = await self._send(request)
@@ -222,6 +230,8 @@ class Programs:
             entry = {"digest": digest, "error": error}
         finally:
             self.calls_in_flight -= 1
+            if delivery is not calls.delivery:
+                delivery.ends()
         await on_redis_async(
             f"batch {job}/{calls.batch}: journal call {index} of {key}",
             lambda: self._live.journal_call(job, calls.batch, keys.call_field(key, index),

@@ -72,6 +72,8 @@ class Door:
 
     async def send(self, request: Request) -> tuple[dict[str, Any], float, int]:
         self.sent.append(dict(request.body))
+        if request.delivery is not None:  # as the door does once a slot is taken
+            request.delivery.leaves()
         await asyncio.sleep(0)
         return self.answer(dict(request.body)), 0.01, 1
 
@@ -96,13 +98,13 @@ def item(prompt_id: str = "p1") -> Item:
 
 
 def run(redis_url: str, door: Door, job: JobManifest, *, limit_s: float = 60.0,
-        journal: bool = True) -> OutputRecord | RequestHeldError:
+        journal: bool = True, backlog: Backlog | None = None) -> OutputRecord | RequestHeldError:
     """Run the rollout of `item()` once, as a batch run would, journal read first."""
 
     async def go() -> OutputRecord | RequestHeldError:
         live = LiveLedger.connect(Settings(redis_url=redis_url), "test-rollouts")
         programs = Programs(Settings(redis_url=redis_url, rollout_time_limit_s=limit_s), live,
-                            Backlog(), door.send, lambda job: None)
+                            backlog or Backlog(), door.send, lambda job: None)
         try:
             journaled = await programs.journal(job.name, "b000001") if journal else {}
             return await programs.run(job, "b000001", item(), ORIGIN,
@@ -128,7 +130,11 @@ def test_a_rollout_run_again_gets_its_journaled_calls_back_without_sending_them(
         redis_url: str, redis_client: Any) -> None:
     job = manifest("again", "two_calls")
     door = Door(echo)
-    first = answer(run(redis_url, door, job))
+    # The batch counts its prompt unsent; each call the door sends counts sent.
+    backlog = Backlog()
+    backlog.add(unsent=1)
+    first = answer(run(redis_url, door, job, backlog=backlog))
+    assert (backlog.unsent, backlog.sent) == (0, 2)
     assert first["calls"] == 2 and first["result"]["first"] == "re: hi"
     assert first["content"] == "re: more on re: hi"
     assert first["usage"] == {"prompt_tokens": 10, "completion_tokens": 14, "reasoning_tokens": 0}
