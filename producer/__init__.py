@@ -1,4 +1,4 @@
-"""fleetgen's producer: `python -m producer enqueue|status|export|...` (producer/cli.py).
+"""fleetgen's producer: `python -m producer enqueue|status|export|upload|...` (producer/cli.py).
 
 Its errors hang from fleetgen's root, `fleetgen.errors.FleetgenError` (the shared tree in
 fleetgen/errors.py); those it adds:
@@ -10,6 +10,8 @@ fleetgen/errors.py); those it adds:
       NoPrompts           the file holds no prompt at all
       UnreadableInput     the input cannot be read as prompts at all (no such file or object,
                           no usable column, a split not named, pyarrow missing)
+      UploadError         `upload` cannot do what was asked: no such file, a target that is
+                          not S3, no such bucket, an object already there (producer.upload)
 
 `EnqueueInterrupted` (enqueue.py) is no error: it carries Ctrl-C out of an enqueue with the
 report of what was stored.

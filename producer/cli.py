@@ -65,6 +65,7 @@ from producer.inputs import (
     UnreadableInput,
     open_input,
 )
+from producer.upload import UploadError, upload
 
 # The job view and the control verbs (`producer.control`, `producer.status`, `fleetgen.jobview`)
 # are imported by the commands that use them: they bring httpx, the reconciler and the fleet
@@ -94,6 +95,7 @@ EPILOG = """examples:
   python -m producer jobs
   python -m producer report distill-v1                 # one HTML page: plots and figures
   python -m producer rebuild distill-v1 --output s3://bucket/runs   # after Redis lost its data
+  python -m producer upload prompts.jsonl s3://bucket/prompts/     # then enqueue it from there
 
 `python -m producer COMMAND --help` shows a command's flags, defaults and an example.
 """
@@ -262,6 +264,16 @@ def build_parser() -> CommandParser:
     p.add_argument("--max-batches", type=int, default=report.DEFAULT_MAX_BATCHES,
                    help="read latency and lengths from at most this many written batches")
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
+    p = command("upload", "put local files into S3 with the producer's S3 endpoint and "
+                "credentials (AWS_*), for `enqueue s3://...` to read",
+                "prompts.jsonl s3://bucket/prompts/   # -> s3://bucket/prompts/prompts.jsonl",
+                "prompts.jsonl s3://bucket/in/mine.jsonl",
+                "shards/*.parquet s3://bucket/shards/")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a local file to upload")
+    p.add_argument("to", metavar="S3URI",
+                   help="s3://bucket/prefix/ (each file keeps its name under it) or "
+                   "s3://bucket/key (one file); the bucket must exist")
+    p.add_argument("--force", action="store_true", help="replace an object that exists")
     return parser
 
 
@@ -820,6 +832,16 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     return RET_OK
 
 
+def cmd_upload(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        for done in upload(args.files, args.to, force=args.force):
+            at = f" at S3 endpoint {done.endpoint}" if done.endpoint else ""
+            print(f"wrote {done.uri} ({done.size:,} bytes) from {done.path}{at}", flush=True)
+    except UploadError as exc:
+        raise CommandError(str(exc), RET_BAD_INPUT) from None
+    return RET_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "enqueue": cmd_enqueue,
     "status": cmd_status,
@@ -831,6 +853,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "export": cmd_export,
     "rebuild": cmd_rebuild,
     "report": cmd_report,
+    "upload": cmd_upload,
 }
 
 
