@@ -16,6 +16,7 @@ from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
+from urllib.parse import urlparse
 
 import orjson
 
@@ -331,6 +332,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError("--output is empty: give s3://bucket/prefix or a folder, or leave it "
                            "out for $FLEETGEN_OUTPUT, else ./fleetgen-output", RET_BAD_INPUT)
     output = absolute(args.output) if args.output is not None else _default_output(settings)
+    new_folder = _missing_folder(output)
     try:
         params = GenerationParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -371,11 +373,15 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             raise CommandError(str(exc), RET_BAD_INPUT) from None
         except EnqueueInterrupted as exc:
             _interrupted(exc.report, source.name)
+            if new_folder is not None and new_folder.is_dir():
+                print(f"created output folder {new_folder}", file=sys.stderr)
             return RET_INTERRUPTED
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.stderr.isatty():
         print(file=sys.stderr)
+    if new_folder is not None and new_folder.is_dir():
+        print(f"created output folder {new_folder}")
     for note in report.notes:
         print(f"note: {note}")
     verb = "resumed" if report.resumed else "created"
@@ -403,6 +409,16 @@ def _default_output(settings: Settings) -> str:
     """The output of a command given no --output: $FLEETGEN_OUTPUT, else ./fleetgen-output (a
     folder as its absolute path)."""
     return absolute(settings.output or DEFAULT_OUTPUT)
+
+
+def _missing_folder(output: str) -> Path | None:
+    """The output's folder when it is a folder not there yet, which enqueue creates; None for
+    S3 or a folder that exists."""
+    parsed = urlparse(output)
+    if parsed.scheme not in ("", "file"):
+        return None
+    folder = Path(parsed.path if parsed.scheme else output)
+    return None if folder.exists() else folder
 
 
 def _check_input_file(path: Path) -> None:
@@ -441,26 +457,32 @@ def _spooled_stdin() -> Iterator[Path]:
 
 
 def _interrupted(r: EnqueueReport, source: str) -> None:
-    """What an interrupted enqueue stored and queued, and how to finish it."""
+    """What an interrupted enqueue stored and queued, and how to finish it: one count of the
+    batch inputs in the output and one of the batches that reached the broker."""
     if sys.stderr.isatty():
-        print(file=sys.stderr)
+        # Off the progress bar: the phase it was cut in shows a count of its last redraw.
+        print("\r\x1b[K", end="", file=sys.stderr)
     if not r.batches:
         print(f"interrupted while checking {source}: nothing was stored or queued",
               file=sys.stderr)
-    elif r.complete and r.enqueued < r.to_queue:
-        print(f"interrupted: job {r.job} is running; {r.enqueued:,} of the {r.to_queue:,} "
-              f"batches this run was queueing are queued. Run the same command again to queue "
-              f"the other {r.to_queue - r.enqueued:,} (none is queued twice).", file=sys.stderr)
-    elif r.complete and r.to_queue:
-        print(f"interrupted: job {r.job} is running; all {r.to_queue:,} batches this run was "
-              "queueing are queued: nothing is left to do.", file=sys.stderr)
-    elif r.complete:
-        print(f"interrupted: job {r.job} has every batch input stored; its batches were not "
-              "queued yet. Run the same command again to queue them.", file=sys.stderr)
-    else:
+        return
+    if not r.complete:
         print(f"interrupted: job {r.job} was not started: {r.uploaded + r.already_stored:,} of "
-              f"{r.batches:,} batch inputs are stored and no batch runs until all are. Run the "
-              "same command again to store the rest and start it.", file=sys.stderr)
+              f"{r.batches:,} batch inputs are stored and no batch is queued (none runs until "
+              "every input is stored). Run the same command again to store the rest and start "
+              "it.", file=sys.stderr)
+        return
+    stored = f"interrupted: job {r.job} is running: all {r.batches:,} batch inputs are stored"
+    if not r.to_queue:
+        print(f"{stored}; this run had queued none of its batches yet. Run the same command "
+              "again to queue them.", file=sys.stderr)
+    elif r.enqueued < r.to_queue:
+        print(f"{stored}; {r.enqueued:,} of the {r.to_queue:,} batches this run was queueing "
+              f"are queued. Run the same command again to queue the other "
+              f"{r.to_queue - r.enqueued:,} (none is queued twice).", file=sys.stderr)
+    else:
+        print(f"{stored}; all {r.to_queue:,} batches this run was queueing are queued: nothing "
+              "is left to do.", file=sys.stderr)
 
 
 # What each phase of enqueue does, on its progress bar.

@@ -369,6 +369,8 @@ def _store_inputs(
     finally:
         # Interrupted: the pool still finished the uploads it was given; they are stored.
         report.uploaded += sum(1 for f in uploads if not f.cancelled() and f.exception() is None)
+        # The count `status` shows of a job whose enqueue stopped is the one its message said.
+        ledger.jobs.note_inputs_stored(job, report.uploaded + report.already_stored)
     complete = replace(manifest, complete=True)
     sink.put(keys.sink_manifest(job), complete.to_json())
     return complete

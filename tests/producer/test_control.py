@@ -125,6 +125,9 @@ def test_ctrl_c_during_enqueue_says_what_was_stored_and_how_to_resume(
     stored = len(list((tmp_path / "out" / "ctrlc" / "inputs").glob("*.jsonl")))
     assert f"interrupted: job ctrlc was not started: {stored} of 66 batch inputs are stored" in err
     assert 0 < stored < 66 and "Run the same command again" in err
+    # `status` says the count the message said, not an older one.
+    assert (f"enqueue was interrupted ({stored} of 66 batch inputs stored at its last report)"
+            in (job_status(ledger, "ctrlc").reason or ""))
 
 
 def test_a_second_enqueue_of_a_job_being_created_is_refused(

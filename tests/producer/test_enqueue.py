@@ -213,6 +213,22 @@ def test_a_bad_line_from_stdin_is_named_as_from_stdin(
     assert cli.dbsize() == 0 and not (tmp_path / "out").exists()
 
 
+# Where it writes: a folder not there yet is created, and said so.
+
+
+def test_a_missing_output_folder_is_created_and_named_by_its_absolute_path(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(3))
+    monkeypatch.chdir(tmp_path)
+    assert main(["enqueue", "p.jsonl", "--job", "here", "--output", "runs/today"]) == 0
+    out = capsys.readouterr().out
+    assert f"created output folder {tmp_path / 'runs' / 'today'}\n" in out
+    assert f"output {tmp_path / 'runs' / 'today'}" in out
+    assert main(["enqueue", str(src), "--job", "here", "--output", "runs/today"]) == 0
+    assert "created output folder" not in capsys.readouterr().out  # it was there
+
+
 # Rejects: every one in the file, each cut short.
 
 
@@ -325,6 +341,7 @@ def test_ctrl_c_while_queueing_counts_the_batches_in_the_broker_and_a_rerun_queu
     queued, of = interrupted_count(err)
     in_broker = queued_batches(cli, "cut")
     assert queued == len(in_broker) == 120 and of == 150
+    assert "interrupted: job cut is running: all 150 batch inputs are stored; 120 of" in err
     assert queue_depth(cli, keys.SHARED_QUEUE) == 120
     assert f"Run the same command again to queue the other {of - queued}" in err
 
@@ -353,8 +370,38 @@ def test_ctrl_c_after_the_last_batch_was_queued_says_all_are_queued(
     monkeypatch.setattr(producer.enqueue, "dispatch", dispatch_then_ctrl_c)
     assert enqueue(tmp_path, str(src), "whole", "--batch-size", "1") == 130
     err = capsys.readouterr().err
-    assert "job whole is running; all 150 batches this run was queueing are queued" in err
+    assert ("job whole is running: all 150 batch inputs are stored; all 150 batches this run "
+            "was queueing are queued: nothing is left to do") in err
     assert len(queued_batches(cli, "whole")) == queue_depth(cli, keys.SHARED_QUEUE) == 150
+
+
+def test_on_a_terminal_ctrl_c_while_queueing_leaves_the_messages_count_alone_on_screen(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The queueing bar is redrawn once per 100 batches: left on screen above the message, it
+    showed another count than the message's."""
+    import sys
+
+    from celery import Celery
+
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(150))
+    send = Celery.send_task
+    sent: list[int] = []
+
+    def send_then_ctrl_c(self: Celery, *args: Any, **kwargs: Any) -> Any:
+        if len(sent) == 120:
+            raise KeyboardInterrupt
+        sent.append(1)
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(Celery, "send_task", send_then_ctrl_c)
+    assert enqueue(tmp_path, str(src), "cut", "--batch-size", "1") == 130
+    bar, message = capsys.readouterr().err.rsplit("\r\x1b[K", 1)
+    assert "100 of 150 batches" in bar.rsplit("\r", 1)[-1]  # its last redraw, now erased
+    assert message.startswith("interrupted: job cut is running: all 150 batch inputs are "
+                              "stored; 120 of the 150 batches this run was queueing are queued")
+    assert "\r" not in message
 
 
 @pytest.mark.parametrize("phase", ["checking", "storing"])
