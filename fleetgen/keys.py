@@ -63,8 +63,13 @@ SHARED_QUEUE = "fleetgen"
 # not one range. The first number, the server's lead GPU, is GPU_QUEUE's group 1.
 GPU_QUEUE = re.compile(r"^gpu(\d+)((?:[-_]\d+)*)$")
 # gpuN's worker (gpuN-M's too: N is its lead GPU) serves its metrics on METRICS_BASE_PORT + N,
-# next to its server on 30000 + N.
-METRICS_BASE_PORT = 9400
+# beside its server on 30000 + N. 20000 lies in a gap GPU nodes leave free: above the
+# Prometheus exporters' block 9100-9999 (node_exporter 9100, NVIDIA's DCGM exporter 9400),
+# Prometheus 9090, Flower 5555 and Ray's worker ports (10002-19999); below SGLang's random NCCL
+# ports (22000-29999), its servers (30000 up) and the kernel's ephemeral range (32768 up).
+# `launcher up --base-port` moves it with the servers, and every base it accepts (30000 to
+# 31767) keeps it in that gap.
+METRICS_BASE_PORT = 20000
 TASK_RUN_BATCH = "fleetgen.run_batch"
 # What the node supervisor sends a worker before it drains and restarts the worker's server
 # (Celery leaves SIGUSR2 alone unless CELERY_RDBSIG is set).

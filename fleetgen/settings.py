@@ -131,7 +131,7 @@ class Settings:
     # How long a finished (done or cancelled) job's Redis keys are kept, in seconds; the env
     # takes a duration too (`7d`, `12h`).
     job_retention: float = JOB_RETENTION_S
-    # Per-process /metrics: None means 9400+N for queue gpuN; 0 turns it off.
+    # Per-process /metrics: None means keys.METRICS_BASE_PORT+N for queue gpuN; 0 turns it off.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     # The server URL this worker publishes for other nodes (fleetgen/advertise.py): the whole

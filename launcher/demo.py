@@ -7,7 +7,8 @@ and says what to do next with that file: nothing it suggests needs the stopped s
 --keep the stack outlives the demo (honcho in its own session, its pid in STATE/demo.pid) and
 the demo says where Flower is and how to stop it.
 
-Ports: the Procfile's defaults, or a block from --port-base (DemoPorts).
+Ports: the Procfile's defaults, or a block from --port-base (DemoPorts). Data: .fleetgen/demo, or
+--state-dir; never the .fleetgen/redis and .fleetgen/s3 of a stack the user runs by hand.
 
 The embedded servers are locked (docs/security.md): their password and keys are generated in
 their data dirs before the stack starts, and every process reads them from the files `.env`
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.commandline import CommandParser
+from fleetgen.keys import METRICS_BASE_PORT
 from fleetgen.poll import poll, wait_until
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError
@@ -48,8 +50,13 @@ from launcher.services import (
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "producer" / "samples" / "sample.jsonl"
-# Where .env's relative paths point (the Procfile's data dir); --state-dir moves it.
-DEFAULT_STATE = Path(".fleetgen")
+# Where .env's relative paths point: the data dir of the Procfile run by hand, and of the
+# walkthrough's `launcher redis|s3` (docs/getting-started/own-data.md).
+ENV_STATE = Path(".fleetgen")
+# The demo's own data dir (--state-dir moves it): apart from ENV_STATE, so that its jobs never
+# show in a stack the user runs next, where a worker without the demo's S3 would keep warning
+# about their output.
+DEFAULT_STATE = ENV_STATE / "demo"
 EXPORT_DIR = Path("demo-output")
 # A kept stack's honcho pid, in the state dir: how to stop it, and who holds the ports.
 PID_FILE = "demo.pid"
@@ -69,8 +76,8 @@ class DemoPorts:
     sim0: int = 30000
     sim1: int = 30001
     flower: int = 5555
-    gpu0_metrics: int = 9400
-    gpu1_metrics: int = 9401
+    gpu0_metrics: int = METRICS_BASE_PORT
+    gpu1_metrics: int = METRICS_BASE_PORT + 1
 
     @classmethod
     def from_base(cls, base: int) -> DemoPorts:
@@ -115,8 +122,8 @@ class DemoPorts:
 PORTS_HELP = ("take the ports from B: B Redis, B+1 and B+2 the simulated servers, B+3 Flower, "
               "B+4 and B+5 the workers' metrics, B+10..B+18 and B+10018 S3 (SeaweedFS). "
               "Default: Redis 6389, S3 8333-8341 and 18341, servers 30000-30001, Flower 5555, "
-              "metrics 9400-9401. B+10018 must stay below the kernel's ephemeral range "
-              "(32768 on most Linux systems)")
+              f"metrics {METRICS_BASE_PORT}-{METRICS_BASE_PORT + 1}. B+10018 must stay below "
+              "the kernel's ephemeral range (32768 on most Linux systems)")
 # The developer's own AWS identity must neither configure nor reach the embedded S3.
 FOREIGN_AWS = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -137,7 +144,7 @@ def stack_env(ports: DemoPorts | None = None, state: Path | None = None) -> dict
            "STACK_DIR": str(state)}
     for name in SECRET_FILES:
         if env.get(name):
-            env[name] = str(state / Path(env[name]).relative_to(DEFAULT_STATE))
+            env[name] = str(state / Path(env[name]).relative_to(ENV_STATE))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -275,6 +282,16 @@ def kept_text(pid: int, ports: DemoPorts, state: Path) -> str:
     ])
 
 
+def again_command(args: argparse.Namespace) -> str:
+    """The demo on the user's own prompts, on the ports and state folder of this run."""
+    flags = ["--input", "my-prompts.jsonl"]
+    if args.port_base is not None:
+        flags += ["--port-base", str(args.port_base)]
+    if args.state_dir is not None:
+        flags += ["--state-dir", _shown_path(args.state_dir)]
+    return f"{python_command()} -m launcher demo {shlex.join(flags)}"
+
+
 def python_command() -> str:
     """This interpreter as the user would type it: relative to the working directory when it
     lies below it (`.venv/bin/python`), else its absolute path; a bare `python` may be another
@@ -409,8 +426,7 @@ def _run_job(args: argparse.Namespace, kept: int | None) -> int:
                           f"running: kill {kept} stops it") + "; these need only that file):")
     print(f"  head -n 2 {exported}   # an answer per line, each "
           + ("(id, sample) once" if status.total > status.prompts else "input id once"))
-    print(f"  {python_command()} -m launcher demo --input my-prompts.jsonl   # the same with your "
-          "own prompts")
+    print(f"  {again_command(args)}   # the same with your own prompts")
     print("  docs/getting-started/own-data.md: run the stack yourself and keep it running")
     return 0 if status.failed == 0 else 1
 

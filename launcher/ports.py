@@ -95,7 +95,8 @@ def port_holder(port: int) -> str | None:
     if pid is None:
         return "a process of another user"
     try:
-        command = " ".join(psutil.Process(pid).cmdline()).strip()
+        # One line whatever the arguments hold (`python -c` with a script of several lines).
+        command = " ".join(" ".join(psutil.Process(pid).cmdline()).split())
     except (psutil.NoSuchProcess, psutil.AccessDenied):  # it exited meanwhile, or not ours
         return f"pid {pid}"
     return f"pid {pid} ({command[:_COMMAND_CHARS]})"

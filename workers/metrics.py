@@ -1,9 +1,9 @@
 """Prometheus metrics of one worker process, served on its own `/metrics` port.
 
 Each GPU worker is one process (Celery threads pool), so each process serves its own
-registry on a port derived from its GPU: queue gpuN -> 9400+N, and a server over several GPUs
-(gpuN-M) -> 9400+N, its lead GPU (`FLEETGEN_METRICS_PORT` overrides, 0 turns it off), on
-127.0.0.1 unless `FLEETGEN_METRICS_HOST` says otherwise.
+registry on a port derived from its GPU: queue gpuN -> 20000+N (keys.METRICS_BASE_PORT), and a
+server over several GPUs (gpuN-M) -> 20000+N, its lead GPU (`FLEETGEN_METRICS_PORT` overrides,
+0 turns it off), on 127.0.0.1 unless `FLEETGEN_METRICS_HOST` says otherwise.
 That is simpler and more honest than prometheus_client's multiprocess mode (one shared
 `PROMETHEUS_MULTIPROC_DIR` aggregated by one endpoint): no mmap files to wipe at start, gauges
 keep their plain meaning, `process_*` metrics work, and a dead worker shows up as its own
@@ -12,7 +12,7 @@ target going down (`up == 0`) rather than as numbers that merely stop moving.
 The batch runner calls the functions below; all are cheap (a dict lookup and a locked add)
 and thread-safe:
 
-    port = start_exporter(9400)
+    port = start_exporter(20000)
     request_started(job, worker, server)
     ...
     request_ended(job, worker, server)
@@ -205,7 +205,7 @@ def exporter_port(configured: int | None, queues: Iterable[str]) -> int | None:
     """The port a worker consuming `queues` should serve on, or None for "no metrics".
 
     `configured` is FLEETGEN_METRICS_PORT: a number wins, 0 turns metrics off; unset means
-    9400+N for the worker's gpuN or gpuN-M queue (None when it consumes no such queue).
+    20000+N for the worker's gpuN or gpuN-M queue (None when it consumes no such queue).
     """
     if configured is not None:
         return configured or None

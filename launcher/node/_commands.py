@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fleetgen.commandline import CommandParser
+from fleetgen.keys import METRICS_BASE_PORT
 from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advice_json, advise, entry_for_url, observe
 from launcher.node._args import Profile, flag_value, load_profile
@@ -106,9 +107,10 @@ def up_parser() -> CommandParser:
                    help="also run one Celery worker per server")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help="the server on GPU N (or led by it) takes BASE+N (HTTP) and "
-                        "BASE+1000+N (NCCL), its worker 9400+(BASE-30000)+N (metrics; BASE+2000+N "
-                        "for a BASE under 30000); all must lie from 1024 to below the "
-                        "ephemeral range (default: %(default)s)")
+                        f"BASE+1000+N (NCCL), its worker {METRICS_BASE_PORT}+(BASE-30000)+N "
+                        "(metrics; BASE+2000+N for a BASE under 30000; FLEETGEN_METRICS_PORT=0: "
+                        "none); all must lie from 1024 to below the ephemeral range (default: "
+                        "%(default)s)")
     p.add_argument("--host", default=HOST,
                    help="address the servers listen on: 0.0.0.0 or this node's address lets "
                         "`producer status` on other nodes read them live")
@@ -276,9 +278,45 @@ def cmd_status(argv: Sequence[str]) -> int:
         return EXIT_USAGE
     state = state.with_liveness()
     print(state.to_json() if args.json else render_status(state))
-    healthy = state.supervisor_alive and all(
-        g.server.state == "ready" and g.server.pid_alive for g in state.gpus)
-    return EXIT_OK if healthy else EXIT_FAILED
+    problems = status_problems(state)
+    for problem in problems:
+        print(f"status: {problem}", file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+def status_problems(state: NodeState) -> list[str]:
+    """Why the node is not healthy, one line per process that keeps its GPU from work (none
+    when every server is ready and every worker runs): which GPU, which process, its state and
+    why."""
+    if not state.supervisor_alive:
+        return [f"the supervisor (pid {state.supervisor_pid}) is not running: nothing is kept "
+                "up and the table is stale; start the node again with `launcher up`"]
+    problems = []
+    for g in state.gpus:
+        server_up = _up(g.server, "ready")
+        if not server_up:
+            problems.append(_problem(g, "server", g.server))
+        worker = g.worker
+        # A worker is first started once its server is ready: until then the server says why.
+        if worker is not None and not _up(worker, "running") \
+                and not (worker.state == "starting" and not server_up):
+            problems.append(_problem(g, "worker", worker))
+    return problems
+
+
+def _up(p: ProcessEntry, state: str) -> bool:
+    return p.state == state and p.pid_alive is not False
+
+
+def _problem(g: ServerEntry, role: str, p: ProcessEntry) -> str:
+    gpu = f"GPU {_gpus_text(g)}"
+    if p.state != "stopped" and p.pid is not None and p.pid_alive is False:
+        return f"{gpu}: its {role} (pid {p.pid}) is gone"
+    text = f"{gpu}: its {role} is {p.state}" + (f" ({p.last_reason})" if p.last_reason else "")
+    if p.state == "stopped":
+        text += (f": {gpu} takes no work; fix that, then `launcher restart --gpus {g.gpu}` "
+                 "starts it again")
+    return text
 
 
 def cmd_advise(argv: Sequence[str]) -> int:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fleetgen.keys import METRICS_BASE_PORT, gpu_queue
 from fleetgen.redact import redact, redact_argv
@@ -30,7 +31,7 @@ from launcher.node._kind import ServerLaunch, launch_for
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE, RestartRequest
 from launcher.node._supervisor import Order, OrderError
-from launcher.ports import HOST, ephemeral_range, port_is_free
+from launcher.ports import HOST, busy_reason, ephemeral_range, port_is_free
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")
@@ -42,12 +43,14 @@ DEFAULT_BASE_PORT = 30000
 NCCL_OFFSET = 1000
 RANDOM_NCCL_RANGE = range(22000, 30000)
 # A worker's /metrics port moves with --base-port, as its server's does: GPU N's worker takes
-# 9400+(BASE-30000)+N from the default base up, so two `launcher up` on one host (--base-port
-# 30000 and 31000) take 9400+N and 10400+N, not both 9400+N. Below the default base that
-# rule would walk down into the well-known services' ports (1410 for 22010): there the
+# METRICS_BASE_PORT+(BASE-30000)+N from the default base up, so two `launcher up` on one host
+# (--base-port 30000 and 31000) take 20000+N and 21000+N, not both 20000+N. Below the default
+# base that rule would walk down into other services' ports (12010 for 22010): there the
 # worker's port sits beside its server's instead, at BASE+2000+N, above the NCCL ports.
 METRICS_OFFSET = METRICS_BASE_PORT - DEFAULT_BASE_PORT
 METRICS_BESIDE_OFFSET = 2 * NCCL_OFFSET
+# How messages name a worker's metrics port (the HTTP and NCCL ports are named by their role).
+METRICS_ROLE = "its worker's metrics port"
 # What the workers inherit that says where they talk to, and what each means when unset: the
 # Redis of the queues, the S3 endpoint of the results, the default output. The dry run shows
 # them (redacted) so a wrong one is seen before anything starts.
@@ -314,58 +317,87 @@ def render_dry_run(plan: NodePlan, specs: Mapping[int, LaunchSpec],
     return "\n".join(lines)
 
 
+class PlannedPort(NamedTuple):
+    """One port a server or worker of the node will listen on."""
+
+    whose: str  # "GPU 3", or "server gpu0-1" for one over several GPUs
+    role: str  # "HTTP port", "NCCL port" or METRICS_ROLE
+    port: int
+    host: str
+
+
 def check_ports(specs: Mapping[int, LaunchSpec],
                 metrics: Mapping[int, int | None] | None = None) -> None:
     """Every HTTP and NCCL port, and each worker's /metrics port in `metrics` (lead GPU ->
     port), must lie between 1024 and the kernel's ephemeral range and be free now; raise
-    PortBusyError naming the first that does not.
+    PortBusyError otherwise.
 
     Below 1024 only root may listen; inside the ephemeral range outgoing connections take their
     local ports at random, so a server port there fails at random. Every port moves with
-    --base-port, so the message names the bases that keep them all in between.
+    --base-port, so the message names the bases that keep them all in between. Taken ports are
+    named all at once, each with what holds it, and the ways out: another --base-port, or
+    FLEETGEN_METRICS_PORT=0 when a worker's metrics port is taken (by a DCGM exporter, say).
     """
-    def who(gpu: int) -> str:  # "GPU 3", or "server gpu0-1" for one over several GPUs
+    planned = _planned_ports(specs, metrics or {})
+    _check_range(planned, specs)
+    _check_free(planned)
+    for p in planned:
+        if p.role != METRICS_ROLE and p.port in RANDOM_NCCL_RANGE:
+            log.warning("%s: %s %d is in 22000-29999, where SGLang servers pick random NCCL "
+                        "ports; a --base-port of 30000 or more avoids that", p.whose, p.role,
+                        p.port)
+
+
+def _planned_ports(specs: Mapping[int, LaunchSpec],
+                   metrics: Mapping[int, int | None]) -> list[PlannedPort]:
+    """The workers' metrics ports, then each server's HTTP and NCCL ports."""
+    def who(gpu: int) -> str:
         name = specs[gpu].name if gpu in specs else gpu_queue(gpu)
         return f"GPU {gpu}" if name == gpu_queue(gpu) else f"server {name}"
 
-    first, last = ephemeral_range()
-    used = [p for p in (metrics or {}).values() if p is not None]
-    for spec in specs.values():
+    planned = [PlannedPort(who(gpu), METRICS_ROLE, port, HOST)
+               for gpu, port in metrics.items() if port is not None]
+    for gpu, spec in specs.items():
+        assert spec.port is not None
+        planned.append(PlannedPort(who(gpu), "HTTP port", spec.port, spec.host))
         nccl = flag_value(spec.argv, "--nccl-port")
-        used += [p for p in (spec.port, int(nccl) if nccl else None) if p is not None]
+        if nccl:
+            planned.append(PlannedPort(who(gpu), "NCCL port", int(nccl), spec.host))
+    return planned
 
-    def out_of_range(what: str, port: int) -> PortBusyError:
+
+def _check_range(planned: Sequence[PlannedPort], specs: Mapping[int, LaunchSpec]) -> None:
+    """PortBusyError for the first port below 1024 or in the ephemeral range, naming the
+    bases that keep every port out of both."""
+    first, last = ephemeral_range()
+    used = [p.port for p in planned]
+    for p in planned:
+        if 1024 <= p.port < first:
+            continue
         where = (f"in the kernel's ephemeral range {first}-{last}, where outgoing connections "
-                 "take their local ports at random" if port >= first
+                 "take their local ports at random" if p.port >= first
                  else "below 1024, where only root may listen")
         base = next(s.port - g for g, s in specs.items() if s.port is not None)
         low, high = base + 1024 - min(used), base + first - 1 - max(used)
         fix = (f"pass a --base-port from {low} to {high}, which keeps every port of this node "
                f"within 1024-{first - 1}" if low <= high else "use fewer GPUs per node")
-        return PortBusyError(f"{what} {port} is {where}; {fix}")
+        moved = " (moved with --base-port)" if p.role == METRICS_ROLE else ""
+        raise PortBusyError(f"{p.whose}: {p.role}{moved} {p.port} is {where}; {fix}")
 
-    for gpu, port in (metrics or {}).items():
-        if port is None:
-            continue
-        if not 1024 <= port < first:
-            raise out_of_range(f"{who(gpu)}: its worker's metrics port (moved with "
-                               "--base-port)", port)
-        if not port_is_free(port):
-            raise PortBusyError(f"{who(gpu)}: its worker's metrics port {port} is already in "
-                                "use (another node's launcher on this host?); pass another "
-                                "--base-port")
-    for gpu, spec in specs.items():
-        assert spec.port is not None
-        nccl = flag_value(spec.argv, "--nccl-port")
-        ports = [("HTTP", spec.port)] + ([("NCCL", int(nccl))] if nccl else [])
-        for role, port in ports:
-            if not 1024 <= port < first:
-                raise out_of_range(f"{who(gpu)}: {role} port", port)
-            if not port_is_free(port, spec.host):
-                raise PortBusyError(f"{who(gpu)}: {role} port {port} is already in use; "
-                                    "stop what listens there or pass another --base-port")
-            if port in RANDOM_NCCL_RANGE:
-                log.warning("%s: %s port %d is in 22000-29999, where SGLang servers pick "
-                            "random NCCL ports; a --base-port of 30000 or more avoids that",
-                            who(gpu), role, port)
 
+def _check_free(planned: Sequence[PlannedPort]) -> None:
+    """PortBusyError naming every taken port with what holds it, and the ways out."""
+    taken: dict[str, list[PlannedPort]] = {}  # why a port is taken -> the ports taken so
+    for p in planned:
+        if not port_is_free(p.port, p.host):
+            taken.setdefault(busy_reason(p.port), []).append(p)
+    if not taken:
+        return
+    held = [p for ports in taken.values() for p in ports]
+    ways = ["stop what holds " + ("it" if len(held) == 1 else "them"),
+            "pass another --base-port (it moves every port of this node)"]
+    if any(p.role == METRICS_ROLE for p in held):
+        ways.append("set FLEETGEN_METRICS_PORT=0 to run the workers without metrics")
+    said = [", ".join(f"{p.whose}: {p.role} {p.port}" for p in ports)
+            + f" {'is' if len(ports) == 1 else 'are'} {why}" for why, ports in taken.items()]
+    raise PortBusyError("; ".join(said) + "; " + ", ".join(ways[:-1]) + ", or " + ways[-1])

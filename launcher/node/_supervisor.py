@@ -8,7 +8,8 @@ Rules (docs/guides/gpu-nodes.md#supervision-rules):
   `/health` for `unhealthy_restart_s` is restarted after an exponential backoff.
 - `crash_loop_count` crashes within `crash_loop_window_s` stop that GPU with the reason; so
   does exit code 2 (SGLang's argparse rejected the arguments: retrying cannot help). A
-  restart order brings a stopped GPU back.
+  worker follows the same rules on its own. A restart order brings a stopped GPU back, its
+  server or its worker (once the server is ready again).
 - A restart order (`restart --rolling`) drains and restarts GPUs one at a time, each ready
   before the next; a GPU whose new arguments fail goes back to its previous ones and the
   rollout stops there.
@@ -125,6 +126,7 @@ class Slot:
     order_drain_s: float | None = None  # its drain, when it sets one
     order_done: asyncio.Future[str | None] | None = None
     pending: asyncio.Future[str | None] | None = None  # the order being started
+    orders: int = 0  # restart orders given so far: a stopped worker waits for the next one
     ever_ready: bool = False
     # Every GPU the server holds, `gpu` (its lead) first; empty means `gpu` alone.
     gpus: tuple[int, ...] = ()
@@ -305,6 +307,7 @@ class Supervisor:
                drain_s: float | None) -> asyncio.Future[str | None]:
         slot = self.slots[gpu]
         slot.order, slot.order_drain_s = spec, drain_s
+        slot.orders += 1
         slot.order_done = asyncio.get_running_loop().create_future()
         return slot.order_done
 
@@ -422,20 +425,36 @@ class Supervisor:
             await self.clock.sleep(self.policy.poll_s)
         return None
 
-    # The worker loop: start once the server was ready; restart after a backoff.
+    # The worker loop: start once the server was ready; restart after a backoff; once stopped,
+    # start again after the next restart order of its server.
 
     async def _keep_worker(self, slot: Slot) -> None:
         child = slot.worker
         assert child is not None
         try:
             await self._idle(lambda: slot.ever_ready)  # its gate would hold it anyway
-            while not self.stop.is_set() and child.state != "stopped":
+            while not self.stop.is_set():
                 reason = await self._worker_once(child)
-                if reason is not None and self._crashed(child, reason):
+                if reason is None:  # the node stops
+                    continue
+                if self._crashed(child, reason):
                     await self._idle(lambda: False, self.policy.backoff(len(child.crashes)))
-            await self._idle(lambda: False)
+                    continue
+                # Stopped (a crash loop, bad arguments): a restart order for its GPU brings it
+                # back, with a fresh crash history, once its server is ready again (not while
+                # it drains: the restart's signal would find the worker not yet listening).
+                await self._next_order(slot)
+                child.crashes.clear()
         finally:
             await self._stop_child(child)
+
+    async def _next_order(self, slot: Slot) -> None:
+        """Wait until the slot's server is given a restart order, has taken it and is ready
+        again (or the node stops)."""
+        given = slot.orders
+        await self._idle(lambda: slot.orders != given)
+        await self._idle(lambda: slot.order is None and slot.server.state == "ready"
+                         and (slot.pending is None or slot.pending.done()))
 
     async def _worker_once(self, child: Child) -> str | None:
         """Run the worker until it exits (the reason) or the node stops (None)."""

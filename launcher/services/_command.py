@@ -34,7 +34,7 @@ from types import FrameType
 from fleetgen.commandline import CommandParser
 from fleetgen.redact import redact
 from fleetgen.settings import SettingsError
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, PortBusyError
 from launcher.ports import HOST, ephemeral_text, in_ephemeral_range
 from launcher.services._redis import RedisServer
 from launcher.services._s3 import S3Ports, S3Server
@@ -54,6 +54,13 @@ DEFAULTS: dict[str, tuple[int, str]] = {
 DEFAULT_BUCKET = "fleetgen"
 # How often the foreground loop checks that the server is still alive.
 POLL_SECONDS = 0.2
+# What a taken port leaves to do besides stopping its holder, as `launcher sim` says it: the
+# flag that moves the server, and what its clients then need.
+MOVE_HINT = {
+    "redis": "pass another --port (its clients then need REDIS_URL=redis://{host}:PORT/0)",
+    "s3": "pass another --port, which moves the whole block (its clients then need "
+          "AWS_ENDPOINT_URL=http://{host}:PORT)",
+}
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,12 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
                 return EXIT_SERVER_DIED
         log.info("%s: signal received, stopping", server.name)
         return EXIT_OK
-    except LauncherError as exc:  # a ServiceError, or a busy port
+    except PortBusyError as exc:
+        log.error("%s: could not start: %s; stop it, or %s", server.name,
+                  str(exc).removeprefix(f"{server.name}: "),
+                  MOVE_HINT[server.name].format(host=server.host))
+        return EXIT_START_FAILED
+    except LauncherError as exc:  # a ServiceError
         log.error("%s: could not start: %s", server.name, exc)
         return EXIT_START_FAILED
     finally:

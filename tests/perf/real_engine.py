@@ -112,7 +112,7 @@ WORKER_LINES = re.compile(r"runs|in flight|kind|ready:|pinned|adaptive", re.IGNO
 # The supervisor's lifecycle lines about the server and its worker.
 LAUNCHER_LINES = re.compile(r"gpu0:|worker0:|node:|restart")
 EMBEDDED_REDIS_PORT = 6389  # `python -m launcher redis`'s default: no REDIS_URL needed
-WORKER_METRICS_PORT = 9400  # the gpu0 worker's default /metrics port
+WORKER_METRICS_PORT = 20000  # the gpu0 worker's default /metrics port
 END_STATES = ("done", "cancelled", "paused")
 # The clients' orders: A is direct then fleetgen, B fleetgen then direct (the one that runs
 # second may find the server warmer, or still busy).
@@ -1345,7 +1345,7 @@ def node_profile(cfg: Config, model_dir: Path) -> str:
 
 def node_base_port(settings: Mapping[str, str]) -> int:
     """`launcher up`'s --base-port: the default 30000 unless it (or the worker's metrics port,
-    9400 + base - 30000) is taken here, then the next free hundred."""
+    20000 + base - 30000) is taken here, then the next free hundred."""
     for base in range(30000, 31000, 100):
         metrics_free = settings.get("FLEETGEN_METRICS_PORT") == "0" \
             or port_is_free(WORKER_METRICS_PORT + base - 30000)

@@ -376,7 +376,7 @@ def test_every_celery_command_a_user_may_copy_names_the_app() -> None:
 def test_the_demo_page_says_keep_leaves_the_stack_up_and_how_to_stop_it() -> None:
     text = " ".join(page("getting-started/demo.md").split())
     assert "With `--keep`, the stack stays up after the demo exits" in text
-    assert "its pid is in `.fleetgen/demo.pid`" in text
+    assert "pid is in `.fleetgen/demo/demo.pid`" in text
     assert "stop it: kill 48213" in text and "Flower: http://127.0.0.1:5555" in text
     assert ".venv/bin/python -m launcher demo --input my-prompts.jsonl" in text
     assert "An `--input` file that does not exist is refused before anything starts." in text
@@ -617,7 +617,7 @@ def test_the_input_format_page_tells_the_typo_hint_and_the_canary_demo_file() ->
 WALKTHROUGH = "getting-started/own-data.md"
 # Every port the walkthrough's processes listen on: Valkey, the simulator, the worker's
 # metrics, SeaweedFS (S3 and its inner parts).
-WALKTHROUGH_PORTS = (6389, 30000, 9400, *range(8333, 8342), 18341)
+WALKTHROUGH_PORTS = (6389, 30000, 20000, *range(8333, 8342), 18341)
 # What a fresh terminal does not have: settings a developer's shell may hold.
 FRESH_TERMINAL_DROPS = ("REDIS_URL", "FLEETGEN_SERVER_URL", "CELERY_APP", "AWS_", "FLEETGEN_")
 READY_TIMEOUT_S = 180.0

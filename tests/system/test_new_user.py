@@ -10,11 +10,17 @@
 10. `up --dry-run` claimed SGLang 0.5.23 where none is installed; `demo-output/` and
     `fleetgen-output/` showed as untracked files.
 11. Two `launcher up` on one host gave their workers the same metrics ports.
+12. On a GPU node NVIDIA's DCGM exporter held 9400, the first worker's metrics port: `up`
+    refused with a guess, naming no process and only the first taken port.
+13. The demo and the walkthrough shared `.fleetgen`: the walkthrough's worker warned every
+    minute about the demo's old job (its output on an S3 it could not reach); the demo's
+    "what next" line dropped the `--port-base` it ran with; Flower's taken port.
 (The documentation items are checked by tests/system/test_docs.py.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -33,12 +39,14 @@ import fleetgen.settings
 from fleetgen import canary
 from fleetgen.job import GenerationParams
 from fleetgen.jobview import Canary
+from fleetgen.keys import METRICS_BASE_PORT
 from fleetgen.ledger import EndVerdict
 from fleetgen.poll import wait_until
 from fleetgen.settings import Settings, SettingsError
 from launcher import demo
 from launcher.demo import DemoPorts
 from launcher.errors import PortBusyError
+from launcher.node import main as node_main
 from launcher.node._args import NEWEST_SGLANG, Profile, sglang_version
 from launcher.node._plan import NodePlan, check_ports
 from launcher.ports import port_is_free
@@ -93,7 +101,10 @@ def test_demo_keep_leaves_the_stack_running_and_says_where_flower_is_and_how_to_
         assert f"  stop it: kill {pid}" in done.stdout
         assert f"what next (the stack keeps running: kill {pid} stops it;" in done.stdout
         # The hints name this interpreter, not whatever `python` is on PATH.
-        assert f"  {sys.executable} -m launcher demo --input my-prompts.jsonl" in done.stdout
+        # ... with the ports and state folder of this run (below the working directory: shown
+        # relative to it).
+        assert (f"  {sys.executable} -m launcher demo --input my-prompts.jsonl --port-base "
+                f"{base} --state-dir state   # the same with your own prompts") in done.stdout
         # After the demo exited: honcho and every process of the stack still serve.
         os.kill(pid, 0)
         assert httpx.get(f"http://127.0.0.1:{base + 3}/healthcheck", timeout=10).status_code in (
@@ -121,7 +132,10 @@ def test_demo_keep_leaves_the_stack_running_and_says_where_flower_is_and_how_to_
         wait_until(lambda: stack_ports_free(base), 60, what="the kept stack's ports free")
     finally:
         if pid is not None and not stack_ports_free(base):
-            os.kill(pid, signal.SIGKILL)
+            # SIGTERM, as the demo says: honcho stops its processes (SIGKILL would orphan them).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: stack_ports_free(base), 60, what="the kept stack's ports free")
 
 
 # --- 2. the password file from any directory ---------------------------------------------------
@@ -333,8 +347,8 @@ def worker_metrics(base: int, tmp_path: Path, gpus: tuple[int, ...] = (0, 1)) ->
 
 
 def test_the_workers_metrics_ports_move_with_the_base_port(tmp_path: Path) -> None:
-    assert worker_metrics(30000, tmp_path) == ["9400", "9401"]
-    assert worker_metrics(31000, tmp_path) == ["10400", "10401"]
+    assert worker_metrics(30000, tmp_path) == ["20000", "20001"]
+    assert worker_metrics(31000, tmp_path) == ["21000", "21001"]
     # Under the default base, beside the server's ports: not down among well-known services.
     assert worker_metrics(22010, tmp_path) == ["24010", "24011"]
     off = NodePlan((0,), True, True, None, Profile(), (), 31000, tmp_path,
@@ -342,22 +356,94 @@ def test_the_workers_metrics_ports_move_with_the_base_port(tmp_path: Path) -> No
     assert off.worker_spec(0, off.server_spec(0)).env["FLEETGEN_METRICS_PORT"] == "0"
 
 
-def test_up_refuses_a_taken_worker_metrics_port_before_starting_anything(tmp_path: Path) -> None:
-    with socket.socket() as held:
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        for _ in range(100):  # a metrics port held here, its base's HTTP and NCCL ports free
-            base = random.randrange(40000, 44000)
-            metrics = base - 20600
-            if all(port_is_free(p) for p in (base, base + 1000)):
-                try:
-                    held.bind(("127.0.0.1", metrics))
-                except OSError:
-                    continue
-                break
-        else:
-            pytest.skip("no free ports")
-        held.listen()
-        plan = NodePlan((0,), True, True, None, Profile(), (), base, tmp_path, {})
-        with pytest.raises(PortBusyError, match=f"GPU 0: its worker's metrics port {metrics} "
-                                                "is already in use"):
-            check_ports({0: plan.server_spec(0)}, {0: plan.metrics_port(0)})
+def free_node_block() -> int:
+    """A --base-port whose GPU 0 ports (HTTP, NCCL, its worker's metrics) are free now."""
+    for _ in range(100):
+        base = random.randrange(30000, 31700)
+        if all(port_is_free(p) for p in (base, base + 1000, base - 30000 + METRICS_BASE_PORT)):
+            return base
+    pytest.skip("no free block of node ports")
+
+
+def test_the_workers_default_metrics_ports_stay_clear_of_the_exporters_on_a_gpu_node(
+    tmp_path: Path,
+) -> None:
+    """9400 was NVIDIA's DCGM exporter's port: `launcher up --workers` on a real GPU node was
+    refused at once."""
+    for base in (30000, 31000, 31760):
+        plan = NodePlan(tuple(range(8)), True, True, None, Profile(), (), base, tmp_path, {})
+        ports = [plan.metrics_port(g) for g in range(8)]
+        assert all(p is not None and 20000 <= p < 22000 for p in ports), (base, ports)
+    assert worker_metrics(30000, tmp_path, tuple(range(8)))[0] == "20000"
+
+
+def test_up_names_every_taken_port_with_its_holder_and_each_way_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It guessed `another node's launcher on this host?`, named the first taken port alone
+    and offered only --base-port."""
+    base = free_node_block()
+    metrics = base - 30000 + METRICS_BASE_PORT
+    argv = ["up", "--sim", "--workers", "--gpus", "0", "--base-port", str(base),
+            "--run-dir", str(tmp_path)]
+    with socket.create_server(("127.0.0.1", metrics)), socket.create_server(("127.0.0.1", base)):
+        code = node_main(argv)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another node" not in err
+    assert err.startswith(f"launcher up: GPU 0: its worker's metrics port {metrics}, GPU 0: "
+                          f"HTTP port {base} are in use by pid {os.getpid()} (")
+    assert err.endswith("; stop what holds them, pass another --base-port (it moves every port "
+                        "of this node), or set FLEETGEN_METRICS_PORT=0 to run the workers "
+                        "without metrics\n")
+    assert not (tmp_path / "node.json").exists()  # nothing started
+
+
+def test_metrics_off_leaves_a_taken_metrics_port_alone(tmp_path: Path) -> None:
+    base = free_node_block()
+    plan = NodePlan((0,), True, True, None, Profile(), (), base, tmp_path,
+                    {"FLEETGEN_METRICS_PORT": "0"})
+    with socket.create_server(("127.0.0.1", base - 30000 + METRICS_BASE_PORT)):
+        check_ports({0: plan.server_spec(0)}, {0: plan.metrics_port(0)})  # nothing raised
+        with_metrics = NodePlan((0,), True, True, None, Profile(), (), base, tmp_path, {})
+        with pytest.raises(PortBusyError, match="FLEETGEN_METRICS_PORT=0"):
+            check_ports({0: with_metrics.server_spec(0)}, {0: with_metrics.metrics_port(0)})
+
+
+# --- 13. the demo's own state folder, its hints, Flower's port ---------------------------------
+
+
+def test_the_demo_keeps_its_data_apart_from_the_stack_a_user_runs_by_hand() -> None:
+    env = demo.stack_env(DemoPorts(), ROOT / demo.DEFAULT_STATE)
+    state = ROOT / ".fleetgen" / "demo"
+    assert env["STACK_DIR"] == str(state)
+    assert env["FLEETGEN_REDIS_PASSWORD_FILE"] == str(state / "redis" / "password")
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == str(state / "s3" / "credentials")
+    # The walkthrough's `launcher redis` keeps its data, and its password, elsewhere.
+    walkthrough = ROOT / fleetgen.settings.EMBEDDED_REDIS_PASSWORD_FILE.parent
+    assert not state.is_relative_to(walkthrough) and not walkthrough.is_relative_to(state)
+
+
+def test_the_demos_hint_for_your_own_prompts_keeps_the_ports_and_folder_it_ran_with(
+    tmp_path: Path,
+) -> None:
+    python = demo.python_command()
+    plain = demo.build_parser().parse_args([])
+    assert demo.again_command(plain) == f"{python} -m launcher demo --input my-prompts.jsonl"
+    moved = demo.build_parser().parse_args(["--port-base", "21000",
+                                            "--state-dir", str(tmp_path / "my state")])
+    assert demo.again_command(moved) == (f"{python} -m launcher demo --input my-prompts.jsonl "
+                                         f"--port-base 21000 --state-dir '{tmp_path}/my state'")
+
+
+def test_the_demo_names_what_holds_flowers_port_and_the_flag_that_moves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = free_base()
+    with socket.create_server(("127.0.0.1", base + 3)):
+        code = demo.main(["--port-base", str(base), "--state-dir", str(tmp_path / "state")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"demo: flower: port {base + 3} is in use by pid {os.getpid()} (")
+    assert err.endswith("(--port-base B moves them all)\n")

@@ -174,15 +174,15 @@ def test_a_taken_port_raises_a_named_error_and_a_free_one_works_after(port: int)
 @pytest.mark.parametrize(
     ("configured", "queues", "expected"),
     [
-        (None, ["gpu0", "fleetgen"], 9400),
-        (None, ["gpu7", "fleetgen"], 9407),
-        (None, ["gpu4-7", "fleetgen"], 9404),  # a server over GPUs 4-7: its lead GPU's port
+        (None, ["gpu0", "fleetgen"], 20000),
+        (None, ["gpu7", "fleetgen"], 20007),
+        (None, ["gpu4-7", "fleetgen"], 20004),  # a server over GPUs 4-7: its lead GPU's port
         (9555, ["gpu3", "fleetgen"], 9555),
         (0, ["gpu3", "fleetgen"], None),
         (None, ["fleetgen"], None),
     ],
 )
-def test_the_port_is_9400_plus_the_gpu_unless_configured(
+def test_the_port_is_20000_plus_the_gpu_unless_configured(
     configured: int | None, queues: list[str], expected: int | None
 ) -> None:
     assert metrics.exporter_port(configured, queues) == expected

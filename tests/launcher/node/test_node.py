@@ -26,6 +26,12 @@ import pytest
 
 from fleetgen.poll import wait_until
 from launcher.node._commands import EXIT_FAILED
+from launcher.node._plan import (
+    DEFAULT_BASE_PORT,
+    METRICS_BESIDE_OFFSET,
+    METRICS_OFFSET,
+    NCCL_OFFSET,
+)
 from launcher.node._rundir import pid_alive, read_state
 from launcher.ports import port_is_free
 
@@ -37,11 +43,12 @@ FAST = ["--speed", "100"]  # simulated decoding 100x faster than a GPU
 
 def free_base(gpus: int) -> int:
     """A base port whose HTTP ports, NCCL ports (base + 1000 + i) and workers' metrics ports
-    (base - 20600 + i) are all free, and all below the kernel's ephemeral range, which `up`
-    refuses: bases from 21700 to 30700."""
+    (base + 2000 + i under 30000, else 20000 + base - 30000 + i) are all free, and all below
+    the kernel's ephemeral range, which `up` refuses: bases from 21700 to 30700."""
     for _ in range(200):
         base = random.randrange(21700, 30700)
-        ports = [base + off + i for off in (0, 1000, -20600) for i in range(gpus)]
+        metrics = METRICS_BESIDE_OFFSET if base < DEFAULT_BASE_PORT else METRICS_OFFSET
+        ports = [base + off + i for off in (0, NCCL_OFFSET, metrics) for i in range(gpus)]
         if all(port_is_free(p) for p in ports):
             return base
     raise RuntimeError("no free block of ports")
@@ -257,6 +264,24 @@ def test_workers_are_started_and_restarted_with_their_servers(
     state = n.wait(lambda s: s["gpus"][0]["worker"]["restarts"] == 1
                    and s["gpus"][0]["worker"]["state"] == "running", 60, "worker restarted")
     assert state["gpus"][0]["worker"]["pid"] != worker["pid"]
+    assert n.stop() == 0
+
+
+def test_status_exits_1_naming_the_gpu_whose_worker_stopped_and_why(
+        start_node: Callable[..., Node]) -> None:
+    n = start_node(1, "--workers", env={"FLEETGEN_BATCH_CONCURRENCY": "many"})
+    n.wait(lambda s: bool(s["gpus"]) and (s["gpus"][0]["worker"] or {}).get("state")
+           == "stopped", 90, "worker stopped")
+
+    status = run_cli("status", "--run-dir", str(n.run_dir))
+
+    assert status.returncode == EXIT_FAILED
+    assert status.stderr.startswith(
+        "status: GPU 0: its worker is stopped (exited with code 2 (bad arguments); last log "
+        "line: error: FLEETGEN_BATCH_CONCURRENCY='many'")
+    assert status.stderr.endswith(": GPU 0 takes no work; fix that, then `launcher restart "
+                                  "--gpus 0` starts it again\n")
+    assert status.stderr.count("\n") == 1
     assert n.stop() == 0
 
 

@@ -35,7 +35,7 @@ from launcher.node._args import (
     merge_args,
     profile_from_mapping,
 )
-from launcher.node._commands import EXIT_USAGE, main, render_status
+from launcher.node._commands import EXIT_FAILED, EXIT_USAGE, main, render_status
 from launcher.node._errors import GpuSpecError, NoGpuError, ProfileError
 from launcher.node._gpus import discover_gpus, parse_gpu_line, parse_gpu_spec, select_gpus
 from launcher.node._kind import build_argv
@@ -552,6 +552,35 @@ def test_dead_worker_is_restarted_and_waits_for_its_server(tmp_path: Path) -> No
     assert world.of("worker0")[-1].signals[0] == "TERM"  # stopped with the node
 
 
+NAME_TAKEN = ("error: worker name gpu0@node7 is taken by a live worker on host node7 (pid 4242); "
+              "stop it, or start this one with another name (-n gpuN@%h)")
+
+
+def test_a_worker_stopped_by_a_crash_loop_starts_again_once_a_restart_made_its_server_ready(
+        tmp_path: Path) -> None:
+    refused = Script(exit_after=0.5, exit_code=78, lines=[(0.2, NAME_TAKEN)])
+    scripts = {"gpu0": [Script(), Script(ready_after=3)],
+               "worker0": [refused, refused, Script()]}
+    sup, world, history, clock = make(tmp_path, scripts, workers=True, backoff_initial_s=1,
+                                      crash_loop_count=2)
+
+    def worker() -> dict[str, Any]:
+        return history.gpu().get("worker") or {"state": None}
+
+    async def restart() -> None:
+        stopped_at = clock.t
+        await clock.until(lambda: clock.t >= stopped_at + 30)
+        assert len(world.of("worker0")) == 2 and worker()["state"] == "stopped"  # stays so
+        sup.submit(Order("r1", {0: spec(tmp_path, 0)}))
+        await clock.until(lambda: worker()["state"] == "running")
+
+    run_until(sup, clock, lambda: worker()["state"] == "stopped", restart)
+
+    second_server, third_worker = world.of("gpu0")[1], world.of("worker0")[2]
+    assert third_worker.started >= second_server.started + 3  # its server ready again first
+    assert worker()["restarts"] == 2
+
+
 def test_argv_has_ports_defaults_and_the_user_args_last() -> None:
     argv = build_argv(["sglang", "serve"], "/m", 30001, 31001, ["--mem-fraction-static", "0.9"])
     assert argv == ["sglang", "serve", "--model-path", "/m", "--port", "30001", "--nccl-port",
@@ -598,7 +627,7 @@ def test_tp_2_places_one_server_and_one_worker_on_each_pair_of_gpus(tmp_path: Pa
     assert worker.argv[worker.argv.index("-Q") + 1:worker.argv.index("-n") + 2] == (
         "gpu2-3", "-n", "gpu2-3@%h")
     assert worker.env["FLEETGEN_SERVER_URL"] == "http://127.0.0.1:30002"
-    assert worker.env["FLEETGEN_METRICS_PORT"] == "9402"
+    assert worker.env["FLEETGEN_METRICS_PORT"] == "20002"
     assert worker.log_path == tmp_path / "worker_gpu2-3.log"
 
 
@@ -880,7 +909,10 @@ def test_up_refuses_a_busy_port_naming_it(
         code = main(["up", "--sim", "--gpus", "0", "--base-port", str(port),
                           "--run-dir", str(tmp_path)])
     assert code == EXIT_USAGE
-    assert f"GPU 0: HTTP port {port} is already in use" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"launcher up: GPU 0: HTTP port {port} is in use by pid {os.getpid()} (")
+    assert err.endswith("; stop what holds it, or pass another --base-port (it moves every port "
+                        "of this node)\n")
 
 
 def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_good_bases(
@@ -898,7 +930,7 @@ def test_up_refuses_a_base_that_puts_a_port_in_the_ephemeral_range_naming_the_go
 
 def test_a_base_under_the_default_puts_the_workers_metrics_beside_its_servers(
         tmp_path: Path) -> None:
-    # 9400+(BASE-30000)+N would give 400 here, below 1024, and 1410 for 22010.
+    # 20000+(BASE-30000)+N would give 11000 here, and 12010 for 22010: among other services.
     plan = NodePlan((0, 1), True, True, None, Profile(), (), 21000, tmp_path, {})
     assert [plan.metrics_port(g) for g in (0, 1)] == [23000, 23001]
     assert [plan.server_spec(g).port for g in (0, 1)] == [21000, 21001]
@@ -932,6 +964,47 @@ def test_status_marks_processes_that_are_gone() -> None:
     assert f"{dead_pid} (gone)" in lines[2] and "ready?" in lines[2]
     assert "16 (asked 128)" in lines[2] and lines[2].endswith("asked 128, got 16")
     assert lines[3].endswith("crash loop: 5 crashes")
+
+
+def write_node(run_dir: Path, worker: dict[str, Any], server_state: str = "ready") -> None:
+    """node.json of a live supervisor (this process) with GPUs 0 and 1, ready, and GPU 1's
+    worker as given."""
+    def gpu(index: int, state: str, worker: dict[str, Any]) -> dict[str, Any]:
+        return {"gpu": index, "port": 30000 + index, "pid": os.getpid(), "state": state,
+                "since": 40.0, "restarts": 0, "last_reason": None, "capacity": None,
+                "worker": {"name": f"worker{index}", "pid": os.getpid(), "state": "running",
+                           "since": 50.0, **worker}}
+    write_atomic(run_dir / "node.json", node_state({
+        "supervisor_pid": os.getpid(), "updated_at": 100.0, "rollout": None, "workers": True,
+        "gpus": [gpu(0, "ready", {}), gpu(1, server_state, worker)]}).to_json())
+
+
+def test_status_exits_1_naming_the_gpu_whose_worker_is_stopped_and_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    why = f"crash loop: 5 crashes in 10 min; last: exited with code 78; last log line: {NAME_TAKEN}"
+    write_node(tmp_path, {"pid": None, "state": "stopped", "restarts": 4, "last_reason": why})
+
+    assert main(["status", "--run-dir", str(tmp_path)]) == EXIT_FAILED
+
+    out, err = capsys.readouterr()
+    assert "stopped" in out.splitlines()[-1]  # the table shows it too
+    assert err == (f"status: GPU 1: its worker is stopped ({why}): GPU 1 takes no work; fix "
+                   "that, then `launcher restart --gpus 1` starts it again\n")
+    assert main(["status", "--run-dir", str(tmp_path), "--json"]) == EXIT_FAILED
+
+
+def test_status_exits_0_when_every_server_is_ready_and_every_worker_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_node(tmp_path, {})
+    assert main(["status", "--run-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_status_names_a_starting_server_once_not_its_worker_waiting_for_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_node(tmp_path, {"pid": None, "state": "starting"}, server_state="starting")
+    assert main(["status", "--run-dir", str(tmp_path)]) == EXIT_FAILED
+    assert capsys.readouterr().err == "status: GPU 1: its server is starting\n"
 
 
 def test_restart_request_overrides_args_flag_by_flag(tmp_path: Path) -> None:
@@ -977,5 +1050,6 @@ def test_up_help_names_every_port_the_base_moves(capsys: pytest.CaptureFixture[s
         main(["up", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "BASE+N (HTTP)" in text and "BASE+1000+N (NCCL)" in text
-    assert "9400+(BASE-30000)+N (metrics; BASE+2000+N for a BASE under 30000)" in text
+    assert ("20000+(BASE-30000)+N (metrics; BASE+2000+N for a BASE under 30000; "
+            "FLEETGEN_METRICS_PORT=0: none)") in text
     assert "(default: 30000)" in text

@@ -5,9 +5,12 @@ Tests that kill or restart a server start their own, so the session servers stay
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -319,6 +322,39 @@ def test_launcher_s3_serves_until_sigterm_and_leaves_no_process(
         proc.wait()
     assert not running(server_pid)
     assert not grpc_sockets_in_tmp(S3Ports(base))
+
+
+@contextlib.contextmanager
+def held_port(below: int) -> Iterator[int]:
+    """A port under `below` (out of the ephemeral range) that a socket of this process listens
+    on while the block runs."""
+    for port in random.sample(range(12000, below), 200):
+        try:
+            held = socket.create_server(("127.0.0.1", port))
+        except OSError:
+            continue
+        with held:
+            yield port
+        return
+    pytest.skip("no free port to hold")
+
+
+@pytest.mark.parametrize(("service", "remedy"), [
+    ("redis", "pass another --port (its clients then need REDIS_URL=redis://127.0.0.1:PORT/0)"),
+    ("s3", "pass another --port, which moves the whole block (its clients then need "
+           "AWS_ENDPOINT_URL=http://127.0.0.1:PORT)"),
+])
+def test_a_service_on_a_taken_port_names_its_holder_and_the_flag_that_moves_it(
+        service: str, remedy: str, tmp_path: Path) -> None:
+    with held_port(22000) as port:  # S3 takes P..P+8 and P+10008: all below the ephemeral range
+        done = subprocess.run([sys.executable, "-m", "launcher", service, "--port", str(port),
+                               "--data-dir", str(tmp_path / service)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == services.EXIT_START_FAILED
+    assert done.stderr.count("\n") == 1, done.stderr  # one line, no traceback
+    assert (f" {service}: could not start: port {port} on 127.0.0.1 is in use by pid "
+            f"{os.getpid()} (") in done.stderr
+    assert done.stderr.endswith(f"; stop it, or {remedy}\n")
 
 
 @pytest.mark.parametrize(("argv", "env", "said"), [
