@@ -399,9 +399,9 @@ def test_the_gpu_node_guide_answers_a_new_users_questions() -> None:
     assert "`--gpus` defaults to every GPU `nvidia-smi` lists (with `--sim`: GPU 0 only)" in text
     assert "## Are my GPUs busy?" in page("getting-started/gpu-node.md")
     assert "python -m producer status distill-v1" in text and "run/max" in text
-    assert "curl -s http://127.0.0.1:9400/metrics" in text
-    assert "its worker's Prometheus `/metrics` on `9400+(B-30000)+i`" in text
-    assert "`--base-port 30100` (metrics 9400+*i* and 9500+*i*)" in text
+    assert "curl -s http://127.0.0.1:20000/metrics" in text
+    assert "its worker's Prometheus `/metrics` on `20000+(B-30000)+i`" in text
+    assert "`--base-port 30100` (metrics 20000+*i* and 20100+*i*)" in text
     assert "A supported SGLang: **0.5.15 up to (not including) 0.6**" in text
     assert '"sglang>=0.5.15,<0.6"' in (ROOT / "pyproject.toml").read_text()
     assert "**Redis port.**" in text and "listens on `6389` instead" in text
