@@ -25,6 +25,8 @@
       WorkerConfigError      the worker cannot tell which server to use (runtime.py)
       PreflightError         the worker cannot work as configured: it refuses to start (preflight.py)
       ExporterError          the worker's /metrics port could not be bound (metrics.py)
+      UnusableServerError    nothing listens at the worker's server URL, or what answers is
+                             not an OpenAI-compatible server: it waits (discovery.py)
 
 The producer's errors hang from the same root (producer/__init__.py); the launcher has its own
 (launcher/__init__.py).

@@ -6,12 +6,17 @@ Batches wait for the first contact (`connected`). What an earlier contact learne
 while the server found is the same kind serving the same models. A one-token probe (`probe`)
 teaches what the server refuses before any prompt is sent, and tells a server out of rotation
 alive again (workers/healthcheck.py).
+
+Until the first contact finds a server fleetgen can use, the worker is not ready and says why:
+nothing listens at the URL, or what answers there is not an OpenAI-compatible server (its chat
+completions route answers 405 or 501, or 404 while it lists no models and fails /health, as a
+plain web server does). The cause is logged when it appears or changes and then once a minute,
+though the server is tried every second, and the registry shows it (workers/registration.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -26,7 +31,7 @@ from fleetgen.errors import (
 )
 from fleetgen.servers import RequestBody, Server, ServerCapacity
 from fleetgen.settings import Settings
-from workers.client import ServerClient
+from workers.client import CHAT_PATH, ServerClient
 from workers.flow import PROBE_TIMEOUT_S
 from workers.limits import InFlight
 
@@ -40,6 +45,42 @@ FIRST_PROBE_S = 10.0
 REFRESH_AGAIN_S = 1.0
 # While the server cannot be read, it is tried again this often.
 UNREAD_AGAIN_S = 1.0
+# ... but why is logged only when the cause appears or changes, and then this often.
+TELL_AGAIN_S = 60.0
+# What an OpenAI-compatible server never answers to a chat completion: no POST taken there.
+NO_CHAT_ROUTE = (405, 501)
+# ... and what it answers to one naming a model it lacks, as a plain web server to any POST.
+NOT_FOUND = 404
+
+
+class UnusableServerError(FleetgenError):
+    """Nothing listens at the worker's server URL, or what answers there is not an
+    OpenAI-compatible server: the worker waits for one and takes no batch meanwhile."""
+
+
+class Waiting:
+    """Why the server cannot be used, and when that was last told: a cause is told when it
+    appears or changes, then every `every_s` while it lasts, however often it is seen."""
+
+    def __init__(self, every_s: float = TELL_AGAIN_S) -> None:
+        self.why: str | None = None
+        self._every_s = every_s
+        self._since = 0.0
+        self._told_at = 0.0
+
+    def seen(self, why: str, now: float) -> float | None:
+        """Note `why` at `now` (monotonic seconds); how long it has lasted when it is to be
+        told now (0 for a new cause), else None."""
+        if why != self.why:
+            self.why, self._since, self._told_at = why, now, now
+            return 0.0
+        if now - self._told_at < self._every_s:
+            return None
+        self._told_at = now
+        return now - self._since
+
+    def clear(self) -> None:
+        self.why = None
 
 
 class Discovery:
@@ -57,6 +98,29 @@ class Discovery:
         self.server: Server | None = None
         self._found = asyncio.Event()
         self._refreshed_at = -math.inf
+        self._waiting = Waiting()
+        # Called once the server is usable (the worker's ready line): `when_usable`.
+        self._on_usable: Callable[[], None] | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Whether a server fleetgen can use was found (it stays so; /health says if it is up)."""
+        return self._found.is_set()
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why the worker still waits for a usable server, or None (`status` shows it)."""
+        return None if self.usable else self._waiting.why
+
+    async def when_usable(self, on_usable: Callable[[], None]) -> None:
+        """Call `on_usable` once the server is usable: now if it is, else from the loop when
+        it is found. Until then the worker has said, or says now, why it waits."""
+        if self.usable:
+            on_usable()
+            return
+        self._on_usable = on_usable
+        if self._waiting.why is None:
+            self._unreadable(f"{self._server_url}: no answer yet")
 
     async def connected(self, deadline_s: float) -> Server:
         """The server once it has been found (ServerDownError past the deadline)."""
@@ -64,14 +128,21 @@ class Discovery:
             try:
                 await asyncio.wait_for(self._found.wait(), deadline_s)
             except TimeoutError:
-                raise ServerDownError(f"{self._server_url}: not reachable to find what it is "
-                                      f"after {deadline_s:.0f}s") from None
+                why = self._waiting.why or f"{self._server_url}: not reachable to find what it is"
+                raise ServerDownError(f"{why} (after {deadline_s:.0f}s)") from None
         assert self.server is not None
         return self.server
 
     async def refresh(self) -> ServerCapacity:
-        """Find what the server is and how many requests to keep in flight there."""
-        found = await self._client.detect()
+        """Find what the server is and how many requests to keep in flight there. Until a
+        usable server was found, UnusableServerError says why none is there."""
+        try:
+            found = await self._client.detect()
+        except ServerDownError as exc:
+            if self.usable:
+                raise
+            raise UnusableServerError(f"nothing listens at {self._server_url}: start the server "
+                                      "or set FLEETGEN_SERVER_URL") from exc
         first = self.server is None
         server = self._adopt(found)
         in_flight = self._in_flight
@@ -80,16 +151,39 @@ class Discovery:
             # Learn the served model from the server's own refusal of a probe, before any
             # prompt is sent (a server pinned to one model that /v1/models does not list);
             # and time an idle server, the probe controller's reference.
-            with contextlib.suppress(GenerationError):
+            try:
                 idle = in_flight.active == 0
                 latency = await self.probe(FIRST_PROBE_S)
                 if idle:
                     in_flight.idle_probe_s = latency
+            except GenerationError as exc:
+                if first:
+                    await self._refuse_unless_chat(server, exc)
         capacity = in_flight.found(server)
+        self._waiting.clear()
         if first:
             self._found.set()
             self._publish()
+            if self._on_usable is not None:
+                self._on_usable()
+                self._on_usable = None
         return capacity
+
+    async def _refuse_unless_chat(self, server: Server, exc: GenerationError) -> None:
+        """Raise UnusableServerError when the first probe's refusal says the server has no chat
+        completions route: a 405 or 501 (no POST taken there), or a 404 from a server that lists
+        no models and fails /health (an OpenAI-compatible server lacking the model asked
+        answers 404 too, but answers one of those)."""
+        status = exc.status
+        if status not in NO_CHAT_ROUTE and not (
+                status == NOT_FOUND and not server.models and not await self._client.ready()):
+            return
+        self.server = None
+        # What this one's endpoints answered (404s are remembered) is not what the server the
+        # operator starts on this port will answer.
+        self._client.forget()
+        raise UnusableServerError(f"{self._server_url}: {CHAT_PATH} answered {status}: not an "
+                                  "OpenAI-compatible server")
 
     def _adopt(self, found: Server) -> Server:
         """The server found now; what an earlier contact learned is kept while it is the same
@@ -111,7 +205,7 @@ class Discovery:
                 await self.refresh()
                 delay = self._settings.capacity_refresh_s
             except FleetgenError as exc:
-                log.info("worker %s: capacity not readable yet (%s)", self._worker, exc)
+                self._unreadable(self._why(exc))
                 delay = UNREAD_AGAIN_S
             except Exception:  # a surprise must not end the loop batches wait on
                 log.exception("worker %s: reading %s failed", self._worker, self._server_url)
@@ -127,7 +221,28 @@ class Discovery:
         try:
             await self.refresh()
         except FleetgenError as exc:
-            log.info("worker %s: capacity not readable yet (%s)", self._worker, exc)
+            self._unreadable(self._why(exc))
+
+    def _why(self, exc: FleetgenError) -> str:
+        """What a failed refresh says: whole for an unusable server, with the URL otherwise
+        while no usable server was found."""
+        if isinstance(exc, UnusableServerError) or self.usable:
+            return str(exc)
+        return f"{self._server_url}: {exc}"
+
+    def _unreadable(self, why: str) -> None:
+        """Log why the server cannot be read, when the cause is new or a minute old: before a
+        usable server was found, as the worker's start line (and in the registry at once);
+        after, as a reading missed while it restarts."""
+        lasted = self._waiting.seen(why, time.monotonic())
+        if lasted is None:
+            return
+        still = f" (still, {lasted / 60:.0f} min)" if lasted else ""
+        if self.usable:
+            log.info("worker %s: capacity not readable yet (%s)%s", self._worker, why, still)
+            return
+        log.warning("worker %s started: waiting for its server: %s%s", self._worker, why, still)
+        self._publish()
 
     async def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> float:
         """One one-token request to the server; its latency. A refusal that teaches the worker

@@ -42,6 +42,9 @@ class ServerGate(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self.tref: Any = None
         self.closed_since: float | None = None
+        # Whether the last closing was logged: not before the server was ever usable, when the
+        # worker's start line already says why it waits (workers/discovery.py).
+        self.told_closed = False
         self.paused_s_total = 0.0
         self.rate = SendRate(RATE_WINDOW_S)
 
@@ -71,16 +74,19 @@ class ServerGate(bootsteps.StartStopStep):
             for queue in list(active):
                 c.cancel_task_queue(queue)
             self.closed_since = time.monotonic()
-            log.warning("worker %s: %s %s; stopped taking batches", runtime.worker,
-                        runtime.server_url,
-                        "not ready" if checks.in_rotation else "out of rotation")
+            self.told_closed = backend.discovery.usable
+            if self.told_closed:
+                log.warning("worker %s: %s %s; stopped taking batches", runtime.worker,
+                            runtime.server_url,
+                            "not ready" if checks.in_rotation else "out of rotation")
         elif ready and not active:
             for queue in wanted:
                 c.add_task_queue(queue)
             paused = time.monotonic() - (self.closed_since or time.monotonic())
             self.paused_s_total += paused
-            log.warning("worker %s: %s ready again after %.1fs; taking batches", runtime.worker,
-                        runtime.server_url, paused)
+            if self.told_closed:
+                log.warning("worker %s: %s ready again after %.1fs; taking batches",
+                            runtime.worker, runtime.server_url, paused)
             self.closed_since = None
 
     def _feed(self, c: Any, backlog: Backlog, limit: int, *, healthy: bool) -> None:

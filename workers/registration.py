@@ -4,6 +4,9 @@ consumes and serves, how busy its server is and why the last batch could not run
 Written every REGISTRY_BEAT_S, and at once when something `producer status` shows changed: the
 server found, out of or back in rotation, a batch that could not run. Registry entries are
 readable by every Redis user, so no URL credential goes in them.
+
+A worker still waiting for a usable server (workers/discovery.py) is `server-down`, and why it
+waits is its last error for as long as it waits.
 """
 
 from __future__ import annotations
@@ -75,6 +78,10 @@ class Registration:
         """Tell `producer status` who this worker is, what it serves, and how busy it is."""
         in_flight, checks, server = self._in_flight, self._checks, self._discovery.server
         capacity = in_flight.capacity
+        waiting = self._discovery.waiting_for
+        # No job is at stake: the worker takes none while it waits.
+        error = (WorkerError(error=redact(waiting), job="", at=time.time()) if waiting
+                 else self.last_error)
         # What the server says, for `status` where the server cannot be read live.
         reading = await self._load.read(REGISTRY_BEAT_S / 2)
         entry = WorkerEntry(
@@ -82,11 +89,11 @@ class Registration:
             host=HOST,
             pid=os.getpid(),
             queues=self.queues,
-            last_error=self.last_error,
+            last_error=error,
             server=self.advertised_url,
             local_server=self._server_url,
             reading=reading,
-            state=("server-down" if checks.failures
+            state=("server-down" if checks.failures or waiting
                    else "ready" if checks.in_rotation else "out-of-rotation"),
             server_kind=server.describe() if server else None,
             effective_max_running_requests=capacity.effective if capacity else None,

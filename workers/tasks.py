@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 HANDBACK_PAUSE_S = 2.0
 READY_LINE_WAIT_S = 3.0
 # Celery's own "ready." is INFO and a worker's default level is WARNING: this logger says
-# once, at any level, that the worker consumes, from where and for which server.
+# once, at any level, that the worker consumes, from where and for which server, once that
+# server is usable (until then the worker says why it waits: workers/discovery.py).
 ready_log = logging.getLogger("workers.ready")
 ready_log.setLevel(logging.INFO)
 _reconciler: Reconciler | None = None
@@ -111,9 +112,14 @@ def _start(sender: Any = None, **_: Any) -> None:
     with contextlib.suppress(ServerDownError):
         # A moment for the server's first answer, so the line says what the worker makes of it.
         runner.loop.run(backend.discovery.connected(READY_LINE_WAIT_S))
-    ready_log.info("worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
-                   runtime.worker, ",".join(runtime.queues), runtime.server_url,
-                   backend.in_flight.limit, backend.in_flight.reason)
+
+    def ready() -> None:
+        ready_log.info("worker %s ready: queues %s, server %s, requests in flight up to %d (%s)",
+                       runtime.worker, ",".join(runtime.queues), runtime.server_url,
+                       backend.in_flight.limit, backend.in_flight.reason)
+
+    # Now, or from the loop once a server fleetgen can use answers.
+    runner.loop.run(backend.discovery.when_usable(ready))
 
 
 @worker_shutting_down.connect
