@@ -42,7 +42,8 @@ CONNECT_TIMEOUT_S = 0.5
 # The one liveness rule of the registry: a worker re-registers every beat (engine.py
 # `_register`); an entry four beats old is a worker that is gone (`lost`), for the table, the
 # in-flight count and everyone else who reads the registry. A killed worker is shown lost
-# within ten seconds, and a worker whose loop is slow for a beat or two is not.
+# within ten seconds, and a worker whose loop is slow for a beat or two is not. A running
+# tuning's note beats the same way (`TuningNote`).
 REGISTRY_BEAT_S = 2.0
 LOST_AFTER_S = 4 * REGISTRY_BEAT_S
 THIS_HOST = socket.gethostname()
@@ -188,17 +189,41 @@ class WorkerEntry:
         return round(now - self.updated, 1)
 
 
+# A finished tuning stays in `status` this long after its last step.
+TUNING_SHOWN_S = 1800.0
+# The states of a tuning that still runs (launcher/node `TuneRecord.state`): its tuner beats.
+TUNING_LIVE_STATES = ("running", "waiting")
+
+
 @dataclass(frozen=True)
 class TuningNote:
     """What one node's tuning (`launcher up --tune`, `launcher tune`) does now, as its launcher
     publishes it at each step: running or done, its latest step in one line (the candidates
-    being tried, on which GPU, with the gain expected) and when that step should end."""
+    being tried, on which GPU, with the gain expected) and when that step should end.
+
+    `at` is when the latest step was; `updated` when the tuner last said it still runs: while
+    the tuning runs or waits, its launcher publishes the note again every REGISTRY_BEAT_S, as a
+    worker its registry entry. A running note not updated for LOST_AFTER_S has no live tuner
+    behind it (its process was killed, the thread that tuned died) and is not shown; a finished
+    one is shown for TUNING_SHOWN_S after its last step."""
 
     node: str
     at: float
+    updated: float
     state: str
     line: str
     until: float | None = None
+
+    @property
+    def live(self) -> bool:
+        """Whether the tuning still runs (or waits for work), so its tuner beats."""
+        return self.state in TUNING_LIVE_STATES
+
+    def shown(self, now: float) -> bool:
+        """Whether `status` shows the note at `now` (see the class docstring)."""
+        if self.live:
+            return now - self.updated <= LOST_AFTER_S
+        return now - self.at <= TUNING_SHOWN_S
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -209,9 +234,9 @@ class TuningNote:
         try:
             data = orjson.loads(raw)
             until = data.get("until")
-            return cls(node=str(data["node"]), at=float(data["at"]), state=str(data["state"]),
-                       line=str(data["line"]),
-                       until=float(until) if until is not None else None)
+            return cls(node=str(data["node"]), at=float(data["at"]),
+                       updated=float(data["updated"]), state=str(data["state"]),
+                       line=str(data["line"]), until=float(until) if until is not None else None)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a tuning note: {exc}") from None
 
@@ -223,12 +248,8 @@ class TuningNote:
         return text
 
 
-# A finished tuning stays in `status` this long after its last step.
-TUNING_SHOWN_S = 1800.0
-
-
 def tuning(ledger: Ledger, now: float | None = None) -> list[TuningNote]:
-    """Each node's tuning note, running or finished within TUNING_SHOWN_S, by node."""
+    """Each node's tuning note that `status` shows (`TuningNote.shown`), by node."""
     now = time.time() if now is None else now
     notes = []
     for raw in ledger.registry.tuning().values():
@@ -236,7 +257,7 @@ def tuning(ledger: Ledger, now: float | None = None) -> list[TuningNote]:
             note = TuningNote.from_json(raw)
         except ValueError:
             continue
-        if note.state == "running" or now - note.at <= TUNING_SHOWN_S:
+        if note.shown(now):
             notes.append(note)
     return sorted(notes, key=lambda n: n.node)
 

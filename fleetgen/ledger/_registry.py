@@ -3,6 +3,7 @@ and the leases it found without an owner."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import redis
@@ -34,11 +35,15 @@ class Registry:
         raw: dict[bytes, bytes] = self.r.hgetall(keys.TUNING)  # type: ignore[assignment]
         return {node.decode(): note for node, note in raw.items()}
 
-    def publish_tuning(self, node: str, note: bytes) -> str | None:
-        """Keep `note` as what `node`'s tuning does now; why not when Redis is out of reach
-        (the note is what a tuning says of itself, never worth stopping it for)."""
+    def publish_tuning(self, node: str, note: bytes, ttl_s: float) -> str | None:
+        """Keep `note` as what `node`'s tuning does now, the notes of every node for `ttl_s`
+        more (no note outlives the last tuner that wrote one); why not when Redis is out of
+        reach (the note is what a tuning says of itself, never worth stopping it for)."""
         try:
-            self.r.hset(keys.TUNING, node, note)
+            with self.r.pipeline() as p:
+                p.hset(keys.TUNING, node, note)
+                p.expire(keys.TUNING, math.ceil(ttl_s))
+                p.execute()
         except (redis.RedisError, OSError) as exc:
             return str(exc) or type(exc).__name__
         return None

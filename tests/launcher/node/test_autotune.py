@@ -123,13 +123,12 @@ def test_producer_status_says_when_servers_run_different_caps() -> None:
     assert not any("tuning" in line for line in render_fleet(rows[1:]))
 
 
-def test_producer_status_says_what_each_nodes_tuning_does(
-        redis_url: str, ledger: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_producer_status_says_what_each_nodes_tuning_does(ledger: Any) -> None:
     from fleetgen.fleet import THIS_HOST, TUNING_SHOWN_S, TuningNote, tuning
+    from fleetgen.poll import wait_until
     from launcher.node._rundir import TuneStep
     from launcher.node._tune import TuningNotes
 
-    monkeypatch.setenv("REDIS_URL", redis_url)
     at = 1_000_000.0
     record = TuneRecord(chosen=[], steps=[
         TuneStep(at=at, kind="baseline", gpu=0, tokens_per_s=2300.0),
@@ -137,18 +136,24 @@ def test_producer_status_says_what_each_nodes_tuning_does(
                  expected=0.571, until=at + 40),
         TuneStep(at=at, kind="trying", gpu=1, flags=("--max-mamba-cache-size", "230"),
                  expected=0.560, until=at + 40)])
-    TuningNotes().publish(record)
-    notes = tuning(ledger, now=at + 10)
-    assert [n.node for n in notes] == [THIS_HOST]
-    line = notes[0].describe(at + 10)
-    assert line == (f"tuning on {THIS_HOST}: running; gpu0 trying `--max-mamba-cache-size 235`,"
-                    " expected +57.1%; gpu1 trying `--max-mamba-cache-size 230`, expected "
-                    "+56.0%, ~30 s left")
-    # Done, it stays a while with the flags chosen, then leaves the status.
-    record.state, record.chosen = "done", ["--max-mamba-cache-size", "230"]
-    record.steps.append(TuneStep(at=at + 50, kind="rolled-out", gpu=(0, 2),
-                                 flags=("--max-mamba-cache-size", "230")))
-    TuningNotes().publish(record)
+    notes = TuningNotes(ledger, beat_s=0.05)
+    try:
+        notes.publish(record)
+        running = read_note(ledger)
+        assert tuning(ledger, now=running.updated) == [running]
+        line = running.describe(at + 10)
+        assert line == (f"tuning on {THIS_HOST}: running; gpu0 trying `--max-mamba-cache-size "
+                        "235`, expected +57.1%; gpu1 trying `--max-mamba-cache-size 230`, "
+                        "expected +56.0%, ~30 s left")
+        # Done, it stays a while with the flags chosen, then leaves the status.
+        record.state, record.chosen = "done", ["--max-mamba-cache-size", "230"]
+        record.steps.append(TuneStep(at=at + 50, kind="rolled-out", gpu=(0, 2),
+                                     flags=("--max-mamba-cache-size", "230")))
+        notes.publish(record)
+        # A finished tuning has nothing more to say.
+        wait_until(lambda: not notes.beating, 10, what="the beats to stop")
+    finally:
+        notes.close()
     done = tuning(ledger, now=at + 60)[0]
     assert done.describe(at + 60).endswith("rolled-out `--max-mamba-cache-size 230` (chosen "
                                            "`--max-mamba-cache-size 230`)")
@@ -156,6 +161,55 @@ def test_producer_status_says_what_each_nodes_tuning_does(
     assert TuningNote.from_json(done.to_json()) == done
     with pytest.raises(ValueError, match="not a tuning note"):
         TuningNote.from_json(b"{}")
+
+
+def test_a_running_tunings_note_beats_while_its_tuner_lives_then_leaves_the_status(
+        ledger: Any) -> None:
+    from fleetgen import keys
+    from fleetgen.fleet import LOST_AFTER_S, TUNING_SHOWN_S, tuning
+    from fleetgen.poll import wait_until
+    from launcher.node._rundir import TuneStep
+    from launcher.node._tune import TuningNotes
+
+    notes = TuningNotes(ledger, beat_s=0.05)
+    record = TuneRecord(steps=[TuneStep(at=1_000_000.0, kind="baseline", gpu=0,
+                                        tokens_per_s=1361.0)])
+    ended = threading.Event()
+    tuner = threading.Thread(target=lambda: (notes.publish(record), ended.wait(60)))
+    tuner.start()
+    try:
+        wait_until(lambda: ledger.registry.tuning(), 10, what="the first note")
+        first = read_note(ledger)
+        wait_until(lambda: read_note(ledger).updated > first.updated, 10, what="a beat")
+        assert notes.beating
+    finally:
+        ended.set()  # the tuner dies without a last word, as a killed `launcher tune`
+        tuner.join()
+    try:
+        wait_until(lambda: not notes.beating, 10, what="the beats to stop with their tuner")
+    finally:
+        notes.close()
+    last = read_note(ledger)
+    assert (last.state, last.at) == ("running", 1_000_000.0)
+    assert tuning(ledger, now=last.updated + LOST_AFTER_S) == [last]
+    assert tuning(ledger, now=last.updated + LOST_AFTER_S + 1) == []
+    # Redis forgets the notes too, once the last tuner has stopped writing.
+    assert 0 < ledger.r.ttl(keys.TUNING) <= TUNING_SHOWN_S
+
+
+def test_a_running_note_whose_tuner_does_not_beat_is_not_shown(ledger: Any) -> None:
+    import time
+
+    from fleetgen import keys
+    from fleetgen.fleet import LOST_AFTER_S, TuningNote, tuning
+
+    silent = TuningNote("n2", 1_000_000.0, time.time() - LOST_AFTER_S - 5, "running",
+                        "gpu0 baseline: 1,361 tokens/s")
+    ledger.r.hset(keys.TUNING, "n2", silent.to_json())
+    # One that never says when its tuner last beat is no note at all.
+    ledger.r.hset(keys.TUNING, "vm", b'{"node": "vm", "at": 1000000.0, "state": "running", '
+                  b'"line": "gpu0 baseline: 1,361 tokens/s", "until": null}')
+    assert tuning(ledger) == []
 
 
 def test_a_tuning_note_that_cannot_reach_redis_costs_nothing_but_the_note(
@@ -166,5 +220,15 @@ def test_a_tuning_note_that_cannot_reach_redis_costs_nothing_but_the_note(
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # nothing listens there
     notes = TuningNotes()
     record = TuneRecord(steps=[TuneStep(at=0.0, kind="baseline", gpu=0)])
-    notes.publish(record)
+    try:
+        notes.publish(record)
+    finally:
+        notes.close()
     assert notes.failed_at is not None  # tried again after RETRY_S
+
+
+def read_note(ledger: Any) -> Any:
+    """This node's tuning note as Redis holds it."""
+    from fleetgen.fleet import THIS_HOST, TuningNote
+
+    return TuningNote.from_json(ledger.registry.tuning()[THIS_HOST])

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fleetgen.fleet import tuning
+from fleetgen.ledger import Ledger
 from launcher.node._rundir import NodeState, ServerEntry
-from launcher.node._tune import TuneLog, previous_values, smaller_step
+from launcher.node._tune import TuneLog, TuningNotes, previous_values, smaller_step
 
 
 def entry(*argv: str, slots: int = 80) -> ServerEntry:
@@ -35,7 +37,12 @@ def test_after_a_failure_the_next_candidate_is_halfway_until_nothing_is_left() -
     assert smaller_step(["--max-mamba-cache-size", "117"], before) is None
 
 
-def test_the_log_is_written_after_every_step(tmp_path: Path) -> None:
-    log = TuneLog(tmp_path / "tune.json")
-    log.add("baseline", 0, tokens_per_s=1361.0)
+def test_the_log_is_written_and_published_after_every_step(tmp_path: Path, ledger: Ledger) -> None:
+    notes = TuningNotes(ledger)
+    log = TuneLog(tmp_path / "tune.json", notes=notes)
+    try:
+        log.add("baseline", 0, tokens_per_s=1361.0)
+    finally:
+        notes.close()
     assert '"kind": "baseline"' in (tmp_path / "tune.json").read_text()
+    assert [n.line for n in tuning(ledger)] == ["gpu0 baseline: 1,361 tokens/s"]
