@@ -44,7 +44,9 @@ def render(status: JobStatus) -> str:
     if s.worker_errors:
         lines += ["", "  last errors of workers:"]
         for e in s.worker_errors:
-            lines.append(f"  {e.worker:<22} {_ago(e.age_s):>8} ago  job {e.job}: {e.error}")
+            # An error of no job (its server, at start) is the worker's own.
+            about = f"job {e.job}: " if e.job else ""
+            lines.append(f"  {e.worker:<22} {_ago(e.age_s):>8} ago  {about}{e.error}")
     return "\n".join(lines)
 
 
