@@ -22,6 +22,12 @@ own (see tests/launcher/services/test_services.py); the session servers are shar
 A test that starts a simulator, worker or producer process through tests/stack.py must be
 marked `e2e` (pytest_runtest_setup tells the stack), so `-m "not e2e and not chaos"` stays the
 fast layer.
+
+No test reaches a Redis, S3 or server it did not start (tests/isolation.py): before
+collection, the variables that name services are dropped and REDIS_URL names a port that
+refuses every connection; a test whose process connects to it, or to a default port of the
+services a developer runs on this machine (the walkthrough's Redis on 6389, S3 on 8333,
+servers from 30000), fails, unless that server is one this session started.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ import pytest
 
 from launcher.services import BinaryNotFoundError, RedisServer, S3Server, valkey_binary, weed_binary
 from tests.browser import CHROMIUM, Browser
+from tests.isolation import Guard, default_ports, isolate_environment, shell_ports
+
+GUARD = pytest.StashKey[Guard]()
 
 
 def in_ci() -> bool:
@@ -57,6 +66,39 @@ def pytest_configure(config: pytest.Config) -> None:
     # hang. Python's own handler here means a default SIGINT in every child, as at a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Before collection: test modules import code that reads the environment at import.
+    guard = Guard(default_ports() | shell_ports(os.environ))
+    walls = pytest.MonkeyPatch()
+    isolate_environment(walls, guard.stand_in)
+    guard.install(walls)
+    config.stash[GUARD] = guard
+    config.add_cleanup(guard.close)
+    config.add_cleanup(walls.undo)
+
+
+@pytest.fixture(autouse=True)
+def reaches_only_what_it_started(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test if its process reached for a Redis, S3 or server that this session did
+    not start (tests/isolation.py)."""
+    with request.config.stash[GUARD].watching(request.node.nodeid) as reaches:
+        yield
+    if reaches:
+        said = dict.fromkeys(f"this test {r.describe()}" for r in reaches)  # once each
+        pytest.fail("\n".join(said), pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    # Reaches between tests (a session fixture, a thread a test left running) fail the run.
+    stray = [r for r in config.stash[GUARD].reaches if r.test is None]
+    if stray:
+        terminalreporter.section("connections refused between tests (tests/isolation.py)")
+        for reach in stray:
+            terminalreporter.line(f"something {reach.describe()}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if any(r.test is None for r in session.config.stash[GUARD].reaches):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
