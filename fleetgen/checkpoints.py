@@ -20,18 +20,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from fleetgen import keys
+from fleetgen.ledger import script
 from fleetgen.retry import REDIS_ERRORS, on_redis_async
 
 log = logging.getLogger(__name__)
 
 # Adds a group of records, each once; its KEYS and ARGV are built by `group_arguments`.
-RECORD_GROUP = resources.files("fleetgen").joinpath("record_group.lua").read_text(encoding="utf-8")
+RECORD_GROUP = script("record_group.lua")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ lists them), each a small class over the same client:
     registry   Registry   the workers' entries and connections, the reconciler's turn and the
                           ownerless leases
 
-The scripts (*.lua) sit beside the modules that load them; each file says what its KEYS and
-ARGV are. The asyncio side, on a worker's loop, is fleetgen/liveledger.py; kombu's queues are
+The scripts (*.lua) sit beside the modules that load them, `script(name)` reads one (the
+checkpoints' group commit, fleetgen/checkpoints.py, loads its own from here too); each file
+says what its KEYS and ARGV are. The asyncio side, on a worker's loop, is fleetgen/liveledger.py; kombu's queues are
 read in fleetgen/broker.py.
 """
 
@@ -52,11 +53,12 @@ from fleetgen.ledger._jobs import (
 from fleetgen.ledger._leases import RENEW_LEASE, Leases
 from fleetgen.ledger._ledger import Ledger
 from fleetgen.ledger._registry import Registry
+from fleetgen.ledger._replies import script
 from fleetgen.ledger._rounds import Rounds
 
 __all__ = [
     "ACTIVE", "FAILURES_KEPT", "FINISHED", "GONE", "JOB_STATES", "RENEW_LEASE", "STATE_CANCELLED",
     "STATE_CREATING", "STATE_PAUSED", "STATE_RUNNING", "Batches", "CanaryProgress", "Counters",
     "EndVerdict", "FailureExample", "FinishedSummary", "Guards", "JobLock", "JobTimes", "Jobs",
-    "Leases", "Ledger", "QualityExample", "QualityPause", "Registry", "Rounds",
+    "Leases", "Ledger", "QualityExample", "QualityPause", "Registry", "Rounds", "script",
 ]

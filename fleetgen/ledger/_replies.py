@@ -9,7 +9,9 @@ import redis
 
 
 def script(name: str) -> str:
-    """The Lua script `name` beside these modules (package data: pyproject.toml)."""
+    """The Lua script `name` beside these modules (package data: pyproject.toml), read through
+    this package (a regular one: a folder named `fleetgen` in the working directory, such as
+    the clone itself seen from its parent, can stand in for `fleetgen` but not for it)."""
     return resources.files("fleetgen.ledger").joinpath(name).read_text(encoding="utf-8")
 
 

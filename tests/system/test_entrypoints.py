@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -84,6 +85,26 @@ def test_celery_worker_without_dash_a_serves_from_any_folder_and_says_when_it_is
     stack.producer("enqueue", str(src), "--job", "anywhere", "--output", str(tmp_path / "out"),
                    "--no-canary")
     assert wait_job_done(stack, "anywhere", 120).done == 4
+
+
+@pytest.mark.e2e
+def test_the_producer_runs_from_the_clones_parent_folder(
+        redis_url: str, redis_client: Any, tmp_path: Path) -> None:
+    """Run from the folder holding the clone, named `fleetgen` as a clone of it is, the clone
+    stands in for the `fleetgen` package (a folder without __init__.py on the path); what
+    fleetgen loads beside its modules (the Lua scripts) is still found."""
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "fleetgen").symlink_to(ROOT)
+    env = {**os.environ, "REDIS_URL": redis_url}
+    src = write_jsonl(parent / "prompts.jsonl", chat_rows(3))
+    for argv in (["jobs"], ["enqueue", str(src), "--job", "beside", "--output",
+                            str(tmp_path / "out"), "--no-canary"], ["status", "beside"]):
+        result = subprocess.run([sys.executable, "-m", "producer", *argv], cwd=parent, env=env,
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+    assert redis_client.exists("fg:job:beside")
 
 
 @pytest.mark.parametrize("argv", [["-A", "workers", "flower"], ["flower"]], ids=["-A", "CELERY_APP"])
