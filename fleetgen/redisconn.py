@@ -77,14 +77,16 @@ def _socket_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k.startswith("socket_")}
 
 
+# redis-py's Sentinel classes carry type hints from 8.2 on, and none before: the calls below
+# are untyped on older versions and typed on newer ones, and mypy passes on both.
 def client(url: str, master_name: str, **kwargs: Any) -> redis.Redis:
     """A synchronous client of the server `url` names (see the module doc)."""
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **kwargs)
-    manager = Sentinel(  # type: ignore[no-untyped-call]
+    manager = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         endpoints(url), sentinel_kwargs=_socket_kwargs(kwargs))
-    master = manager.master_for(master_name, redis_class=redis.Redis,  # type: ignore[no-untyped-call]
-                                **_master_kwargs(url), **kwargs)
+    master = manager.master_for(  # type: ignore[no-untyped-call, unused-ignore]
+        master_name, redis_class=redis.Redis, **_master_kwargs(url), **kwargs)
     return cast(redis.Redis, master)
 
 
@@ -92,7 +94,7 @@ def async_client(url: str, master_name: str, **kwargs: Any) -> aioredis.Redis:
     """An asyncio client of the server `url` names (see the module doc)."""
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, **kwargs)
-    manager = AsyncSentinel(  # type: ignore[no-untyped-call]
+    manager = AsyncSentinel(  # type: ignore[no-untyped-call, unused-ignore]
         endpoints(url), sentinel_kwargs=_socket_kwargs(kwargs))
     master = manager.master_for(master_name, redis_class=aioredis.Redis,
                                 **_master_kwargs(url), **kwargs)
