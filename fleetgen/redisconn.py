@@ -14,6 +14,7 @@ failover it follows the promoted replica (docs/getting-started/several-nodes.md#
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
@@ -30,6 +31,8 @@ REDIS_PORT = 6379
 SENTINEL_PORT = 26379
 # A unix socket's URL schemes (redis-py's): the server is on this machine.
 _SOCKET_SCHEMES = ("redis+socket", "unix")
+# How redis-py words a reply outside Redis's protocol: hiredis's parser, then its own.
+_NOT_RESP = re.compile(r'got "(?P<byte>.)" as reply type byte|Protocol Error: (?P<line>.+)')
 
 
 def is_sentinel(url: str) -> bool:
@@ -71,6 +74,26 @@ def auth_refused(url: str, exc: Exception) -> str:
                 ".fleetgen/redis/password by default)")
     return (f"Redis at {where} refused the password that was given ({redact(exc)}); check "
             "REDIS_URL or FLEETGEN_REDIS_PASSWORD_FILE")
+
+
+def not_redis(url: str, exc: Exception) -> str:
+    """What to tell the user when the server `url` names answered outside Redis's protocol (an
+    InvalidResponse): an HTTP server on that port, say. The answer's start is quoted."""
+    return (f"REDIS_URL {redact(url)} is not a Redis server (it answered {_answer(exc)}): point "
+            "REDIS_URL at your Redis")
+
+
+def _answer(exc: Exception) -> str:
+    # hiredis names the first byte of the reply; redis-py's own parser quotes its first line.
+    found = _NOT_RESP.search(str(exc))
+    if found is None:
+        return f"'{redact(exc)}'"
+    if found["byte"] is not None:
+        return f"'{found['byte']}...'"
+    line = found["line"]
+    if line[:2] in ("b'", 'b"') and line[-1:] == line[1]:
+        line = line[2:-1]
+    return f"'{line[:40]}...'" if len(line) > 40 else f"'{line}'"
 
 
 def _socket_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -47,6 +47,8 @@ RedisAuthError = redis.AuthenticationError
 RedisNoPermissionError = redis.exceptions.NoPermissionError
 # Redis not reached at all (refused, unknown host, timed out connecting).
 RedisConnectionError = redis.ConnectionError
+# Something answered that does not speak Redis's protocol (an HTTP server at REDIS_URL's port).
+RedisProtocolError = redis.exceptions.InvalidResponse
 # A lock (the job's, fleetgen/creation.py) released or renewed after it expired.
 RedisLockError = redis.exceptions.LockError
 # A Redis restart with an AOF to reload takes seconds; two minutes covers a slow one.

@@ -39,6 +39,7 @@ from fleetgen.retry import (
     RedisAuthError,
     RedisConnectionError,
     RedisNoPermissionError,
+    RedisProtocolError,
 )
 from fleetgen.rollouts import RolloutSpec
 from fleetgen.settings import Settings, SettingsError
@@ -918,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     except RedisConnectionError as exc:
         print(f"error: cannot reach Redis at {redact(settings.redis_url)} ({redact(exc)}); start "
               "the embedded one with `python -m launcher redis` or set REDIS_URL", file=sys.stderr)
+        return RET_ERROR
+    except RedisProtocolError as exc:
+        print(f"error: {redisconn.not_redis(settings.redis_url, exc)}", file=sys.stderr)
         return RET_ERROR
     except KeyboardInterrupt:
         return RET_INTERRUPTED

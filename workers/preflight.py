@@ -31,7 +31,12 @@ from fleetgen.fleet import LOST_AFTER_S, WorkerEntry
 from fleetgen.ledger import Ledger
 from fleetgen.poll import poll
 from fleetgen.redact import redact
-from fleetgen.retry import REDIS_ERRORS, RedisAuthError, RedisNoPermissionError
+from fleetgen.retry import (
+    REDIS_ERRORS,
+    RedisAuthError,
+    RedisNoPermissionError,
+    RedisProtocolError,
+)
 from fleetgen.settings import Settings
 from fleetgen.sink import Sink
 
@@ -83,6 +88,8 @@ def _check_redis(ledger: Ledger, settings: Settings) -> None:
         except RedisNoPermissionError as exc:
             raise PreflightError(f"the Redis user of {where} may not do what a worker needs "
                                  f"({exc}); see the worker's ACL in docs/security.md") from None
+        except RedisProtocolError as exc:
+            raise PreflightError(redisconn.not_redis(settings.redis_url, exc)) from None
         except REDIS_ERRORS as exc:
             unreachable[:] = [exc]
             return None
