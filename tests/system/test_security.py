@@ -32,6 +32,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+import fleetgen.settings
 from fleetgen import keys
 from fleetgen.fleet import ServerHealth, WorkerEntry
 from fleetgen.ledger import Ledger
@@ -108,6 +109,8 @@ def test_next_to_the_embedded_redis_its_password_file_is_found_without_a_setting
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    # Not the clone's own embedded Redis, which a developer may have running beside the tests.
+    monkeypatch.setattr(fleetgen.settings, "PROJECT_DIR", tmp_path / "no-clone")
     assert Settings.from_env({}).redis_url == "redis://127.0.0.1:6389/0"
     (tmp_path / ".fleetgen" / "redis").mkdir(parents=True)
     (tmp_path / ".fleetgen" / "redis" / "password").write_text("embedded-pw\n")
