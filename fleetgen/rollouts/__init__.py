@@ -6,7 +6,7 @@
     RolloutSpec          _contract.py: a job's rollout as its manifest keeps it (name, digest
                          of its module, options), loaded and checked on each worker
     CallFailed           _contract.py: a call that failed for good, as a rollout sees it
-    prompt_body, rollout_prompt, completion_text, finish_reason, request_digest
+    prompt_body, rollout_prompt, completion_message, completion_text, finish_reason, request_digest
                          _contract.py: the helpers rollouts are written with
 
 The rollouts fleetgen ships, each a class built with its options and a default instance:
@@ -33,6 +33,7 @@ from fleetgen.rollouts._contract import (
     Prompt,
     Rollout,
     RolloutSpec,
+    completion_message,
     completion_text,
     finish_reason,
     prompt_body,
@@ -57,6 +58,7 @@ __all__ = [
     "ToolLoop",
     "best_of_n",
     "chunked",
+    "completion_message",
     "completion_text",
     "finish_reason",
     "prompt_body",

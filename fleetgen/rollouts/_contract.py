@@ -153,11 +153,17 @@ def rollout_prompt(prompt_id: str, line: int, body: Body) -> Prompt:
     return prompt
 
 
-def completion_text(completion: Completion) -> str:
-    """The content of a completion's first choice ("" when it has none)."""
+def completion_message(completion: Completion) -> dict[str, Any]:
+    """The message of a completion's first choice ({} when it has none): its `content`,
+    `reasoning_content`, `tool_calls`."""
     choices = completion.get("choices") or [{}]
     message = choices[0].get("message") or {}
-    return message.get("content") or ""
+    return message if isinstance(message, dict) else {}
+
+
+def completion_text(completion: Completion) -> str:
+    """The content of a completion's first choice ("" when it has none)."""
+    return completion_message(completion).get("content") or ""
 
 
 def finish_reason(completion: Completion) -> str | None:

@@ -21,6 +21,7 @@ from fleetgen.rollouts._contract import (
     Completion,
     Generate,
     Prompt,
+    completion_message,
     completion_text,
     finish_reason,
     prompt_body,
@@ -76,7 +77,7 @@ class RetryUnusable:
             attempts += 1
         answer = {
             "content": completion_text(completion),
-            "reasoning_content": _message(completion).get("reasoning_content"),
+            "reasoning_content": completion_message(completion).get("reasoning_content"),
             "finish_reason": finish_reason(completion),
             "attempts": attempts,
             "reasked": attempts > 1,
@@ -106,12 +107,6 @@ class RetryUnusable:
 def _usable(completion: Completion) -> bool:
     """An answer with text in its content that was not cut at the token cap."""
     return bool(completion_text(completion).strip()) and finish_reason(completion) != "length"
-
-
-def _message(completion: Completion) -> dict[str, Any]:
-    choices = completion.get("choices") or [{}]
-    message = choices[0].get("message") or {}
-    return message if isinstance(message, dict) else {}
 
 
 retry_unusable = RetryUnusable()

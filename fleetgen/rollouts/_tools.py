@@ -29,6 +29,7 @@ from fleetgen.rollouts._contract import (
     Completion,
     Generate,
     Prompt,
+    completion_message,
     completion_text,
     finish_reason,
     prompt_body,
@@ -82,7 +83,7 @@ class ToolLoop:
         while calls < self.turns:
             completion = await generate(prompt_body(prompt, messages=list(messages), **shown))
             calls += 1
-            message = _message(completion)
+            message = completion_message(completion)
             requested = message.get("tool_calls") or []
             # Some chat templates fail on a null content: an assistant turn keeps a string.
             turn: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
@@ -101,7 +102,7 @@ class ToolLoop:
             "finish_reason": finish_reason(completion),
             "turns": calls,
             "tool_calls": executed,
-            "capped": bool(_message(completion).get("tool_calls")),
+            "capped": bool(completion_message(completion).get("tool_calls")),
             "messages": messages,
         }
 
@@ -170,7 +171,3 @@ def _call_tool(fn: Callable[..., Any], arguments: dict[str, Any]) -> str:
                                                              default=str)
 
 
-def _message(completion: Completion) -> dict[str, Any]:
-    choices = completion.get("choices") or [{}]
-    message = choices[0].get("message") or {}
-    return message if isinstance(message, dict) else {}
