@@ -313,10 +313,6 @@ def registry(ledger: Ledger, now: float) -> dict[str, WorkerEntry]:
     return out
 
 
-# The state a finished job's rows show (finished_fleet).
-FINISHED_ROW = "finished"
-
-
 def fleet_rows(
     workers: Mapping[str, WorkerEntry],
     readings: Mapping[str, ServerReading],
@@ -328,8 +324,7 @@ def fleet_rows(
 
     `readings` are by worker: read live for this node's servers, as published by their worker
     for other nodes'. Workers that did work for the job but are no longer registered are
-    listed as `lost`. A finished job (done or cancelled: `finished_fleet`) has no fleet: its
-    rows are `finished_fleet`'s.
+    listed as `lost`.
     """
     now = time.time() if now is None else now
     rows = []
@@ -398,16 +393,6 @@ def read_fleet(
         else:
             readings[name] = entry.reading
     return fleet_rows(workers, readings, job_workers, elapsed_s, now)
-
-
-def finished_fleet(job_workers: Mapping[str, Mapping[str, float]],
-                   elapsed_s: float) -> list[FleetRow]:
-    """A finished job's rows: the workers that did its work, with their share of it, state
-    `finished`. Whatever runs under their names now (a worker started later with the same
-    name, or none: a worker stopped since) is not the job's, so no registry entry and no
-    server reading is joined."""
-    return [replace(row, worker_state=FINISHED_ROW)
-            for row in fleet_rows({}, {}, job_workers, elapsed_s)]
 
 
 def published_fleet(

@@ -29,15 +29,7 @@ from fleetgen.breaker import accepted_causes
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
 from fleetgen.errors import UnknownJobError
-from fleetgen.fleet import (
-    FleetRow,
-    TuningNote,
-    WorkerEntry,
-    finished_fleet,
-    read_fleet,
-    registry,
-    tuning,
-)
+from fleetgen.fleet import FleetRow, TuningNote, WorkerEntry, read_fleet, registry, tuning
 from fleetgen.job import JobManifest, ShownState, batch_sizes
 from fleetgen.ledger import (
     STATE_CANCELLED,
@@ -278,9 +270,7 @@ def job_status(
         breaker=_breaker(ledger, job),
         worker_errors=worker_errors,
         stalled=_stalled(manifest, entries, worker_errors, queued, len(running), times, now),
-        fleet=(None if not live else finished_fleet(workers, clock["elapsed"])
-               if state in (STATE_DONE, STATE_CANCELLED)
-               else read_fleet(ledger, workers, clock["elapsed"], now=now)),
+        fleet=read_fleet(ledger, workers, clock["elapsed"], now=now) if live else None,
         updated_at=now,
         tuning=tuning(ledger, now),
         rollouts=_rollouts(manifest, stats, answered, in_hand, in_flight),

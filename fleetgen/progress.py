@@ -16,9 +16,9 @@ import logging
 import orjson
 
 from fleetgen.errors import SinkError
-from fleetgen.fleet import finished_fleet, published_fleet
-from fleetgen.jobview import STATE_DONE, JobStatus, job_status
-from fleetgen.ledger import STATE_CANCELLED, STATE_RUNNING, Ledger
+from fleetgen.fleet import published_fleet
+from fleetgen.jobview import JobStatus, job_status
+from fleetgen.ledger import STATE_RUNNING, Ledger
 from fleetgen.settings import Settings
 from fleetgen.sink import open_sink
 
@@ -70,10 +70,8 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
         return False
     # The servers as their workers published them: a reconciler round sends no request to
     # every server of the fleet (only `producer status` reads them live).
-    status = dataclasses.replace(status, fleet=(
-        finished_fleet(status.workers, status.elapsed_s)
-        if status.state in (STATE_DONE, STATE_CANCELLED)
-        else published_fleet(ledger, status.workers, status.elapsed_s, now=now)))
+    status = dataclasses.replace(status, fleet=published_fleet(
+        ledger, status.workers, status.elapsed_s, now=now))
     style = settings.s3_addressing_style if settings else "path"
     sink = open_sink(status.output, addressing_style=style)
     sink.put(progress_key(job), status.to_json(option=orjson.OPT_INDENT_2))

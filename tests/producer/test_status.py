@@ -757,23 +757,3 @@ def test_a_watch_started_before_the_enqueue_follows_the_job_and_exits_0_when_it_
     assert proc.returncode == 0, err.decode()
     last = (seen + rest).split(b"\x1b[2J\x1b[H")[-1]
     assert b"job later  [done]" in last and b"job done: the watch ends here" in last
-
-
-def test_a_finished_jobs_fleet_is_the_workers_that_did_it_not_who_holds_their_names_now(
-        ledger: Ledger) -> None:
-    """A cancelled job's rows are its workers and their share, `finished`: a worker started
-    since under one of their names is not shown as the job's, nor one stopped since as lost."""
-    half_done_job(ledger)
-    ledger.jobs.set_state("half", STATE_CANCELLED, "enough")
-    # gpu0@a runs again, a new process serving another job; gpu1@b is gone.
-    register(ledger, "gpu0@a", "http://127.0.0.1:1", in_flight=5)
-    register(ledger, "gpu2@c", "http://127.0.0.1:2")
-    status = job_status(ledger, "half", NOW, live=True)
-    assert status.fleet is not None
-    rows = {row.worker: row for row in status.fleet}
-    assert set(rows) == {"gpu0@a", "gpu1@b"}
-    assert {row.worker_state for row in rows.values()} == {"finished"}
-    assert rows["gpu0@a"].in_flight is None and rows["gpu0@a"].server is None
-    assert (rows["gpu0@a"].job_prompts_done, rows["gpu1@b"].job_prompts_done) == (34, 28)
-    screen = render(status)
-    assert "lost" not in screen and "gpu2@c" not in screen
