@@ -22,7 +22,7 @@ The two are typed as `AnswerRecord` and `FailureRecord` (together `OutputRecord`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, final
 
@@ -161,17 +161,26 @@ class Origin:
     attempt: int
 
 
+def usage_of(response: Mapping[str, Any]) -> Usage:
+    """A completion's token counts: its reasoning tokens where the engine puts them
+    (`usage.reasoning_tokens`, SGLang; `completion_tokens_details.reasoning_tokens`, OpenAI's
+    and vLLM's), 0 for what it does not say."""
+    usage = response.get("usage") or {}
+    details = usage.get("completion_tokens_details") or {}
+    reasoning_tokens = usage.get("reasoning_tokens")
+    if reasoning_tokens is None:
+        reasoning_tokens = details.get("reasoning_tokens", 0)
+    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "reasoning_tokens": int(reasoning_tokens or 0)}
+
+
 def result_record(
     prompt_id: str, line: int, response: ChatCompletion, latency_s: float, origin: Origin,
     sample: int | None = None,
 ) -> AnswerRecord:
     choice = (response.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    usage = response.get("usage") or {}
-    details = usage.get("completion_tokens_details") or {}
-    reasoning_tokens = usage.get("reasoning_tokens")
-    if reasoning_tokens is None:
-        reasoning_tokens = details.get("reasoning_tokens", 0)
     # vLLM since 0.10 names it `reasoning`; SGLang and older vLLM `reasoning_content`.
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     content = message.get("content") or ""
@@ -190,11 +199,7 @@ def result_record(
         "content": content,
         "tool_calls": message.get("tool_calls") or None,
         "finish_reason": choice.get("finish_reason"),
-        "usage": {
-            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-            "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "reasoning_tokens": int(reasoning_tokens or 0),
-        },
+        "usage": usage_of(response),
         "latency_s": round(latency_s, 4),
         "server": origin.server,
         "worker": origin.worker,

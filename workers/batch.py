@@ -60,6 +60,7 @@ from fleetgen.records import (
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
+from fleetgen.rollouts import Rollout, RolloutSpec
 from fleetgen.servers import ChatCompletion, RequestBody
 from fleetgen.settings import Settings
 from fleetgen.sink import Sink, batch_records, open_sink
@@ -348,11 +349,14 @@ class _Sender:
             async with asyncio.TaskGroup() as group:
                 # A lost lease or a cancelled job (the heartbeat ends with it) stops the batch.
                 watch = group.create_task(lease.held())
-                if manifest.rollout is not None:
+                spec = manifest.rollout_spec
+                if spec is not None:
+                    # Loaded (and checked) before the lease: here it comes from the cache.
+                    rollout = self.programs.require(manifest)
                     journal = await self.programs.journal(manifest.name, batch)
-                    asks = [group.create_task(self._program(manifest, batch, prompt, origin,
-                                                            journal.get(prompt.key, {})))
-                            for prompt in todo]
+                    asks = [group.create_task(self._program(
+                        manifest, spec, rollout, batch, prompt, origin,
+                        journal.get(prompt.key, {}))) for prompt in todo]
                 else:
                     asks = [group.create_task(self._ask(manifest, batch, ask, origin))
                             for ask in _asks(todo)]
@@ -380,12 +384,13 @@ class _Sender:
         return results
 
     async def _program(
-        self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
-        journaled: dict[int, bytes],
+        self, manifest: JobManifest, spec: RolloutSpec, rollout: Rollout, batch: str,
+        prompt: Prompt, origin: Origin, journaled: dict[int, bytes],
     ) -> list[OutputRecord | RequestHeldError]:
         """The checkpointed record of one prompt whose job runs a rollout, or why it was not
         finished here (workers/rollouts.py)."""
-        outcome = await self.programs.run(manifest, batch, prompt, origin, journaled)
+        outcome = await self.programs.run(manifest, spec, rollout, batch, prompt, origin,
+                                          journaled)
         if not isinstance(outcome, RequestHeldError):
             _observe(manifest.name, outcome, 0.0, origin)
             await self._checkpoint(manifest, batch, prompt, outcome)

@@ -54,6 +54,7 @@ from fleetgen.records import (
     Usage,
     error_record,
     rollout_record,
+    usage_of,
 )
 from fleetgen.retry import on_redis_async
 from fleetgen.rollouts import (
@@ -117,7 +118,7 @@ class Programs:
         self._hold = hold
         self._pool = ThreadPoolExecutor(settings.rollout_threads,
                                         thread_name_prefix="fleetgen-rollout")
-        self._loaded: dict[RolloutSpec | str, Rollout] = {}
+        self._loaded: dict[str, Rollout] = {}
         self._lock = threading.Lock()
         # Rollouts running and their calls at the server now (loop-only counts).
         self.running = 0
@@ -150,12 +151,11 @@ class Programs:
             out.setdefault(key, {})[int(index)] = value
         return out
 
-    async def run(self, manifest: JobManifest, batch: str, prompt: Prompt, origin: Origin,
+    async def run(self, manifest: JobManifest, spec: RolloutSpec, rollout: Rollout, batch: str,
+                  prompt: Prompt, origin: Origin,
                   journaled: dict[int, bytes]) -> OutputRecord | RequestHeldError:
-        """The prompt's record once its rollout ended, or why it could not end here."""
-        rollout = self.require(manifest)
-        spec = manifest.rollout_spec
-        assert spec is not None
+        """The prompt's record once its rollout (the job's `spec`, loaded: `require`) ended,
+        or why it could not end here."""
         delivery = Delivery(self._backlog, 1)
         calls = _Calls(self, manifest, batch, prompt, origin, delivery, journaled,
                        spec.keep_calls)
@@ -309,14 +309,9 @@ class _Calls:
         if error is not None:
             raise CallFailed(index, error["code"], error["message"], error.get("status"))
         completion: Completion = entry["completion"]
-        usage = completion.get("usage") or {}
-        details = usage.get("completion_tokens_details") or {}
-        reasoning = usage.get("reasoning_tokens")
-        if reasoning is None:
-            reasoning = details.get("reasoning_tokens", 0)
-        self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-        self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-        self.usage["reasoning_tokens"] += int(reasoning or 0)
+        usage = usage_of(completion)
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+            self.usage[name] += usage[name]
         # The rollout's own copy: what it changes is not what the trajectory keeps.
         return orjson.loads(orjson.dumps(completion)) if self.trajectory is not None else completion
 

@@ -107,8 +107,10 @@ def run(redis_url: str, door: Door, job: JobManifest, *, limit_s: float = 60.0,
                             backlog or Backlog(), door.send, lambda job: None)
         try:
             journaled = await programs.journal(job.name, "b000001") if journal else {}
-            return await programs.run(job, "b000001", item(), ORIGIN,
-                                      journaled.get(item().key, {}))
+            spec = job.rollout_spec
+            assert spec is not None
+            return await programs.run(job, spec, programs.require(job), "b000001", item(),
+                                      ORIGIN, journaled.get(item().key, {}))
         finally:
             programs.close()
             await live.aclose()
