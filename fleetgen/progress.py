@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -25,6 +26,40 @@ from fleetgen.sink import open_sink
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60
 PROGRESS_FILE = "progress.json"
+# A job whose output stays out of reach (a bucket gone, credentials missing) is said once, then
+# again this often while it lasts: its batches wait on the same sink and say so themselves.
+REPEAT_WARNING_S = 1800.0
+
+
+@dataclass
+class ProgressWarnings:
+    """Which jobs' progress.json could not be written, and when that was last said.
+
+    One per reconciler: the first failure of a job is a warning, the same failure is repeated
+    every `REPEAT_WARNING_S` while it lasts, and the first write after it says it is over.
+    """
+
+    repeat_s: float = REPEAT_WARNING_S
+    _since: dict[str, tuple[float, float]] = field(default_factory=dict)  # job -> (first, last said)
+
+    def failed(self, job: str, now: float, reason: str) -> None:
+        first, said = self._since.get(job, (now, -1.0))
+        if said >= 0 and now - said < self.repeat_s:
+            self._since[job] = (first, said)
+            return
+        self._since[job] = (first, now)
+        if said < 0:
+            log.warning("job %s: progress.json not written (%s); said again every %.0f min "
+                        "while it lasts", job, reason, self.repeat_s / 60)
+        else:
+            log.warning("job %s: progress.json still not written after %.0f min (%s)",
+                        job, (now - first) / 60, reason)
+
+    def written(self, job: str, now: float) -> None:
+        since = self._since.pop(job, None)
+        if since is not None:
+            log.warning("job %s: progress.json written again after %.0f min", job,
+                        (now - since[0]) / 60)
 
 
 def progress_key(job: str) -> str:
@@ -32,23 +67,31 @@ def progress_key(job: str) -> str:
     return f"{job}/{PROGRESS_FILE}"
 
 
-def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings | None = None) -> bool:
+def write_progress(ledger: Ledger, job: str, now: float, *, settings: Settings | None = None,
+                   warnings: ProgressWarnings | None = None) -> bool:
     """Write the job's progress.json if a minute has passed since the last one; True if written.
 
     Never raises: progress is advisory, and the reconciler round that calls it has real work
-    to do for every job after this one.
+    to do for every job after this one. With `warnings`, a sink that stays out of reach is
+    said once and then rarely, not every minute.
     """
     try:
         if not ledger.counters.claim_progress_turn(job, now, PROGRESS_EVERY_S):
             return False
-        return _write(ledger, job, now, settings)
+        written = _write(ledger, job, now, settings)
     except SinkError as exc:
         # The sink is down (the batches ride it out on their own): one line, not a traceback.
-        log.warning("job %s: progress.json not written this minute (%s)", job, exc)
+        if warnings is None:
+            log.warning("job %s: progress.json not written this minute (%s)", job, exc)
+        else:
+            warnings.failed(job, now, str(exc))
         return False
     except Exception:
         log.exception("job %s: progress.json not written this minute", job)
         return False
+    if warnings is not None:
+        warnings.written(job, now)
+    return written
 
 
 def record_state(ledger: Ledger, job: str, now: float) -> bool:

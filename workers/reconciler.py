@@ -30,7 +30,7 @@ from celery import Celery
 from fleetgen import broker, keys
 from fleetgen.dispatch import dispatch
 from fleetgen.ledger import ACTIVE, STATE_RUNNING, Ledger
-from fleetgen.progress import write_progress
+from fleetgen.progress import ProgressWarnings, write_progress
 from fleetgen.retry import REDIS_ERRORS
 from fleetgen.settings import Settings
 from workers import metrics
@@ -52,6 +52,7 @@ class Reconciler:
         # Batches seen in no state last round; re-dispatched if still there this round.
         self._suspects: set[tuple[str, str]] = set()
         self._client_list_refused = False
+        self.progress_warnings = ProgressWarnings()
         self._thread = threading.Thread(target=self._loop, name="fleetgen-reconciler", daemon=True)
 
     def start(self) -> None:
@@ -100,12 +101,14 @@ class Reconciler:
         liveness: dict[str, bool] | None = None  # read once per round, when first needed
         for job in self.ledger.jobs.finished(since=now - FINISHED_GRACE_S):
             if self.ledger.jobs.exists(job):
-                write_progress(self.ledger, job, now, settings=self.settings)
+                write_progress(self.ledger, job, now, settings=self.settings,
+                               warnings=self.progress_warnings)
             # Again: writing progress.json (or a straggler's last checkpoint) after the job
             # finished made keys that do not expire yet.
             self.ledger.jobs.settle(job, now)
         for job in self.ledger.jobs.active():
-            write_progress(self.ledger, job, now, settings=self.settings)
+            write_progress(self.ledger, job, now, settings=self.settings,
+                               warnings=self.progress_warnings)
             # A job whose finish nobody filed (a crash between its last batch and the filing)
             # leaves the active jobs here.
             if self.ledger.jobs.settle(job, now) != ACTIVE:

@@ -757,3 +757,27 @@ def test_a_watch_started_before_the_enqueue_follows_the_job_and_exits_0_when_it_
     assert proc.returncode == 0, err.decode()
     last = (seen + rest).split(b"\x1b[2J\x1b[H")[-1]
     assert b"job later  [done]" in last and b"job done: the watch ends here" in last
+
+
+def test_an_output_out_of_reach_is_said_once_then_every_half_hour_and_its_end_is_said(
+    ledger: Ledger, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    half_done_job(ledger, output=str(blocker / "out"))
+    warnings = progress.ProgressWarnings()
+
+    def minute(at: float) -> bool:
+        ledger.r.delete(keys.job_part("half", "progress_due"))
+        return progress.write_progress(ledger, "half", at, warnings=warnings)
+
+    for k in range(5):
+        assert not minute(NOW + 60 * k)
+    said = [r.getMessage() for r in caplog.records if "progress.json" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("job half: progress.json not written (")
+    assert not minute(NOW + 1800)
+    said = [r.getMessage() for r in caplog.records if "progress.json" in r.getMessage()]
+    assert len(said) == 2 and "still not written after 30 min" in said[1]
+    blocker.unlink()
+    assert minute(NOW + 1860)
+    assert "progress.json written again after 31 min" in caplog.records[-1].getMessage()
