@@ -117,6 +117,12 @@ class ServerHealth:
     def overloads_per_min(self) -> float:
         return sum(self.overloaded.values()) * 60.0 / self.window_s
 
+    def as_task_result(self) -> dict[str, object]:
+        """Its fields, its failed share and what `status` says of it (`says`), as JSON values:
+        the `server` of a worker's task result, which Flower shows (workers/tasks.py)."""
+        return {**asdict(self), "failed_share": round(self.failed_share, 3),
+                "says": self.summary()}
+
     def summary(self) -> list[str]:
         """What `status` says of it: nothing for a server that is fine."""
         lines = []

@@ -24,7 +24,6 @@ from fleetgen.errors import (
 )
 from workers import metrics, preflight
 from workers.app import app, settings
-from workers.backend import Backend
 from workers.gate import ServerGate
 from workers.reconciler import Reconciler
 from workers.runtime import runtime, server_url, tune_gc
@@ -42,23 +41,10 @@ _reconciler: Reconciler | None = None
 app.steps["consumer"].add(ServerGate)
 
 
-class ServerSummary(TypedDict):
-    """How the server treated this worker's requests lately, in a task's result (Flower)."""
-
-    in_rotation: bool
-    out_reason: str | None
-    failed_share: float
-    failed: dict[str, int]
-    refused: dict[str, int]
-    overloaded: dict[str, int]
-    in_flight_limit: int
-    limit_reason: str | None
-    says: list[str]
-
-
 class TaskResult(TypedDict):
     """What `run_batch` returns, as Celery stores it (JSON) and Flower shows it: the batch's
-    outcome (workers/batch.py `Outcome`), or why it was requeued or left for `resume`."""
+    outcome (workers/batch.py `Outcome`), or why it was requeued or left for `resume`; `server`
+    is how its server treated this worker's requests lately (fleetgen/fleet.py `ServerHealth`)."""
 
     status: str
     batch: str
@@ -68,7 +54,7 @@ class TaskResult(TypedDict):
     failed: NotRequired[int]
     resumed: NotRequired[int]
     attempt: NotRequired[int]
-    server: NotRequired[ServerSummary]
+    server: NotRequired[dict[str, object]]
 
 
 @celeryd_after_setup.connect
@@ -171,7 +157,7 @@ def run_batch(self: Task, job: str, batch: str) -> TaskResult:
         else:
             log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         return TaskResult(status="requeued", batch=batch, reason=str(exc),
-                          server=server_summary(backend))
+                          server=backend.checks.report().as_task_result())
     except Exception as exc:
         backend.registration.note_error(job, f"{type(exc).__name__}: {exc}")
         raise
@@ -186,14 +172,4 @@ def run_batch(self: Task, job: str, batch: str) -> TaskResult:
                    f"left for `python -m producer resume {job}`")
     return TaskResult(status=outcome.status, batch=outcome.batch, done=outcome.done,
                       failed=outcome.failed, resumed=outcome.resumed, attempt=outcome.attempt,
-                      server=server_summary(backend))
-
-
-def server_summary(backend: Backend) -> ServerSummary:
-    """How the server treated this worker's requests lately, for Flower's task results."""
-    health = backend.checks.report()
-    return ServerSummary(
-        in_rotation=health.in_rotation, out_reason=health.out_reason,
-        failed_share=round(health.failed_share, 3), failed=health.failed,
-        refused=health.refused, overloaded=health.overloaded, in_flight_limit=health.limit,
-        limit_reason=health.limit_reason, says=health.summary())
+                      server=backend.checks.report().as_task_result())

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import orjson
+
 from fleetgen import keys
 from fleetgen.fleet import (
     LOST_AFTER_S,
+    ServerHealth,
     WorkerEntry,
     WorkerError,
     registry,
@@ -36,3 +39,16 @@ def test_the_registry_reads_each_entry_as_its_worker_wrote_it_and_skips_what_is_
     assert WorkerEntry.from_json(entry.to_json()) == entry
     # Stale: its worker is gone.
     assert entries["gpu1@a"].state == "lost"
+
+
+def test_a_task_results_server_is_its_health_with_the_failed_share_and_what_status_says() -> None:
+    health = ServerHealth(window_s=300.0, answered=683, failed={"HTTP 500": 317}, refused={},
+                          overloaded={"HTTP 429": 12}, in_rotation=False, out_since=NOW - 20,
+                          out_reason="5 requests in a row failed (HTTP 500)", ejections=1,
+                          limit=8, limit_reason="cut after HTTP 429")
+    # As Celery stores it (JSON) and Flower shows it.
+    result = orjson.loads(orjson.dumps(health.as_task_result()))
+    says = result.pop("says")
+    assert result.pop("failed_share") == 0.317
+    assert ServerHealth(**result) == health
+    assert says == health.summary() and says[0].startswith("out of rotation: 5 requests")
