@@ -31,9 +31,7 @@ from pathlib import Path
 from fleetgen.commandline import CommandParser
 from fleetgen.keys import METRICS_BASE_PORT
 from fleetgen.poll import poll, wait_until
-from launcher.child import ChildProcess
-from launcher.errors import LauncherError
-from launcher.ports import (
+from fleetgen.ports import (
     HOST,
     busy_reason,
     ephemeral_range,
@@ -41,6 +39,8 @@ from launcher.ports import (
     in_ephemeral_range,
     port_is_free,
 )
+from launcher.child import ChildProcess
+from launcher.errors import LauncherError
 from launcher.services import (
     S3Ports,
     data_dir_holder,

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from fleetgen.ports import HOST
 from fleetgen.redisconn import endpoints
 from fleetgen.settings import (
     EMBEDDED_REDIS_PORT_FILE,
@@ -47,7 +48,6 @@ from fleetgen.settings import (
     Settings,
 )
 from launcher.demo import DemoPorts
-from launcher.ports import HOST
 
 # A Redis installed from the distribution listens here.
 STOCK_REDIS_PORT = 6379

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import httpx
 
 from fleetgen.poll import poll
+from fleetgen.ports import free_port
 from launcher.child import ChildProcess
-from launcher.ports import free_port
 from launcher.sim import SimConfig, serve_in_thread
 
 T = TypeVar("T")

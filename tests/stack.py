@@ -23,9 +23,9 @@ from fleetgen.job import GenerationParams, InputInfo, JobManifest
 from fleetgen.jobview import JobStatus
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.retry import REDIS_ERRORS
 from launcher.child import ChildProcess
-from launcher.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

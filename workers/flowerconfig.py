@@ -11,6 +11,8 @@ import ipaddress
 
 from tornado.options import options as _tornado_options
 
+from fleetgen.ports import busy_reason, port_is_free
+
 # Flower's own default is every interface, and its pages need no login unless auth is set:
 # loopback until someone decides otherwise (and then sets --basic-auth, see
 # docs/guides/flower.md#access-and-authentication).
@@ -51,5 +53,17 @@ def _refuse_open_bind() -> None:
         "127.0.0.1")
 
 
-# Runs after the command line has been parsed last (flags included), before Flower listens.
+def _refuse_taken_port() -> None:
+    """A port something else holds would end in tornado's `OSError: [Errno 98]` traceback once
+    Flower has started: say who holds it, and how to pick another, before that."""
+    o = _tornado_options
+    if o.unix_socket or port_is_free(o.port, o.address or "0.0.0.0"):
+        return
+    raise SystemExit(
+        f"flower: port {o.port} is {busy_reason(o.port)}; start Flower on another port with "
+        f"--port={o.port + 1} (and open http://{o.address or '127.0.0.1'}:{o.port + 1})")
+
+
+# Run after the command line has been parsed last (flags included), before Flower listens.
 _tornado_options.add_parse_callback(_refuse_open_bind)
+_tornado_options.add_parse_callback(_refuse_taken_port)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fleetgen.commandline import CommandParser
 from fleetgen.keys import METRICS_BASE_PORT
+from fleetgen.ports import HOST
 from launcher.errors import LauncherError, PortBusyError
 from launcher.node._advise import Observed, advice_json, advise, entry_for_url, observe
 from launcher.node._args import Profile, flag_value, load_profile
@@ -59,7 +60,6 @@ from launcher.node._rundir import (
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
 from launcher.node._tune import TuneSettings, auto_tune, cmd_tune, drain_seconds
 from launcher.node._watch import HttpProbe, Reading
-from launcher.ports import HOST
 
 log = logging.getLogger("launcher.node")
 

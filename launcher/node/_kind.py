@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from fleetgen.ports import HOST
 from launcher.node._args import (
     NEWEST_SGLANG,
     PLACEHOLDERS,
@@ -33,7 +34,6 @@ from launcher.node._args import (
 )
 from launcher.node._errors import ProfileError
 from launcher.node._flags import check_args
-from launcher.ports import HOST
 
 SIM_COMMAND = (sys.executable, "-m", "launcher", "sim")
 # Set per server by the launcher, never by the server arguments.

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleetgen.keys import METRICS_BASE_PORT, gpu_queue
+from fleetgen.ports import HOST, busy_reason, ephemeral_range, port_is_free
 from fleetgen.redact import redact, redact_argv
 from launcher.errors import PortBusyError
 from launcher.node._args import Profile, adapt_flags, flag_value, load_profile, merge_args
@@ -31,7 +32,6 @@ from launcher.node._kind import ServerLaunch, launch_for
 from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE, RestartRequest
 from launcher.node._supervisor import Order, OrderError
-from launcher.ports import HOST, busy_reason, ephemeral_range, port_is_free
 
 # The node commands' logger: its plan notes are the node's lines, not this module's.
 log = logging.getLogger("launcher.node")

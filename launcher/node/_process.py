@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.ports import HOST, port_is_free
 from fleetgen.redact import redact_argv
 from launcher.child import ChildProcess
 from launcher.errors import PortBusyError
-from launcher.ports import HOST, port_is_free
 
 MARKER = "[launcher]"  # starts the line spawn() writes before each start
 

@@ -12,7 +12,7 @@ for one machine, the tests, the demo and benchmarks (`python -m launcher redis|s
     with RedisServer(data_dir=tmp / "redis") as redis_server, S3Server(data_dir=tmp / "s3") as s3:
         broker_url, aws_env = redis_server.url, s3.env()
 
-Ports (HOST, free_port, port_is_free) are launcher.ports: node supervision checks its ports
+Ports (HOST, free_port, port_is_free) are fleetgen.ports: node supervision checks its ports
 without loading this package.
 """
 

@@ -32,10 +32,10 @@ from pathlib import Path
 from types import FrameType
 
 from fleetgen.commandline import CommandParser
+from fleetgen.ports import HOST, ephemeral_text, in_ephemeral_range
 from fleetgen.redact import redact
 from fleetgen.settings import SettingsError
 from launcher.errors import LauncherError, PortBusyError
-from launcher.ports import HOST, ephemeral_text, in_ephemeral_range
 from launcher.services._redis import RedisServer
 from launcher.services._s3 import S3Ports, S3Server
 

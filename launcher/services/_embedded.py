@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Self
 
 from fleetgen.poll import wait_until
+from fleetgen.ports import HOST, busy_reason, port_is_free
 from launcher.child import ChildProcess
 from launcher.errors import LauncherError, PortBusyError
-from launcher.ports import HOST, busy_reason, port_is_free
 from launcher.services._credentials import private_dir
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from fleetgen.ports import free_port
 from fleetgen.settings import EMBEDDED_REDIS_PORT_FILE
-from launcher.ports import free_port
 from launcher.services._credentials import new_secret, read_or_create, write_private
 from launcher.services._embedded import BinaryNotFoundError, EmbeddedServer
 

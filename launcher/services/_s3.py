@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetgen.ports import port_is_free
 from launcher.errors import PortBusyError
-from launcher.ports import port_is_free
 from launcher.services._credentials import new_secret, read_or_create, write_private
 from launcher.services._embedded import BinaryNotFoundError, EmbeddedServer, ServiceError
 from launcher.services._localca import NodeCertificate, issue_node_certificate

@@ -35,7 +35,7 @@ a backend that does not answer it starts dead.
 
 Process: as the simulator's (launcher/sim/server.py). It logs uvicorn's ready line,
 `Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)`, with the real port when --port
-is 0; the tests' helpers pick a free port themselves (`launcher.ports.free_port`), pass it as
+is 0; the tests' helpers pick a free port themselves (`fleetgen.ports.free_port`), pass it as
 --port and wait until `/health` is 200. SIGTERM or SIGINT stops taking connections, lets the
 requests in flight finish for up to DRAIN_S seconds, drops the rest and exits 0. A taken
 --port is one line on stderr and exit 3, a bad flag argparse's usage and exit 2. In a test

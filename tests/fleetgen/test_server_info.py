@@ -18,9 +18,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.readings import read_server
 from fleetgen.servers import fetch_server_info, server_capacity
-from launcher.ports import free_port
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 
 # A /get_server_info body of an SGLang from before `/server_info` (before 2025-11): no

@@ -55,8 +55,8 @@ import httpx
 import orjson
 
 from fleetgen.ledger import Ledger
+from fleetgen.ports import free_port
 from fleetgen.settings import Settings
-from launcher.ports import free_port
 from launcher.services import RedisServer
 from tests.engine_model import TEMPERATURE, TOP_P
 from tests.perf.analysis import Requests

@@ -25,8 +25,8 @@ import httpx
 from fleetgen import keys
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.settings import Settings
-from launcher.ports import free_port
 from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, ROOT, Proc, python_stacks
 
 _DEFAULTS = Settings()

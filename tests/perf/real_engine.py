@@ -64,8 +64,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
+from fleetgen.ports import free_port, port_is_free
 from launcher.child import ChildProcess
-from launcher.ports import free_port, port_is_free
 from tests.engine_model import (
     CORPUS_LINES,
     SERVE,

@@ -33,9 +33,9 @@ from fleetgen.fleet import (
 from fleetgen.jobview import job_status
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.readings import ServerReading
 from fleetgen.records import written_counts
-from launcher.ports import free_port
 from producer.cli import main
 from producer.status import render, render_fleet
 from tests.job_figures import (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,9 @@ import orjson
 import pytest
 
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port, port_is_free
 from launcher import cli as launcher_cli
 from launcher.demo import DemoPorts
-from launcher.ports import free_port, port_is_free
 from tests.stack import (
     CELERY,
     FAST_WORKER_ENV,
@@ -128,6 +129,22 @@ def test_flower_loads_fleetgens_settings_from_the_package_in_any_folder(
     assert "refusing to listen on '0.0.0.0' without a login" in out
 
 
+def test_flower_on_a_taken_port_names_its_holder_and_the_flag_in_one_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWER_", "CELERY_"))}
+    env.update(REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run([CELERY, "-A", "workers", "flower", f"--port={port}"], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=60, check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Traceback" not in out and "Errno 98" not in out, out
+    assert f"flower: port {port} is in use by pid {os.getpid()} (" in out
+    assert f"--port={port + 1}" in out
 # --- ports -----------------------------------------------------------------------------
 
 

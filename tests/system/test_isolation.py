@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from fleetgen.ports import HOST, free_port, port_is_free
 from fleetgen.redisconn import endpoints
 from fleetgen.settings import EMBEDDED_REDIS_URL, Settings
-from launcher.ports import HOST, free_port, port_is_free
 from launcher.services import RedisServer
 from tests.conftest import unavailable
 from tests.isolation import Guard, shell_ports

@@ -49,7 +49,7 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
     # (the launcher gives each worker its metrics port), and the one wait on a condition.
     shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact",
               "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys",
-              "fleetgen.poll"}
+              "fleetgen.poll", "fleetgen.ports"}
     for module in ("launcher.node", "launcher.logs"):
         loaded = {m for m in _loaded_by(module) if not m.startswith("fleetgen.servers._")}
         assert loaded <= shared, module

@@ -42,6 +42,7 @@ from fleetgen.jobview import Canary
 from fleetgen.keys import METRICS_BASE_PORT
 from fleetgen.ledger import EndVerdict
 from fleetgen.poll import wait_until
+from fleetgen.ports import port_is_free
 from fleetgen.settings import Settings, SettingsError
 from launcher import demo
 from launcher.demo import DemoPorts
@@ -49,7 +50,6 @@ from launcher.errors import PortBusyError
 from launcher.node import main as node_main
 from launcher.node._args import NEWEST_SGLANG, Profile, sglang_version
 from launcher.node._plan import NodePlan, check_ports
-from launcher.ports import port_is_free
 from launcher.services import RedisServer
 from producer import report
 from producer.inputs import read_prompts

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from fleetgen.poll import wait_until
-from launcher.ports import free_port
+from fleetgen.ports import free_port
 from launcher.services import S3Server
 from tests.conftest import unavailable
 from tests.engine_model import serve_argv, serve_env

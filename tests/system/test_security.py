@@ -37,10 +37,10 @@ from fleetgen import keys
 from fleetgen.fleet import ServerHealth, WorkerEntry
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.readings import ServerReading
 from fleetgen.redact import redact, redact_argv
 from fleetgen.settings import Settings, SettingsError
-from launcher.ports import free_port
 from launcher.services import ACL_FILE, RedisServer, S3Server
 from tests.launcher.services.test_services import listening
 from tests.stack import CELERY, PYTHON, ROOT, Proc, Stack, chat_rows, wait_job_done, write_jsonl

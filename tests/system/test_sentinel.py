@@ -23,8 +23,8 @@ from fleetgen import keys, redisconn
 from fleetgen.jobview import job_status
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.settings import Settings, with_password
-from launcher.ports import free_port
 from launcher.services import RedisServer, S3Server
 from tests.stack import Proc, Stack, chat_rows, start_flower, wait_healthy, write_jsonl
 

@@ -12,7 +12,7 @@ import pytest
 
 from fleetgen import redisconn
 from fleetgen.poll import wait_until
-from launcher.ports import free_port
+from fleetgen.ports import free_port
 from tests.stack import CELERY, FAST_WORKER_ENV, PYTHON, Proc, Stack, chat_rows, write_jsonl
 
 EXIT_CONFIG = 78

@@ -18,7 +18,7 @@ import pytest
 
 from fleetgen.fleet import WorkerEntry, registry
 from fleetgen.ledger import Ledger
-from launcher.ports import free_port
+from fleetgen.ports import free_port
 from tests.sim_helpers import wait_until
 from tests.stack import PYTHON, Proc, Stack, chat_rows
 from tests.system.test_flow_control import QUICK, done_clean, enqueue

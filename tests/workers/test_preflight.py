@@ -26,8 +26,8 @@ from fleetgen.errors import SinkUnusableError
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from fleetgen.sink import LocalSink
-from launcher.ports import free_port
 from producer.status import render
 from tests.stack import CELERY, FAST_WORKER_ENV, Proc, Stack, chat_rows, queue_depth, write_jsonl
 from workers.preflight import SinkChecks

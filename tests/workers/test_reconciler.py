@@ -162,7 +162,7 @@ def test_a_job_that_is_not_running_is_left_alone(ledger: Ledger, reconciler: Rec
 
 def test_a_redis_outage_is_one_line_when_it_goes_and_one_when_it_is_back(
         celery_app: Any, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    from launcher.ports import free_port
+    from fleetgen.ports import free_port
 
     settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", reconcile_interval_s=0.02)
     rec = Reconciler(celery_app, settings, "test")

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from fleetgen.poll import wait_until
+from fleetgen.ports import port_is_free
 from launcher.node._commands import EXIT_FAILED
 from launcher.node._plan import (
     DEFAULT_BASE_PORT,
@@ -33,7 +34,6 @@ from launcher.node._plan import (
     NCCL_OFFSET,
 )
 from launcher.node._rundir import pid_alive, read_state
-from launcher.ports import port_is_free
 
 pytestmark = pytest.mark.e2e
 

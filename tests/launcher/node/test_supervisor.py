@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from fleetgen.ports import ephemeral_range, port_is_free
 from fleetgen.servers import ServerInfo, parse_server_info
 from launcher.node._args import (
     Profile,
@@ -44,7 +45,6 @@ from launcher.node._process import LaunchSpec
 from launcher.node._rundir import REQUEST_FILE, NodeState, Rejected, RestartRequest, write_atomic
 from launcher.node._supervisor import Child, Order, OrderError, Policy, Slot, Supervisor
 from launcher.node._watch import LogFollower, limits_reading
-from launcher.ports import ephemeral_range, port_is_free
 from launcher.sim import info as sim_info
 from launcher.sim.config import SimConfig
 from launcher.sim.simulator import Simulator

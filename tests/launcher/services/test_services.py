@@ -23,9 +23,9 @@ import redis
 from botocore.exceptions import ClientError
 
 from fleetgen.poll import wait_until
+from fleetgen.ports import free_port
 from launcher import services
 from launcher.errors import PortBusyError
-from launcher.ports import free_port
 from launcher.services import (
     BinaryNotFoundError,
     RedisServer,

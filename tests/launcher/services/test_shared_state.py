@@ -17,10 +17,10 @@ import redis
 
 import fleetgen.settings
 from fleetgen.poll import wait_until
+from fleetgen.ports import busy_reason, ephemeral_range, free_port, port_is_free
 from fleetgen.settings import Settings
 from launcher.demo import DemoPorts, stack_failure
 from launcher.errors import PortBusyError
-from launcher.ports import busy_reason, ephemeral_range, free_port, port_is_free
 from launcher.services import (
     DataDirBusyError,
     RedisServer,

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgen.ports import free_port
 from launcher.child import ChildProcess
-from launcher.ports import free_port
 from launcher.sim.router import RouterConfig, main, serve_in_thread
 from tests.sim_helpers import (
     REPO,

@@ -1,6 +1,5 @@
-"""TCP ports on this machine, for every part of the launcher: the loopback address its servers
-listen on by default, a port nothing listens on, whether a server could bind a port, and why it
-could not.
+"""TCP ports on this machine: the loopback address fleetgen's servers listen on by default, a
+port nothing listens on, whether a server could bind a port, and why it could not.
 
 A port can be taken two ways. A server listens on it: `port_holder` names that process, found
 as `ss -ltnp` finds it (psutil's net_connections: the listening socket, and the process that
@@ -9,8 +8,8 @@ outgoing connection, or one in TIME-WAIT): the kernel hands those local ports ou
 ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), so a server port inside that range is
 taken at random, by no process a user could stop. `busy_reason` says which.
 
-Shared like launcher/child.py and launcher/errors.py: node supervision checks its servers' ports
-with it without loading the embedded services (launcher.services), which load the settings.
+In the domain because every process that listens needs it: the launcher for its servers and
+the node's, and Flower's configuration (workers/flowerconfig.py) for its own port.
 """
 
 from __future__ import annotations
