@@ -62,10 +62,15 @@ def backoff(initial_s: float, max_s: float) -> wait_base:
     return wait_random_exponential(multiplier=initial_s, max=max_s)
 
 
-def backoff_delay(n: int, initial_s: float, max_s: float) -> float:
+def backoff_delay(
+    n: int, initial_s: float, max_s: float,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
     """The policy's wait before try n+1, for waits no tenacity loop drives (the worker's
-    overload and probe waits): the same draw as `backoff`."""
-    return random.uniform(0.0, min(max_s, initial_s * 2 ** max(0, n - 1)))
+    overload and probe waits, the node supervisor's restarts): the same draw as `backoff`.
+    `uniform` is the random source; a test passes its own to replay a history."""
+    # The exponent's cap keeps a long count from overflowing a float; the wait is capped anyway.
+    return uniform(0.0, min(max_s, initial_s * 2.0 ** min(max(0, n - 1), 64)))
 
 
 def _said(what: str, outage: str) -> Callable[[RetryCallState], None]:

@@ -120,7 +120,8 @@ def up_parser() -> CommandParser:
     p.add_argument("--ready-timeout", type=float, default=policy.ready_timeout_s,
                    help="seconds a server may take to answer /health after its start")
     p.add_argument("--backoff", type=float, default=policy.backoff_initial_s,
-                   help="first restart delay in s, doubled per recent crash")
+                   help="longest first restart delay in s (a random wait up to it), doubled per "
+                        "recent crash")
     p.add_argument("--max-crashes", type=int, default=policy.crash_loop_count,
                    help="crashes within --crash-window that stop a GPU")
     p.add_argument("--crash-window", type=float, default=policy.crash_loop_window_s / 60,

@@ -17,7 +17,8 @@ Rules (docs/guides/gpu-nodes.md#supervision-rules):
 
 Per GPU the supervisor keeps a `Slot`: its server and optional worker, each a `Child` across
 its restarts. `Policy` holds the timings and limits; a restart request becomes an `Order`.
-Clock, process factory and probe are parameters, so tests replay scripted histories.
+Clock, process factory, probe and the backoff's random source are parameters, so tests replay
+scripted histories.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import random
 import signal
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 
 from fleetgen.keys import RESTART_SIGNAL
 from fleetgen.redact import redact_argv
+from fleetgen.retry import backoff_delay
 from launcher.child import ChildLike, stop_process_async
 from launcher.errors import LauncherError
 from launcher.node._clock import Clock, SystemClock
@@ -84,10 +87,12 @@ class Policy:
         if self.crash_loop_count < 1 or self.poll_s <= 0:
             raise ValueError("crash_loop_count must be >= 1 and poll_s > 0")
 
-    def backoff(self, recent_crashes: int) -> float:
-        """Delay before the next start: initial, doubled per recent crash, capped."""
-        exponent = max(recent_crashes - 1, 0)
-        return min(self.backoff_initial_s * 2.0**min(exponent, 30), self.backoff_max_s)
+    def backoff(self, recent_crashes: int,
+                uniform: Callable[[float, float], float] = random.uniform) -> float:
+        """Delay before the next start: the project's one backoff (fleetgen/retry.py), a random
+        wait up to the initial delay doubled per recent crash, capped; servers that died
+        together do not start again in lockstep. `uniform` is the random source."""
+        return backoff_delay(recent_crashes, self.backoff_initial_s, self.backoff_max_s, uniform)
 
 
 @dataclass
@@ -178,9 +183,10 @@ class Supervisor:
         publish: Callable[[NodeState], None] = lambda snapshot: None,
         load_order: Callable[[], Order | None] = lambda: None,
         header: NodeState | None = None,
+        uniform: Callable[[float, float], float] = random.uniform,
     ) -> None:
         self.slots = {slot.gpu: slot for slot in slots}
-        self.policy, self.probe, self.spawn = policy, probe, spawn
+        self.policy, self.probe, self.spawn, self.uniform = policy, probe, spawn, uniform
         self.clock = clock or SystemClock()
         self.publish, self.load_order = publish, load_order
         self.header = header or NodeState()
@@ -330,9 +336,9 @@ class Supervisor:
                     continue
                 if self.stop.is_set() or reason is None:
                     continue
-                if self._crashed(child, reason):
-                    await self._idle(lambda: slot.order is not None,
-                                     self.policy.backoff(len(child.crashes)))
+                delay = self._crashed(child, reason)
+                if delay is not None:
+                    await self._idle(lambda: slot.order is not None, delay)
         finally:
             await self._stop_child(child)
 
@@ -437,8 +443,9 @@ class Supervisor:
                 reason = await self._worker_once(child)
                 if reason is None:  # the node stops
                     continue
-                if self._crashed(child, reason):
-                    await self._idle(lambda: False, self.policy.backoff(len(child.crashes)))
+                delay = self._crashed(child, reason)
+                if delay is not None:
+                    await self._idle(lambda: False, delay)
                     continue
                 # Stopped (a crash loop, bad arguments): a restart order for its GPU brings it
                 # back, with a fresh crash history, once its server is ready again (not while
@@ -487,8 +494,9 @@ class Supervisor:
                  child.starts, " ".join(redact_argv(child.spec.argv)))
         return child.proc
 
-    def _crashed(self, child: Child, reason: str) -> bool:
-        """Record a crash; False when the child is now stopped (crash loop or bad arguments)."""
+    def _crashed(self, child: Child, reason: str) -> float | None:
+        """Record a crash; the wait before its restart (the one logged), or None when the child
+        is now stopped (crash loop or bad arguments)."""
         now = self.clock.now()
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > self.policy.crash_loop_window_s:
@@ -500,13 +508,13 @@ class Supervisor:
         elif "(bad arguments)" in reason:
             reason = f"{reason}; fix the arguments, then `launcher restart`"
         else:
-            delay = self.policy.backoff(n)
+            delay = self.policy.backoff(n, self.uniform)
             self._set(child, "restarting", reason)
             log.warning("%s: %s; restart %d in %.1f s", child.spec.name, reason, n, delay)
-            return True
+            return delay
         self._set(child, "stopped", reason)
         log.error("%s: stopped: %s", child.spec.name, reason)
-        return False
+        return None
 
     async def _idle(self, until: Callable[[], bool], seconds: float | None = None) -> None:
         """Wait until `until()`, stop, or `seconds` passed (forever when None)."""

@@ -247,8 +247,14 @@ def spec(tmp_path: Path, gpu: int = 0, args: Sequence[str] = ()) -> LaunchSpec:
                       30000 + gpu)
 
 
+def longest(low: float, high: float) -> float:
+    """The backoff's random source for replayed histories: always the longest wait it allows."""
+    return high
+
+
 def make(tmp_path: Path, scripts: Mapping[str, Sequence[Script]], gpus: int = 1,
-         workers: bool = False, **policy: Any) -> tuple[Supervisor, World, History, FakeClock]:
+         workers: bool = False, uniform: Callable[[float, float], float] = longest,
+         **policy: Any) -> tuple[Supervisor, World, History, FakeClock]:
     clock = FakeClock()
     world, history = World(clock, scripts), History(clock)
     slots = []
@@ -257,7 +263,7 @@ def make(tmp_path: Path, scripts: Mapping[str, Sequence[Script]], gpus: int = 1,
         worker = LaunchSpec(f"worker{g}", ("celery",), {}, tmp_path / f"worker{g}.log")
         slots.append(Slot(g, Child(server), Child(worker) if workers else None))
     supervisor = Supervisor(slots, Policy(**policy), probe=world, spawn=world.spawn,
-                            clock=clock, publish=history)
+                            clock=clock, publish=history, uniform=uniform)
     return supervisor, world, history, clock
 
 
@@ -304,6 +310,34 @@ def test_backoff_doubles_with_each_recent_crash(tmp_path: Path) -> None:
     starts = [p.started for p in world.of("gpu0")]
     gaps = [later - earlier - 0.1 for earlier, later in itertools.pairwise(starts)]
     assert [round(g) for g in gaps] == [1, 2, 4]
+
+
+def test_a_restart_waits_the_random_draw_up_to_the_doubled_backoff(tmp_path: Path) -> None:
+    bounds: list[float] = []
+
+    def half(low: float, high: float) -> float:
+        bounds.append(high)
+        return (low + high) / 2
+
+    dies = Script(ready_after=None, exit_after=0.1)
+    sup, world, _, clock = make(tmp_path, {"gpu0": [dies]}, uniform=half, backoff_initial_s=1,
+                                crash_loop_count=5)
+
+    run_until(sup, clock, lambda: len(world.of("gpu0")) == 4)
+
+    starts = [p.started for p in world.of("gpu0")]
+    gaps = [later - earlier - 0.1 for earlier, later in itertools.pairwise(starts)]
+    assert bounds[:3] == [1, 2, 4]
+    drawn = [0.5, 1.0, 2.0]  # what `half` returned: the waits, give or take the poll
+    assert all(d <= g <= d + 2 * sup.policy.poll_s for g, d in zip(gaps, drawn, strict=True))
+
+
+def test_the_restart_backoff_is_jittered_and_capped() -> None:
+    policy = Policy(backoff_initial_s=1, backoff_max_s=60)
+    third = [policy.backoff(3) for _ in range(200)]
+    assert all(0 <= wait <= 4 for wait in third)
+    assert len(set(third)) > 1  # GPUs that crashed together do not restart in lockstep
+    assert all(0 <= policy.backoff(n) <= 60 for n in (7, 40, 5000))
 
 
 def test_crash_loop_stops_the_gpu_with_the_reason(tmp_path: Path) -> None:
