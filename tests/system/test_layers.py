@@ -1,7 +1,8 @@
 """The packages keep one direction of use, and the launcher's parts load only what they need.
 
 The rules are import-linter contracts in pyproject.toml ([tool.importlinter]); a broken one
-fails here with lint-imports' report, which names the rule and the import that breaks it.
+fails here with lint-imports' report, which names the rule and the import that breaks it (that
+test is marked `checks`; the others are what importing a part loads or says, unmarked).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # Building the Celery app reads the settings from the environment; a malformed REDIS_URL
 # makes any import that builds it fail loudly.
 BAD_ENV = {**os.environ, "REDIS_URL": "garbage"}
 
 
+@pytest.mark.checks
 def test_every_import_contract_in_pyproject_is_kept() -> None:
     lint_imports = Path(sys.executable).with_name("lint-imports")
     done = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True,
@@ -46,10 +50,11 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
     # environment: the command-line style, the one function that masks secrets, the error
     # types, the one reader of a server's info and /metrics (advise samples servers through
     # it), the server kinds whose gauges that reader knows, the names of queues and ports
-    # (the launcher gives each worker its metrics port), and the one wait on a condition.
+    # (the launcher gives each worker its metrics port), the one wait on a condition, and the
+    # one backoff policy (the supervisor's restarts).
     shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact",
               "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys",
-              "fleetgen.poll", "fleetgen.ports"}
+              "fleetgen.poll", "fleetgen.ports", "fleetgen.retry"}
     for module in ("launcher.node", "launcher.logs"):
         loaded = {m for m in _loaded_by(module) if not m.startswith("fleetgen.servers._")}
         assert loaded <= shared, module
