@@ -1,6 +1,7 @@
 """The docs build, say what the code does, and stay inside the repository.
 
-- `mkdocs build --strict` of docs/ (a broken link or anchor fails);
+- `mkdocs build --strict` of docs/ (a broken link or anchor fails; the tests that build the
+  site are marked `checks`, the rest read files and code and are not);
 - every flag of `python -m producer` and `python -m launcher` (read from their argparse
   parsers) has a table row in its command's section of docs/reference/cli.md; the
   simulator's flags are checked against its own page by tests/launcher/sim/test_config.py;
@@ -108,11 +109,13 @@ def html_of(site: Path, doc: str) -> Path:
     return site / stem / "index.html"
 
 
+@pytest.mark.checks
 def test_the_docs_build_with_mkdocs_strict(site: Path) -> None:
     assert html_of(site, "index.md").is_file()
     assert html_of(site, "reference/sglang.md").is_file()
 
 
+@pytest.mark.checks
 def test_the_changelog_page_shows_the_changelog(site: Path) -> None:
     first_entry = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines()
                        if line.startswith("- "))
