@@ -13,7 +13,9 @@ Everything it raises on purpose has one root:
 """
 
 from launcher.sim.config import ConfigError, SimConfig
+from launcher.sim.embeddings import embedding_of
 from launcher.sim.errors import SimError
 from launcher.sim.server import SimStartupError, run, serve_in_thread
 
-__all__ = ["ConfigError", "SimConfig", "SimError", "SimStartupError", "run", "serve_in_thread"]
+__all__ = ["ConfigError", "SimConfig", "SimError", "SimStartupError", "embedding_of", "run",
+           "serve_in_thread"]

@@ -2,7 +2,7 @@
 
 As in docs/reference/sglang.md#endpoints. With --flavor vllm the routes are vLLM 0.11.0's
 OpenAI server's (`/health`, `/ping`, `/version`, `/v1/models`, `/v1/chat/completions`,
-`/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
+`/v1/completions`, `/v1/embeddings`, `/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
 `/v1/chat/completions`); any other path is FastAPI's 404 (docs/development/simulator.md).
 Every flavour also has the simulator's own `/sim/misbehave` (POST to change, GET to read) and
 `GET /sim/stats` (stress.py), behind --api-key like the engine's routes.
@@ -26,6 +26,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.sim import info, protocol, stress
 from launcher.sim.chat import JSON, chat_completions
+from launcher.sim.completions import completions
+from launcher.sim.embeddings import embeddings
 from launcher.sim.generate import generate
 from launcher.sim.metrics import CONTENT_TYPE
 from launcher.sim.protocol import RequestError
@@ -178,7 +180,8 @@ def _add_sglang_routes(app: FastAPI, sim: Simulator) -> None:
 
 
 class FastPath:
-    """Serves the two generation routes straight from ASGI, everything else via FastAPI.
+    """Serves the generation and embedding routes straight from ASGI, everything else via
+    FastAPI.
 
     FastAPI's per-request machinery (dependency solving, query and cookie parsing, route
     scanning) costs about as much as a whole simulated short request; skipping it for the
@@ -189,6 +192,9 @@ class FastPath:
         self.app = app
         self.routes: dict[tuple[str, str], Callable[[Simulator, Request], Awaitable[Response]]]
         self.routes = {("POST", "/v1/chat/completions"): chat_completions}
+        if sim.cfg.flavor != "strict":  # both engines register both routes in either mode
+            self.routes |= {("POST", "/v1/completions"): completions,
+                            ("POST", "/v1/embeddings"): embeddings}
         if sim.cfg.flavor == "sglang":
             self.routes |= {("POST", "/generate"): generate, ("PUT", "/generate"): generate}
         self.sim = sim

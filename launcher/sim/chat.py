@@ -14,6 +14,8 @@ of its own in the scheduler (so n of them count as n running requests), with its
 drawn from the request's seed plus its index; the body holds the n choices by index and one
 `usage`, the prompt counted once and the completion tokens summed. A streamed request, and
 the strict flavour (transformers serve), answer one choice whatever `n` says.
+
+An embedding server (--is-embedding) answers its engine's refusal (protocol.wrong_mode).
 """
 
 from __future__ import annotations
@@ -85,17 +87,18 @@ def _tools(req: ChatRequest) -> tuple[tuple[dict[str, Any], ...], Any]:
     return tools, choice
 
 
-def _check_model(sim: Simulator, req: ChatRequest) -> None:
-    """SGLang echoes any model name; vLLM answers 404 and the pinned strict server 400."""
+def check_model(sim: Simulator, model: str | None, given: bool) -> None:
+    """SGLang echoes any model name; vLLM answers 404 and the pinned strict server 400
+    (`given`: the request named a model)."""
     cfg = sim.cfg
-    if cfg.flavor == "sglang" or "model" not in req.model_fields_set:
+    if cfg.flavor == "sglang" or not given:
         return
-    if cfg.flavor == "vllm" and req.model != cfg.served_name:
-        raise flavor_error("vllm", 404, f"The model `{req.model}` does not exist.",
+    if cfg.flavor == "vllm" and model != cfg.served_name:
+        raise flavor_error("vllm", 404, f"The model `{model}` does not exist.",
                            "NotFoundError")
-    if cfg.flavor == "strict" and req.model != cfg.served_name:
+    if cfg.flavor == "strict" and model != cfg.served_name:
         raise flavor_error("strict", 400, f"Server is pinned to '{cfg.served_name}'; "
-                           f"requested '{req.model}'.", "BadRequestError")
+                           f"requested '{model}'.", "BadRequestError")
 
 
 def _check_context(sim: Simulator, req: ChatRequest, prompt_tokens: int,
@@ -145,7 +148,7 @@ def _view(sim: Simulator, req: ChatRequest, rid: str, model: str, prompt_tokens:
 def prepare(sim: Simulator, req: ChatRequest) -> ChatJob:
     """Validate like SGLang's serving_chat + tokenizer manager, then plan and queue."""
     cfg, flavor = sim.cfg, sim.cfg.flavor
-    _check_model(sim, req)
+    check_model(sim, req.model, "model" in req.model_fields_set)
     if flavor == "strict":  # transformers serve ignores these (UNUSED_CHAT_COMPLETION_FIELDS)
         req = req.model_copy(update={"tool_choice": "auto", "stream_options": None})
     if not req.messages:
@@ -216,6 +219,8 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
     try:
         req = protocol.parse_chat(request.headers.get("content-type"), await request.body(),
                                   sim.cfg.flavor)
+        if sim.cfg.is_embedding:
+            raise protocol.wrong_mode(sim.cfg.flavor, "chat")
         job = prepare(sim, req)
         if req.stream:
             return await _open_stream(sim, job, request)

@@ -202,6 +202,19 @@ class SimConfig:
                        choices=FLAVORS)
     abort_rate: float = _opt(0.0, "share of chat requests that end early with finish_reason "
                              "abort (HTTP 200, partial output)", type=float)
+    # Embedding mode: SGLang's --is-embedding; vLLM's `--runner pooling` sets the same field.
+    is_embedding: bool = _opt(False, "serve an embedding model: /v1/embeddings answers, the "
+                              "generation routes answer the engine's error (--flavor vllm: "
+                              "`--runner pooling`)", action="store_true")
+    # 1024: Qwen3-Embedding-0.6B's hidden size
+    embedding_dim: int = _opt(1024, "length of an embedding vector (the model's hidden size)",
+                              type=int, metavar="N")
+    matryoshka: bool = _opt(False, "the embedding model supports `dimensions` (Matryoshka); "
+                            "without it a request with `dimensions` is the engine's 400",
+                            action="store_true")
+    embedding_tps: float = _opt(100000.0, "prompt tokens/s of an embedding forward (all the "
+                                "sequences admitted together run as one forward)", type=float)
+    embedding_step_ms: float = _opt(4.0, "fixed cost of one embedding forward", type=float)
     vllm_version: str = _opt("0.11.0", "the `version` /version reports (--flavor vllm)")
     # vLLM 0.11.0 names it reasoning_content; later releases renamed it reasoning (PR 27752)
     vllm_reasoning_field: str = _opt(
@@ -211,7 +224,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         positive = {"speed": self.speed, "decode_tps": self.decode_tps,
                     "prefill_tps": self.prefill_tps, "mean_output_tokens": self.mean_output_tokens,
-                    "step_ms": self.step_ms}
+                    "step_ms": self.step_ms, "embedding_tps": self.embedding_tps,
+                    "embedding_dim": self.embedding_dim}
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -220,6 +234,10 @@ class SimConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1]")
         if self.max_tool_turns < 0:
             raise ConfigError(f"--max-tool-turns must be >= 0, got {self.max_tool_turns}")
+        if self.embedding_step_ms < 0:
+            raise ConfigError("--embedding-step-ms must be >= 0")
+        if self.is_embedding and self.flavor == "strict":
+            raise ConfigError("--is-embedding: the strict flavour has no /v1/embeddings")
         if self.step_ms_per_request < 0:
             raise ConfigError("--step-ms-per-request must be >= 0")
         if self.decode_log_interval < 1:
@@ -291,6 +309,13 @@ class SimConfig:
         step_s = (self.step_ms + self.step_ms_per_request * max(1, running)) / 1000.0
         return per_step / step_s * self.speed
 
+    def embedding_forward_s(self, tokens: int) -> float:
+        """Seconds of one embedding forward over `tokens` prompt tokens (speed applied): a
+        fixed step plus the tokens at --embedding-tps; prefill only, nothing is decoded."""
+        if self.instant:
+            return 0.0
+        return (self.embedding_step_ms / 1000.0 + tokens / self.embedding_tps) / self.speed
+
     @property
     def queued_cap(self) -> int | None:
         """Requests that may wait beyond the running ones (None: no limit). A server that
@@ -322,6 +347,13 @@ class SimConfig:
             if values["flavor"] != "vllm":  # SGLang has no such flag: it exits 2 on it
                 parser.error("unrecognized arguments: --max-num-seqs (only with --flavor vllm)")
             values["max_running_requests"] = ns.max_num_seqs
+        if ns.runner is not None:
+            if values["flavor"] != "vllm":  # vLLM's flag; SGLang exits 2 on it
+                parser.error("unrecognized arguments: --runner (only with --flavor vllm)")
+            values["is_embedding"] = ns.runner == "pooling"
+        elif values["is_embedding"] and values["flavor"] == "vllm":
+            parser.error("unrecognized arguments: --is-embedding (--flavor vllm: "
+                         "--runner pooling)")
         env = os.environ if environ is None else environ
         if not values["force_shutdown"]:
             values["force_shutdown"] = env.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true")
@@ -348,4 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no /metrics endpoint (404), as SGLang without --enable-metrics")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="vLLM's name of --max-running-requests (--flavor vllm only)")
+    parser.add_argument("--runner", choices=("auto", "generate", "pooling"), default=None,
+                        help="vLLM's model runner: pooling serves an embedding model, as "
+                        "--is-embedding does for SGLang (--flavor vllm only)")
     return parser

@@ -151,7 +151,7 @@ def model_info(sim: Simulator) -> ModelInfo:
     cfg = sim.cfg
     model_class, model_type = MODEL_CLASSES[cfg.model_arch]
     return {"model_path": cfg.model_path, "served_model_name": cfg.served_name,
-            "tokenizer_path": cfg.tokenizer_path or cfg.model_path, "is_generation": True,
+            "tokenizer_path": cfg.tokenizer_path or cfg.model_path, "is_generation": not cfg.is_embedding,
             "preferred_sampling_params": None, "weight_version": "default",
             "load_format": cfg.load_format, "reasoning_parser": cfg.reasoning_parser,
             "tool_call_parser": cfg.tool_call_parser, "disaggregation_mode": "null",

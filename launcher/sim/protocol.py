@@ -260,3 +260,104 @@ def parse_chat(content_type: str | None, body: bytes, flavor: str = "sglang") ->
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         raise validation_error(errors, flavor) from exc
+
+
+class CompletionRequest(BaseModel):
+    """The fields of `/v1/completions` (SGLang's and vLLM's CompletionRequest) that change
+    what the simulator does; unknown fields are ignored."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    model: str | None = "default"
+    echo: bool = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    rid: str | list[str] | None = None
+    request_id: str | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    """`/v1/embeddings`: `input` a string, a list of strings, a token-id list or a list of
+    them; `encoding_format` is checked by each engine in its own way (embeddings.py)."""
+
+    input: list[int] | list[list[int]] | str | list[str]
+    model: str | None = "default"
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    rid: str | list[str] | None = None
+    request_id: str | None = None
+
+
+def one_per_sequence(given: str | list[str] | list[int] | list[list[int]]
+                     ) -> list[str | list[int]]:
+    """A completion's `prompt` or an embedding's `input` as its sequences: each a text or
+    a token-id list (a flat id list is one sequence)."""
+    if isinstance(given, str):
+        return [given]
+    out: list[str | list[int]] = []
+    for item in given:
+        if isinstance(item, int):
+            return [[i for i in given if isinstance(i, int)]]
+        out.append(item)
+    return out
+
+
+def _parse(model: type[BaseModel], content_type: str | None, body: bytes, flavor: str) -> Any:
+    data = parse_json_body(content_type, body, check_media_type=True, flavor=flavor)
+    if flavor != "sglang" and isinstance(data, dict) and data.get("model", "") is None:
+        del data["model"]
+    try:
+        return model.model_validate(data, from_attributes=True)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise validation_error(errors, flavor) from exc
+
+
+def parse_completion(content_type: str | None, body: bytes, flavor: str) -> CompletionRequest:
+    """Validate a /v1/completions body as `flavor`'s server does."""
+    req: CompletionRequest = _parse(CompletionRequest, content_type, body, flavor)
+    return req
+
+
+def parse_embedding(content_type: str | None, body: bytes, flavor: str) -> EmbeddingRequest:
+    """Validate a /v1/embeddings body as `flavor`'s server does."""
+    req: EmbeddingRequest = _parse(EmbeddingRequest, content_type, body, flavor)
+    if flavor == "vllm" and req.encoding_format not in ("float", "base64"):
+        # vLLM's field is Literal["float", "base64"]: pydantic's literal_error
+        raise validation_error([{
+            "type": "literal_error", "loc": ("body", "encoding_format"),
+            "msg": "Input should be 'float' or 'base64'", "input": req.encoding_format,
+            "ctx": {"expected": "'float' or 'base64'"}}], flavor)
+    return req
+
+
+# The API each vLLM route serves, as its "does not support" message names it.
+VLLM_APIS = {"chat": "Chat Completions API", "completions": "Completions API",
+             "embeddings": "Embeddings API"}
+
+
+def wrong_mode(flavor: str, route: str) -> RequestError:
+    """What a server answers on a route its mode does not serve (route: chat, completions,
+    embeddings).
+
+    vLLM registers every route and answers `The model does not support <API>` with status
+    200 (its handler returns the ErrorResponse model itself, which FastAPI sends as a 200).
+    SGLang's generation server refuses embeddings in its tokenizer manager (400); its
+    embedding server has no such check and the generation handlers fail on the embedding
+    output with a KeyError, which serving_base answers as a 500.
+    """
+    if flavor == "vllm":
+        err = flavor_error("vllm", 400, f"The model does not support {VLLM_APIS[route]}",
+                           "BadRequestError")
+        return RequestError(200, err.body)
+    if route == "embeddings":
+        return bad_request("This model does not appear to be an embedding model by default. "
+                           "Please add `--is-embedding` when launching the server or try "
+                           "another model.")
+    return flavor_error(flavor, 500, "Internal server error: 'text'", "InternalServerError")

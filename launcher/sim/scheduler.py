@@ -13,6 +13,12 @@ exact, and it keeps one timer per request instead of re-timing the batch on ever
 
 Admission also needs room in the KV pool for the prompt plus the planned output (a request
 is always admitted into an empty batch); the simulator never retracts a running request.
+
+An embedding server (--is-embedding) decodes nothing: the sequences admitted together run as
+one forward of their summed prompt tokens (SimConfig.embedding_forward_s), and forwards run
+one after another. Sequences that arrive while a forward runs wait for its end and make the
+next one together, as continuous batching of prefill-only requests does; each sequence holds
+a running slot until its forward ends.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ class Scheduler:
         self._tick: asyncio.TimerHandle | None = None
         self._last_tick = (0.0, 0)
         self._last_prefill = 0.0
+        self._forward_until = 0.0  # embedding mode: loop time the running forward ends
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the serving loop and start the Decode-line ticker."""
@@ -183,6 +190,9 @@ class Scheduler:
     def _admit(self) -> None:
         self._admit_pending = False
         now = self.loop.time()
+        if self.cfg.is_embedding:
+            self._admit_forward(now)
+            return
         batch: list[SimRequest] = []
         while self.waiting and len(self.running) < self.cap and self._fits(self.waiting[0]):
             req = self.waiting.popleft()
@@ -203,6 +213,37 @@ class Scheduler:
         if batch:
             self.peak_running = max(self.peak_running, len(self.running))
             self._log_prefill(batch, now)
+
+    def _admit_forward(self, now: float) -> None:
+        """Embedding mode: start the next forward with every waiter that fits, once the
+        GPU is free."""
+        if now < self._forward_until:
+            self._admit_pending = True
+            self.loop.call_at(self._forward_until, self._admit)
+            return
+        # the forward that just ended, in case its timers have not run yet
+        for req in [r for r in self.running if r.finish_at <= now]:
+            self._finish(req)
+        self._admit_pending = False
+        batch: list[SimRequest] = []
+        start = now
+        while self.waiting and len(self.running) < self.cap:
+            req = self.waiting.popleft()
+            heapq.heappop(self._free_since)
+            self.running.add(req)
+            self.reserved_tokens += req.input_tokens
+            batch.append(req)
+        if not batch:
+            return
+        end = start + self.cfg.embedding_forward_s(sum(r.input_tokens for r in batch))
+        self._forward_until = end
+        for req in batch:
+            req.admitted_at, req.decode_start, req.finish_at = start, end, end
+            if req.admitted is not None:
+                req.admitted.set_result(None)
+            req.handle = self.loop.call_at(end, self._finish, req)
+        self.peak_running = max(self.peak_running, len(self.running))
+        self._log_prefill(batch, now)
 
     def _finish(self, req: SimRequest) -> None:
         req.completion_tokens = req.output_tokens
