@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from fleetgen.errors import JobError
-from fleetgen.ledger import QualityExample
 from fleetgen.records import OutputRecord, is_failure
+
+if TYPE_CHECKING:  # a job's manifest holds its Thresholds, and the ledger loads manifests
+    from fleetgen.ledger import QualityExample
 
 _DIGEST_CHARS = 300
 # Text normalized first; plain prose keeps ~85% of its characters when spacing is collapsed.
@@ -27,7 +30,13 @@ _DIGEST_HEAD = 400
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Shares of the recent window above which a job is paused (None turns a check off)."""
+    """Shares of the recent window above which a job is paused (None turns a check off).
+
+    A job's own, from `enqueue --canary`, travel in its manifest (`JobManifest.canary`) as
+    the object `to_dict` writes and `from_dict` reads back:
+
+        Thresholds.from_dict(Thresholds.parse("length=off").to_dict()).length is None
+    """
 
     min_completions: int = 200
     window: int = 200
@@ -59,6 +68,18 @@ class Thresholds:
                 except ValueError:
                     raise JobError(f"--canary: {name}={raw!r} is not a number") from None
         return cls(**{**asdict(base), **values})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The thresholds as the manifest's JSON keeps them: every field by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Thresholds:
+        """Thresholds from a manifest's JSON. Fields it lacks are the defaults (`{}`: a job
+        enqueued before thresholds were kept); one this version does not know is left out,
+        so an older worker still judges a newer job by the checks it has."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{name: value for name, value in raw.items() if name in known})
 
 
 def content_digest(content: str) -> str:
@@ -176,4 +197,6 @@ def evaluate(samples: list[Sample], t: Thresholds,
 
 
 def _examples(hits: list[Sample], count: int = 3) -> list[QualityExample]:
+    from fleetgen.ledger import QualityExample  # the ledger loads manifests, which hold Thresholds
+
     return [QualityExample(s.id, s.snippet, s.output_tokens, s.length) for s in hits[:count]]

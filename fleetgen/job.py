@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
+from fleetgen.canary import Thresholds
 from fleetgen.errors import JobError
 from fleetgen.keys import JOB_ENTRIES, JOB_NAME
 from fleetgen.rollouts import RolloutSpec
@@ -129,8 +130,9 @@ class JobManifest:
     queue: str
     params: GenerationParams
     rejected: int = 0
-    # Quality canary thresholds (fleetgen.canary.Thresholds as a dict); empty means defaults.
-    canary: dict[str, Any] = field(default_factory=dict)
+    # The quality canary's thresholds; in the JSON, Thresholds.to_dict's object (`{}` in a
+    # manifest written before they were kept: the defaults).
+    canary: Thresholds = field(default_factory=Thresholds)
     # How the job's end is cut into smaller batches (batch_sizes): 0 not at all or TAPER. A
     # job keeps its plan for life.
     taper: int = 0
@@ -175,6 +177,7 @@ class JobManifest:
         try:
             raw["input"] = InputInfo(**raw["input"])
             raw["params"] = GenerationParams(**raw["params"])
+            raw["canary"] = Thresholds.from_dict(raw.get("canary") or {})
             return cls(**raw)
         except (KeyError, TypeError) as exc:
             raise JobError(f"job manifest is not readable: {exc}") from exc

@@ -26,7 +26,6 @@ import orjson
 
 from fleetgen import keys
 from fleetgen.breaker import accepted_causes
-from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_holder
 from fleetgen.errors import UnknownJobError
 from fleetgen.fleet import FleetRow, TuningNote, WorkerEntry, read_fleet, registry, tuning
@@ -558,7 +557,7 @@ def _stalled(
 
 
 def _canary(ledger: Ledger, job: str, manifest: JobManifest) -> Canary:
-    thresholds = Thresholds(**manifest.canary) if manifest.canary else Thresholds()
+    thresholds = manifest.canary
     progress = ledger.guards.canary_progress(job)
     return Canary(enabled=thresholds.enabled, answers_seen=progress.seen,
                   min_completions=thresholds.min_completions,

@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
-from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 from urllib.parse import urlparse
@@ -352,7 +351,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         request = EnqueueRequest(
             path=source, job=args.job or PurePosixPath(args.input.rstrip("/")).stem,
             output=output, params=params, queue=args.queue, batch_size=args.batch_size,
-            skip_invalid=args.skip_invalid, canary=asdict(thresholds),
+            skip_invalid=args.skip_invalid, canary=thresholds,
             samples=args.samples, seed=args.seed, rollout=rollout,
         )
         # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with

@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import orjson
 from celery import Celery
 
 from fleetgen import broker, keys
+from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_lock
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
@@ -101,7 +101,7 @@ class EnqueueRequest:
     queue: str = keys.SHARED_QUEUE
     batch_size: int | None = None
     skip_invalid: bool = False
-    canary: dict[str, Any] = field(default_factory=dict)
+    canary: Thresholds = field(default_factory=Thresholds)
     input_name: str | None = None  # the input in errors and the manifest (default: path)
     samples: int | None = None  # answers per prompt whose line gives no n (default 1)
     seed: int | None = None  # the job's seed (default: drawn from its name)

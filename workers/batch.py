@@ -143,9 +143,7 @@ class BatchRunner:
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
         # Runs on the loop, where the canary reads its thresholds and held jobs.
-        spec = manifest.canary
-        self._quality.watch(job, canary.Thresholds(**spec) if spec else canary.Thresholds(),
-                            manifest.answers)
+        self._quality.watch(job, manifest.canary, manifest.answers)
         self._quality.hold(job, False)  # the job is running again (checked in _run)
 
     def sink(self, uri: str) -> Sink:

@@ -12,15 +12,19 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from dataclasses import fields
 from pathlib import Path
 
+import orjson
 import pytest
 
 from fleetgen.canary import Sample, Thresholds, content_digest, evaluate, sample
 from fleetgen.errors import JobError
+from fleetgen.job import GenerationParams, InputInfo, JobManifest
 from fleetgen.jobview import JobStatus, job_status
 from fleetgen.ledger import Ledger
 from fleetgen.poll import wait_until
+from producer.cli import main
 from tests.stack import Stack, chat_rows, wait_job_done, write_jsonl
 from workers.quality import CANARY_EVERY
 
@@ -159,6 +163,46 @@ def test_thresholds_parse_of_nothing_is_the_defaults() -> None:
 def test_thresholds_parse_names_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(JobError, match="--canary: " + message.replace("(", r"\(")):
         Thresholds.parse(spec)
+
+
+# The job's thresholds in its manifest: typed in every process, the same JSON object as before.
+
+
+def manifest_with(canary: Thresholds) -> JobManifest:
+    return JobManifest(name="j", output="/tmp/o", input=InputInfo("in.jsonl", "0" * 64, 10, 1),
+                       prompts=10, batch_size=10, batches=1, queue="fleetgen",
+                       params=GenerationParams(), canary=canary)
+
+
+def test_a_manifest_keeps_the_jobs_thresholds_as_an_object_of_their_fields() -> None:
+    thresholds = Thresholds.parse("length=off,min_completions=50", enabled=False)
+    raw = orjson.loads(manifest_with(thresholds).to_json())
+    assert raw["canary"] == {**thresholds.to_dict(), "length": None, "min_completions": 50}
+    assert set(raw["canary"]) == {f.name for f in fields(Thresholds)}
+    assert JobManifest.from_json(orjson.dumps(raw)).canary == thresholds
+
+
+@pytest.mark.parametrize("stored", [{}, {"length": None}, {"length": None, "later_check": 0.1}],
+                         ids=["none-kept", "some-kept", "a-check-this-version-lacks"])
+def test_a_manifests_thresholds_read_back_over_the_defaults(stored: dict[str, object]) -> None:
+    """A manifest written before thresholds were kept holds `{}`: the defaults; a check this
+    version does not know is left out, and the others still hold."""
+    raw = orjson.loads(manifest_with(Thresholds()).to_json())
+    raw["canary"] = stored
+    read = JobManifest.from_json(orjson.dumps(raw)).canary
+    assert read == Thresholds(length=None if "length" in stored else Thresholds().length)
+
+
+def test_enqueue_stores_the_thresholds_of_its_canary_flag(
+    ledger: Ledger, cli_env: None, tmp_path: Path,
+) -> None:
+    src = prompts(tmp_path, 5)
+    assert main(["enqueue", str(src), "--job", "typed", "--output", str(tmp_path / "out"),
+                 "--canary", "empty_content=0.5,duplicate=off"]) == 0
+    assert ledger.jobs.load("typed").canary == Thresholds(empty_content=0.5, duplicate=None)
+    assert main(["enqueue", str(src), "--job", "off", "--output", str(tmp_path / "out"),
+                 "--no-canary"]) == 0
+    assert ledger.jobs.load("off").canary == Thresholds(enabled=False)
 
 
 # End to end: the simulator plays the two ways the job fleetgen was born from went wrong.

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from fleetgen import keys
+from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_lock
 from fleetgen.job import GenerationParams, JobManifest
 from fleetgen.jobview import job_status
@@ -72,7 +73,7 @@ def test_an_interrupted_enqueue_starts_nothing_and_the_same_command_finishes_it(
     src = write_jsonl(tmp_path / "p.jsonl", rows)
     out = tmp_path / "out"
     request = EnqueueRequest(path=src, job="cut", output=str(out), params=GenerationParams(),
-                             batch_size=10, canary={"enabled": False})
+                             batch_size=10, canary=Thresholds(enabled=False))
     with pytest.raises(EnqueueInterrupted) as caught:
         enqueue(request, ledger, celery_app, Interrupt(share=0.5))
     report = caught.value.report
