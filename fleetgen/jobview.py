@@ -195,6 +195,8 @@ class JobStatus:
     tuning: list[TuningNote] = field(default_factory=list)
     # The job's programs per prompt; None for a job of one request per answer.
     rollouts: Rollouts | None = None
+    # Why a running job has no ETA (`eta_s` null): its first answers, its last ones, or none lately.
+    eta_reason: str | None = None
 
     @property
     def clock_stopped(self) -> bool:
@@ -239,6 +241,9 @@ def job_status(
     workers = ledger.counters.workers(job)
     worker_errors = _worker_errors(entries, now)
     queued = waiting if state == STATE_RUNNING else 0
+    last_taken = max(running.values(), default=None)
+    eta_s, eta_reason = _eta(remaining, remaining - checkpointed, in_flight, state, clock,
+                             answer_s, None if last_taken is None else now - last_taken)
     return JobStatus(
         job=job,
         state=state,
@@ -257,7 +262,8 @@ def job_status(
                         queued=len(ledger.batches.queued(job))),
         elapsed_s=round(clock["elapsed"], 1),
         rate=rate,
-        eta_s=_eta(remaining, remaining - checkpointed, in_flight, state, clock, answer_s),
+        eta_s=eta_s,
+        eta_reason=eta_reason,
         tokens=_tokens(stats, int(stats.get("prompts_done", 0))),
         finish_reasons=_prefixed(stats, "finish_"),
         errors=_prefixed(written, "error_"),
@@ -465,22 +471,32 @@ def per_second(
 
 def _eta(
     unwritten: int, unanswered: int, in_flight: int, state: str, clock: dict[str, float],
-    answer_s: float,
-) -> int | None:
-    """Seconds until every prompt is written: the prompts not sent yet at the rate the fleet
-    answers now (a slot frees for each answer), then one mean answer time for the last of
-    them; at least 1 s while a prompt is unwritten. None while the job does not run or
-    answered nothing lately."""
+    answer_s: float, last_taken_s: float | None,
+) -> tuple[int | None, str | None]:
+    """Seconds until every prompt is written, or None and why: the prompts not sent yet at the
+    rate the fleet answers now (a slot frees for each answer), then one mean answer time for
+    the last of them; at least 1 s while a prompt is unwritten.
+
+    Once nothing is left to send, the mean answer time stands for the last requests only
+    while they are younger than it (`last_taken_s`: since the newest running batch was
+    taken). Older ones are the long tail of what was sent, and answers come back shortest
+    first: the mean of those back says nothing of them. A job sent whole at once (all its
+    prompts in flight) is in that state from its first seconds: no ETA then, and the reason
+    says so."""
     if not unwritten:
-        return 0
+        return 0, None
     if state != STATE_RUNNING:
-        return None
+        return None, None
     if not unanswered:
-        return 1  # every prompt answered: their last batches are being written
+        return 1, None  # every prompt answered: their last batches are being written
+    finishing = in_flight >= unanswered
+    if finishing and (last_taken_s is None or answer_s <= 0 or last_taken_s > answer_s):
+        return None, (f"finishing: the last {in_flight:,} in flight, longer than the mean "
+                      "answer so far")
     per_s = _rate_now(clock, in_flight, answer_s)
     if per_s <= 0:
-        return None
-    return max(1, math.ceil((unanswered - in_flight) / per_s + answer_s))
+        return None, "nothing answered lately"
+    return max(1, math.ceil((unanswered - in_flight) / per_s + answer_s)), None
 
 
 def _rate_now(clock: dict[str, float], in_flight: int, answer_s: float) -> float:

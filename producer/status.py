@@ -86,6 +86,8 @@ def _render_progress(s: JobStatus) -> list[str]:
         eta = format_duration(s.eta_s)
     else:
         eta = s.state if s.state != STATE_RUNNING else "unknown"
+        if s.eta_reason:
+            eta += f" ({s.eta_reason})"
     # A done, paused or cancelled job's clock stopped (fleetgen/jobview.py `_clock_end`), and
     # its recent window with it.
     stopped = s.clock_stopped

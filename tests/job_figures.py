@@ -47,7 +47,7 @@ STABLE_FIELDS = {
     "in_hand", "queued", "held",
     "batches", "elapsed_s", "rate", "eta_s", "tokens", "finish_reasons", "errors",
     "empty_content", "bytes_written", "workers", "canary", "quality", "fleet", "updated_at",
-    "worker_errors", "stalled", "breaker", "tuning", "rollouts",
+    "worker_errors", "stalled", "breaker", "tuning", "rollouts", "eta_reason",
 }
 
 

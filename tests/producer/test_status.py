@@ -489,6 +489,7 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
         batch = keys.batch_id(i)
         if i > 8:
             ledger.leases.acquire("tail", batch, "gpu0@a/lease", 30)
+            ledger.r.zadd(keys.job_part("tail", "running"), {batch: NOW - 3})  # taken 3 s ago
         for _ in range(50 if i <= 8 else 49):
             answer_taking(w, "tail", batch, MINUTE - 1, latency_s=6.0)
         if i <= 8:
@@ -498,10 +499,16 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
     assert (s.done, s.checkpointed, s.in_flight) == (400, 196, 4)
     assert (s.rate.window_s, s.rate.mean_answer_s) == (30, 6.0)
     assert s.rate.prompts_per_s_5m == pytest.approx(596 / 30, abs=1e-3)
-    # Nothing left to send: the last 4 need about one mean answer time, then their batches
-    # are written. The formula of docs/guides/status.md:
+    # Nothing left to send, the last 4 sent less than a mean answer time ago: they need about
+    # one mean answer time, then their batches are written. The formula of docs/guides/status.md:
     assert s.eta_s == math.ceil((600 - 400 - 196 - 4) / (596 / 30) + 6.0) == 6
     assert "ETA 0m06s" in render(s)
+    # Still in flight after more than a mean answer time: the long tail, whose end no mean of
+    # the answers back tells. No ETA, and why.
+    s = job_status(ledger, "tail", NOW + 5)
+    assert (s.eta_s, s.eta_reason) == (
+        None, "finishing: the last 4 in flight, longer than the mean answer so far")
+    assert "ETA unknown (finishing: the last 4 in flight" in render(s)
     # All answered, 4 batches not written yet: still not 0 until they are.
     for i in range(9, 13):
         answer_taking(w, "tail", keys.batch_id(i), MINUTE, latency_s=6.0)
@@ -510,6 +517,24 @@ def test_eta_is_never_zero_while_answered_prompts_wait_for_their_batch(ledger: L
     for i in range(9, 13):
         w.finish_batch("tail", keys.batch_id(i), MINUTE)
     assert job_status(ledger, "tail", NOW + 61).eta_s == 0
+
+
+def test_a_job_sent_whole_has_no_eta_from_its_first_answers_but_says_why(ledger: Ledger) -> None:
+    # As seen on a real GPU: 280 prompts all in flight from the start; the first answers back
+    # are the short ones (8 s), the job took two minutes. One mean answer time would read 8 s.
+    make_job(ledger, "whole", "/tmp/out", prompts=280, batch_size=28, created_at=NOW - 30)
+    w = Worker(ledger, "gpu0@a")
+    for i in range(1, 11):
+        batch = keys.batch_id(i)
+        ledger.leases.acquire("whole", batch, "gpu0@a/lease", 30)
+        ledger.r.zadd(keys.job_part("whole", "running"), {batch: NOW - 25})
+        for _ in range(2):
+            answer_taking(w, "whole", batch, MINUTE, latency_s=8.0)
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, in_flight=260)
+    s = job_status(ledger, "whole", NOW)
+    assert (s.checkpointed, s.in_flight, s.queued) == (20, 260, 0)
+    assert (s.eta_s, s.eta_reason) == (
+        None, "finishing: the last 260 in flight, longer than the mean answer so far")
 
 
 def test_after_an_outage_the_rate_and_eta_count_from_the_minute_work_went_on(
