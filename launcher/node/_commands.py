@@ -58,7 +58,7 @@ from launcher.node._rundir import (
     write_atomic,
 )
 from launcher.node._supervisor import Child, Order, Policy, Slot, Supervisor
-from launcher.node._tune import TuneSettings, auto_tune, cmd_tune, drain_seconds
+from launcher.node._tune import MARGIN_HELP, TuneSettings, Tuning, cmd_tune, drain_seconds
 from launcher.node._watch import HttpProbe, Reading
 
 log = logging.getLogger("launcher.node")
@@ -139,7 +139,10 @@ def up_parser() -> CommandParser:
     p.add_argument("--tune-drain", type=drain_seconds,
                    help="seconds a --tune restart lets running answers finish before it cuts "
                         "the rest (handed back, generated again elsewhere), or `wait` for the "
-                        "longest one, up to --drain-timeout (default: half --tune-window)")
+                        "longest one, up to --drain-timeout (default: half --tune-window, "
+                        f"{TuneSettings.drain_s:g} at the default window)")
+    p.add_argument("--tune-margin", type=float, default=TuneSettings.margin,
+                   help=f"{MARGIN_HELP}, as `launcher tune --margin` (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each GPU's argv, environment and ports, start nothing")
     return p
@@ -199,7 +202,8 @@ def cmd_up(argv: Sequence[str]) -> int:
              f" in {len(servers)} servers ({plan.parallel.text()})"
              if plan.parallel.width > 1 else "",
              " (simulator)" if args.sim else f" (sglang {plan.version})", run_dir, plan.log_dir)
-    tune = TuneSettings.for_window(args.tune_window, args.tune_drain) if args.tune else None
+    tune = TuneSettings.for_window(args.tune_window, args.tune_drain, args.tune_margin) \
+        if args.tune else None
     return asyncio.run(_supervise(plan, slots, policy, run_dir, flag_value(
         specs[gpus[0]].argv, "--api-key"), tune))
 
@@ -233,13 +237,13 @@ async def _supervise(plan: NodePlan, slots: list[Slot], policy: Policy, run_dir:
 
 def _start_tuning(supervisor: Supervisor, run_dir: Path,
                   settings: TuneSettings) -> asyncio.Task[None]:
-    """`up --tune`: `auto_tune` in a daemon thread (it blocks on windows of samples and on
+    """`up --tune`: `Tuning.auto` in a daemon thread (it blocks on windows of samples and on
     rollouts, which it asks of this supervisor by SIGHUP); stopped with the node."""
     stop = threading.Event()
 
     def tune() -> None:
         try:
-            auto_tune(run_dir, settings, stop)
+            Tuning.of_node(run_dir, settings, stop).auto()
         except Exception:  # a failed tuning must not take the node down
             log.exception("node: tuning failed")
 

@@ -1,35 +1,42 @@
 """`launcher tune`: the advice applied while a job runs, candidates measured side by side.
 
-    python -m launcher tune [--window 60] [--margin 0.05] [--drain 30] [--width N] [--dry-run]
+    python -m launcher tune [--window 60] [--margin 0.03] [--drain 30] [--width N] [--dry-run]
 
-1. Measure every ready GPU's tokens/s over a window (the baseline).
-2. Plan up to `--width` candidates (default: half the GPUs), best predicted first: for a
-   server bound by its Mamba slots, the slots and memory fraction its start-up lines say its
-   memory holds (`_fit.py`) that run the most requests, the KV tokens a running request holds
-   read from the window; an advised candidate the memory cannot hold is skipped with the
-   reason. Otherwise the `advise` flags alone. Restart one GPU per candidate, all at once,
-   each with its own flags (the node's arguments stay as they were); the other GPUs keep
-   serving and are the reference.
-3. A restart drains for `--drain` seconds: the worker is told first, sends nothing more and
+A `Tuning` runs these steps, one method each (`run` strings them together):
+
+1. `baseline`: measure every ready GPU's tokens/s over a window, then `plan` up to `--width`
+   candidates (default: half the GPUs), best predicted first: for a server bound by its Mamba
+   slots, the slots and memory fraction its start-up lines say its memory holds (`_fit.py`)
+   that run the most requests, the KV tokens a running request holds read from the window;
+   an advised candidate the memory cannot hold is skipped with the reason. Otherwise the
+   `advise` flags alone.
+2. `try_candidates`: restart one GPU per candidate, all at once, each with its own flags (the
+   node's arguments stay as they were); the other GPUs keep serving and are the reference.
+   A restart drains for `--drain` seconds: the worker is told first, sends nothing more and
    hands back what it has not sent; what finishes within the drain is kept, what is cut is
    handed back and generated again elsewhere, at no attempt (`wait` waits for the longest
-   answer instead, up to the node's --drain-timeout).
-4. A candidate that fails to start (CUDA OOM, Not enough memory) is rolled back by the
-   supervisor itself; with none started, more static memory (when SGLang asks for it) or a
-   smaller step toward it is tried next. Those that start are measured, once their batches
-   are full again, over the window against the reference (each one's tokens/s over the
+   answer instead, up to the node's --drain-timeout). A candidate that fails to start (CUDA
+   OOM, Not enough memory) is rolled back by the supervisor itself; with none started,
+   `retry_failed` tries more static memory (when SGLang asks for it) or a smaller step.
+3. `settle`: wait until the restarted batches are full again (`wait_full`), then `--settle`.
+4. `choose`: measure over the window against the reference (each one's tokens/s over the
    reference GPUs' mean, so a load change hits both sides) or, alone, against the baseline.
-   The best wins by `--margin`, or all go back to their previous values.
-5. A win is rolled out to every other GPU at once (it started on this node already); then
-   the next candidates are planned on the new state, until none is expected to win by the
-   margin, nothing binds, no candidate is left or `--rounds` is reached.
+   The best wins by `--margin`, or all go back to their previous values (`roll_back`).
+5. `roll_out`: a win goes to every other GPU at once (it started on this node already); then
+   `next_round` plans the next candidates on the new state, until none is expected to win by
+   the margin, nothing binds, no candidate is left or `--rounds` is reached.
 
-Every step is printed and kept in `{run_dir}/tune.json`, which the supervisor copies into
-node.json (`tune`). `--dry-run` prints the plan from one window of samples and changes nothing.
+Every step is printed and kept in `{run_dir}/tune.json` (`_tunelog.py`), which the supervisor
+copies into node.json (`tune`). `--dry-run` prints the plan from one window of samples and
+changes nothing.
 
-`launcher up --tune` runs the same tuning by itself (`auto_tune`, in a thread of the
-supervisor): once every server is ready it samples them until work waits in a queue, then tunes
-where a limit binds, once; it starts no restart while a GPU is out.
+`launcher up --tune` runs the same tuning by itself (`Tuning.auto`, in a thread of the
+supervisor): once every server is ready it samples them until work waits in a queue
+(`wait_for_work`), then tunes where a limit binds, once; it starts no restart while a GPU is
+out. `TuneSettings` is the one source of both commands' defaults.
+
+Clock, node probe and restart are parameters, as the supervisor's clock and spawn are, so
+tests replay scripted tuning histories in virtual time.
 """
 
 from __future__ import annotations
@@ -39,19 +46,16 @@ import asyncio
 import dataclasses
 import logging
 import math
-import os
-import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 
 from fleetgen.commandline import CommandParser
-from fleetgen.poll import poll
 from launcher.logs import read_log
 from launcher.node._advise import QUEUE_EMPTY, Advice, Observed, advise, observe
 from launcher.node._args import flag_value, split_flags
@@ -66,21 +70,14 @@ from launcher.node._restart import (
 )
 from launcher.node._rundir import (
     DEFAULT_RUN_DIR,
-    REQUEST_FILE,
     TUNE_FILE,
     NodeState,
     RestartRequest,
     ServerEntry,
     TuneRecord,
-    TuneStep,
-    pid_alive,
     read_state,
-    write_atomic,
 )
-
-if TYPE_CHECKING:
-    from fleetgen.fleet import TuningNote
-    from fleetgen.ledger import Ledger
+from launcher.node._tunelog import NODE_NOTES, TuneLog, TuningNotes
 
 log = logging.getLogger(__name__)
 # SGLang's own advice when the pools do not fit: the candidate is retried with a larger
@@ -96,7 +93,8 @@ FULL_WAIT_S = 75.0
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """How `tune` measures and decides (seconds unless named otherwise)."""
+    """How a tuning measures and decides (seconds unless named otherwise): the one source of
+    the defaults of `launcher tune` and of `launcher up --tune`, whose help shows them."""
 
     window_s: float = 60.0
     interval_s: float = 2.0
@@ -107,8 +105,10 @@ class TuneSettings:
     # model, fed by a steady answer mix, keeps a candidate clear of that; the window only has
     # to confirm a win by the margin.
     settle_s: float = 0.0
-    # A share of the node's tokens/s moves well under 1% between windows of one job (peers see
-    # the same load), so a 3% win is real; the first advice gains far more.
+    # A win is judged on a share, a GPU's tokens/s over its peers' at the same time, so a
+    # load change hits both sides: that share moves well under 1% between windows of one job,
+    # so a 3% win is real, and a wider margin would throw away steps a window tells apart.
+    # `tune` and `up --tune` share it: one job's windows are as steady to either.
     margin: float = 0.03
     rounds: int = 10
     timeout_s: float = 1800.0
@@ -120,148 +120,92 @@ class TuneSettings:
     width: int | None = None
 
     @classmethod
-    def for_window(cls, window_s: float, drain_s: float | None = None) -> TuneSettings:
-        """Settings scaled to one window: 30 samples in it, a sixth of it to refill, half of
-        it to drain unless `drain_s` says otherwise."""
+    def for_window(cls, window_s: float, drain_s: float | None = None,
+                   margin: float | None = None) -> TuneSettings:
+        """Settings scaled to one window (`up --tune-window`): 30 samples in it, a sixth of it
+        to refill, half of it to drain unless `drain_s` says otherwise. The defaults' window
+        gives the defaults."""
         return cls(window_s=window_s, interval_s=min(2.0, window_s / 30),
                    warmup_s=window_s / 6,
-                   drain_s=window_s / 2 if drain_s is None else drain_s)
+                   drain_s=window_s / 2 if drain_s is None else drain_s,
+                   margin=cls.margin if margin is None else margin)
 
 
-@dataclass
-class TuneLog:
-    """The tuning's record, written to tune.json after each step."""
+class TuneClock(Protocol):
+    """Time as the tuning sees it; tests pass a fake that advances on `sleep`."""
 
-    path: Path
-    record: TuneRecord = field(default_factory=TuneRecord)
-    stop: threading.Event | None = None  # set when the node stops: signal the supervisor no more
-    notes: TuningNotes = field(default_factory=lambda: NODE_NOTES)
+    def now(self) -> float: ...
 
-    def add(self, kind: str, gpu: int | Sequence[int] | None, *,
-            flags: Sequence[str] | None = None, tokens_per_s: float | None = None,
-            share: float | None = None, share_before: float | None = None,
-            expected: float | None = None, until: float | None = None,
-            note: str | None = None) -> None:
-        """Record one step, print it and save the record."""
-        step = TuneStep(at=time.time(), kind=kind,
-                        gpu=gpu if gpu is None or isinstance(gpu, int) else tuple(gpu),
-                        flags=tuple(flags) if flags is not None else None,
-                        tokens_per_s=tokens_per_s, share=share, share_before=share_before,
-                        expected=expected, until=until, note=note)
-        self.record.steps.append(step)
-        print(step.describe(), flush=True)
-        self.save()
+    def wall(self) -> float: ...
 
-    def save(self) -> None:
-        write_atomic(self.path, self.record.to_json())
-        self.notes.publish(self.record)
-        # SIGHUP without a restart request makes the supervisor republish node.json with it.
-        state = read_state(self.path.parent)
-        pid = state.supervisor_pid if state else None
-        if pid is not None and pid_alive(pid) and not self.stopped \
-                and not (self.path.parent / REQUEST_FILE).exists():
-            os.kill(pid, signal.SIGHUP)
-
-    @property
-    def stopped(self) -> bool:
-        """Whether the node is stopping (`up --tune`): no more restarts or signals."""
-        return self.stop is not None and self.stop.is_set()
+    def sleep(self, seconds: float) -> None: ...
 
 
-class TuningNotes:
-    """Publishes what the tuning does to the Redis of the node's workers (fg:tuning), where
-    `producer status` shows it, and beats while it runs: the note of a running or waiting
-    tuning is published again every REGISTRY_BEAT_S for as long as the thread that published
-    it (the tuner) is alive, so the note of a tuning that died leaves `status` as a dead
-    worker's entry does (fleetgen/fleet.py `TuningNote`). A Redis out of reach costs a note,
-    never the tuning: it is tried again after RETRY_S, and each try waits TIMEOUT_S at most.
+class SystemTuneClock:
+    """The real clock: monotonic for waits, wall time for the record; a sleep ends early once
+    `stop` is set (the node stopping, `up --tune`)."""
 
-    `ledger`: where to publish (default: the Redis of REDIS_URL, connected at the first note);
-    `beat_s`: the beat (default REGISTRY_BEAT_S). `close()` stops the beats, and so does the
-    end of the tuner's thread. A node runs one tuning at a time: a process's share NODE_NOTES."""
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop
 
-    RETRY_S, TIMEOUT_S = 30.0, 2.0
+    def now(self) -> float:
+        return time.monotonic()
 
-    def __init__(self, ledger: Ledger | None = None, beat_s: float | None = None) -> None:
-        self._ledger = ledger
-        self._beat_s = beat_s
-        self.failed_at: float | None = None
-        # Held while a note is sent, so that a beat never lands after the note that ended it.
-        self._lock = threading.Lock()
-        self._note: TuningNote | None = None
-        self._tuner: threading.Thread | None = None
-        self._beating = False
-        self._closed = threading.Event()
+    def wall(self) -> float:
+        return time.time()
 
-    @property
-    def beating(self) -> bool:
-        """Whether the latest note is published again every beat."""
-        with self._lock:
-            return self._beating
-
-    def publish(self, record: TuneRecord) -> None:
-        if not record.steps:
-            return
-        from fleetgen.fleet import THIS_HOST, TuningNote
-
-        steps = record.steps
-        line = "; ".join(dataclasses.replace(s, until=None).describe().removeprefix("tune: ")
-                         for s in record.current)
-        if record.chosen:
-            line += f" (chosen `{' '.join(record.chosen)}`)"
-        note = TuningNote(THIS_HOST, steps[-1].at, time.time(), record.state, line,
-                          steps[-1].until)
-        with self._lock:
-            self._note, self._tuner = note, threading.current_thread()
-            self._send(note)
-            start = note.live and not self._beating and not self._closed.is_set()
-            self._beating = self._beating or start
-        if start:
-            threading.Thread(target=self._beat, name="tuning-note", daemon=True).start()
-
-    def close(self) -> None:
-        """Publish no more beats (what was published expires on its own)."""
-        self._closed.set()
-
-    def _beat(self) -> None:
-        from fleetgen.fleet import REGISTRY_BEAT_S
-
-        beat_s = REGISTRY_BEAT_S if self._beat_s is None else self._beat_s
-        while not self._closed.wait(beat_s):
-            with self._lock:
-                note, tuner = self._note, self._tuner
-                if note is None or not note.live or tuner is None or not tuner.is_alive():
-                    break
-                self._send(dataclasses.replace(note, updated=time.time()))
-        with self._lock:
-            self._beating = False
-
-    def _send(self, note: TuningNote) -> None:
-        if self.failed_at is not None and time.monotonic() - self.failed_at < self.RETRY_S:
-            return
-        from fleetgen import redisconn
-        from fleetgen.errors import FleetgenError
-        from fleetgen.fleet import TUNING_SHOWN_S
-        from fleetgen.ledger import Ledger
-        from fleetgen.settings import Settings
-
-        try:
-            if self._ledger is None:
-                settings = Settings.from_env()
-                self._ledger = Ledger(redisconn.client(
-                    settings.redis_url, settings.redis_master_name,
-                    socket_timeout=self.TIMEOUT_S, socket_connect_timeout=self.TIMEOUT_S))
-            why = self._ledger.registry.publish_tuning(note.node, note.to_json(), TUNING_SHOWN_S)
-        except FleetgenError as exc:
-            why = str(exc)
-        self.failed_at = None if why is None else time.monotonic()
-        if why is not None:
-            log.info("tune: the note for `producer status` not published: %s", why)
+    def sleep(self, seconds: float) -> None:
+        if self.stop is not None:
+            self.stop.wait(seconds)
+        else:
+            time.sleep(seconds)
 
 
-# The one note of this process's tunings: `up --tune`'s wait for work and the tuning after it
-# are two logs of one tuner, and one beat.
-NODE_NOTES: TuningNotes = TuningNotes()
+class NodeProbe(Protocol):
+    """What the tuning reads of its node; tests pass a scripted one."""
+
+    def state(self) -> NodeState:
+        """node.json as the supervisor wrote it last."""
+        ...
+
+    def measure(self, entries: Sequence[ServerEntry], window_s: float,
+                interval_s: float) -> dict[int | None, Observed]:
+        """Each server's means over a window of samples (one sample for a window of 0)."""
+        ...
+
+    def resolved(self, url: str) -> Mapping[str, object]:
+        """A server's resolved arguments (/server_info); empty when it does not answer."""
+        ...
+
+
+# Asks the supervisor for one restart and follows it to its end: (request, timeout_s).
+Restart = Callable[[RestartRequest, float], RestartOutcome]
+
+
+class HttpNodeProbe:
+    """The node under `run_dir`: its node.json, and its servers' /metrics and /server_info."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def state(self) -> NodeState:
+        return read_state(self.run_dir) or NodeState()
+
+    def measure(self, entries: Sequence[ServerEntry], window_s: float,
+                interval_s: float) -> dict[int | None, Observed]:
+        return asyncio.run(_measure(entries, window_s, interval_s))
+
+    def resolved(self, url: str) -> Mapping[str, object]:
+        return _resolved_args(url)
+
+
+def restart_on(run_dir: Path) -> Restart:
+    """Restart requests sent to the supervisor of `run_dir` and followed in its node.json."""
+    def restart(request: RestartRequest, timeout_s: float) -> RestartOutcome:
+        send_restart(run_dir, request)
+        return follow_restart(run_dir, request.id, timeout_s)
+
+    return restart
 
 
 async def _measure(entries: Sequence[ServerEntry], window_s: float,
@@ -428,61 +372,11 @@ def plan_next(entry: ServerEntry, seen: Observed, advice_flags: Sequence[str],
     return Plan([(list(c.flags), c.gain) for c in found[:max(1, width)]], skipped)
 
 
-def _next(entry: ServerEntry, seen: Observed, advice: Advice,
-          resolved: Mapping[str, object], log: TuneLog, width: int,
-          held: float | None) -> Plan:
-    """`plan_next` for the experiment GPUs, its skipped candidates recorded."""
-    plan = plan_next(entry, seen, advice.flags, advice.gain, MAX_MEM_FRACTION, resolved, width,
-                     held)
-    for flags, why in plan.skipped:
-        log.add(kind="skipped", gpu=entry.gpu, flags=flags, note=why)
-    return plan
-
-
 def _float(text: str | None) -> float | None:
     try:
         return float(text) if text else None
     except ValueError:
         return None
-
-
-def _ready(run_dir: Path) -> list[ServerEntry]:
-    return (read_state(run_dir) or NodeState()).ready
-
-
-def all_ready(run_dir: Path) -> bool:
-    """Whether every GPU of the node is ready (none is out: crashed, restarting, starting)."""
-    return (read_state(run_dir) or NodeState()).all_ready
-
-
-def wait_full(run_dir: Path, gpus: Sequence[int], warmup_s: float, interval_s: float,
-              log: TuneLog, window_s: float) -> None:
-    """Wait `warmup_s`, then until each of `gpus` is full, within two windows (FULL_WAIT_S at
-    most): it runs its cap or queues work, or its running count stopped growing for half a
-    window (its KV pool binds first, and its worker keeps no queue). A worker learns a
-    restarted server's cap once it sees it back, then takes batches until its server is full;
-    a window measured before that measures the refill."""
-    settle_s = max(warmup_s, window_s / 2)
-    time.sleep(warmup_s)
-    history: dict[int | None, list[tuple[float, float]]] = {}
-
-    def full_or_stopped() -> bool | None:
-        if log.stopped:
-            return True
-        entries = _ready(run_dir)
-        seen = asyncio.run(_measure(entries, 0.0, interval_s))
-        now = time.monotonic()
-        for g in entries:
-            if seen[g.gpu].running is not None:
-                history.setdefault(g.gpu, []).append((now, seen[g.gpu].running or 0.0))
-        full = {g.gpu: _full(g, seen[g.gpu]) or settled(history.get(g.gpu, []), settle_s)
-                for g in entries}
-        peers = [full[g] for g in full if g not in gpus]
-        # Full, or no peer is either: the work is running out.
-        return True if all(full.get(g, True) for g in gpus) or (peers and not any(peers)) \
-            else None
-
-    poll(full_or_stopped, min(FULL_WAIT_S, 2 * window_s), interval_s)
 
 
 def _full(entry: ServerEntry, seen: Observed) -> bool:
@@ -499,35 +393,6 @@ def settled(history: Sequence[tuple[float, float]], span_s: float) -> bool:
     cut = history[-1][0] - span_s
     before = max(r for t, r in history if t <= cut)
     return 0 < max(r for t, r in history if t > cut) <= before
-
-
-def restart(run_dir: Path, log: TuneLog, timeout_s: float, drain_s: float, *,
-            args: Sequence[str] | None = None, gpus: Sequence[int] = (),
-            gpu_args: Mapping[int, Sequence[str]] | None = None,
-            rolling: bool = True) -> RestartOutcome:
-    """One restart request, started only while no GPU is out: `args` for `gpus` (the node's
-    arguments from then on: a winner), or `gpu_args`, each GPU its own (an experiment or a
-    rollback, the node's arguments untouched). Rolling (one at a time), or all at once for
-    candidates measured side by side and for a winner that started on this node already.
-    `drain_s` bounds each server's drain (infinite: the node's --drain-timeout)."""
-    poll(lambda: True if log.stopped or all_ready(run_dir) else None, timeout_s, 0.5)
-    if log.stopped:
-        return RestartOutcome("failed", "the node is stopping")
-    if not all_ready(run_dir):
-        return RestartOutcome("failed", "another GPU stayed out; not restarting a second one")
-    request = RestartRequest(
-        new_request_id("t"), rolling=rolling,
-        args=tuple(args) if args is not None else None,
-        gpus=tuple(gpus) if gpus else None,
-        gpu_args={g: tuple(a) for g, a in gpu_args.items()} if gpu_args is not None else None,
-        drain_s=None if math.isinf(drain_s) else drain_s)
-    send_restart(run_dir, request)
-    outcome = follow_restart(run_dir, request.id, timeout_s)
-    if outcome.state in ("done", "failed", "rejected"):
-        return outcome
-    # Not picked up is as good as turned down; still running after the timeout, failed.
-    return dataclasses.replace(
-        outcome, state="rejected" if outcome.state == "unacknowledged" else "failed")
 
 
 def _share_of(seen: Mapping[int | None, Observed], gpu: int,
@@ -558,193 +423,405 @@ def best_of(started: Sequence[int], shares: Mapping[int, float | None],
     return first
 
 
-def run_tune(run_dir: Path, gpu: int | None, window_s: float, interval_s: float,
-             margin: float, rounds: int, warmup_s: float, timeout_s: float,
-             dry_run: bool, stop: threading.Event | None = None, drain_s: float = math.inf,
-             width: int | None = None, settle_s: float = 0.0,
-             baseline: Mapping[int | None, Observed] | None = None) -> TuneLog:
-    """Tune the node under `run_dir` (see the module docstring); returns the log. `stop`
-    (`up --tune`) ends it between steps when the node stops. `width`: candidates measured at
-    once, one per GPU (default: half the GPUs, the rest serving as reference); `settle_s`:
-    how long the candidates serve, once full, before they are measured; `baseline`: a window
-    just measured, taken as the baseline."""
-    entries = _ready(run_dir)
-    if not entries:
-        raise NodeError("no ready GPU to tune (see `launcher status`)")
-    gpus = [g.gpu for g in entries if g.gpu is not None]
-    exp = gpu if gpu is not None else gpus[0]
-    if exp not in gpus:
-        raise NodeError(f"GPU {exp} is not ready (ready: {gpus})")
-    # The experiment GPUs: `exp` first, then the next ones; the rest stay the reference.
-    order = [exp, *(g for g in gpus if g != exp)]
-    width = max(1, min(width or len(gpus) // 2, len(gpus)))
-    log = TuneLog(run_dir / TUNE_FILE, stop=stop)
-    seen = dict(baseline) if baseline is not None and all(g in baseline for g in gpus) \
-        else asyncio.run(_measure(entries, window_s, interval_s))
-    for g in gpus:
-        log.add(kind="baseline", gpu=g, tokens_per_s=seen[g].tokens_per_s,
-                note=f"{seen[g].running or 0:.0f} running, {seen[g].queue or 0:.0f} queued")
-    entry = next(g for g in entries if g.gpu == exp)
-    advice = advise(entry, seen[exp])
-    plan = _next(entry, seen[exp], advice, _resolved_args(entry.url), log, width,
-                 pooled_held(entries, seen))
-    if dry_run:
-        log.record.state = "dry-run"
-        for g, (flags, expected) in zip(order, plan.tries, strict=False):
-            log.add(kind="plan", gpu=g, flags=flags, expected=expected, note=advice.line())
-        if plan.tries:
-            tried = order[:len(plan.tries)]
-            log.add(kind="plan", gpu=tried, note=f"restart GPU {tried} with these flags, "
-                    f"measure {window_s:.0f} s against GPUs {order[len(tried):] or 'own baseline'}, "
-                    f"keep the best if it wins by {margin:.0%}, then roll it out to the others")
-        return log
-    best_tps, best_share = seen[exp].tokens_per_s, _share_of(seen, exp, order[width:])
-    tries = plan.tries
-    restart_s = window_s  # a restart's own time, until one is timed
-    for _ in range(rounds):
-        if not tries:
-            log.add(kind="stop", gpu=exp, note=advice.line())
-            break
-        if log.stopped:
-            break
-        resolved = _resolved_args(entry.url)
-        trial: dict[int, list[str]] = {
-            g: flags for g, (flags, _) in zip(order, tries, strict=False)}
-        reference = [g for g in order if g not in trial]
-        before = {g: previous_values(entry, flags, resolved) for g, flags in trial.items()}
-        for g, (flags, expected) in zip(trial, tries, strict=False):
-            log.add(kind="trying", gpu=g, flags=flags, expected=expected,
-                    until=time.time() + restart_s + warmup_s + settle_s + window_s)
-        began = time.time()
-        done = restart(run_dir, log, timeout_s, drain_s, gpu_args=trial, rolling=False)
-        restart_s = time.time() - began
-        started = [g for g in trial if g in done.done]
-        for g, flags in trial.items():
-            if g not in started:
-                log.add(kind="failed", gpu=g, flags=flags, note=done.reason[:300])
-        if not started:
-            first = trial[order[0]]
-            retry = more_memory(first, done.reason, _current(
-                entry, "--mem-fraction-static", resolved)) or smaller_step(first, before[order[0]])
-            tries = [(retry, None)] if retry else []
-            continue
-        wait_full(run_dir, started, warmup_s, interval_s, log, window_s)
-        if log.stop is not None:
-            log.stop.wait(settle_s)
-        else:
-            time.sleep(settle_s)
-        entries = _ready(run_dir)
-        seen = asyncio.run(_measure(entries, window_s, interval_s))
-        if all(o.queue is not None and o.queue < QUEUE_EMPTY for o in seen.values()):
+@dataclass(frozen=True)
+class Trial:
+    """One round's candidates: each experiment GPU's flags, the values they replace, the
+    reference GPUs that keep serving, the resolved arguments they were read against, and
+    those that started (the supervisor rolled the others back, `reason` says why)."""
+
+    flags: dict[int, list[str]]
+    before: dict[int, list[str]]
+    reference: list[int]
+    resolved: Mapping[str, object]
+    started: list[int]
+    reason: str
+
+
+class Tuning:
+    """One node's tuning, a step per method (see the module docstring); `run` tunes now,
+    `auto` waits for work first (`up --tune`).
+
+        tuning = Tuning.of_node(run_dir, TuneSettings())
+        log = tuning.run(gpu=None, dry_run=False)      # the record, also in tune.json
+
+    `probe` reads the node, `restart` asks its supervisor for a restart and follows it,
+    `clock` sleeps and stamps; `stop` (`up --tune`) ends the tuning between steps when the
+    node stops; `notes` publishes each step for `producer status`."""
+
+    def __init__(self, run_dir: Path, settings: TuneSettings, *, probe: NodeProbe,
+                 restart: Restart, clock: TuneClock | None = None,
+                 stop: threading.Event | None = None, notes: TuningNotes | None = None) -> None:
+        self.path = run_dir / TUNE_FILE
+        self.settings, self.probe, self.restart = settings, probe, restart
+        self.clock: TuneClock = clock or SystemTuneClock(stop)
+        self.stop, self.notes = stop, notes or NODE_NOTES
+        self.log = self.new_log()
+        # Between steps: the node's GPUs, the experiment GPUs first (`order[0]` is the one the
+        # models plan for, `order[width:]` the reference), the last window, the advice and the
+        # candidates planned from it, and the share or tokens/s a candidate must beat.
+        self.gpus: list[int] = []
+        self.order: list[int] = []
+        self.width = 1
+        self.seen: dict[int | None, Observed] = {}
+        self.entry: ServerEntry
+        self.advice: Advice
+        self.tries: list[tuple[list[str], float | None]] = []
+        self.best_tps: float | None = None
+        self.best_share: float | None = None
+        self.restart_s = settings.window_s  # a restart's own time, until one is timed
+        self._waiting: TuneLog | None = None
+
+    @classmethod
+    def of_node(cls, run_dir: Path, settings: TuneSettings,
+                stop: threading.Event | None = None) -> Tuning:
+        """The tuning of the node that `launcher up` runs under `run_dir`."""
+        return cls(run_dir, settings, probe=HttpNodeProbe(run_dir),
+                   restart=restart_on(run_dir), stop=stop)
+
+    @property
+    def exp(self) -> int:
+        """The GPU the models plan for, the first experiment GPU."""
+        return self.order[0]
+
+    def new_log(self, record: TuneRecord | None = None) -> TuneLog:
+        """A fresh record in tune.json."""
+        return TuneLog(self.path, record or TuneRecord(), stop=self.stop, notes=self.notes,
+                       wall=self.clock.wall)
+
+    def run(self, gpu: int | None = None, *, dry_run: bool = False,
+            baseline: Mapping[int | None, Observed] | None = None) -> TuneLog:
+        """Tune now, experimenting first on `gpu` (default: the first ready one); `baseline`:
+        a window just measured, taken as the baseline. Returns the record."""
+        self.log = self.new_log()
+        self.measure_baseline(gpu, baseline)
+        if dry_run:
+            self.show_plan()
+            return self.log
+        for _ in range(self.settings.rounds):
+            if not self.tries:
+                self.log.add(kind="stop", gpu=self.exp, note=self.advice.line())
+                break
+            if self.log.stopped or not self.round():
+                break
+        self.log.record.state = "done"
+        self.log.save()
+        return self.log
+
+    def round(self) -> bool:
+        """One round: candidates side by side, settled, measured, the best kept and rolled out
+        or all rolled back; False when the tuning ends with it."""
+        trial = self.try_candidates()
+        if not trial.started:
+            self.tries = self.retry_failed(trial)
+            return True
+        self.settle(trial.started)
+        self.seen = self.measure()
+        if all(o.queue is not None and o.queue < QUEUE_EMPTY for o in self.seen.values()):
             # No queue anywhere: the job is ending, no cap binds and the window says nothing
             # about the candidates; they go back like losers.
-            back = restart(run_dir, log, timeout_s, drain_s,
-                           gpu_args={g: before[g] for g in started}, rolling=False)
-            log.add(kind="stop", gpu=started, note="the queues are empty: nothing binds; "
-                    f"back on the previous values ({back.state})")
-            break
-        shares = {g: _share_of(seen, g, reference) for g in started}
-        for g in started:
-            log.add(kind="measured", gpu=g, flags=trial[g], tokens_per_s=seen[g].tokens_per_s,
-                    share=shares[g], share_before=best_share)
-        top = best_of(started, shares, seen, order[0], margin)
-        share, tps = shares[top], seen[top].tokens_per_s
-        won = (share is not None and best_share is not None
-               and share > best_share * (1 + margin)) \
-            or (share is None and tps is not None and best_tps is not None
-                and tps > best_tps * (1 + margin))
-        log.add(kind="won" if won else "lost", gpu=top, flags=trial[top], tokens_per_s=tps,
-                share=share, share_before=best_share)
+            back = self.restart_gpus({g: trial.before[g] for g in trial.started})
+            self.log.add(kind="stop", gpu=trial.started, note="the queues are empty: nothing "
+                         f"binds; back on the previous values ({back.state})")
+            return False
+        top, won = self.choose(trial)
         if not won:
-            back = restart(run_dir, log, timeout_s, drain_s,
-                           gpu_args={g: before[g] for g in started}, rolling=False)
-            log.add(kind="rolled-back", gpu=started, note=back.state)
-            retry = smaller_step(trial[top], before[top])
-            tries = [(retry, None)] if retry else []
-            entries = _ready(run_dir)
-            entry = next((g for g in entries if g.gpu == exp), entry)
-            continue
-        log.record.chosen = _merge(log.record.chosen, trial[top])
-        others = [g for g in gpus if g != top]
-        if others and not log.stopped:
-            # A win pays on every GPU from now on: roll it out to the others at once (it
-            # started on this node's GPU; each one that fails is rolled back alone), then
-            # measure the next candidates against peers running it.
-            log.add(kind="rolling-out", gpu=others, flags=log.record.chosen,
-                    until=time.time() + restart_s + warmup_s + window_s)
-            out = restart(run_dir, log, timeout_s, drain_s, args=log.record.chosen,
-                          gpus=others, rolling=False)
-            log.add(kind="rolled-out" if out.state == "done" else "rollout-failed", gpu=others,
-                    flags=log.record.chosen, note=out.reason[:300])
-        # The next experiments run where the winner did not start, against peers running it.
+            self.roll_back(trial, top)
+            return True
+        self.roll_out(trial, top)
+        return self.next_round(trial, top)
+
+    def measure_baseline(self, gpu: int | None,
+                         baseline: Mapping[int | None, Observed] | None) -> None:
+        """Step 1: every ready GPU's window (or `baseline`), recorded, and the first plan."""
+        entries = self.ready()
+        if not entries:
+            raise NodeError("no ready GPU to tune (see `launcher status`)")
+        self.gpus = [g.gpu for g in entries if g.gpu is not None]
+        exp = gpu if gpu is not None else self.gpus[0]
+        if exp not in self.gpus:
+            raise NodeError(f"GPU {exp} is not ready (ready: {self.gpus})")
+        # The experiment GPUs: `exp` first, then the next ones; the rest stay the reference.
+        self.order = [exp, *(g for g in self.gpus if g != exp)]
+        self.width = max(1, min(self.settings.width or len(self.gpus) // 2, len(self.gpus)))
+        self.seen = dict(baseline) if baseline is not None and all(
+            g in baseline for g in self.gpus) else self.measure(entries)
+        for g in self.gpus:
+            self.log.add(kind="baseline", gpu=g, tokens_per_s=self.seen[g].tokens_per_s,
+                         note=f"{self.seen[g].running or 0:.0f} running, "
+                              f"{self.seen[g].queue or 0:.0f} queued")
+        self.entry = next(g for g in entries if g.gpu == exp)
+        self.advice = advise(self.entry, self.seen[exp])
+        self.tries = self.plan(self.entry, self.seen[exp], pooled_held(entries, self.seen)).tries
+        self.best_tps = self.seen[exp].tokens_per_s
+        self.best_share = _share_of(self.seen, exp, self.order[self.width:])
+
+    def plan(self, entry: ServerEntry, seen: Observed, held: float | None) -> Plan:
+        """`plan_next` for the experiment GPUs from the advice, its skipped candidates
+        recorded."""
+        plan = plan_next(entry, seen, self.advice.flags, self.advice.gain, MAX_MEM_FRACTION,
+                         self.probe.resolved(entry.url), self.width, held)
+        for flags, why in plan.skipped:
+            self.log.add(kind="skipped", gpu=entry.gpu, flags=flags, note=why)
+        return plan
+
+    def show_plan(self) -> None:
+        """`--dry-run`: the candidates, where they would be tried and how judged."""
+        self.log.record.state = "dry-run"
+        for g, (flags, expected) in zip(self.order, self.tries, strict=False):
+            self.log.add(kind="plan", gpu=g, flags=flags, expected=expected,
+                         note=self.advice.line())
+        if self.tries:
+            tried = self.order[:len(self.tries)]
+            self.log.add(kind="plan", gpu=tried, note=(
+                f"restart GPU {tried} with these flags, measure {self.settings.window_s:.0f} s "
+                f"against GPUs {self.order[len(tried):] or 'own baseline'}, keep the best if "
+                f"it wins by {self.settings.margin:.0%}, then roll it out to the others"))
+
+    def try_candidates(self) -> Trial:
+        """Step 2: restart one experiment GPU per candidate, all at once."""
+        s = self.settings
+        resolved = self.probe.resolved(self.entry.url)
+        flags = {g: f for g, (f, _) in zip(self.order, self.tries, strict=False)}
+        before = {g: previous_values(self.entry, f, resolved) for g, f in flags.items()}
+        until = self.clock.wall() + self.restart_s + s.warmup_s + s.settle_s + s.window_s
+        for g, (f, expected) in zip(flags, self.tries, strict=False):
+            self.log.add(kind="trying", gpu=g, flags=f, expected=expected, until=until)
+        began = self.clock.now()
+        done = self.restart_gpus(flags)
+        self.restart_s = self.clock.now() - began
+        started = [g for g in flags if g in done.done]
+        for g, f in flags.items():
+            if g not in started:
+                self.log.add(kind="failed", gpu=g, flags=f, note=done.reason[:300])
+        return Trial(flags, before, [g for g in self.order if g not in flags], resolved,
+                     started, done.reason)
+
+    def retry_failed(self, trial: Trial) -> list[tuple[list[str], float | None]]:
+        """With no candidate started: the models' one with more static memory where SGLang
+        asked for it, else a smaller step toward it; nothing when no step is left."""
+        first, before = trial.flags[self.exp], trial.before[self.exp]
+        current = _current(self.entry, "--mem-fraction-static", trial.resolved)
+        retry = more_memory(first, trial.reason, current) or smaller_step(first, before)
+        return [(retry, None)] if retry else []
+
+    def settle(self, gpus: Sequence[int]) -> None:
+        """Step 3: until the restarted batches are full again, then `settle_s` more."""
+        self.wait_full(gpus)
+        self.clock.sleep(self.settings.settle_s)
+
+    def choose(self, trial: Trial) -> tuple[int, bool]:
+        """Step 4: the candidates' shares recorded, the best of them, and whether it won by
+        the margin over the baseline's share (alone: its tokens/s)."""
+        margin = self.settings.margin
+        shares = {g: _share_of(self.seen, g, trial.reference) for g in trial.started}
+        for g in trial.started:
+            self.log.add(kind="measured", gpu=g, flags=trial.flags[g],
+                         tokens_per_s=self.seen[g].tokens_per_s, share=shares[g],
+                         share_before=self.best_share)
+        top = best_of(trial.started, shares, self.seen, self.exp, margin)
+        share, tps = shares[top], self.seen[top].tokens_per_s
+        won = (share is not None and self.best_share is not None
+               and share > self.best_share * (1 + margin)) \
+            or (share is None and tps is not None and self.best_tps is not None
+                and tps > self.best_tps * (1 + margin))
+        self.log.add(kind="won" if won else "lost", gpu=top, flags=trial.flags[top],
+                     tokens_per_s=tps, share=share, share_before=self.best_share)
+        return top, won
+
+    def roll_back(self, trial: Trial, top: int) -> None:
+        """Every candidate that started back on its previous values; a smaller step toward
+        the best one is next."""
+        back = self.restart_gpus({g: trial.before[g] for g in trial.started})
+        self.log.add(kind="rolled-back", gpu=trial.started, note=back.state)
+        retry = smaller_step(trial.flags[top], trial.before[top])
+        self.tries = [(retry, None)] if retry else []
+        self.entry = next((g for g in self.ready() if g.gpu == self.exp), self.entry)
+
+    def roll_out(self, trial: Trial, top: int) -> None:
+        """Step 5: the winner becomes the node's arguments, on every other GPU at once (it
+        started on this node's GPU; each one that fails is rolled back alone); the next
+        experiments run where it did not start, against peers running it."""
+        s, record = self.settings, self.log.record
+        record.chosen = _merge(record.chosen, trial.flags[top])
+        others = [g for g in self.gpus if g != top]
+        if others and not self.log.stopped:
+            self.log.add(kind="rolling-out", gpu=others, flags=record.chosen,
+                         until=self.clock.wall() + self.restart_s + s.warmup_s + s.window_s)
+            out = self.request(args=record.chosen, gpus=others)
+            self.log.add(kind="rolled-out" if out.state == "done" else "rollout-failed",
+                         gpu=others, flags=record.chosen, note=out.reason[:300])
         exp = others[0] if others else top
-        order = [exp, *(g for g in gpus if g != exp)]
-        entries = _ready(run_dir)
+        self.order = [exp, *(g for g in self.gpus if g != exp)]
+
+    def next_round(self, trial: Trial, top: int) -> bool:
+        """The next candidates, planned on the winner's window; once all are full again, a
+        new baseline. False when none is expected to win by the margin."""
+        margin = self.settings.margin
+        entries = self.ready()
         entry = next(g for g in entries if g.gpu == top)
-        advice = advise(entry, seen[top])
-        plan = _next(entry, seen[top], advice, _resolved_args(entry.url), log, width,
-                     pooled_held([e for e in entries if e.gpu in started], seen))
+        self.advice = advise(entry, self.seen[top])
+        plan = self.plan(entry, self.seen[top], pooled_held(
+            [e for e in entries if e.gpu in trial.started], self.seen))
         if plan.expected is None or plan.expected < margin:
             # The models say no candidate the memory holds beats this one by the margin, the
             # least a window can tell apart: no restart would be kept.
-            log.add(kind="stop", gpu=top, flags=plan.tries[0][0] if plan.tries else None,
-                    expected=plan.expected,
-                    note=f"no candidate is expected to win by {margin:.0%}")
-            break
-        wait_full(run_dir, gpus, warmup_s, interval_s, log, window_s)
-        entries = _ready(run_dir)
-        seen = asyncio.run(_measure(entries, window_s, interval_s))
-        best_tps, best_share = seen[exp].tokens_per_s, _share_of(seen, exp, order[width:])
-        entry = next(g for g in entries if g.gpu == exp)
-        tries = plan.tries
-    log.record.state = "done"
-    log.save()
-    return log
+            self.log.add(kind="stop", gpu=top, flags=plan.tries[0][0] if plan.tries else None,
+                         expected=plan.expected,
+                         note=f"no candidate is expected to win by {margin:.0%}")
+            return False
+        self.wait_full(self.gpus)
+        entries = self.ready()
+        self.seen = self.measure(entries)
+        self.best_tps = self.seen[self.exp].tokens_per_s
+        self.best_share = _share_of(self.seen, self.exp, self.order[self.width:])
+        self.entry = next(g for g in entries if g.gpu == self.exp)
+        self.tries = plan.tries
+        return True
 
+    def auto(self) -> TuneLog | None:
+        """`up --tune`: `wait_for_work`, then `run` once on the first GPU a limit binds, from
+        that window; or record why not. None when the node stopped first."""
+        found = self.wait_for_work()
+        if found is None:
+            return None
+        if isinstance(found, TuneLog):
+            return found
+        gpu, seen = found
+        return self.run(gpu, baseline=seen)
 
-def auto_tune(run_dir: Path, settings: TuneSettings, stop: threading.Event) -> TuneLog | None:
-    """`up --tune`: once every GPU is ready, sample them a window at a time until work waits in
-    a queue and the answers' mix is steady (the KV a running request holds stopped growing,
-    STEADY_GROWTH, or STEADY_WINDOWS passed); then tune once where a limit binds (`run_tune`
-    on that GPU, from that window), or record why not. Returns the log, or None when the node
-    stopped first."""
-    waiting: TuneLog | None = None
-    held: list[float] = []
-    while not stop.wait(settings.interval_s):
-        if not all_ready(run_dir):
-            continue
-        entries = _ready(run_dir)
-        seen = asyncio.run(_measure(entries, settings.window_s, settings.interval_s))
-        if stop.is_set() or not all_ready(run_dir):
-            continue
-        advice = [advise(e, seen[e.gpu]) for e in entries]
-        bound = [a for a in advice if a.flags]
-        if bound:
-            now = pooled_held(entries, seen)
-            if now is not None and len(held) < STEADY_WINDOWS and (
-                    not held or now > held[-1] * (1 + STEADY_GROWTH)):
-                # A job's first minutes run young answers only: their KV says too little of
-                # what the long ones will hold, and the memory model would overcommit.
-                waiting = waiting or TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"),
-                                             stop=stop)
-                waiting.add(kind="waiting", gpu=None, note=(
-                    f"answers still building up: {now:,.0f} KV tokens per running request"
-                    + (f", {held[-1]:,.0f} a window before" if held else "")))
-                held.append(now)
+    def wait_for_work(self) -> tuple[int | None, dict[int | None, Observed]] | TuneLog | None:
+        """Once every GPU is ready, sample them a window at a time until work waits in a queue
+        and the answers' mix is steady (`still_young`): the GPU to tune and the window.
+        Where nothing binds though work waits, the record saying why; None once stopped."""
+        held: list[float] = []
+        while True:
+            self.clock.sleep(self.settings.interval_s)
+            if self.stopped:
+                return None
+            if not self.probe.state().all_ready:
                 continue
-            return run_tune(run_dir, bound[0].gpu, settings.window_s, settings.interval_s,
-                            settings.margin, settings.rounds, settings.warmup_s,
-                            settings.timeout_s, False, stop, settings.drain_s, settings.width,
-                            settings.settle_s, baseline=seen)
-        if all(a.binding == "idle" for a in advice):
-            if waiting is None:  # an idle node is waiting for a job: say so once, keep sampling
-                waiting = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="waiting"), stop=stop)
-                waiting.add(kind="waiting", gpu=None, note="no queue yet: nothing binds")
-            continue
-        log = TuneLog(run_dir / TUNE_FILE, TuneRecord(state="done"), stop=stop)
-        log.add(kind="stop", gpu=None, note="; ".join(a.line() for a in advice))
-        return log
-    return None
+            entries = self.ready()
+            seen = self.measure(entries)
+            if self.stopped or not self.probe.state().all_ready:
+                continue
+            advice = [advise(e, seen[e.gpu]) for e in entries]
+            bound = [a for a in advice if a.flags]
+            if bound:
+                if self.still_young(entries, seen, held):
+                    continue
+                return bound[0].gpu, seen
+            if not all(a.binding == "idle" for a in advice):
+                done = self.new_log(TuneRecord(state="done"))
+                done.add(kind="stop", gpu=None, note="; ".join(a.line() for a in advice))
+                return done
+            if self._waiting is None:  # an idle node is waiting for a job: say so once
+                self.waiting("no queue yet: nothing binds")
+
+    def still_young(self, entries: Sequence[ServerEntry], seen: Mapping[int | None, Observed],
+                    held: list[float]) -> bool:
+        """Whether the KV a running request holds still grows by STEADY_GROWTH a window
+        (`held`: its former windows), within STEADY_WINDOWS: a job's first minutes run young
+        answers only, whose KV says too little of what the long ones will hold, and the
+        memory model would overcommit."""
+        now = pooled_held(entries, seen)
+        if now is None or len(held) >= STEADY_WINDOWS or (
+                held and now <= held[-1] * (1 + STEADY_GROWTH)):
+            return False
+        self.waiting(f"answers still building up: {now:,.0f} KV tokens per running request"
+                     + (f", {held[-1]:,.0f} a window before" if held else ""))
+        held.append(now)
+        return True
+
+    def waiting(self, note: str) -> None:
+        """One more `waiting` step of the record kept while waiting for work."""
+        self._waiting = self._waiting or self.new_log(TuneRecord(state="waiting"))
+        self._waiting.add(kind="waiting", gpu=None, note=note)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the node is stopping (`up --tune`)."""
+        return self.stop is not None and self.stop.is_set()
+
+    def ready(self) -> list[ServerEntry]:
+        """The node's ready servers now."""
+        return self.probe.state().ready
+
+    def measure(self, entries: Sequence[ServerEntry] | None = None,
+                window_s: float | None = None) -> dict[int | None, Observed]:
+        """A window of samples of `entries` (default: the ready ones)."""
+        s = self.settings
+        return self.probe.measure(self.ready() if entries is None else entries,
+                                  s.window_s if window_s is None else window_s, s.interval_s)
+
+    def wait_full(self, gpus: Sequence[int]) -> None:
+        """Wait `warmup_s`, then until each of `gpus` is full, within two windows (FULL_WAIT_S
+        at most): it runs its cap or queues work, or its running count stopped growing for
+        half a window (its KV pool binds first, and its worker keeps no queue). A worker
+        learns a restarted server's cap once it sees it back, then takes batches until its
+        server is full; a window measured before that measures the refill."""
+        s = self.settings
+        span_s = max(s.warmup_s, s.window_s / 2)
+        self.clock.sleep(s.warmup_s)
+        history: dict[int | None, list[tuple[float, float]]] = {}
+
+        def full_or_stopped() -> bool:
+            if self.log.stopped:
+                return True
+            entries = self.ready()
+            seen = self.measure(entries, 0.0)
+            now = self.clock.now()
+            for g in entries:
+                if seen[g.gpu].running is not None:
+                    history.setdefault(g.gpu, []).append((now, seen[g.gpu].running or 0.0))
+            full = {g.gpu: _full(g, seen[g.gpu]) or settled(history.get(g.gpu, []), span_s)
+                    for g in entries}
+            peers = [full[g] for g in full if g not in gpus]
+            # Full, or no peer is either: the work is running out.
+            return all(full.get(g, True) for g in gpus) or bool(peers and not any(peers))
+
+        self.wait(full_or_stopped, min(FULL_WAIT_S, 2 * s.window_s), s.interval_s)
+
+    def restart_gpus(self, gpu_args: Mapping[int, Sequence[str]]) -> RestartOutcome:
+        """Each of these GPUs restarted with its own arguments, the node's untouched (an
+        experiment or a rollback)."""
+        return self.request(gpu_args=gpu_args)
+
+    def request(self, *, args: Sequence[str] | None = None, gpus: Sequence[int] = (),
+                gpu_args: Mapping[int, Sequence[str]] | None = None) -> RestartOutcome:
+        """One restart request, started only while no GPU is out: `args` for `gpus` (the
+        node's arguments from then on: a winner), or `gpu_args`, each GPU its own. All at
+        once: candidates are measured side by side, and a winner started on this node
+        already. `drain_s` bounds each server's drain (infinite: the node's
+        --drain-timeout)."""
+        s = self.settings
+        self.wait(lambda: self.log.stopped or self.probe.state().all_ready, s.timeout_s, 0.5)
+        if self.log.stopped:
+            return RestartOutcome("failed", "the node is stopping")
+        if not self.probe.state().all_ready:
+            return RestartOutcome("failed", "another GPU stayed out; not restarting a second one")
+        request = RestartRequest(
+            new_request_id("t"), rolling=False,
+            args=tuple(args) if args is not None else None,
+            gpus=tuple(gpus) if gpus else None,
+            gpu_args={g: tuple(a) for g, a in gpu_args.items()} if gpu_args is not None else None,
+            drain_s=None if math.isinf(s.drain_s) else s.drain_s)
+        outcome = self.restart(request, s.timeout_s)
+        if outcome.state in ("done", "failed", "rejected"):
+            return outcome
+        # Not picked up is as good as turned down; still running after the timeout, failed.
+        return dataclasses.replace(
+            outcome, state="rejected" if outcome.state == "unacknowledged" else "failed")
+
+    def wait(self, check: Callable[[], bool], timeout_s: float, interval_s: float) -> bool:
+        """`check()` at once, every `interval_s` and at the deadline, on the tuning's clock
+        (fleetgen.poll's rule, in virtual time under test); whether it came true."""
+        deadline = self.clock.now() + timeout_s
+        while not check():
+            left = deadline - self.clock.now()
+            if left <= 0:
+                return False
+            self.clock.sleep(min(interval_s, left))
+        return True
 
 
 def _merge(old: Sequence[str], new: Sequence[str]) -> list[str]:
@@ -766,8 +843,14 @@ def drain_seconds(text: str) -> float:
     return value
 
 
-def cmd_tune(argv: Sequence[str]) -> int:
-    """`launcher tune`: see the module docstring."""
+# `--margin` and `up --tune-margin` say the same.
+MARGIN_HELP = ("a candidate must beat the baseline by this share of tokens/s, measured "
+               "against its peers")
+
+
+def tune_parser() -> CommandParser:
+    """`launcher tune`'s flags, their defaults TuneSettings'."""
+    d = TuneSettings()
     p = CommandParser(
         prog="python -m launcher tune",
         description="Try candidate flags side by side on half the GPUs while the job runs; "
@@ -777,19 +860,24 @@ def cmd_tune(argv: Sequence[str]) -> int:
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                    help="the launcher's run directory (node.json)")
     p.add_argument("--gpu", help="the GPU to experiment on (default: the first ready one)")
-    p.add_argument("--window", type=float, default=60.0, help="seconds of samples per measure")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
-    p.add_argument("--warmup", type=float, default=10.0,
-                   help="seconds after a restart before measuring (the batch refills)")
-    p.add_argument("--margin", type=float, default=0.05, help="a win must beat the baseline by "
-                   "this share of tokens/s")
-    p.add_argument("--rounds", type=int, default=10, help="candidates tried at most")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per restart, seconds")
-    p.add_argument("--drain", type=drain_seconds, default=TuneSettings.drain_s,
+    p.add_argument("--window", type=float, default=d.window_s,
+                   help="seconds of samples per measure (default: %(default)s)")
+    p.add_argument("--interval", type=float, default=d.interval_s,
+                   help="seconds between samples (default: %(default)s)")
+    p.add_argument("--warmup", type=float, default=d.warmup_s,
+                   help="seconds after a restart before measuring, while the batch refills "
+                        "(default: %(default)s)")
+    p.add_argument("--margin", type=float, default=d.margin,
+                   help=MARGIN_HELP + " (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=d.rounds,
+                   help="candidates tried at most (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=d.timeout_s,
+                   help="per restart, seconds (default: %(default)s)")
+    p.add_argument("--drain", type=drain_seconds, default=d.drain_s,
                    help="seconds a restarted server's running answers may finish before the "
                         "rest are cut and handed back, or `wait` for the longest one (up to "
                         "the node's --drain-timeout; default: %(default)s)")
-    p.add_argument("--settle", type=float, default=TuneSettings.settle_s,
+    p.add_argument("--settle", type=float, default=d.settle_s,
                    help="seconds the candidates serve, once their batches are full, before "
                         "they are measured: their long answers build up again (default: "
                         "%(default)s)")
@@ -797,11 +885,18 @@ def cmd_tune(argv: Sequence[str]) -> int:
                    "(default: half the GPUs; the rest serve as the reference)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--json", action="store_true", help="print tune.json at the end")
-    args = p.parse_args(list(argv))
+    return p
+
+
+def cmd_tune(argv: Sequence[str]) -> int:
+    """`launcher tune`: see the module docstring."""
+    args = tune_parser().parse_args(list(argv))
+    settings = TuneSettings(window_s=args.window, interval_s=args.interval,
+                            warmup_s=args.warmup, settle_s=args.settle, margin=args.margin,
+                            rounds=args.rounds, timeout_s=args.timeout, drain_s=args.drain,
+                            width=args.width)
     gpu = parse_gpu_spec(args.gpu)[0] if args.gpu else None
-    log = run_tune(args.run_dir, gpu, args.window, args.interval, args.margin, args.rounds,
-                   args.warmup, args.timeout, args.dry_run, drain_s=args.drain,
-                   width=args.width, settle_s=args.settle)
+    log = Tuning.of_node(args.run_dir, settings).run(gpu, dry_run=args.dry_run)
     if args.json:
         print(log.record.to_json())
     return 0

@@ -127,7 +127,7 @@ def test_producer_status_says_what_each_nodes_tuning_does(ledger: Any) -> None:
     from fleetgen.fleet import THIS_HOST, TUNING_SHOWN_S, TuningNote, tuning
     from fleetgen.poll import wait_until
     from launcher.node._rundir import TuneStep
-    from launcher.node._tune import TuningNotes
+    from launcher.node._tunelog import TuningNotes
 
     at = 1_000_000.0
     record = TuneRecord(chosen=[], steps=[
@@ -169,7 +169,7 @@ def test_a_running_tunings_note_beats_while_its_tuner_lives_then_leaves_the_stat
     from fleetgen.fleet import LOST_AFTER_S, TUNING_SHOWN_S, tuning
     from fleetgen.poll import wait_until
     from launcher.node._rundir import TuneStep
-    from launcher.node._tune import TuningNotes
+    from launcher.node._tunelog import TuningNotes
 
     notes = TuningNotes(ledger, beat_s=0.05)
     record = TuneRecord(steps=[TuneStep(at=1_000_000.0, kind="baseline", gpu=0,
@@ -215,7 +215,7 @@ def test_a_running_note_whose_tuner_does_not_beat_is_not_shown(ledger: Any) -> N
 def test_a_tuning_note_that_cannot_reach_redis_costs_nothing_but_the_note(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from launcher.node._rundir import TuneStep
-    from launcher.node._tune import TuningNotes
+    from launcher.node._tunelog import TuningNotes
 
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # nothing listens there
     notes = TuningNotes()

@@ -11,7 +11,8 @@ from pathlib import Path
 from fleetgen.fleet import tuning
 from fleetgen.ledger import Ledger
 from launcher.node._rundir import NodeState, ServerEntry
-from launcher.node._tune import TuneLog, TuningNotes, previous_values, smaller_step
+from launcher.node._tune import previous_values, smaller_step
+from launcher.node._tunelog import TuneLog, TuningNotes
 
 
 def entry(*argv: str, slots: int = 80) -> ServerEntry:
