@@ -1,4 +1,10 @@
-"""`python -m producer COMMAND`: enqueue a job, watch it, steer it."""
+"""`python -m producer COMMAND`: enqueue a job, watch it, steer it.
+
+A command is a builder of its flags (`_add_enqueue`, ...), its `cmd_*` function in COMMANDS,
+and its row of RULES: what it refuses of its flags' values and combinations, checked by `main`
+before the command runs. A new flag is its add_argument in the builder, its rules in RULES,
+and its use in `cmd_*`.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import urlparse
 
 import orjson
+from celery import Celery
 
 from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
@@ -68,6 +76,9 @@ from producer.inputs import (
 )
 from producer.upload import UploadError, upload
 
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[CommandParser]
+
 # The job view and the control verbs (`producer.control`, `producer.status`, `fleetgen.jobview`)
 # are imported by the commands that use them: they bring httpx, the reconciler and the fleet
 # reader, ~0.25 s that `enqueue` would otherwise spend before its first batch is queued (a
@@ -110,26 +121,195 @@ class CommandError(FleetgenError):
         self.code = code
 
 
+def _given(value: object) -> bool:
+    """Whether a flag was given: rules name only flags whose default is None or off."""
+    return value is not None and value is not False
+
+
+def _value(args: argparse.Namespace, flag: str) -> Any:
+    """The parsed value of `flag`: `--rollout-options` is `args.rollout_options`, the
+    positional `INPUT` is `args.input`."""
+    return getattr(args, flag.lstrip("-").replace("-", "_").lower())
+
+
+@dataclass(frozen=True)
+class Requires:
+    """Any of `flags`, given (and its value passing `when`), needs `needs` given too."""
+
+    flags: tuple[str, ...]
+    needs: str
+    says: str = "{flags} {go} with {needs}"
+    when: Callable[[Any], bool] = _given
+
+    def named(self) -> tuple[str, ...]:
+        return (*self.flags, self.needs)
+
+    def error(self, args: argparse.Namespace) -> str | None:
+        if _given(_value(args, self.needs)) or not any(
+                _given(_value(args, flag)) and self.when(_value(args, flag)) for flag in self.flags):
+            return None
+        return self.says.format(flags=" and ".join(self.flags), needs=self.needs,
+                                go="go" if len(self.flags) > 1 else "goes")
+
+
+@dataclass(frozen=True)
+class Excludes:
+    """`flag`, given (and its value passing `when`), and `other` are not given together."""
+
+    flag: str
+    other: str
+    why: str
+    says: str = "{flag} with {other}: {why}"
+    when: Callable[[Any], bool] = _given
+
+    def named(self) -> tuple[str, ...]:
+        return (self.flag, self.other)
+
+    def error(self, args: argparse.Namespace) -> str | None:
+        value = _value(args, self.flag)
+        if not (_given(value) and self.when(value) and _given(_value(args, self.other))):
+            return None
+        return self.says.format(flag=self.flag, other=self.other, why=self.why)
+
+
+@dataclass(frozen=True)
+class Within:
+    """A number flag, when given, is at least `low` (more than it when `above`) and at most
+    `high`."""
+
+    flag: str
+    low: int
+    high: int | None = None
+    above: bool = False
+    says: str = ""  # default: "{flag} must be in [{low}, {high}], got {value}" or ">= {low}"
+
+    def named(self) -> tuple[str, ...]:
+        return (self.flag,)
+
+    def error(self, args: argparse.Namespace) -> str | None:
+        value = _value(args, self.flag)
+        if value is None:
+            return None
+        if (value > self.low if self.above else value >= self.low) and (
+                self.high is None or value <= self.high):
+            return None
+        span = f">= {self.low}" if self.high is None else f"in [{self.low}, {self.high}]"
+        says = self.says or "{flag} must be {span}, got {value}"
+        return says.format(flag=self.flag, span=span, value=value)
+
+
+@dataclass(frozen=True)
+class Valid:
+    """A flag's value, when given, passes `test`; `why` says what a valid one is."""
+
+    flag: str
+    test: Callable[[Any], bool]
+    why: str
+    says: str = "{flag} {value!r}: {why}"
+
+    def named(self) -> tuple[str, ...]:
+        return (self.flag,)
+
+    def error(self, args: argparse.Namespace) -> str | None:
+        value = _value(args, self.flag)
+        if value is None or self.test(value):
+            return None
+        return self.says.format(flag=self.flag, value=value, why=self.why)
+
+
+# A rule's `named()` is the flags it reads (a positional by its metavar), `error(args)` what
+# is printed when `args` break it, else None.
+Rule = Requires | Excludes | Within | Valid
+
+# What each command refuses of its flags' values and combinations, checked in this order
+# before the command runs (`broken_rule`); the first one broken is the error, exit code 2. A
+# flag's rules live here and nowhere else: a new flag adds its add_argument to its command's
+# builder below and its rules to its command's row.
+RULES: dict[str, tuple[Rule, ...]] = {
+    "enqueue": (
+        Valid("--queue", lambda q: q == keys.SHARED_QUEUE or bool(keys.GPU_QUEUE.match(q)),
+              f"use {keys.SHARED_QUEUE} or gpuN"),
+        Requires(("INPUT",), "--job", when=lambda path: path == STDIN,
+                 says="reading prompts from stdin (-) needs --job NAME"),
+        Within("--batch-size", 1),
+        Within("--samples", 1, MAX_SAMPLES),
+        Within("--seed", 0),
+        Valid("--output", lambda out: bool(out.strip()), says="{flag} is empty: {why}",
+              why="give s3://bucket/prefix or a folder, or leave it out for $FLEETGEN_OUTPUT, "
+              "else ./fleetgen-output"),
+        Excludes("--canary", "--no-canary", "pass one of them",
+                 says="{flag} sets the canary's thresholds and {other} turns it off: {why}"),
+        Requires(("--rollout-options", "--keep-calls"), "--rollout"),
+        Excludes("--samples", "--rollout", when=lambda n: n > 1,
+                 why="a rollout asks for the answers it needs itself "
+                 "(fleetgen.rollouts:BestOfN takes n)"),
+    ),
+    "status": (
+        Requires(("--interval",), "--watch",
+                 says="--interval sets how often --watch redraws: add --watch"),
+        Within("--interval", 0, above=True, says="{flag} must be more than 0 seconds"),
+    ),
+    "report": (Within("--max-batches", 1),),
+}
+
+
+def broken_rule(args: argparse.Namespace) -> str | None:
+    """The error of the first rule of the chosen command (RULES) that `args` break, if any."""
+    for rule in RULES.get(args.command, ()):
+        error = rule.error(args)
+        if error is not None:
+            return error
+    return None
+
+
 def build_parser() -> CommandParser:
     parser = CommandParser(prog="python -m producer", epilog=EPILOG,
                            description="Enqueue a job's prompts, watch it, steer it, export it.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
+    for add in (_add_enqueue, _add_status, _add_jobs, _add_requeue, _add_pause, _add_cancel,
+                _add_resume, _add_export, _add_rebuild, _add_report, _add_upload):
+        add(sub)
+    return parser
 
-    def command(name: str, text: str, *examples: str) -> argparse.ArgumentParser:
-        lines = "\n".join(f"  python -m producer {name} {example}".rstrip() for example in examples)
-        return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
-                              epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}")
 
-    p = command("enqueue", "check an input (JSONL, Parquet, a saved Hugging Face dataset; a "
-                "file, a folder or S3), store its prompts in the output as batches and queue "
-                "them; the same command again resumes an interrupted enqueue",
-                "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
-                "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3",
-                "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0",
-                "prompts.parquet --job distill-v1 --prompt-column question --id-column qid",
-                "./saved-dataset --split train --job distill-v1",
-                "s3://bucket/prompts/ --job distill-v1 --output s3://bucket/runs")
+def _command(sub: Subparsers, name: str, text: str, *examples: str) -> CommandParser:
+    """A command's parser: `text` its help line and description, `examples` its epilog."""
+    lines = "\n".join(f"  python -m producer {name} {example}".rstrip() for example in examples)
+    return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                          epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}")
+
+
+def _add_enqueue(sub: Subparsers) -> None:
+    p = _command(sub, "enqueue", "check an input (JSONL, Parquet, a saved Hugging Face dataset; "
+                 "a file, a folder or S3), store its prompts in the output as batches and queue "
+                 "them; the same command again resumes an interrupted enqueue",
+                 "prompts.jsonl --job distill-v1 --output s3://bucket/runs",
+                 "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3",
+                 "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0",
+                 "prompts.parquet --job distill-v1 --prompt-column question --id-column qid",
+                 "./saved-dataset --split train --job distill-v1",
+                 "s3://bucket/prompts/ --job distill-v1 --output s3://bucket/runs")
+    _add_input_flags(p)
+    _add_generation_flags(p)
+    _add_answer_flags(p)
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help=f"answers per batch (one per prompt unless --samples or sampling.n say "
+                   f"more; default: answers/{MIN_BATCHES} within "
+                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}; a resumed job keeps its own)")
+    p.add_argument("--canary", default=None, metavar="SPEC",
+                   help="quality thresholds over the defaults, e.g. "
+                   "'empty_content=0.5,length=off,min_completions=100' (default: the canary's "
+                   "defaults, docs/guides/running-a-job.md)")
+    p.add_argument("--no-canary", action="store_true",
+                   help="turn the quality canary off: never pause on bad answers")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="enqueue the valid lines; write the invalid ones to URI/JOB/rejects.jsonl "
+                   "(default: an invalid line stops the enqueue before anything is written)")
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
+    """enqueue's flags of where the prompts come from and where the job writes."""
     p.add_argument("input", metavar="INPUT",
                    help="a JSONL file (messages / prompt / OpenAI Batch lines), a .parquet file, "
                    "a folder of *.jsonl / *.parquet shards or a dataset saved with "
@@ -142,10 +322,15 @@ def build_parser() -> CommandParser:
                    help="a table's id column when it is not id or custom_id")
     p.add_argument("--split", metavar="NAME",
                    help="the split of a saved dataset of several (a DatasetDict folder)")
-    p.add_argument("--job", metavar="NAME", help="the job's name (default: the input's name without extension)")
+    p.add_argument("--job", metavar="NAME",
+                   help="the job's name (default: the input's name without extension)")
     p.add_argument("--output", default=None, metavar="URI",
                    help="the job's output, s3://bucket/prefix or a folder; the job writes under "
                    "URI/JOB/ (default: $FLEETGEN_OUTPUT or ./fleetgen-output)")
+
+
+def _add_generation_flags(p: argparse.ArgumentParser) -> None:
+    """enqueue's job-wide request defaults (GenerationParams) and where its batches run."""
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help="most tokens generated per prompt (a line's own max_tokens wins)")
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T",
@@ -160,6 +345,10 @@ def build_parser() -> CommandParser:
     p.add_argument("--queue", default=keys.SHARED_QUEUE, metavar="Q",
                    help=f"{keys.SHARED_QUEUE}: every GPU takes the job; gpu3 pins it to GPU 3"
                    " (default: %(default)s)")
+
+
+def _add_answer_flags(p: argparse.ArgumentParser) -> None:
+    """enqueue's flags of how many answers a prompt gets and what program makes them."""
     p.add_argument("--samples", type=int, default=None, metavar="N",
                    help="answers per prompt, each its own record and export line, asked "
                    "with n where the server takes it "
@@ -178,21 +367,11 @@ def build_parser() -> CommandParser:
     p.add_argument("--keep-calls", action="store_true",
                    help="keep every call of each prompt's rollout (request and completion) "
                    "in its record and exports: the whole trajectory")
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help=f"answers per batch (one per prompt unless --samples or sampling.n say "
-                   f"more; default: answers/{MIN_BATCHES} within "
-                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}; a resumed job keeps its own)")
-    p.add_argument("--canary", default=None, metavar="SPEC",
-                   help="quality thresholds over the defaults, e.g. "
-                   "'empty_content=0.5,length=off,min_completions=100' (default: the canary's "
-                   "defaults, docs/guides/running-a-job.md)")
-    p.add_argument("--no-canary", action="store_true",
-                   help="turn the quality canary off: never pause on bad answers")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="enqueue the valid lines; write the invalid ones to URI/JOB/rejects.jsonl "
-                   "(default: an invalid line stops the enqueue before anything is written)")
-    p = command("status", "progress, rate, ETA, tokens and workers of a job",
-                "distill-v1", "distill-v1 --watch", "distill-v1 --json")
+
+
+def _add_status(sub: Subparsers) -> None:
+    p = _command(sub, "status", "progress, rate, ETA, tokens and workers of a job",
+                 "distill-v1", "distill-v1 --watch", "distill-v1 --json")
     p.add_argument("job", metavar="JOB", help="the job's name")
     p.add_argument("--json", action="store_true",
                    help="print the same figures as one JSON object (one line per redraw with "
@@ -206,32 +385,51 @@ def build_parser() -> CommandParser:
     p.add_argument("--no-servers", action="store_true",
                    help="leave out the live per-GPU table (no /metrics or /server_info requests; "
                    "fleet is null in --json)")
-    command("jobs", "list the jobs Redis holds (running, paused, and finished ones until "
-            "FLEETGEN_JOB_RETENTION expires them) with their state and progress", "")
-    p = command("requeue", "send failed prompts again (e.g. after raising the context)",
-                "distill-v1 --failed")
+
+
+def _add_jobs(sub: Subparsers) -> None:
+    _command(sub, "jobs", "list the jobs Redis holds (running, paused, and finished ones until "
+             "FLEETGEN_JOB_RETENTION expires them) with their state and progress", "")
+
+
+def _add_requeue(sub: Subparsers) -> None:
+    p = _command(sub, "requeue", "send failed prompts again (e.g. after raising the context)",
+                 "distill-v1 --failed")
     p.add_argument("job", help="the job's name")
     p.add_argument("--failed", action="store_true", required=True,
                    help="required: send every prompt whose newest outcome is a failure")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="prompts per new batch (default: the job's batch size)")
-    for name, text in (("pause", "start no new batches (running ones finish)"),
-                       ("cancel", "stop the job: no new batches, running ones stop (resume "
-                        "runs it again)"),
-                       ("resume", "run a paused or cancelled job again")):
-        p = command(name, text, "distill-v1")
-        p.add_argument("job", help="the job's name")
-        if name == "resume":
-            p.add_argument("--accept-quality", action="store_true",
-                           help="go on although the quality canary paused the job")
-            p.add_argument("--accept-failures", action="store_true",
-                           help="after a failure breaker pause: keep its failed prompts as "
-                           "failures (not sent again) and stop pausing the job for that cause")
-    p = command("export", "write one dataset with every input id (every answer) exactly once",
-                "distill-v1 --to distill-v1.out.jsonl",
-                "best-of-4 --to best-of-4.jsonl --group-answers   # one line per prompt",
-                "distill-v1 --to distill-v1.parquet --format parquet --partial",
-                "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
+
+
+def _add_pause(sub: Subparsers) -> None:
+    p = _command(sub, "pause", "start no new batches (running ones finish)", "distill-v1")
+    p.add_argument("job", help="the job's name")
+
+
+def _add_cancel(sub: Subparsers) -> None:
+    p = _command(sub, "cancel", "stop the job: no new batches, running ones stop (resume runs "
+                 "it again)", "distill-v1")
+    p.add_argument("job", help="the job's name")
+
+
+def _add_resume(sub: Subparsers) -> None:
+    p = _command(sub, "resume", "run a paused or cancelled job again", "distill-v1")
+    p.add_argument("job", help="the job's name")
+    p.add_argument("--accept-quality", action="store_true",
+                   help="go on although the quality canary paused the job")
+    p.add_argument("--accept-failures", action="store_true",
+                   help="after a failure breaker pause: keep its failed prompts as "
+                   "failures (not sent again) and stop pausing the job for that cause")
+
+
+def _add_export(sub: Subparsers) -> None:
+    p = _command(sub, "export", "write one dataset with every input id (every answer) exactly "
+                 "once",
+                 "distill-v1 --to distill-v1.out.jsonl",
+                 "best-of-4 --to best-of-4.jsonl --group-answers   # one line per prompt",
+                 "distill-v1 --to distill-v1.parquet --format parquet --partial",
+                 "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
     p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, required=True, metavar="PATH",
                    help="required: the file to write (never the job's input)")
@@ -249,46 +447,48 @@ def build_parser() -> CommandParser:
     p.add_argument("--output", default=None, metavar="URI",
                    help="the job's output, s3://bucket/prefix or a folder (default: the output "
                    "Redis has for it); a job Redis does not know is exported from there alone")
-    p = command("rebuild", "rebuild a job's ledger in Redis from its output (after Redis lost "
-                "its data): what is done, its counts and requeue rounds; the rest runs again",
-                "distill-v1 --output s3://bucket/runs", "distill-v1")
+
+
+def _add_rebuild(sub: Subparsers) -> None:
+    p = _command(sub, "rebuild", "rebuild a job's ledger in Redis from its output (after Redis "
+                 "lost its data): what is done, its counts and requeue rounds; the rest runs "
+                 "again", "distill-v1 --output s3://bucket/runs", "distill-v1")
     p.add_argument("job", help="the job's name")
     p.add_argument("--output", default=None, metavar="URI",
                    help="the job's output, s3://bucket/prefix or a folder (default: the output "
                    "Redis has for it); needed when Redis does not know the job")
-    p = command("report", "write one HTML page of a job: throughput per GPU, capacity, latency, "
-                "lengths, finish reasons, failures, canary",
-                "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
+
+
+def _add_report(sub: Subparsers) -> None:
+    p = _command(sub, "report", "write one HTML page of a job: throughput per GPU, capacity, "
+                 "latency, lengths, finish reasons, failures, canary",
+                 "distill-v1", "distill-v1 --to /tmp/distill-v1.html --force")
     p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, default=None,
                    help="HTML file to write (default: ./JOB-report.html)")
     p.add_argument("--max-batches", type=int, default=report.DEFAULT_MAX_BATCHES,
                    help="read latency and lengths from at most this many written batches")
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
-    p = command("upload", "put local files into S3 with the producer's S3 endpoint and "
-                "credentials (AWS_*), for `enqueue s3://...` to read",
-                "prompts.jsonl s3://bucket/prompts/   # -> s3://bucket/prompts/prompts.jsonl",
-                "prompts.jsonl s3://bucket/in/mine.jsonl",
-                "shards/*.parquet s3://bucket/shards/")
+
+
+def _add_upload(sub: Subparsers) -> None:
+    p = _command(sub, "upload", "put local files into S3 with the producer's S3 endpoint and "
+                 "credentials (AWS_*), for `enqueue s3://...` to read",
+                 "prompts.jsonl s3://bucket/prompts/   # -> s3://bucket/prompts/prompts.jsonl",
+                 "prompts.jsonl s3://bucket/in/mine.jsonl",
+                 "shards/*.parquet s3://bucket/shards/")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a local file to upload")
     p.add_argument("to", metavar="S3URI",
                    help="s3://bucket/prefix/ (each file keeps its name under it) or "
                    "s3://bucket/key (one file); the bucket must exist")
     p.add_argument("--force", action="store_true", help="replace an object that exists")
-    return parser
 
 
 def _rollout(args: argparse.Namespace) -> RolloutSpec | None:
     """The job's rollout from --rollout, --rollout-options and --keep-calls, imported here to
     take its digest; CommandError saying why it cannot be used."""
     if args.rollout is None:
-        if args.rollout_options is not None or args.keep_calls:
-            raise CommandError("--rollout-options and --keep-calls go with --rollout",
-                               RET_BAD_INPUT)
         return None
-    if args.samples is not None and args.samples > 1:
-        raise CommandError("--samples with --rollout: a rollout asks for the answers it needs "
-                           "itself (fleetgen.rollouts:BestOfN takes n)", RET_BAD_INPUT)
     options: Any = {}
     if args.rollout_options is not None:
         try:
@@ -309,28 +509,8 @@ def _rollout(args: argparse.Namespace) -> RolloutSpec | None:
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     app = broker.make_app(settings)
-
     from_stdin = args.input == STDIN
-    if args.queue != keys.SHARED_QUEUE and not keys.GPU_QUEUE.match(args.queue):
-        raise CommandError(f"--queue {args.queue!r}: use {keys.SHARED_QUEUE} or gpuN", RET_BAD_INPUT)
-    if from_stdin:
-        if not args.job:
-            raise CommandError("reading prompts from stdin (-) needs --job NAME", RET_BAD_INPUT)
-        if sys.stdin.isatty():
-            raise CommandError("stdin is a terminal: pipe the prompts in, or name a file",
-                               RET_BAD_INPUT)
-    elif not args.input.startswith("s3://") and not Path(args.input).is_dir():
-        _check_input_file(Path(args.input))
-    if args.batch_size is not None and args.batch_size < 1:
-        raise CommandError("--batch-size must be >= 1", RET_BAD_INPUT)
-    if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
-        raise CommandError(f"--samples must be in [1, {MAX_SAMPLES}], got {args.samples}",
-                           RET_BAD_INPUT)
-    if args.seed is not None and args.seed < 0:
-        raise CommandError(f"--seed must be >= 0, got {args.seed}", RET_BAD_INPUT)
-    if args.output is not None and not args.output.strip():
-        raise CommandError("--output is empty: give s3://bucket/prefix or a folder, or leave it "
-                           "out for $FLEETGEN_OUTPUT, else ./fleetgen-output", RET_BAD_INPUT)
+    _check_input(args.input)
     output = absolute(args.output) if args.output is not None else _default_output(settings)
     new_folder = _missing_folder(output)
     try:
@@ -340,10 +520,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         )
     except JobError as exc:
         raise CommandError(str(exc), RET_BAD_INPUT) from None
-    if args.canary is not None and args.no_canary:
-        raise CommandError("--canary sets the canary's thresholds and --no-canary turns it off: "
-                           "pass one of them", RET_BAD_INPUT)
-    thresholds = Thresholds.parse(args.canary, enabled=not args.no_canary)
+    canary = Thresholds.parse(args.canary, enabled=not args.no_canary)
     rollout = _rollout(args)
     columns = Columns(prompt=args.prompt_column, id=args.id_column)
     with (_spooled_stdin() if from_stdin else nullcontext(args.input) as path,
@@ -351,43 +528,80 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         request = EnqueueRequest(
             path=source, job=args.job or PurePosixPath(args.input.rstrip("/")).stem,
             output=output, params=params, queue=args.queue, batch_size=args.batch_size,
-            skip_invalid=args.skip_invalid, canary=thresholds,
+            skip_invalid=args.skip_invalid, canary=canary,
             samples=args.samples, seed=args.seed, rollout=rollout,
         )
-        # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with
-        # a report of what was stored, and the job left for the same command to finish.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            report = enqueue(request, Ledger.connect(settings), app, _progress())
+            report = _enqueued(request, Ledger.connect(settings), app)
         except InputErrors as exc:
-            if sys.stderr.isatty():
-                print(file=sys.stderr)  # off the progress bar's line
             print(str(exc), file=sys.stderr)
             print("nothing enqueued: fix the lines above, or pass --skip-invalid", file=sys.stderr)
             return RET_BAD_INPUT
-        except NoPrompts as exc:
-            if sys.stderr.isatty():
-                print(file=sys.stderr)
-            if exc.rejects:
-                print(str(InputErrors(exc.rejects, exc.rejected)), file=sys.stderr)
-            raise CommandError(str(exc), RET_BAD_INPUT) from None
         except EnqueueInterrupted as exc:
             _interrupted(exc.report, source.name)
             if new_folder is not None and new_folder.is_dir():
                 print(f"created output folder {new_folder}", file=sys.stderr)
             return RET_INTERRUPTED
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     if new_folder is not None and new_folder.is_dir():
         print(f"created output folder {new_folder}")
+    _print_enqueued(report, request.queue, output)
+    return RET_OK
+
+
+def _check_input(spec: str) -> None:
+    """CommandError when the input cannot be read twice from here: stdin from a terminal, or
+    a local path that is no file (a folder or S3 is opened, and checked, by open_input)."""
+    if spec == STDIN:
+        if sys.stdin.isatty():
+            raise CommandError("stdin is a terminal: pipe the prompts in, or name a file",
+                               RET_BAD_INPUT)
+        return
+    if spec.startswith("s3://") or Path(spec).is_dir():
+        return
+    path = Path(spec)
+    if not path.exists():
+        raise CommandError(f"{path}: no such file", RET_BAD_INPUT)
+    if not path.is_file():
+        # A pipe such as <(zcat x.gz): enqueue reads its input twice, which a pipe cannot do.
+        raise CommandError(f"{path}: not a regular file; pipe it to `enqueue - --job NAME`",
+                           RET_BAD_INPUT)
+
+
+def _enqueued(request: EnqueueRequest, ledger: Ledger, app: Celery) -> EnqueueReport:
+    """Run enqueue with its progress bar, whose line is ended after (an interruption's
+    message clears it instead); bad lines go to the caller, no prompts is a CommandError."""
+    # SIGTERM (a closed terminal, a scheduler's kill) stops enqueue as Ctrl-C does: with a
+    # report of what was stored, and the job left for the same command to finish.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        report = enqueue(request, ledger, app, _progress())
+    except InputErrors:
+        _end_progress_line()
+        raise
+    except NoPrompts as exc:
+        _end_progress_line()
+        if exc.rejects:
+            print(str(InputErrors(exc.rejects, exc.rejected)), file=sys.stderr)
+        raise CommandError(str(exc), RET_BAD_INPUT) from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _end_progress_line()
+    return report
+
+
+def _end_progress_line() -> None:
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # off the progress bar's line
+
+
+def _print_enqueued(report: EnqueueReport, queue: str, output: str) -> None:
+    """What enqueue did: the job, its batches stored and queued, its rejects."""
     for note in report.notes:
         print(f"note: {note}")
     verb = "resumed" if report.resumed else "created"
     answers = f" ({report.answers:,} answers)" if report.answers != report.prompts else ""
     print(f"job {report.job} {verb}: {report.prompts:,} prompts{answers} in {report.batches:,} "
-          f"batches -> queue {request.queue}, output {output}")
+          f"batches -> queue {queue}, output {output}")
     if report.rebuilt is not None:
         print(f"  Redis did not know the job: its ledger was rebuilt from {report.rebuilt.where}")
         for line in report.rebuilt.lines():
@@ -402,7 +616,6 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  rejected {report.rejected:,} invalid lines -> {report.rejects_at}")
     if report.enqueued == 0:
         print("  nothing to do")
-    return RET_OK
 
 
 def _default_output(settings: Settings) -> str:
@@ -419,15 +632,6 @@ def _missing_folder(output: str) -> Path | None:
         return None
     folder = Path(parsed.path if parsed.scheme else output)
     return None if folder.exists() else folder
-
-
-def _check_input_file(path: Path) -> None:
-    if not path.exists():
-        raise CommandError(f"{path}: no such file", RET_BAD_INPUT)
-    if not path.is_file():
-        # A pipe such as <(zcat x.gz): enqueue reads its input twice, which a pipe cannot do.
-        raise CommandError(f"{path}: not a regular file; pipe it to `enqueue - --job NAME`",
-                           RET_BAD_INPUT)
 
 
 @contextmanager
@@ -520,11 +724,6 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from fleetgen.jobview import STATE_DONE, job_status
     from producer.status import render
 
-    if args.interval is not None and not args.watch:
-        raise CommandError("--interval sets how often --watch redraws: add --watch",
-                           RET_BAD_INPUT)
-    if args.interval is not None and not args.interval > 0:
-        raise CommandError("--interval must be more than 0 seconds", RET_BAD_INPUT)
     interval = WATCH_INTERVAL_S if args.interval is None else args.interval
     ledger = Ledger.connect(settings)
     try:
@@ -839,8 +1038,6 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
     problem = export.target_problem(to, manifest.input, force=args.force)
     if problem:
         raise CommandError(problem)
-    if args.max_batches < 1:
-        raise CommandError("--max-batches must be >= 1", RET_BAD_INPUT)
     if importlib.util.find_spec("matplotlib") is None:
         raise CommandError("report draws with matplotlib: pip install -e '.[perf]'")
     page = report.build_report(ledger, args.job, args.max_batches)
@@ -883,6 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
+        broken = broken_rule(args)
+        if broken is not None:
+            raise CommandError(broken, RET_BAD_INPUT)
         settings = Settings.from_env()
         code = COMMANDS[args.command](args, settings)
         sys.stdout.flush()  # a reader that went away shows here, not at exit
