@@ -13,7 +13,9 @@ tensor/data-parallel servers, kept running (`up`, `status`, `restart`, `advise`,
     _restart.py     one restart asked of the supervisor and followed to its end
     _advise.py      `advise`: what binds each GPU (or any SGLang server by URL), flags to try,
                     predicted running and tokens/s
-    _tune.py        `tune`: one GPU's experiment at a time via rolling restarts; tune.json
+    _tune.py        `tune` and `up --tune`: Tuning, one method per step (baseline,
+                    candidates side by side, settle, choose, roll out); TuneSettings
+    _tunelog.py     TuneLog: the tuning's record (tune.json), printed and published
     _kind.py        ServerLaunch: how each kind of server starts (SGLang, the simulator,
                     another engine's command): its command, argv and which flags apply
     _args.py        server arguments: profile, per-GPU layers, flag renames, flag values
