@@ -174,6 +174,10 @@ class WorkerEntry:
     in_flight: int
     updated: float
     health: ServerHealth
+    # When this worker process started (unix seconds): a finished job's row is its worker's only
+    # while the process is the one that did the work, not a later one under the same name.
+    # 0 where a worker did not say.
+    started: float = 0.0
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -325,14 +329,20 @@ def fleet_rows(
     job_workers: Mapping[str, Mapping[str, float]],
     elapsed_s: float,
     now: float | None = None,
+    ended_at: float | None = None,
 ) -> list[FleetRow]:
     """One row per worker: its registry entry, its server's reading and its share of the job.
 
     `readings` are by worker: read live for this node's servers, as published by their worker
     for other nodes'. Workers that did work for the job but are no longer registered are
-    listed as `lost`.
+    listed as `lost`. For a job that ended at `ended_at` (done or cancelled) they are
+    `finished`, as is one whose name a process started after the end now bears: that process
+    did none of the job's work, so its live figures are not shown on the job's row.
     """
     now = time.time() if now is None else now
+    if ended_at is not None:
+        workers = {n: e for n, e in workers.items()
+                   if n not in job_workers or (e.state != "lost" and e.started <= ended_at)}
     rows = []
     # A lost worker that did nothing for this job (another job's, an earlier demo's) is not
     # this job's business.
@@ -349,7 +359,7 @@ def fleet_rows(
             worker=name,
             host=entry.host if entry else None,
             server=entry.server if entry else None,
-            worker_state=entry.state if entry else "lost",
+            worker_state=entry.state if entry else "lost" if ended_at is None else "finished",
             registry_age_s=entry.age_s(now) if entry else None,
             in_flight=entry.in_flight if entry else None,
             limit=entry.limit if entry else None,
@@ -382,6 +392,7 @@ def read_fleet(
     *,
     now: float | None = None,
     deadline_s: float = FETCH_DEADLINE_S,
+    ended_at: float | None = None,
 ) -> list[FleetRow]:
     """Registry + live server readings + this job's per-worker counters, one row per worker."""
     now = time.time() if now is None else now
@@ -398,7 +409,7 @@ def read_fleet(
             readings[name] = _filled(reading, entry.reading)
         else:
             readings[name] = entry.reading
-    return fleet_rows(workers, readings, job_workers, elapsed_s, now)
+    return fleet_rows(workers, readings, job_workers, elapsed_s, now, ended_at)
 
 
 def published_fleet(
@@ -407,13 +418,14 @@ def published_fleet(
     elapsed_s: float,
     *,
     now: float | None = None,
+    ended_at: float | None = None,
 ) -> list[FleetRow]:
     """The same rows from what the ledger holds alone: each server as its worker last published
     it, no server read over the network (what progress.json carries)."""
     now = time.time() if now is None else now
     workers = registry(ledger, now)
     readings = {name: entry.reading for name, entry in workers.items()}
-    return fleet_rows(workers, readings, job_workers, elapsed_s, now)
+    return fleet_rows(workers, readings, job_workers, elapsed_s, now, ended_at)
 
 
 def _readable_url(entry: WorkerEntry) -> str | None:

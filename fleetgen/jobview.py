@@ -275,7 +275,8 @@ def job_status(
         breaker=_breaker(ledger, job),
         worker_errors=worker_errors,
         stalled=_stalled(manifest, entries, worker_errors, queued, len(running), times, now),
-        fleet=read_fleet(ledger, workers, clock["elapsed"], now=now) if live else None,
+        fleet=read_fleet(ledger, workers, clock["elapsed"], now=now,
+                         ended_at=_ended_at(state, clock)) if live else None,
         updated_at=now,
         tuning=tuning(ledger, now),
         rollouts=_rollouts(manifest, stats, answered, in_hand, in_flight),
@@ -450,6 +451,16 @@ def _rates(clock: dict[str, float], answered: int, output_tokens: float, answer_
         clock_start=clock["start"],
         clock_end=clock["end"],
     )
+
+
+def _ended_at(state: str, clock: Mapping[str, float]) -> float | None:
+    """When a done or cancelled job ended (its clock's end); None for one that may go on."""
+    return clock["end"] if state in (STATE_DONE, STATE_CANCELLED) else None
+
+
+def ended_at(status: JobStatus) -> float | None:
+    """When the job of `status` ended, done or cancelled; None for one that may go on."""
+    return _ended_at(status.state, {"end": status.rate.clock_end})
 
 
 def per_second(

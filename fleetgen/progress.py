@@ -18,7 +18,7 @@ import orjson
 
 from fleetgen.errors import SinkError
 from fleetgen.fleet import published_fleet
-from fleetgen.jobview import JobStatus, job_status
+from fleetgen.jobview import JobStatus, ended_at, job_status
 from fleetgen.ledger import STATE_RUNNING, Ledger
 from fleetgen.settings import Settings
 from fleetgen.sink import open_sink
@@ -114,7 +114,7 @@ def _write(ledger: Ledger, job: str, now: float, settings: Settings | None) -> b
     # The servers as their workers published them: a reconciler round sends no request to
     # every server of the fleet (only `producer status` reads them live).
     status = dataclasses.replace(status, fleet=published_fleet(
-        ledger, status.workers, status.elapsed_s, now=now))
+        ledger, status.workers, status.elapsed_s, now=now, ended_at=ended_at(status)))
     style = settings.s3_addressing_style if settings else "path"
     sink = open_sink(status.output, addressing_style=style)
     sink.put(progress_key(job), status.to_json(option=orjson.OPT_INDENT_2))

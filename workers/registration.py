@@ -42,6 +42,7 @@ class Registration:
                  checks: HealthChecks, load: LoadWatch) -> None:
         self._worker = worker
         self._server_url = server_url
+        self._started = time.time()
         # Published in the registry: `producer status` tells a job whose queue nobody consumes.
         self.queues = list(queues)
         # What the registry shows other nodes: server_url may be this node's loopback.
@@ -103,6 +104,7 @@ class Registration:
             in_flight=in_flight.active,
             updated=time.time(),
             health=checks.report(),
+            started=self._started,
         )
         try:
             await self._live.publish_worker(self._worker, entry.to_json())

@@ -27,8 +27,10 @@ from fleetgen.fleet import (
     LOST_AFTER_S,
     FleetRow,
     ServerHealth,
+    fleet_rows,
     read_fleet,
     read_servers,
+    registry,
 )
 from fleetgen.jobview import job_status
 from fleetgen.ledger import STATE_CANCELLED, STATE_PAUSED, Ledger
@@ -806,3 +808,37 @@ def test_an_output_out_of_reach_is_said_once_then_every_half_hour_and_its_end_is
     blocker.unlink()
     assert minute(NOW + 1860)
     assert "progress.json written again after 31 min" in caplog.records[-1].getMessage()
+
+
+def test_a_finished_jobs_rows_are_the_workers_that_did_it_not_later_ones_of_the_same_name(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    # Three workers did a 30-prompt job that ended at the end of MINUTE - 1. gpu0@a still runs
+    # as the same process; gpu1@b stopped since; gpu2@c was restarted after the end (a new
+    # process under the old name, its server busy with another job).
+    out = tmp_path / "out"
+    make_job(ledger, "over", str(out), prompts=30, batch_size=10, created_at=NOW - 300)
+    for i, name in enumerate(("gpu0@a", "gpu1@b", "gpu2@c"), start=1):
+        worker = Worker(ledger, name)
+        for _ in range(10):
+            worker.answer("over", keys.batch_id(i), MINUTE - 1)
+        worker.finish_batch("over", keys.batch_id(i), MINUTE - 1, size=10)
+    ended = MINUTE * 60.0
+    beat = {"updated": NOW + 59}
+    register(ledger, "gpu0@a", "http://127.0.0.1:30000", started=ended - 400, **beat)
+    register(ledger, "gpu2@c", "http://127.0.0.1:30002", started=ended + 30, in_flight=9, **beat)
+    register(ledger, "gpu3@d", "http://127.0.0.1:30003", started=ended + 30, **beat)  # not its
+    status = job_status(ledger, "over", NOW + 60)
+    assert status.state == "done" and status.rate.clock_end == ended
+    assert progress.write_progress(ledger, "over", NOW + 60)
+    written = orjson.loads((out / "over" / "progress.json").read_bytes())
+    rows = {r["worker"]: r for r in written["fleet"]}
+    assert {n: rows[n]["worker_state"] for n in ("gpu0@a", "gpu1@b", "gpu2@c")} == {
+        "gpu0@a": "ready", "gpu1@b": "finished", "gpu2@c": "finished"}
+    assert (rows["gpu2@c"]["server"], rows["gpu2@c"]["in_flight"]) == (None, None)
+    assert [rows[n]["job_prompts_done"] for n in ("gpu0@a", "gpu1@b", "gpu2@c")] == [10, 10, 10]
+    # While a job may go on, a worker gone is lost and a new process is the worker.
+    ledger.r.delete(keys.job_part("over", "progress_due"))
+    running = fleet_rows(registry(ledger, NOW + 60), {}, status.workers, 60.0, NOW + 60)
+    assert {r.worker: r.worker_state for r in running}["gpu1@b"] == "lost"
+    assert {r.worker: r.in_flight for r in running}["gpu2@c"] == 9
