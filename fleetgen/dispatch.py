@@ -23,7 +23,7 @@ def dispatch(
     """
     pending = list(batches)
     priority = keys.REDRIVE_PRIORITY if redrive else keys.FRESH_PRIORITY
-    ledger.batches.mark_queued(job, pending)
+    ledger.batches.mark_queued_and_settle(job, pending)
     with app.producer_or_acquire() as producer:
         for batch in pending:
             app.send_task(

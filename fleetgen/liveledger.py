@@ -5,7 +5,7 @@ One `LiveLedger` per worker process, on its loop, over the connection pool whose
 carry the worker's name (keys.worker_client). It holds the lease heartbeat's renewal, the job
 state the heartbeat carries to a batch, the canary's and the failure breaker's reads and
 pauses, and the worker's registry entry. The per-prompt checkpoints are CheckpointWriter's
-(fleetgen/checkpoints.py), on the same client (`r`).
+(fleetgen/checkpoints.py), on the same client (`checkpoint_writer`).
 
     live = LiveLedger.connect(settings, keys.worker_client(worker))
     if not await live.renew_lease(job, batch, token, settings.lease_ttl_s): ...
@@ -14,7 +14,7 @@ pauses, and the worker's registry entry. The per-prompt checkpoints are Checkpoi
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -23,6 +23,7 @@ from redis.typing import EncodableT
 
 from fleetgen import keys, redisconn
 from fleetgen.canary import Sample
+from fleetgen.checkpoints import CheckpointWriter, FailureJudge, Judge
 from fleetgen.ledger import RENEW_LEASE, STATE_PAUSED, EndVerdict, FailureExample, QualityExample
 from fleetgen.settings import Settings
 
@@ -44,6 +45,14 @@ class LiveLedger:
     async def aclose(self) -> None:
         await self.r.aclose()
 
+    def checkpoint_writer(self, worker: str, judge: Judge, canary_window: Callable[[str], int],
+                          window_s: float = 0.0, judge_failures: FailureJudge | None = None,
+                          outcomes_kept: int = 0) -> CheckpointWriter:
+        """The worker's group commit of per-prompt checkpoints, on this ledger's client (the
+        arguments are `CheckpointWriter`'s)."""
+        return CheckpointWriter(self.r, worker, judge, canary_window, window_s, judge_failures,
+                                outcomes_kept)
+
     # The lease heartbeat
 
     async def renew_lease(self, job: str, batch: str, token: str, ttl_s: float) -> bool:
@@ -53,7 +62,7 @@ class LiveLedger:
                                       args=[token, int(ttl_s * 1000)]))
 
     # A rollout's journal (workers/rollouts.py): each call's result, kept until the batch is
-    # written (Batches.finish drops it with the checkpoint).
+    # written (Batches.finish_and_settle drops it with the checkpoint).
 
     async def journal(self, job: str, batch: str) -> dict[str, bytes]:
         """The batch's journaled calls: `keys.call_field(answer, k)` -> the call's result."""

@@ -378,8 +378,9 @@ def rollout_record(
 
 
 def written_counts(records: Iterable[OutputRecord]) -> dict[str, float]:
-    """What a batch's written objects add to the job's written counters (Batches.finish):
-    prompts answered, prompts failed, and failures by error code — what `export` will count."""
+    """What a batch's written objects add to the job's written counters
+    (Batches.finish_and_settle): prompts answered, prompts failed, and failures by error code —
+    what `export` will count."""
     out: dict[str, float] = {"prompts_done": 0, "prompts_failed": 0}
     for record in records:
         if is_failure(record):

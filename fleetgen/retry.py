@@ -12,7 +12,7 @@ bounded by a deadline (an outage) or a number of attempts (a prompt):
 - `on_sink`: a sink read or write rides through an S3 outage (FLEETGEN_SINK_RETRY_DEADLINE_S).
 - `with_attempts`: one prompt's transient failures (workers/batch.py).
 
-    value = on_redis("finish b000001", lambda: ledger.batches.finish(...))
+    value = on_redis("finish b000001", lambda: ledger.batches.finish_and_settle(...))
 """
 
 from __future__ import annotations

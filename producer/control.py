@@ -26,7 +26,7 @@ import orjson
 from celery import Celery
 from tenacity import RetryError, Retrying, retry_if_result, stop_before_delay
 
-from fleetgen import breaker, broker, keys
+from fleetgen import breaker, keys
 from fleetgen.creation import JOB_LOCK_WAIT_S, job_lock
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import JobError
@@ -164,7 +164,7 @@ def _resend_checkpointed(ledger: Ledger, manifest: JobManifest, cause: str) -> s
 def redispatch_idle(ledger: Ledger, app: Celery, job: str, queue: str) -> int:
     done = ledger.batches.done(job)
     running = ledger.batches.running(job)
-    waiting = {b for j, b in broker.waiting_batches(ledger.r, grace_s=float("inf")) if j == job}
+    waiting = {b for j, b in ledger.batches.in_broker() if j == job}
     idle = [b for b in ledger.jobs.batches(job) if b not in done and b not in running and b not in waiting]
     return dispatch(app, ledger, job, idle, queue)
 

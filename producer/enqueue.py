@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 import orjson
 from celery import Celery
 
-from fleetgen import broker, keys
+from fleetgen import keys
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_lock
 from fleetgen.dispatch import dispatch
@@ -237,7 +237,7 @@ def _enqueue(
             pending = _pending_batches(manifest, sink, ledger, report)
             # Queued in the ledger before the job runs, so no reconciler round sees them in no
             # state and sends them a second time.
-            ledger.batches.mark_queued(manifest.name, pending)
+            ledger.batches.mark_queued_and_settle(manifest.name, pending)
             ledger.jobs.activate(manifest)
             ledger.jobs.note_inputs_stored(manifest.name, None)
             report.complete = True
@@ -405,7 +405,7 @@ def _in_broker(ledger: Ledger, job: str, batches: Iterable[str]) -> set[str]:
     wanted = set(batches)
     if not wanted:
         return set()
-    return {b for j, b in broker.waiting_batches(ledger.r, grace_s=math.inf) if j == job} & wanted
+    return {b for j, b in ledger.batches.in_broker() if j == job} & wanted
 
 
 def _queued_now(ledger: Ledger, job: str, batches: list[str]) -> int:

@@ -129,10 +129,12 @@ def _batches(manifest: JobManifest, requeue: list[str]) -> list[str]:
 def count_written(ledger: Ledger, sink: Sink, job: str, in_sink: Iterable[str]) -> set[str]:
     """Record the batches of `in_sink` (written: they have a result object) that the ledger has
     not counted, from their objects: their worker died between writing and recording, or Redis
-    lost the record. Returns the done set. Recording is once per batch (Batches.finish),
-    so a worker recording the same batch meanwhile counts nothing twice."""
+    lost the record. Returns the done set. Recording is once per batch
+    (Batches.finish_and_settle), so a worker recording the same batch meanwhile counts nothing
+    twice."""
     done = ledger.batches.done(job)
     for batch in sorted(set(in_sink) - done, key=keys.batch_order):
-        ledger.batches.finish(job, batch, written_counts(batch_records(sink, job, batch)), "", [])
+        counts = written_counts(batch_records(sink, job, batch))
+        ledger.batches.finish_and_settle(job, batch, counts, "", [])
         done.add(batch)
     return done

@@ -95,8 +95,9 @@ class Worker:
 
     def finish_batch(self, job: str, batch: str, minute: int, size: int = 1000) -> None:
         """Write the batch (its records so far) at the end of `minute`."""
-        self.ledger.batches.finish(job, batch, written_counts(self.records.pop(batch, [])),
-                                 self.name, [], size, now=(minute + 1) * 60.0)
+        self.ledger.batches.finish_and_settle(
+            job, batch, written_counts(self.records.pop(batch, [])), self.name, [], size,
+            now=(minute + 1) * 60.0)
 
 
 def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") -> None:
@@ -118,7 +119,7 @@ def half_done_job(ledger: Ledger, name: str = "half", output: str = "/tmp/out") 
     ledger.leases.acquire(name, "b000007", "gpu0@a/lease", 30)
     for _ in range(4):
         a.answer(name, "b000007", MINUTE - 1)
-    ledger.batches.mark_queued(name, ["b000008", "b000009", "b000010"])
+    ledger.batches.mark_queued_and_settle(name, ["b000008", "b000009", "b000010"])
 
 
 def answer_taking(worker: Worker, job: str, batch: str, minute: int, latency_s: float) -> None:

@@ -136,9 +136,9 @@ class BatchRunner:
         live = self._live
         quality = QualityWatch(live)
         failures = breaker.Breaker(live, breaker.Limits.of(self.settings), quality.trip)
-        writer = CheckpointWriter(live.r, self.worker, quality.judge, quality.window,
-                                  self.settings.checkpoint_window_s, failures.judge,
-                                  failures.kept)
+        writer = live.checkpoint_writer(self.worker, quality.judge, quality.window,
+                                        self.settings.checkpoint_window_s, failures.judge,
+                                        failures.kept)
         return quality, writer
 
     async def _watch(self, job: str, manifest: JobManifest) -> None:
@@ -176,7 +176,7 @@ class BatchRunner:
         if manifest.rollout is not None:
             self.programs.require(manifest)
         if self.ledger.batches.is_done(job, batch):
-            self.ledger.batches.finish(job, batch, {}, self.worker, [])
+            self.ledger.batches.finish_and_settle(job, batch, {}, self.worker, [])
             return Outcome(status="already-done", batch=batch)
         lease = Lease.acquire(self.ledger, self.loop, self._live, self.settings, self.worker,
                               job, batch, self._quality.hold)
@@ -219,7 +219,7 @@ class BatchRunner:
         if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
             # Written, but its worker died before recording it: count it from the sink.
             counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
-            self.ledger.batches.finish(job, batch, counts, self.worker, [])
+            self.ledger.batches.finish_and_settle(job, batch, counts, self.worker, [])
             return Outcome(status="already-done", batch=batch, attempt=lease.attempt)
         return self._generate_and_write(manifest, sink, lease)
 
@@ -301,7 +301,7 @@ class BatchRunner:
         counts = written_counts(ordered if wrote else self._sink_call(
             lambda: list(batch_records(sink, job, batch))))
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
-        on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish(
+        on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish_and_settle(
             job, batch, counts, self.worker, reasons if wrote else [], size))
 
     async def _checkpoint(

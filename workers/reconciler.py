@@ -27,7 +27,7 @@ import time
 
 from celery import Celery
 
-from fleetgen import broker, keys
+from fleetgen import keys
 from fleetgen.dispatch import dispatch
 from fleetgen.ledger import ACTIVE, STATE_RUNNING, Ledger
 from fleetgen.progress import ProgressWarnings, write_progress
@@ -158,7 +158,7 @@ class Reconciler:
                     counts["lost_message"] += len(lost)
                 fresh = [b for b in stale if (job, b) in waiting]
                 if fresh:
-                    self.ledger.batches.mark_queued(job, fresh)
+                    self.ledger.batches.mark_queued_and_settle(job, fresh)
             counts["no_state"] += self._stateless(job, manifest.queue)
         self.ledger.registry.set_ownerless_leases(ownerless, int(3000 * self.settings.reconcile_interval_s))
         return counts
@@ -226,5 +226,5 @@ class Reconciler:
         return len(lost)
 
     def broker_batches(self) -> set[tuple[str, str]]:
-        return broker.waiting_batches(self.ledger.r, grace_s=self.settings.lost_message_grace_s)
+        return self.ledger.batches.in_broker(grace_s=self.settings.lost_message_grace_s)
 

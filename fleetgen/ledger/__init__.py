@@ -7,12 +7,13 @@ doubt. A finished job (done or cancelled) leaves the active jobs for the finishe
 keys expire FLEETGEN_JOB_RETENTION after it finished (`jobs.settle`).
 
 One `Ledger` holds the client; its parts are grouped by what their keys are (fleetgen/keys.py
-lists them), each a small class over the same client:
+lists them), each a small class over the same client. The client is the ledger's own: code
+outside fleetgen/ledger/ and fleetgen/liveledger.py calls the parts' methods, never `ledger.r`.
 
     jobs       Jobs       the job's hash (manifest, state, clock), the active and finished
                           indexes, the job's lock, retention
-    batches    Batches    queued, running and done batches, checkpoints, a written batch
-                          recorded once
+    batches    Batches    queued, running and done batches, those waiting in the broker,
+                          checkpoints, a written batch recorded once
     leases     Leases     a batch's lease, its attempts and their causes
     counters   Counters   live, written, per-worker and per-minute counters; progress.json's turn
     rounds     Rounds     `requeue --failed`'s rounds, the written work restored from the sink
@@ -22,8 +23,9 @@ lists them), each a small class over the same client:
 
 The scripts (*.lua) sit beside the modules that load them, `script(name)` reads one (the
 checkpoints' group commit, fleetgen/checkpoints.py, loads its own from here too); each file
-says what its KEYS and ARGV are. The asyncio side, on a worker's loop, is fleetgen/liveledger.py; kombu's queues are
-read in fleetgen/broker.py.
+says what its KEYS and ARGV are. The asyncio side, on a worker's loop, is
+fleetgen/liveledger.py; kombu's queues are read in fleetgen/broker.py (`Batches.in_broker`
+asks it).
 """
 
 from fleetgen.ledger._batches import FAILURES_KEPT, Batches

@@ -3,6 +3,7 @@ checkpoint, and its recording once written."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -27,7 +28,7 @@ class Batches:
     """A job's batch sets (fg:job:{job}:queued, :running, :done) and checkpoints
     (fg:ckpt:{job}:{batch}). A batch moves `queued -> running -> done`; `running` means a
     worker holds its lease (`Leases`). Queuing or finishing one may finish the job or run it
-    again, so both settle it (`Jobs.settle`)."""
+    again, so both settle it (`Jobs.settle`), as their names say."""
 
     def __init__(self, client: redis.Redis, jobs: Jobs) -> None:
         self.r = client
@@ -35,13 +36,24 @@ class Batches:
         self._finish = client.register_script(_FINISH)
         self._drop_failures = client.register_script(_DROP_FAILURES)
 
-    def mark_queued(self, name: str, batches: Iterable[str]) -> None:
+    def mark_queued_and_settle(self, name: str, batches: Iterable[str]) -> None:
+        """Note the batches as dispatched now; if there are any, settle the job (`Jobs.settle`)."""
         now = time.time()
         mapping = {b: now for b in batches}
         if mapping:
             self.r.zadd(keys.job_part(name, "queued"), mapping)
             # Work queued for a finished job (`requeue --failed` of a done one) runs it again.
             self._jobs.settle(name)
+
+    def in_broker(self, grace_s: float = math.inf) -> set[tuple[str, str]]:
+        """(job, batch) of every message waiting in a broker queue or held unacked by a worker;
+        one held unacked longer than `grace_s` whose batch has no lease does not count (its
+        worker died before leasing it). kombu's layout is read by `broker.waiting_batches`."""
+        # Imported here: the ledger's importers that never touch the broker (the launcher's
+        # tuning notes, the views) do not load Celery.
+        from fleetgen import broker
+
+        return broker.waiting_batches(self.r, grace_s=grace_s)
 
     def unqueue(self, name: str, batch: str) -> None:
         self.r.zrem(keys.job_part(name, "queued"), batch)
@@ -104,13 +116,15 @@ class Batches:
                   keys.job_part(name, "stats"), keys.job_part(name, "workers")], args=args))
         return None if taken < 0 else taken
 
-    def finish(
+    def finish_and_settle(
         self, name: str, batch: str, written: Mapping[str, float], worker: str,
         failures: list[bytes], bytes_written: int = 0, now: float | None = None,
     ) -> bool:
         """Record a batch whose objects are in the sink: done set and the written counters
-        (`records.written_counts`), once per batch; drop its checkpoint and its rollouts' journal. True if this call was
-        the first to record it. `worker` is who wrote it ("" when rebuilt from the sink)."""
+        (`records.written_counts`), once per batch; drop its checkpoint and its rollouts'
+        journal; the first to record it settles the job (`Jobs.settle`: its last batch finishes
+        it). True if this call was the first. `worker` is who wrote it ("" when rebuilt from
+        the sink)."""
         args: list[Any] = [batch, time.time() if now is None else now, FAILURES_KEPT, len(written)]
         for field, value in written.items():
             args += [field, value]
@@ -127,6 +141,5 @@ class Batches:
                 if worker:
                     p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|batches_done", 1)
                 p.execute()
-            # Its last batch finishes the job.
             self._jobs.settle(name)
         return first

@@ -20,7 +20,7 @@ class Ledger:
 
         ledger = Ledger.connect(settings)
         attempt = ledger.leases.acquire(job, batch, token, settings.lease_ttl_s)
-        ledger.batches.finish(job, batch, written, worker, failures)
+        ledger.batches.finish_and_settle(job, batch, written, worker, failures)
     """
 
     def __init__(self, client: redis.Redis, job_retention: float = JOB_RETENTION_S) -> None:

@@ -323,7 +323,7 @@ def tripped_job(ledger: Ledger, tmp_path: Path) -> None:
     record_group(r, [entry(JOB, "b000001", x) for x in one] + [entry(JOB, "b000002", x) for x in two])
     sink.put_new(keys.sink_errors(JOB, "b000001"), b"".join(orjson.dumps(x) + b"\n" for x in one))
     sink.put_new(keys.sink_result(JOB, "b000001"), b"")
-    ledger.batches.finish(JOB, "b000001", written_counts(one), "gpu0@test", [])
+    ledger.batches.finish_and_settle(JOB, "b000001", written_counts(one), "gpu0@test", [])
     r.hset(keys.job(JOB), mapping={
         "state": STATE_PAUSED, "reason": Trip(UNSERVED, 5, 5).reason(JOB),
         "breaker_cause": UNSERVED,

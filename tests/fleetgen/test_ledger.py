@@ -2,11 +2,14 @@
 recorded once, and a prompt counted once (fleetgen/ledger/, fleetgen/checkpoints.py).
 
 These are the invariants the end-to-end tests rely on ("every prompt exactly once, and status
-tells the truth"), each checked directly in milliseconds.
+tells the truth"), each checked directly in milliseconds. And the ledger's client is its own:
+no product module outside fleetgen/ledger/ and fleetgen/liveledger.py reaches `ledger.r`.
 """
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,6 +20,11 @@ from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
 from fleetgen.ledger import Ledger
 
 JOB = "led"
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("fleetgen", "workers", "producer", "launcher")
+# The modules that own the ledger's client; everyone else calls their parts' methods.
+CLIENT_OWNERS = (ROOT / "fleetgen" / "ledger", ROOT / "fleetgen" / "liveledger.py")
 
 
 def floats(r: Any, key: str) -> dict[str, float]:
@@ -38,7 +46,7 @@ def test_a_lease_is_held_by_one_worker_and_each_take_spends_an_attempt(ledger: L
 
 
 def test_a_refunded_release_gives_the_attempt_back_and_leaves_running(ledger: Ledger) -> None:
-    ledger.batches.mark_queued(JOB, ["b1"])
+    ledger.batches.mark_queued_and_settle(JOB, ["b1"])
     ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
     assert set(ledger.batches.queued(JOB)) == set()  # taking it moves it to running
     assert ledger.leases.release(JOB, "b1", "w0/a", refund=True)
@@ -69,15 +77,16 @@ def test_a_broken_lease_keeps_its_attempt_spent_and_refund_gives_one_back(ledger
 
 def test_a_batch_is_recorded_once_however_often_it_is_finished(ledger: Ledger) -> None:
     r = ledger.r
-    ledger.batches.mark_queued(JOB, ["b1"])
+    ledger.batches.mark_queued_and_settle(JOB, ["b1"])
     ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
     r.hset(keys.checkpoint(JOB, "b1"), "p1", b"{}")
     counts = {"prompts_done": 9.0, "prompts_failed": 1.0}
     failure = [orjson.dumps({"batch": "b1", "code": "x", "id": "p2"})]
-    assert ledger.batches.finish(JOB, "b1", counts, "w0", failure, bytes_written=100, now=5.0)
+    assert ledger.batches.finish_and_settle(JOB, "b1", counts, "w0", failure, bytes_written=100,
+                                            now=5.0)
     # A late duplicate, or a re-count after a crash between the write and the first call.
-    ledger.batches.mark_queued(JOB, ["b1"])
-    assert not ledger.batches.finish(JOB, "b1", counts, "w1", failure, bytes_written=100)
+    ledger.batches.mark_queued_and_settle(JOB, ["b1"])
+    assert not ledger.batches.finish_and_settle(JOB, "b1", counts, "w1", failure, bytes_written=100)
     assert floats(r, keys.job_part(JOB, "written")) == counts
     stats = floats(r, keys.job_part(JOB, "stats"))
     assert stats == {"batches_done": 1.0, "bytes_written": 100.0}
@@ -94,7 +103,7 @@ def test_finish_keeps_only_the_latest_failure_reasons(ledger: Ledger,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     reasons = [orjson.dumps({"batch": "b1", "id": f"p{i}"}) for i in range(5)]
     monkeypatch.setattr("fleetgen.ledger._batches.FAILURES_KEPT", 3)
-    ledger.batches.finish(JOB, "b1", {"prompts_failed": 5.0}, "w0", reasons)
+    ledger.batches.finish_and_settle(JOB, "b1", {"prompts_failed": 5.0}, "w0", reasons)
     kept = [orjson.loads(x)["id"] for x in ledger.r.lrange(keys.job_part(JOB, "failures"), 0, -1)]
     assert kept == ["p4", "p3", "p2"]
 
@@ -134,3 +143,37 @@ def test_a_first_copy_keeps_its_record_and_counters_and_feeds_the_canary_once(
     assert stats == {"prompts_failed": 1.0, "error_context_length_exceeded": 1.0,
                      "prompts_done": 2.0, "output_tokens": 20.0}
     assert r.llen(keys.job_part(JOB, "recent")) == 2  # the canary's window
+
+
+def client_uses(source: str) -> list[int]:
+    """Lines of `source` that reach a ledger's Redis client: `.r` of a name or attribute that
+    names a ledger (`ledger.r`, `self.ledger.r`, `self._live.r`, `live_ledger.r` ...)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and node.attr == "r"):
+            continue
+        base = node.value
+        name = (base.id if isinstance(base, ast.Name)
+                else base.attr if isinstance(base, ast.Attribute) else "")
+        if "ledger" in name.lower() or "live" in name.lower():
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_client_check_finds_a_ledgers_r_however_the_ledger_is_named() -> None:
+    source = """
+ledger.r.get('k')
+broker.waiting_batches(self.ledger.r, grace_s=1)
+CheckpointWriter(live.r, worker)
+client = self._live.r
+colour.r + point.r  # not a ledger
+"""
+    assert client_uses(source) == [2, 3, 4, 5]
+
+
+def test_no_product_module_reaches_the_ledgers_client_outside_the_ledger() -> None:
+    leaks = [f"{path.relative_to(ROOT)}:{line}"
+             for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))
+             if not any(path == owner or owner in path.parents for owner in CLIENT_OWNERS)
+             for line in client_uses(path.read_text())]
+    assert leaks == [], "use a method of the ledger part that owns the keys (fleetgen/ledger/)"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgen import broker
 from fleetgen.dispatch import dispatch
 from fleetgen.ledger import Ledger
 
@@ -27,7 +26,7 @@ def test_batches_waiting_in_any_priority_list_or_held_unacked_are_found(
         assert taken is not None and taken.headers["id"].startswith("job:taken:")
         assert redis_client.hlen("unacked") == 1
 
-        assert broker.waiting_batches(ledger.r, grace_s=60) == {
+        assert ledger.batches.in_broker(grace_s=60) == {
             ("job", "fresh"), ("job", "redriven"), ("job", "taken")}
         # Held unacked longer than the grace period: its worker died before leasing it.
-        assert broker.waiting_batches(ledger.r, grace_s=0) == {("job", "fresh"), ("job", "redriven")}
+        assert ledger.batches.in_broker(grace_s=0) == {("job", "fresh"), ("job", "redriven")}

@@ -68,7 +68,7 @@ def job_with_answers(ledger: Ledger, name: str, output: str) -> Worker:
         worker.answer(name, "b000001", minute)
     worker.fail(name, "b000001", minute)
     worker.finish_batch(name, "b000001", minute)
-    ledger.batches.mark_queued(name, ["b000002", "b000003"])
+    ledger.batches.mark_queued_and_settle(name, ["b000002", "b000003"])
     ledger.leases.acquire(name, "b000002", "gpu0@a/t", ttl_s=30)
     worker.answer(name, "b000002", minute)
     worker.answer(name, "b000002", minute)
@@ -77,7 +77,7 @@ def job_with_answers(ledger: Ledger, name: str, output: str) -> Worker:
 
 def finish_all(ledger: Ledger, name: str) -> None:
     for batch in ledger.jobs.batches(name):
-        ledger.batches.finish(name, batch, {"prompts_done": 10}, "gpu0@a", [])
+        ledger.batches.finish_and_settle(name, batch, {"prompts_done": 10}, "gpu0@a", [])
 
 
 def job_keys_in_redis(ledger: Ledger, name: str) -> list[str]:
@@ -111,7 +111,7 @@ def test_a_done_job_leaves_the_active_jobs_and_all_its_keys_expire_after_the_ret
     for key, at in found.items():
         assert (before + HOUR) * 1000 - 1 <= at <= (after + HOUR) * 1000 + 1, key
     # Idempotent: a late duplicate of the last batch, another round, the same expiry.
-    ledger.batches.finish("j", "b000003", {"prompts_done": 10}, "gpu0@b", [])
+    ledger.batches.finish_and_settle("j", "b000003", {"prompts_done": 10}, "gpu0@b", [])
     assert ledger.jobs.settle("j") == FINISHED
     assert expiries(ledger, "j") == found
 
@@ -144,10 +144,10 @@ def test_requeue_failed_of_a_done_job_makes_its_keys_last_until_it_is_done_again
     first = ledger.jobs.finished()["j"]
     # What `requeue --failed` does: a round's batch, then queued (producer/control.py).
     ledger.r.sadd(keys.job_part("j", "extra"), "r01-000001")
-    ledger.batches.mark_queued("j", ["r01-000001"])
+    ledger.batches.mark_queued_and_settle("j", ["r01-000001"])
     assert ledger.jobs.active() == ["j"] and ledger.jobs.finished() == {}
     assert all(at == -1 for at in expiries(ledger, "j").values())
-    ledger.batches.finish("j", "r01-000001", {"prompts_done": 2}, "gpu0@a", [])
+    ledger.batches.finish_and_settle("j", "r01-000001", {"prompts_done": 2}, "gpu0@a", [])
     assert ledger.jobs.finished()["j"] >= first  # finished again, its clock from now
     assert all(at > 0 for at in expiries(ledger, "j").values())
 

@@ -162,7 +162,8 @@ class Units:
         ledger.r.delete(keys.lease(JOB, batch))
         ledger.leases.acquire(JOB, batch, token, 30.0)
         ledger.batches.checkpoint(JOB, batch)
-        ledger.batches.finish(JOB, batch, {"prompts_done": self.rate.batch}, "gpu0@node", [])
+        ledger.batches.finish_and_settle(JOB, batch, {"prompts_done": self.rate.batch},
+                                         "gpu0@node", [])
         ledger.r.srem(keys.job_part(JOB, "done"), batch)  # so the next round finishes it again
         ledger.leases.release(JOB, batch, token, refund=False)
         with self.r.pipeline() as p:

@@ -84,7 +84,8 @@ class SinkJob:
             self.sink.put_new(keys.sink_errors(self.name, batch), lines(bad))
         self.sink.put_new(keys.sink_result(self.name, batch),
                           lines([r for r in records if not is_failure(r)]))
-        self.ledger.batches.finish(self.name, batch, written_counts(records), ORIGIN.worker, [])
+        self.ledger.batches.finish_and_settle(self.name, batch, written_counts(records),
+                                              ORIGIN.worker, [])
 
     def write_pending(self, fail: Mapping[str, str] | None = None) -> list[str]:
         """Write every batch of the job the ledger has not recorded as done."""

@@ -66,7 +66,8 @@ def write_outcomes(ledger: Ledger, sink: Sink, job: str, failed: int) -> None:
         if errors:
             sink.put_new(keys.sink_errors(job, batch), b"".join(orjson.dumps(e) + b"\n" for e in errors))
         sink.put_new(keys.sink_result(job, batch), b"".join(orjson.dumps(r) + b"\n" for r in results))
-        ledger.batches.finish(job, batch, written_counts(errors + results), origin.worker, [])
+        ledger.batches.finish_and_settle(job, batch, written_counts(errors + results),
+                                         origin.worker, [])
 
 
 def test_a_job_refused_inside_another_jobs_folder_leaves_requeue_failed_working(

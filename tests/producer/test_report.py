@@ -125,7 +125,7 @@ def test_the_report_header_and_chart_show_the_same_rate_labelled_total_and_per_g
         ledger.jobs.activate(manifest)
     for batch, worker in (("b000001", "gpu0@a"), ("b000002", "gpu1@b")):
         records = answer_batch(ledger, "brief", batch, worker, int(started // 60), 20)
-        ledger.batches.finish("brief", batch, written_counts(records), worker, [],
+        ledger.batches.finish_and_settle("brief", batch, written_counts(records), worker, [],
                             now=started + 2.5)
     report = build_report(ledger, "brief", now=started + 3600)
     status, rate = report.status, report.status.rate

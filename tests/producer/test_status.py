@@ -76,8 +76,8 @@ def test_a_job_finished_within_seconds_reports_seconds_not_minutes(ledger: Ledge
     w = Worker(ledger, "gpu0@a")
     for _ in range(10):
         w.answer("quick", "b000001", MINUTE)
-    ledger.batches.finish("quick", "b000001", written_counts(w.records.pop("b000001")), "gpu0@a",
-                        [], now=started + 7.5)
+    ledger.batches.finish_and_settle("quick", "b000001", written_counts(w.records.pop("b000001")),
+                                     "gpu0@a", [], now=started + 7.5)
     s = job_status(ledger, "quick", started + 3600)
     assert s.state == "done" and s.elapsed_s == 7.5
     assert s.rate.prompts_per_s_all == pytest.approx(10 / 7.5, abs=1e-3)
@@ -139,7 +139,7 @@ def test_work_queued_with_nothing_moving_is_stalled_with_the_last_error_a_worker
     ledger: Ledger,
 ) -> None:
     make_job(ledger, "stuck", "/tmp/out", created_at=NOW - 600)
-    ledger.batches.mark_queued("stuck", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.batches.mark_queued_and_settle("stuck", [keys.batch_id(i) for i in range(1, 11)])
     error = ("cannot use the output of job stuck with this worker's credentials: s3://b at "
              "http://s3:8333: access denied")
     register(ledger, "gpu5@host", "http://127.0.0.1:30005", updated=NOW - 2, host="host",
@@ -168,7 +168,7 @@ def test_a_stall_with_no_error_to_show_names_the_workers_whose_server_is_down(
     ledger: Ledger,
 ) -> None:
     make_job(ledger, "waits", "/tmp/out", created_at=NOW - 120)
-    ledger.batches.mark_queued("waits", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.batches.mark_queued_and_settle("waits", [keys.batch_id(i) for i in range(1, 11)])
     register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1, state="server-down",
              queues=["gpu0", keys.SHARED_QUEUE])
     assert ("  stalled: no batch finished for 2 min; servers not ready for gpu0@a"
@@ -180,7 +180,7 @@ def test_a_job_pinned_to_a_queue_no_live_worker_consumes_is_stalled_at_once(
 ) -> None:
     manifest = make_job(ledger, "pinned", "/tmp/out", created_at=NOW)
     ledger.jobs.save(dataclasses.replace(manifest, queue="gpu99"))
-    ledger.batches.mark_queued("pinned", [keys.batch_id(i) for i in range(1, 11)])
+    ledger.batches.mark_queued_and_settle("pinned", [keys.batch_id(i) for i in range(1, 11)])
     register(ledger, "gpu0@a", "http://127.0.0.1:30000", updated=NOW - 1,
              queues=["gpu0", keys.SHARED_QUEUE])
     # A lost worker that consumed gpu99 consumes nothing now.

@@ -144,9 +144,9 @@ class RecordingBatches(Batches):
         super().__init__(client, jobs)
         self.events = events
 
-    def finish(self, *args: Any, **kwargs: Any) -> bool:
+    def finish_and_settle(self, *args: Any, **kwargs: Any) -> bool:
         self.events("finish")
-        return super().finish(*args, **kwargs)
+        return super().finish_and_settle(*args, **kwargs)
 
 
 class RecordingLeases(Leases):

@@ -45,7 +45,7 @@ def only(batch: str, ledger: Ledger) -> None:
     """Every batch of the job but `batch` is done, so no other rule fires."""
     for b in (B1, B2, B3):
         if b != batch:
-            ledger.batches.finish(JOB, b, {}, "w0", [])
+            ledger.batches.finish_and_settle(JOB, b, {}, "w0", [])
 
 
 def started_ago(ledger: Ledger, batch: str, seconds: float) -> None:
@@ -105,7 +105,7 @@ def test_a_lease_of_a_connected_worker_or_of_one_that_names_no_connection_is_lef
     register(ledger, "w0@alive")
     ledger.leases.acquire(JOB, B1, "w0@alive/t1", ttl_s=30)
     ledger.leases.acquire(JOB, B2, "w1@old/t2", ttl_s=30)  # an older worker: not in the registry
-    ledger.batches.finish(JOB, B3, {}, "w0", [])
+    ledger.batches.finish_and_settle(JOB, B3, {}, "w0", [])
     started_ago(ledger, B1, 60)
     started_ago(ledger, B2, 60)
     alive = redis.Redis(host="127.0.0.1", port=redis_server.port, password=redis_server.password,
@@ -123,7 +123,7 @@ def test_a_lease_of_a_connected_worker_or_of_one_that_names_no_connection_is_lef
 def test_a_queued_batch_whose_message_was_lost_is_sent_again_after_the_grace(
         ledger: Ledger, reconciler: Reconciler) -> None:
     only(B1, ledger)
-    ledger.batches.mark_queued(JOB, [B1])  # e.g. a BRPOP in flight when Redis restarted
+    ledger.batches.mark_queued_and_settle(JOB, [B1])  # e.g. a BRPOP in flight when Redis restarted
     assert reconciler.reconcile_once()["lost_message"] == 0  # within the grace
     ledger.r.zadd(keys.job_part(JOB, "queued"), {B1: time.time() - GRACE_S - 1})
     assert reconciler.reconcile_once()["lost_message"] == 1
