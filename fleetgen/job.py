@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 import orjson
 
 from fleetgen.canary import Thresholds
+from fleetgen.endpoints import CHAT, Endpoint, endpoint
 from fleetgen.errors import JobError
 from fleetgen.keys import JOB_ENTRIES, JOB_NAME
 from fleetgen.rollouts import RolloutSpec
@@ -152,11 +153,22 @@ class JobManifest:
     # The program each prompt runs (fleetgen.rollouts.RolloutSpec as a dict: its name, the
     # digest of its module, its options); None: one request per answer.
     rollout: dict[str, Any] | None = None
+    # What each request asks (fleetgen/endpoints.py): chat, completions or embeddings.
+    endpoint: str = CHAT
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
         if self.answers == 0:
             object.__setattr__(self, "answers", self.prompts)
+        try:
+            endpoint(self.endpoint)
+        except ValueError as exc:
+            raise JobError(f"job {self.name}: {exc}") from None
+
+    @property
+    def kind(self) -> Endpoint:
+        """The job's endpoint: its path, and whether its answers are text."""
+        return endpoint(self.endpoint)
 
     @property
     def rollout_spec(self) -> RolloutSpec | None:
