@@ -7,6 +7,19 @@ Each non-blank line is one prompt in one of three shapes:
     plain:   {"id"?: str|int, "prompt": "...", "tools"?: [...], "sampling"?: {...}}
     OpenAI:  {"custom_id": str, "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 
+That is a chat job's (the default). A job of another endpoint (fleetgen/endpoints.py, the
+``endpoint`` argument, ``enqueue --endpoint``) reads its own plain lines and OpenAI ``url``:
+
+    completions: {"id"?, "prompt": "...", "sampling"?: {...}}    -> body {"prompt": "...", ...}
+                 OpenAI url "/v1/completions", body {"prompt": "...", ...}
+    embeddings:  {"id"?, "text": "..."}                          -> body {"input": "..."}
+                 OpenAI url "/v1/embeddings", body {"input": str | [str, ...], "dimensions"?,
+                 "encoding_format"?, "user"?}
+
+(``Columns.text`` names another text field.) Without ``endpoint``, the first line of a shape
+decides: an OpenAI line by its ``url``, a plain line for chat; ``FileSummary.endpoint`` says
+which, and a line of another ``url`` is a bad line.
+
 The file is read one line at a time, so memory stays flat whatever its size, apart from 8-byte
 digests of the ids seen (``IdIndex``). Ids without an ``id`` are content hashes (``hash_id``).
 Other top-level fields are rejected rather than ignored, so a misplaced ``max_tokens`` cannot
@@ -42,6 +55,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.endpoints import CHAT
 from producer.inputs._errors import (
     REJECT_RAW_CHARS,
     InputError,
@@ -50,7 +64,14 @@ from producer.inputs._errors import (
     UnreadableInput,
 )
 from producer.inputs._ids import IdIndex, hash_id
-from producer.inputs._line import SAMPLING_PARAMS, PromptRecord
+from producer.inputs._line import (
+    COMPLETION_PARAMS,
+    MAX_EMBEDDING_INPUTS,
+    RESERVED_FIELDS,
+    SAMPLING_PARAMS,
+    TEXT_FIELDS,
+    PromptRecord,
+)
 from producer.inputs._rejects import Rejects, reject_line
 from producer.inputs._scan import Scan
 from producer.inputs._source import InputSource, local_input, open_input
@@ -58,9 +79,13 @@ from producer.inputs._table import BATCH_ROWS, Columns
 
 __all__ = [
     "BATCH_ROWS",
+    "COMPLETION_PARAMS",
+    "MAX_EMBEDDING_INPUTS",
     "PROGRESS_EVERY",
     "REJECT_RAW_CHARS",
+    "RESERVED_FIELDS",
     "SAMPLING_PARAMS",
+    "TEXT_FIELDS",
     "Columns",
     "FileSummary",
     "IdIndex",
@@ -90,7 +115,8 @@ class FileSummary:
     its bytes; InputSource has the rule), ``lines`` its lines or rows, ``bytes`` its size.
 
     ``path`` is the name the input was read under (validate_file's ``name``, default its path);
-    ``ignored_columns`` a table's columns passed over.
+    ``ignored_columns`` a table's columns passed over; ``endpoint`` the job's endpoint, given or
+    named by the first line (fleetgen/endpoints.py).
     """
 
     path: str
@@ -102,6 +128,7 @@ class FileSummary:
     rejected: int = 0  # bad lines passed to validate_file's on_error
     answers: int = 0  # answers the prompts ask for: each line's own n, else validate_file's samples
     ignored_columns: tuple[str, ...] = ()
+    endpoint: str = CHAT
 
 
 def read_prompts(
@@ -111,15 +138,17 @@ def read_prompts(
     on_error: Callable[[InputError], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     name: str | None = None,
+    endpoint: str | None = None,
 ) -> Iterator[PromptRecord]:
     """Yield the prompts of a JSONL file in order, one line in memory at a time.
 
     The first bad line raises InputError, unless ``skip_invalid``: then each bad line (including
     the second occurrence of an id) goes to ``on_error`` and is skipped. ``progress(bytes_read,
     lines_read)`` is called every PROGRESS_EVERY lines and once at the end. Errors name the file
-    ``name`` (default: its path).
+    ``name`` (default: its path). Lines are read for ``endpoint`` (None: the one the first line
+    names, else chat); pass validate_file's the same, so both passes read the same prompts.
     """
-    for result in Scan(_source(path, name), progress, PROGRESS_EVERY):
+    for result in Scan(_source(path, name), progress, PROGRESS_EVERY, endpoint=endpoint):
         if isinstance(result, PromptRecord):
             yield result
         elif not skip_invalid:
@@ -136,6 +165,7 @@ def validate_file(
     on_error: Callable[[InputError], None] | None = None,
     name: str | None = None,
     samples: int = 1,
+    endpoint: str | None = None,
 ) -> FileSummary:
     """Check every line of a JSONL file in one streaming pass and summarise it.
 
@@ -143,11 +173,13 @@ def validate_file(
     With ``on_error``, every bad line goes there instead and the summary counts them as
     ``rejected`` (the ``--skip-invalid`` case: one pass, nothing raised). Errors and the summary
     name the file ``name`` (default: its path). ``samples`` is the answers asked of a prompt
-    whose line gives no ``n``; the summary counts ``answers``.
+    whose line gives no ``n``; the summary counts ``answers``. Lines are read for ``endpoint``
+    (None: the one the first line names, else chat); the summary says which it was.
     """
     if max_errors < 1:
         raise ValueError(f"max_errors must be at least 1, got {max_errors}")
-    scan = Scan(_source(path, name), progress, PROGRESS_EVERY, hash_bytes=True)
+    scan = Scan(_source(path, name), progress, PROGRESS_EVERY, hash_bytes=True,
+                endpoint=endpoint)
     errors: list[InputError] = []
     total = prompts = answers = 0
     for result in scan:
@@ -163,7 +195,8 @@ def validate_file(
     if errors:
         raise InputErrors(errors, total)
     return FileSummary(scan.name, scan.lines, prompts, scan.bytes, scan.identity,
-                       scan.blank_lines, total, answers, tuple(scan.ignored))
+                       scan.blank_lines, total, answers, tuple(scan.ignored),
+                       scan.job.current.name)
 
 
 def _source(path: str | Path | InputSource, name: str | None) -> InputSource:

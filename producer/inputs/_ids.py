@@ -15,6 +15,8 @@ line's position, so reordering or resuming a file keeps every id)::
 
 ``OPT_SORT_KEYS`` sorts the keys of every nested object, so key order in the JSON does not change
 the id. A plain ``{"prompt": "..."}`` line hashes like the equivalent one-user-message chat line.
+A body of another endpoint (a completion's ``prompt``, an embedding's ``input``: no ``messages``)
+is its own canonical form, the body itself, sorted the same way.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ def id_problem(prompt_id: str) -> str | None:
 
 def hash_id(body: RequestBody) -> str:
     """Return the content-hash id of a request body (the module docstring has the recipe)."""
-    canonical = {
-        "messages": body["messages"],
-        "tools": body.get("tools"),
-        "sampling": {k: v for k, v in body.items() if k != "messages" and k != "tools"},
-    }
+    canonical: object = body
+    if "messages" in body:
+        canonical = {
+            "messages": body["messages"],
+            "tools": body.get("tools"),
+            "sampling": {k: v for k, v in body.items() if k != "messages" and k != "tools"},
+        }
     digest = hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return HASH_ID_PREFIX + digest[:_HASH_ID_HEX_CHARS]
 

@@ -1,7 +1,13 @@
-"""One prompt line: its three shapes (chat, plain, OpenAI Batch), its id (given or content hash,
-unique in the file), and the checks of its chat-request fields (messages, tools, the sampling
-params of SAMPLING_PARAMS). ``parse_line`` turns the line into a PromptRecord, or into the
-InputError that names what is wrong with it.
+"""One prompt line: its shapes (chat, plain, OpenAI Batch), its id (given or content hash,
+unique in the file), and the checks of its request fields (messages, tools, the sampling params
+of SAMPLING_PARAMS, an embedding's input). ``parse_line`` turns the line into a PromptRecord, or
+into the InputError that names what is wrong with it.
+
+A job makes one kind of request (fleetgen/endpoints.py), and a line is read for it
+(``JobEndpoint``): a plain line's fields are that endpoint's (chat: ``messages`` or ``prompt``;
+completions and embeddings: the text field, ``TEXT_FIELDS`` unless ``--text-column`` names
+another), and an OpenAI Batch line's ``url`` must be its path. Without ``--endpoint`` the first
+line of a shape decides: an OpenAI Batch line by its ``url``, a plain line for chat.
 
 A table's row is a line in another encoding: ``parse_row`` takes its cells by field name and
 checks them with the same rules, after the table's own conventions (a null cell is an absent
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
+from fleetgen.endpoints import BY_PATH, CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
 from fleetgen.job import MAX_SAMPLES, MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError
 from producer.inputs._ids import IdIndex, hash_id, id_problem
@@ -25,18 +32,31 @@ if TYPE_CHECKING:  # the servers' package loads httpx, which reading prompts nev
     from fleetgen.servers import RequestBody
 
 OPENAI_METHOD = "POST"
-OPENAI_URL = "/v1/chat/completions"
 ROLES = ("system", "user", "assistant", "tool", "developer")
 _CHAT_FIELDS = ("id", "messages", "prompt", "tools", "sampling")
 _OPENAI_FIELDS = ("custom_id", "method", "url", "body")
 _NOT_SAMPLING = ("messages", "tools", "model", "stream")  # the worker sets model and stream
-# Every column a prompt table may have: the fields of a line's three shapes.
+# Every column a prompt table may have: the fields of a line's three shapes (a completions or
+# embeddings table adds its text column, JobEndpoint.text).
 TABLE_FIELDS = tuple(dict.fromkeys((*_CHAT_FIELDS, *_OPENAI_FIELDS)))
+# The field of a plain completions or embeddings line (a table's column) holding its text,
+# unless `--text-column` names another: a completion's is its prompt, as in a plain chat line;
+# an embedding's is a text, as datasets of passages name it.
+TEXT_FIELDS = {COMPLETIONS: "prompt", EMBEDDINGS: "text"}
+# What a text field may not be called: the other fields of a line, read as themselves.
+RESERVED_FIELDS = tuple(dict.fromkeys(("id", "sampling", *_OPENAI_FIELDS)))
+# The keys of an embeddings request body besides `model` (which the worker sets).
+EMBEDDING_FIELDS = ("input", "dimensions", "encoding_format", "user")
+ENCODING_FORMATS = ("float", "base64")
+# Most texts one embeddings request may hold: OpenAI's limit on `input`'s length.
+MAX_EMBEDDING_INPUTS = 2048
 # A table's string cell of one of these holds the field as JSON (a list or an object).
 _JSON_FIELDS = ("messages", "tools", "sampling", "body")
 # An error keeps REJECT_RAW_CHARS characters of its line; UTF-8 spends at most 4 bytes on one, so
 # decoding this many bytes is enough, and a bad line of megabytes is never decoded whole.
 _RAW_BYTES = 4 * REJECT_RAW_CHARS
+# Each sampling parameter's check, and what it expects (for the error).
+_Rules = dict[str, tuple[Callable[[Any], bool], str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +75,55 @@ class PromptRecord:
     samples: int | None = None
 
 
+class JobEndpoint:
+    """The endpoint an input's lines are read for: ``given`` (``--endpoint``), else the one the
+    first line of a shape names (an OpenAI Batch line's ``url``; a plain line: chat), kept in
+    ``found`` with ``where`` that line is. ``text`` is the field (column) of a plain line holding
+    its text, for completions and embeddings (default: TEXT_FIELDS).
+
+    One per pass over an input: the first line decides for the lines after it.
+    """
+
+    def __init__(self, given: str | None = None, text: str | None = None) -> None:
+        self.given = ENDPOINTS[given] if given is not None else None
+        self._text = text
+        self.found: Endpoint | None = None
+        self.where = ""
+
+    @property
+    def current(self) -> Endpoint:
+        """The endpoint lines are read for now: given, found, else chat."""
+        return self.given or self.found or ENDPOINTS[CHAT]
+
+    @property
+    def text(self) -> str | None:
+        """The text field of a plain line of this endpoint; None for chat."""
+        name = self.current.name
+        return None if name == CHAT else self._text or TEXT_FIELDS[name]
+
+    def decide(self, kind: Endpoint, where: str) -> None:
+        """The first line of a shape sets the endpoint of a job given none."""
+        if self.given is None and self.found is None:
+            self.found = kind
+            self.where = where
+
+    def origin(self) -> str:
+        """Where the endpoint comes from, for an error: "--endpoint" or "line 1"."""
+        return "--endpoint" if self.given is not None else self.where or "the default"
+
+    def plain_fields(self) -> tuple[str, ...]:
+        """The fields of a plain line of this endpoint."""
+        name = self.current.name
+        if name == CHAT:
+            return _CHAT_FIELDS
+        assert self.text is not None
+        return ("id", self.text, "sampling") if name == COMPLETIONS else ("id", self.text)
+
+    def content_fields(self) -> tuple[str, ...]:
+        """The fields holding a plain line's prompt: one of them makes it a plain line."""
+        return ("messages", "prompt") if self.text is None else (self.text,)
+
+
 class _Invalid(Exception):
     """What is wrong with the line, raised by the checks below; parse_line makes it an InputError
     (which also needs the file's name and the line's text)."""
@@ -66,30 +135,34 @@ class _Invalid(Exception):
 
 
 def parse_line(raw: bytes, line: int, ids: IdIndex, path: str,
-               place: Callable[[int], str] | None = None) -> PromptRecord | InputError:
-    """Parse and check line number ``line`` (``raw``, not blank) of the file errors call ``path``.
+               place: Callable[[int], str] | None = None,
+               job: JobEndpoint | None = None) -> PromptRecord | InputError:
+    """Parse and check line number ``line`` (``raw``, not blank) of the file errors call ``path``,
+    for the endpoint ``job`` (default: chat, or what the line names).
 
     A valid line's id is added to ``ids``; a bad line, or a second use of an id, comes back as an
     InputError holding the start of the line. ``place`` says where an earlier record was, for a
     duplicate (default: "line N").
     """
     try:
-        return _checked(_json_object(raw), line, ids, place or _on_line)
+        return _checked(_json_object(raw), line, ids, place or _on_line, job or JobEndpoint())
     except _Invalid as bad:
         text = raw[:_RAW_BYTES].decode("utf-8", "replace").rstrip("\r\n")
         return InputError(path, line, bad.field, bad.message, text)
 
 
 def parse_row(cells: dict[str, Any], ordinal: int, row: int, ids: IdIndex, path: str,
-              place: Callable[[int], str], column_of: dict[str, str]) -> PromptRecord | InputError:
-    """Check row ``row`` (1-based in its file ``path``) of a table, given as {field: cell}.
+              place: Callable[[int], str], column_of: dict[str, str],
+              job: JobEndpoint | None = None) -> PromptRecord | InputError:
+    """Check row ``row`` (1-based in its file ``path``) of a table, given as {field: cell}, for
+    the endpoint ``job``.
 
     ``ordinal`` is its position in the whole input (the record's ``line``); ``column_of`` names
     the column a field was read from where they differ (``--prompt-column``), so an error names
     the column the user has.
     """
     try:
-        return _checked(_row_object(cells), ordinal, ids, place)
+        return _checked(_row_object(cells), ordinal, ids, place, job or JobEndpoint())
     except _Invalid as bad:
         head = bad.field.split(".", 1)[0].split("[", 1)[0]
         field = "row" if head == "line" else column_of.get(head, head) + bad.field[len(head):]
@@ -134,19 +207,25 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def _checked(obj: Any, line: int, ids: IdIndex, place: Callable[[int], str]) -> PromptRecord:
+def _checked(obj: Any, line: int, ids: IdIndex, place: Callable[[int], str],
+             job: JobEndpoint) -> PromptRecord:
     if not isinstance(obj, dict):
         raise _Invalid("line", f"expected a JSON object; got {_show(obj)}")
-    if any(key in obj for key in _OPENAI_FIELDS) and "messages" not in obj and "prompt" not in obj:
-        id_field, body = "custom_id", _openai_body(obj)
-    elif any(key in obj for key in _CHAT_FIELDS):
-        id_field, body = "id", _chat_body(obj)
+    if any(key in obj for key in _OPENAI_FIELDS) and not any(
+            key in obj for key in job.content_fields()):
+        id_field, body = "custom_id", _openai_body(obj, job, place(line))
+    elif any(key in obj for key in job.plain_fields()):
+        job.decide(job.current, place(line))
+        id_field, body = "id", _plain_body(obj, job)
     else:
+        known = (*job.plain_fields(), *_OPENAI_FIELDS)
+        content = " or ".join(f'"{f}"' for f in job.content_fields())
         for key in obj:  # a misspelt "prompt" says so, not only that no prompt was found
-            if _close_field(key, (*_CHAT_FIELDS, *_OPENAI_FIELDS)):
-                raise _Invalid(key, _unknown_field(key, (*_CHAT_FIELDS, *_OPENAI_FIELDS), "a "
-                               'prompt line has "messages" or "prompt", or is an OpenAI Batch line'))
-        raise _Invalid("line", 'no prompt: expected "messages", "prompt" or an OpenAI Batch line')
+            if _close_field(key, known):
+                raise _Invalid(key, _unknown_field(key, known, f"a prompt line has {content}, "
+                                                   "or is an OpenAI Batch line"))
+        raise _Invalid("line", f"no prompt: expected {content} or an OpenAI Batch line"
+                       + _text_hint(job, obj))
     prompt_id = _given_id(obj, id_field)
     if prompt_id is None:
         prompt_id = hash_id(body)  # with `n` in it: a line's hash id is what it always was
@@ -154,6 +233,16 @@ def _checked(obj: Any, line: int, ids: IdIndex, place: Callable[[int], str]) -> 
     if first is not None:
         raise _Invalid(id_field, _duplicate_problem(prompt_id, place(first), id_field in obj))
     return PromptRecord(prompt_id, line, body, body.pop("n", None))
+
+
+def _text_hint(job: JobEndpoint, obj: dict[str, Any]) -> str:
+    """For a plain line of completions or embeddings without its text: the fields it has, and
+    the flag that names another."""
+    if job.text is None:
+        return ""
+    name = job.current.name
+    return (f"; this line has {', '.join(obj) or 'no field'}: --text-column names the field "
+            f'holding the text (a {name} line\'s default is "{TEXT_FIELDS[name]}")')
 
 
 def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
@@ -193,14 +282,31 @@ def _given_id(obj: dict[str, Any], field: str) -> str | None:
     return value
 
 
-def _chat_body(obj: dict[str, Any]) -> RequestBody:
+def _plain_body(obj: dict[str, Any], job: JobEndpoint) -> RequestBody:
+    fields, name = job.plain_fields(), job.current.name
     for key in obj:
-        if key not in _CHAT_FIELDS:
-            if key in SAMPLING_PARAMS:
-                raise _Invalid(key, 'unknown field (sampling params go under "sampling"); a '
-                               f"prompt line has {', '.join(_CHAT_FIELDS)}")
-            raise _Invalid(key, _unknown_field(key, _CHAT_FIELDS,
-                                               f"a prompt line has {', '.join(_CHAT_FIELDS)}"))
+        if key not in fields:
+            raise _Invalid(key, _plain_unknown(key, fields, name))
+    if name == CHAT:
+        return _chat_body(obj)
+    text = _text(obj, job)
+    if name == EMBEDDINGS:
+        return cast("RequestBody", {"input": text})
+    body = cast("RequestBody", {"prompt": text})
+    body.update(_line_sampling(obj, COMPLETION_PARAMS))
+    return body
+
+
+def _plain_unknown(key: str, fields: tuple[str, ...], name: str) -> str:
+    shape = f"a {'prompt' if name == CHAT else name} line has {', '.join(fields)}"
+    if name == EMBEDDINGS and (key == "sampling" or key in SAMPLING_PARAMS):
+        return _NO_SAMPLING
+    if key in SAMPLING_PARAMS:
+        return f'unknown field (sampling params go under "sampling"); {shape}'
+    return _unknown_field(key, fields, shape)
+
+
+def _chat_body(obj: dict[str, Any]) -> RequestBody:
     if "prompt" in obj:
         if "messages" in obj:
             raise _Invalid("prompt", 'give either "prompt" or "messages", not both')
@@ -214,18 +320,48 @@ def _chat_body(obj: dict[str, Any]) -> RequestBody:
         raise _Invalid("messages", 'missing; a prompt line needs "messages" or "prompt"')
     if obj.get("tools") is not None:
         body["tools"] = _checked_tools(obj["tools"], "tools")
-    sampling = obj.get("sampling")
-    if sampling is not None:
-        if not isinstance(sampling, dict):
-            raise _Invalid("sampling", f"expected an object; got {_show(sampling)}")
-        for key in _NOT_SAMPLING:
-            if key in sampling:
-                raise _Invalid(f"sampling.{key}", "not a sampling parameter")
-        body.update(_checked_sampling(sampling, "sampling"))
+    body.update(_line_sampling(obj, SAMPLING_PARAMS))
     return body
 
 
-def _openai_body(obj: dict[str, Any]) -> RequestBody:
+def _text(obj: dict[str, Any], job: JobEndpoint) -> str:
+    """A plain completions or embeddings line's text: one non-empty string."""
+    field = job.text
+    assert field is not None
+    if field not in obj:
+        raise _Invalid(field, "missing" + _text_hint(job, obj))
+    value = obj[field]
+    if job.current.name == COMPLETIONS:
+        return _one_prompt(value, field)
+    if not isinstance(value, str) or not value:
+        raise _Invalid(field, f"expected a non-empty string (one text per line; an OpenAI Batch "
+                       f"line's body.input may hold a list); got {_show(value)}")
+    return value
+
+
+def _one_prompt(value: Any, field: str) -> str:
+    if isinstance(value, list):
+        raise _Invalid(field, "one prompt per line: a list would be several prompts (or token "
+                       "ids), each its own request; give each prompt a line of its own")
+    if not isinstance(value, str) or not value:
+        raise _Invalid(field, f"expected a non-empty string; got {_show(value)}")
+    return value
+
+
+def _line_sampling(obj: dict[str, Any], rules: _Rules) -> RequestBody:
+    """A plain line's ``sampling`` object, checked against ``rules``."""
+    sampling = obj.get("sampling")
+    if sampling is None:
+        return {}
+    if not isinstance(sampling, dict):
+        raise _Invalid("sampling", f"expected an object; got {_show(sampling)}")
+    for key in _NOT_SAMPLING:
+        if key in sampling:
+            raise _Invalid(f"sampling.{key}", "not a sampling parameter")
+    return _checked_sampling(sampling, "sampling", rules)
+
+
+def _openai_body(obj: dict[str, Any], job: JobEndpoint, where: str) -> RequestBody:
     for key in obj:
         if key not in _OPENAI_FIELDS:
             raise _Invalid(key, _unknown_field(
@@ -235,19 +371,88 @@ def _openai_body(obj: dict[str, Any]) -> RequestBody:
             raise _Invalid(key, f"missing; an OpenAI Batch line needs {', '.join(_OPENAI_FIELDS)}")
     if obj["method"] != OPENAI_METHOD:
         raise _Invalid("method", f'expected "{OPENAI_METHOD}"; got {_show(obj["method"])}')
-    if obj["url"] != OPENAI_URL:
-        raise _Invalid("url", f'expected "{OPENAI_URL}"; got {_show(obj["url"])}')
+    url = obj["url"]
+    kind = BY_PATH.get(url) if isinstance(url, str) else None
+    if kind is None:
+        paths = ", ".join(f'"{path}"' for path in BY_PATH)
+        raise _Invalid("url", f"expected one of {paths}; got {_show(url)}")
+    job.decide(kind, where)
+    if kind != job.current:
+        raise _Invalid("url", f"{_show(url)} is another endpoint: this job's endpoint is "
+                       f"{job.current.path} (from {job.origin()}); a job makes one kind of "
+                       "request, so give these lines a job of their own")
     request = obj["body"]
     if not isinstance(request, dict):
         raise _Invalid("body", f"expected an object; got {_show(request)}")
+    if kind.name == COMPLETIONS:
+        return _openai_completion(request)
+    if kind.name == EMBEDDINGS:
+        return _openai_embedding(request)
+    return _openai_chat(request)
+
+
+def _openai_chat(request: dict[str, Any]) -> RequestBody:
     if "messages" not in request:
         raise _Invalid("body.messages", "missing")
     body: RequestBody = {"messages": _checked_messages(request["messages"], "body.messages")}
     if request.get("tools") is not None:
         body["tools"] = _checked_tools(request["tools"], "body.tools")
     params = {k: v for k, v in request.items() if k not in _NOT_SAMPLING}
-    body.update(_checked_sampling(params, "body"))
+    body.update(_checked_sampling(params, "body", SAMPLING_PARAMS))
     return body
+
+
+def _openai_completion(request: dict[str, Any]) -> RequestBody:
+    if "prompt" not in request:
+        raise _Invalid("body.prompt", "missing; a /v1/completions body has a prompt string")
+    body = cast("RequestBody", {"prompt": _one_prompt(request["prompt"], "body.prompt")})
+    params = {k: v for k, v in request.items() if k not in ("prompt", "model", "stream")}
+    body.update(_checked_sampling(params, "body", COMPLETION_PARAMS))
+    return body
+
+
+def _openai_embedding(request: dict[str, Any]) -> RequestBody:
+    for key in request:
+        if key != "model" and key not in EMBEDDING_FIELDS:
+            raise _Invalid(f"body.{key}", _NO_SAMPLING if key in SAMPLING_PARAMS else
+                           _unknown_field(key, EMBEDDING_FIELDS, "an embeddings body has "
+                                          f"{', '.join(EMBEDDING_FIELDS)} (and model)"))
+    if request.get("input") is None:
+        raise _Invalid("body.input", "missing; an embeddings body has input: a string or a list "
+                       "of strings")
+    body: dict[str, Any] = {"input": _embedding_input(request["input"])}
+    dimensions = request.get("dimensions")
+    if dimensions is not None:
+        if not _is_int(dimensions) or dimensions < 1:
+            raise _Invalid("body.dimensions", f"expected an integer >= 1; got {_show(dimensions)}")
+        body["dimensions"] = dimensions
+    encoding = request.get("encoding_format")
+    if encoding is not None:
+        if encoding not in ENCODING_FORMATS:
+            raise _Invalid("body.encoding_format", f"expected one of "
+                           f"{', '.join(ENCODING_FORMATS)}; got {_show(encoding)}")
+        body["encoding_format"] = encoding
+    user = request.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise _Invalid("body.user", f"expected a string; got {_show(user)}")
+        body["user"] = user
+    return cast("RequestBody", body)
+
+
+def _embedding_input(value: Any) -> str | list[str]:
+    if isinstance(value, str) and value:
+        return value
+    if not isinstance(value, list) or not value:
+        raise _Invalid("body.input", "expected a non-empty string or a non-empty list of "
+                       f"strings; got {_show(value)}")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise _Invalid("body.input", f"{len(value)} texts; one request holds at most "
+                       f"{MAX_EMBEDDING_INPUTS}: split them over several lines")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise _Invalid(f"body.input[{i}]", f"expected a non-empty string; got {_show(item)}")
+    return value
 
 
 def _checked_messages(messages: Any, field: str) -> list[Any]:
@@ -297,13 +502,16 @@ def _checked_tools(tools: Any, field: str) -> list[Any]:
     return tools
 
 
-def _checked_sampling(params: dict[str, Any], field: str) -> RequestBody:
-    """`params` checked against SAMPLING_PARAMS, whose keys are RequestBody's."""
+def _checked_sampling(params: dict[str, Any], field: str, rules: _Rules) -> RequestBody:
+    """`params` checked against `rules` (SAMPLING_PARAMS, or COMPLETION_PARAMS: their keys are
+    RequestBody's)."""
     checked: dict[str, Any] = {}
     for key, value in params.items():
-        rule = SAMPLING_PARAMS.get(key)
+        rule = rules.get(key)
+        if rule is None and key in SAMPLING_PARAMS:
+            raise _Invalid(f"{field}.{key}", "a chat parameter; a completions request has none")
         if rule is None:
-            raise _Invalid(f"{field}.{key}", _unknown_param(key))
+            raise _Invalid(f"{field}.{key}", _unknown_param(key, rules))
         if value is None:
             continue
         if not rule[0](value):
@@ -323,11 +531,11 @@ def _unknown_field(key: str, known: tuple[str, ...], shape: str) -> str:
     return f"unknown field; did you mean {close!r}? {shape}" if close else f"unknown field; {shape}"
 
 
-def _unknown_param(key: str) -> str:
-    close = difflib.get_close_matches(key, SAMPLING_PARAMS, n=1)
+def _unknown_param(key: str, rules: _Rules) -> str:
+    close = difflib.get_close_matches(key, rules, n=1)
     if close:
         return f"unknown sampling parameter; did you mean {close[0]}?"
-    return f"unknown sampling parameter; known: {', '.join(SAMPLING_PARAMS)}"
+    return f"unknown sampling parameter; known: {', '.join(rules)}"
 
 
 def _is_list_of_objects(value: Any) -> bool:
@@ -369,6 +577,8 @@ def _is_object(value: Any) -> bool:
     return isinstance(value, dict)
 
 
+_NO_SAMPLING = ("an embeddings request takes no sampling parameters (n, temperature, max_tokens, "
+                "...): it gives one vector per text, the same every time")
 _TOKENS = f"an integer in [1, {MAX_TOKENS_LIMIT}]"
 _PENALTY = "a number in [-2, 2]"
 _TOOL_CHOICES = ("auto", "required", "none")
@@ -379,7 +589,7 @@ _EFFORTS = ("low", "medium", "high")
 # of its SamplingParams.verify() and protocol.ChatCompletionRequest. Any other key is a typo or a
 # field SGLang would silently ignore, so it is rejected. The worker owns model, stream and the
 # request plumbing (rid, lora_path, ...), so those are not here either.
-SAMPLING_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+SAMPLING_PARAMS: _Rules = {
     "max_tokens": (_int_in(1, MAX_TOKENS_LIMIT), _TOKENS),
     "max_completion_tokens": (_int_in(1, MAX_TOKENS_LIMIT), _TOKENS),
     "min_tokens": (_int_in(0, MAX_TOKENS_LIMIT), f"an integer in [0, {MAX_TOKENS_LIMIT}]"),
@@ -417,6 +627,18 @@ SAMPLING_PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "separate_reasoning": (_is_bool, "true or false"),
     "continue_final_message": (_is_bool, "true or false"),
     "chat_template_kwargs": (_is_object, "an object"),
+}
+
+
+# The keys of SAMPLING_PARAMS a /v1/completions request has not: a chat template's, tools' and
+# reasoning's, which need messages. Its `logprobs` is the count of top log-probabilities per
+# token (chat's is a switch, with the count in `top_logprobs`).
+_CHAT_ONLY = ("max_completion_tokens", "tool_choice", "reasoning_effort", "separate_reasoning",
+              "continue_final_message", "chat_template_kwargs", "top_logprobs")
+COMPLETION_PARAMS: _Rules = {
+    **{key: rule for key, rule in SAMPLING_PARAMS.items() if key not in _CHAT_ONLY},
+    "logprobs": (lambda v: _is_int(v) and v >= 0,
+                 "an integer >= 0 (top log-probabilities per token)"),
 }
 
 

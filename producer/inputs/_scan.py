@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from producer.inputs._errors import InputError
 from producer.inputs._ids import IdIndex
-from producer.inputs._line import PromptRecord, parse_line, parse_row
+from producer.inputs._line import JobEndpoint, PromptRecord, parse_line, parse_row
 from producer.inputs._source import JSONL, InputSource, Part
 from producer.inputs._table import Table
 
@@ -20,7 +20,9 @@ class Scan:
     A record's ``line`` counts lines and rows across the whole input, in order (a one-file
     input: its line number); an error names the part and the line or row in it.
     ``progress(bytes_read, lines_read)`` is called every ``every`` lines and once at the end.
-    With ``hash_bytes``, ``identity`` is the input's identity once the pass is over.
+    With ``hash_bytes``, ``identity`` is the input's identity once the pass is over. Lines are
+    read for the endpoint ``endpoint`` (None: the one the first line names, else chat);
+    ``job.current`` is the job's endpoint once the pass is over.
     """
 
     def __init__(
@@ -29,8 +31,10 @@ class Scan:
         progress: Callable[[int, int], None] | None,
         every: int,
         hash_bytes: bool = False,
+        endpoint: str | None = None,
     ):
         self.source = source
+        self.job = JobEndpoint(endpoint, source.columns.text)
         self.name = source.name
         self.progress = progress
         self.every = every
@@ -80,7 +84,7 @@ class Scan:
                 if not raw or raw.isspace():
                     self.blank_lines += 1
                     continue
-                record = parse_line(raw, self.lines, ids, part.name, self.place)
+                record = parse_line(raw, self.lines, ids, part.name, self.place, self.job)
                 if isinstance(record, InputError) and first:
                     # An error names the line in its own file.
                     record.line -= first
@@ -91,7 +95,7 @@ class Scan:
         if self._hash_bytes and part.obj is None:
             with open(path, "rb") as f:
                 self._digest = hashlib.file_digest(f, "sha256")
-        table = Table(path, part.kind, part.name, self.source.columns)
+        table = Table(path, part.kind, part.name, self.source.columns, self.job)
         self.ignored.update(dict.fromkeys(table.plan.ignored))
         first = self.lines
         try:
@@ -100,7 +104,7 @@ class Scan:
                 if self.progress is not None and self.lines % self.every == 0:
                     self.progress(done_bytes + table.bytes_read(), self.lines)
                 yield parse_row(cells, self.lines, self.lines - first, ids, part.name,
-                                self.place, table.plan.column_of)
+                                self.place, table.plan.column_of, self.job)
         finally:
             table.close()
 

@@ -72,7 +72,7 @@ class InputSource:
         self._folder: Path | None = None
         if any(p.kind != JSONL for p in parts):
             require_pyarrow(name)
-        elif columns != _NO_MAPPING:
+        elif columns.prompt is not None or columns.id is not None:
             raise UnreadableInput(f"{name}: --prompt-column and --id-column are for Parquet "
                                   "and saved datasets; a JSONL line names its own fields")
 

@@ -5,7 +5,9 @@ A column is read as the field of its name (``id``, ``custom_id``, ``messages``, 
 ``tools``, ``sampling``, and an OpenAI Batch table's ``method``, ``url``, ``body``), or as the
 field ``Columns`` maps it to: ``prompt`` names the prompt's column (read as ``messages`` when it
 holds lists, as ``prompt`` when it holds strings), ``id`` the id's. ``custom_id`` is the id in
-a table without ``body``. Any other column is passed over (a dataset keeps its answers and
+a table without ``body``. A completions or embeddings job's table has its text column (``text``
+for embeddings, ``prompt`` for completions, or the one ``Columns.text`` names) read as the text
+field of its plain lines. Any other column is passed over (a dataset keeps its answers and
 labels beside its prompts), unless it looks like a mistake a pass-over would hide: a sampling
 parameter as a column of its own, or a near-miss of a field's name.
 
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.inputs._errors import UnreadableInput
-from producer.inputs._line import SAMPLING_PARAMS, TABLE_FIELDS
+from producer.inputs._line import SAMPLING_PARAMS, TABLE_FIELDS, JobEndpoint
 
 # Rows per record batch read: memory holds one batch's Python values at a time (a few MB of
 # ~1 KB prompts), and batches are large enough that pyarrow's per-batch cost is nothing.
@@ -34,10 +36,13 @@ ARROW = "arrow"
 @dataclass(frozen=True)
 class Columns:
     """Which columns hold the prompt and the id where they are not named ``prompt``/``messages``
-    and ``id``/``custom_id`` (``--prompt-column``, ``--id-column``)."""
+    and ``id``/``custom_id`` (``--prompt-column``, ``--id-column``), and which field or column
+    holds the text of a completions or embeddings job's plain lines (``--text-column``; a JSONL
+    line's field too)."""
 
     prompt: str | None = None
     id: str | None = None
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,24 @@ def require_pyarrow(name: str) -> None:
                               "installed: pip install 'fleetgen[parquet]'")
 
 
-def plan(names: list[str], nested: set[str], columns: Columns, path: str) -> Plan:
-    """Match a file's column ``names`` to fields (``nested``: those holding lists or structs)."""
+def plan(names: list[str], nested: set[str], columns: Columns, path: str,
+         job: JobEndpoint | None = None) -> Plan:
+    """Match a file's column ``names`` to fields (``nested``: those holding lists or structs),
+    for the lines of ``job`` (its text column, when it is given one that has one)."""
     fields: dict[str, str] = {}
-    for given, flag in ((columns.prompt, "--prompt-column"), (columns.id, "--id-column")):
+    for given, flag in ((columns.prompt, "--prompt-column"), (columns.id, "--id-column"),
+                        (columns.text, "--text-column")):
         if given is not None and given not in names:
             raise UnreadableInput(f"{path}: {flag} {given}: no such column; the columns are "
                                   f"{', '.join(names)}")
+    text = job.text if job is not None and job.given is not None else None
+    if text is not None and text not in names and "body" not in names:
+        assert job is not None
+        raise UnreadableInput(f"{path}: no column {text}, where a {job.current.name} job's text "
+                              f"is (--text-column names another); the columns are "
+                              f"{', '.join(names)}")
+    if text is not None and text in names:
+        fields[text] = text
     if columns.prompt is not None:
         fields[columns.prompt] = "messages" if columns.prompt in nested else "prompt"
     if columns.id is not None:
@@ -106,7 +122,8 @@ class Table:
     """One Parquet file or Arrow IPC stream, read batch by batch: ``rows()`` yields each row as
     {field: cell} (cells as Python values, column by column)."""
 
-    def __init__(self, path: Path, kind: str, name: str, columns: Columns) -> None:
+    def __init__(self, path: Path, kind: str, name: str, columns: Columns,
+                 job: JobEndpoint | None = None) -> None:
         import pyarrow as pa
         import pyarrow.ipc
         import pyarrow.parquet as pq
@@ -131,7 +148,7 @@ class Table:
         self.size = path.stat().st_size
         self._rows_read = 0
         nested = {f.name for f in schema if pa.types.is_nested(f.type)}
-        self.plan = plan(list(schema.names), nested, columns, name)
+        self.plan = plan(list(schema.names), nested, columns, name, job)
 
     def _parquet_batches(self) -> Iterator[Any]:
         # One reader per row group: a single iter_batches over the whole file keeps what it

@@ -224,7 +224,7 @@ BAD_LINES: list[tuple[str, Any, str, str]] = [
         "not a sampling",
     ),
     ("bad method", openai_line() | {"method": "GET"}, "method", 'expected "POST"; got "GET"'),
-    ("bad url", openai_line() | {"url": "/v1/completions"}, "url", 'got "/v1/completions"'),
+    ("bad url", openai_line() | {"url": "/v1/responses"}, "url", 'got "/v1/responses"'),
     (
         "missing body",
         {"custom_id": "r", "method": "POST", "url": "/v1/chat/completions"},
