@@ -30,6 +30,7 @@ from celery import Celery
 from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
 from fleetgen.commandline import CommandParser
+from fleetgen.endpoints import CHAT, EMBEDDINGS, ENDPOINTS
 from fleetgen.errors import FleetgenError, JobError, RolloutError, UnknownJobError
 from fleetgen.job import (
     DEFAULT_MAX_TOKENS,
@@ -67,6 +68,8 @@ from producer.enqueue import (
 )
 from producer.export import FORMATS
 from producer.inputs import (
+    RESERVED_FIELDS,
+    TEXT_FIELDS,
     Columns,
     InputErrors,
     InputSource,
@@ -101,6 +104,7 @@ EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --job distill-v1 --output ./runs   # re-run = resume
   zcat prompts.jsonl.gz | python -m producer enqueue - --job distill-v1        # from stdin
   python -m producer enqueue s3://bucket/prompts/ --job distill-v1 --prompt-column question
+  python -m producer enqueue texts.jsonl --job embed-v1 --endpoint embeddings --text-column body
   python -m producer status distill-v1
   python -m producer status distill-v1 --watch        # live, until it is done
   python -m producer status distill-v1 --json         # the same figures for machines
@@ -154,22 +158,24 @@ class Requires:
 
 @dataclass(frozen=True)
 class Excludes:
-    """`flag`, given (and its value passing `when`), and `other` are not given together."""
+    """`flag`, given (and its value passing `when`), and `other`, given (and its value passing
+    `other_when`), are not given together. `says` may name `other`'s value as {value}."""
 
     flag: str
     other: str
-    why: str
+    why: str = ""
     says: str = "{flag} with {other}: {why}"
     when: Callable[[Any], bool] = _given
+    other_when: Callable[[Any], bool] = _given
 
     def named(self) -> tuple[str, ...]:
         return (self.flag, self.other)
 
     def error(self, args: argparse.Namespace) -> str | None:
-        value = _value(args, self.flag)
-        if not (_given(value) and self.when(value) and _given(_value(args, self.other))):
+        value, other = _value(args, self.flag), _value(args, self.other)
+        if not (_given(value) and self.when(value) and _given(other) and self.other_when(other)):
             return None
-        return self.says.format(flag=self.flag, other=self.other, why=self.why)
+        return self.says.format(flag=self.flag, other=self.other, why=self.why, value=other)
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,31 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Excludes("--samples", "--rollout", when=lambda n: n > 1,
                  why="a rollout asks for the answers it needs itself "
                  "(fleetgen.rollouts:BestOfN takes n)"),
+        # One endpoint per job (fleetgen/endpoints.py); an input of OpenAI Batch lines names
+        # its own by url, which enqueue checks the same way once it has read it.
+        Excludes("--rollout", "--endpoint", other_when=lambda e: e != CHAT,
+                 says="{flag} with {other} {value}: a rollout's calls are chat requests"),
+        Excludes("--samples", "--endpoint", when=lambda n: n > 1,
+                 other_when=lambda e: e == EMBEDDINGS,
+                 says="{flag} with {other} {value}: an embeddings request gives one vector per "
+                 "text, the same every time"),
+        Excludes("--canary", "--endpoint", other_when=lambda e: e == EMBEDDINGS,
+                 says="{flag} with {other} {value}: the canary judges generated text, which an "
+                 "embeddings job has none of; its canary is off"),
+        Excludes("--no-thinking", "--endpoint", other_when=lambda e: e == EMBEDDINGS,
+                 says="{flag} with {other} {value}: an embeddings job generates no text"),
+        Requires(("--text-column",), "--endpoint",
+                 says="--text-column names the text field of a completions or embeddings job's "
+                 "plain lines: add --endpoint completions or --endpoint embeddings"),
+        Excludes("--text-column", "--endpoint", other_when=lambda e: e == CHAT,
+                 says="{flag} with {other} {value}: a chat line's text is its prompt or "
+                 "messages (a table's column of another name: --prompt-column)"),
+        Excludes("--prompt-column", "--endpoint", other_when=lambda e: e != CHAT,
+                 says="{flag} with {other} {value}: a {value} job's text column is named by "
+                 "--text-column"),
+        Valid("--text-column", lambda name: name not in RESERVED_FIELDS,
+              why=f"{', '.join(RESERVED_FIELDS)} are read as themselves; the text field has "
+              "another name"),
     ),
     "status": (
         Requires(("--interval",), "--watch",
@@ -288,6 +319,8 @@ def _add_enqueue(sub: Subparsers) -> None:
                  "prompts.jsonl --job distill-v1 --max-tokens 8192 --queue gpu3",
                  "prompts.jsonl --job best-of-4 --samples 4 --temperature 1.0",
                  "prompts.parquet --job distill-v1 --prompt-column question --id-column qid",
+                 "texts.jsonl --job embed-v1 --endpoint embeddings --text-column body",
+                 "batch.jsonl --job embed-v1   # OpenAI Batch lines of url /v1/embeddings",
                  "./saved-dataset --split train --job distill-v1",
                  "s3://bucket/prompts/ --job distill-v1 --output s3://bucket/runs")
     _add_input_flags(p)
@@ -320,6 +353,16 @@ def _add_input_flags(p: argparse.ArgumentParser) -> None:
                    "one user message each; lists: the messages)")
     p.add_argument("--id-column", metavar="NAME",
                    help="a table's id column when it is not id or custom_id")
+    p.add_argument("--endpoint", choices=tuple(ENDPOINTS), default=None,
+                   help="what each prompt asks: chat (/v1/chat/completions), completions "
+                   "(/v1/completions: a prompt string continued) or embeddings (/v1/embeddings: "
+                   "a vector per text); one per job (default: the url of the input's OpenAI "
+                   "Batch lines, else chat)")
+    p.add_argument("--text-column", metavar="NAME",
+                   help="with --endpoint completions or embeddings: the field of a plain JSONL "
+                   "line, or a table's column, holding the text (default: "
+                   + ", ".join(f"{field} for {name}" for name, field in TEXT_FIELDS.items())
+                   + "); OpenAI Batch lines keep theirs in body")
     p.add_argument("--split", metavar="NAME",
                    help="the split of a saved dataset of several (a DatasetDict folder)")
     p.add_argument("--job", metavar="NAME",
@@ -522,14 +565,14 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(str(exc), RET_BAD_INPUT) from None
     canary = Thresholds.parse(args.canary, enabled=not args.no_canary)
     rollout = _rollout(args)
-    columns = Columns(prompt=args.prompt_column, id=args.id_column)
+    columns = Columns(prompt=args.prompt_column, id=args.id_column, text=args.text_column)
     with (_spooled_stdin() if from_stdin else nullcontext(args.input) as path,
           _opened(str(path), columns, args.split, STDIN_NAME if from_stdin else None) as source):
         request = EnqueueRequest(
             path=source, job=args.job or PurePosixPath(args.input.rstrip("/")).stem,
             output=output, params=params, queue=args.queue, batch_size=args.batch_size,
             skip_invalid=args.skip_invalid, canary=canary,
-            samples=args.samples, seed=args.seed, rollout=rollout,
+            samples=args.samples, seed=args.seed, rollout=rollout, endpoint=args.endpoint,
         )
         try:
             report = _enqueued(request, Ledger.connect(settings), app)
@@ -600,8 +643,9 @@ def _print_enqueued(report: EnqueueReport, queue: str, output: str) -> None:
         print(f"note: {note}")
     verb = "resumed" if report.resumed else "created"
     answers = f" ({report.answers:,} answers)" if report.answers != report.prompts else ""
-    print(f"job {report.job} {verb}: {report.prompts:,} prompts{answers} in {report.batches:,} "
-          f"batches -> queue {queue}, output {output}")
+    kind = f" for {ENDPOINTS[report.endpoint].path}" if report.endpoint != CHAT else ""
+    print(f"job {report.job} {verb}: {report.prompts:,} prompts{answers}{kind} in "
+          f"{report.batches:,} batches -> queue {queue}, output {output}")
     if report.rebuilt is not None:
         print(f"  Redis did not know the job: its ledger was rebuilt from {report.rebuilt.where}")
         for line in report.rebuilt.lines():

@@ -14,6 +14,10 @@ or row validated, its identity taken: a local file hashed, an S3 object's ETag),
 only while the job is being created) and QUEUEING (sending the batches to the broker).
 A prompt asking several answers (`sampling.n`, `--samples`) is stored as one work item per
 answer (producer/answers.py); batches count answers.
+A job makes one kind of request (fleetgen/endpoints.py): `EnqueueRequest.endpoint`, else the
+one the input's first line names (an OpenAI Batch line's `url`), else chat; the manifest keeps
+it. An embeddings job generates no text: no answers beyond one per prompt, no rollout, no
+generation defaults in its bodies, and its canary (which judges text) is off.
 Batch boundaries are a pure function of the file and the batch size, so running the same
 command again resumes: an interrupted creation uploads exactly the inputs still missing, and a
 running job queues only batches that are neither done nor waiting (running, or in the broker:
@@ -30,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, cast
 
 import orjson
 from celery import Celery
@@ -38,6 +43,7 @@ from fleetgen import keys
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_lock
 from fleetgen.dispatch import dispatch
+from fleetgen.endpoints import CHAT, EMBEDDINGS, endpoint
 from fleetgen.errors import JobError
 from fleetgen.job import (
     TAPER,
@@ -62,6 +68,9 @@ from producer.inputs import (
 )
 from producer.rebuild import Rebuilt, count_written, rebuild
 from producer.sinkview import stored_manifest
+
+if TYPE_CHECKING:  # the servers' package loads httpx, which enqueue never needs
+    from fleetgen.servers import RequestBody
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +116,9 @@ class EnqueueRequest:
     seed: int | None = None  # the job's seed (default: drawn from its name)
     # The program each prompt runs (one answer per prompt; a line's `n` is the rollout's).
     rollout: RolloutSpec | None = None
+    # What each request asks (fleetgen/endpoints.py); None: what the input's first line names
+    # (an OpenAI Batch line's url), else chat.
+    endpoint: str | None = None
 
 
 @dataclass
@@ -130,6 +142,7 @@ class EnqueueReport:
     resumed: bool = False
     notes: list[str] = field(default_factory=list)
     rebuilt: Rebuilt | None = None  # Redis did not know the job: its ledger, from the sink
+    endpoint: str = CHAT  # the job's (fleetgen/endpoints.py)
 
 
 def default_batch_size(prompts: int) -> int:
@@ -180,8 +193,11 @@ def _enqueue(
     rejects = Rejects()
     on_error = rejects if req.skip_invalid else None
     source = _source(req)
+    if req.endpoint is not None:
+        _check_endpoint(req, req.endpoint)  # before the input is read, when it is given
     summary = validate_file(source, progress=_file_pass(progress, CHECKING, source),
-                            on_error=on_error, samples=req.samples or 1)
+                            on_error=on_error, samples=req.samples or 1, endpoint=req.endpoint)
+    _check_endpoint(req, summary.endpoint)
     if summary.ignored_columns:
         report.notes.append(f"columns passed over (no prompt field): "
                             f"{', '.join(summary.ignored_columns)}")
@@ -193,7 +209,7 @@ def _enqueue(
         existing = ledger.jobs.load(req.job) if known else stored_manifest(sink, req.job)
         report.resumed = existing is not None
         if existing is not None:
-            manifest = _check_resume(existing, req, summary.sha256, report)
+            manifest = _check_resume(existing, req, summary.sha256, summary.endpoint, report)
         else:
             # A rollout job has one answer per prompt: a line's `n` is for its rollout.
             answers = summary.prompts if req.rollout is not None else summary.answers
@@ -210,13 +226,17 @@ def _enqueue(
                 queue=req.queue,
                 params=req.params,
                 rejected=summary.rejected,
-                canary=req.canary,
+                # The canary judges answers' text; an embeddings job's vectors have none.
+                canary=req.canary if endpoint(summary.endpoint).generates
+                else Thresholds(enabled=False),
                 complete=False,
                 answers=answers,
                 samples=req.samples or 1,
                 seed=job_seed(req.job, req.seed) if sampled else None,
                 rollout=asdict(req.rollout) if req.rollout is not None else None,
+                endpoint=summary.endpoint,
             )
+        report.endpoint = manifest.endpoint
         report.prompts, report.batches = manifest.prompts, manifest.batches
         report.answers = manifest.answers
         if rejects.count:
@@ -233,7 +253,8 @@ def _enqueue(
             report.rebuilt = rebuild(ledger, manifest, sink)
             pending = _pending_batches(manifest, sink, ledger, report)
         else:
-            manifest = _store_inputs(source, manifest, sink, ledger, report, progress)
+            manifest = _store_inputs(source, req.endpoint, manifest, sink, ledger, report,
+                                     progress)
             pending = _pending_batches(manifest, sink, ledger, report)
             # Queued in the ledger before the job runs, so no reconciler round sees them in no
             # state and sends them a second time.
@@ -285,8 +306,29 @@ def _job_folders(ledger: Ledger) -> Iterator[tuple[str, str]]:
             yield name, location(orjson.loads(raw)["output"]) + name + "/"
 
 
+def _check_endpoint(req: EnqueueRequest, name: str) -> None:
+    """JobError when the request asks what a job of endpoint `name` cannot do: a rollout's
+    calls are chat requests; an embeddings request gives one vector per text, the same every
+    time, so it has no answers to count, no sampling and no canary."""
+    kind = endpoint(name)
+    if req.rollout is not None and name != CHAT:
+        raise JobError(f"--rollout with a {name} job ({kind.path}): a rollout's calls are chat "
+                       "requests")
+    if name != EMBEDDINGS:
+        return
+    why = f"an {name} job ({kind.path}) generates no text"
+    if req.samples is not None and req.samples > 1:
+        raise JobError(f"--samples {req.samples}: {why}; each text gets one vector")
+    if req.canary != Thresholds() and req.canary.enabled:
+        raise JobError(f"--canary: {why}, which the canary judges; its canary is off")
+    if replace(req.params, model=None) != GenerationParams():
+        raise JobError(f"--max-tokens, --temperature, --top-p and --no-thinking: {why}; leave "
+                       "them out")
+
+
 def _check_resume(
-    existing: JobManifest, req: EnqueueRequest, sha256: str, report: EnqueueReport
+    existing: JobManifest, req: EnqueueRequest, sha256: str, endpoint_name: str,
+    report: EnqueueReport,
 ) -> JobManifest:
     if existing.input.sha256 != sha256:
         raise JobError(
@@ -296,6 +338,11 @@ def _check_resume(
         )
     if existing.output.rstrip("/") != req.output.rstrip("/"):
         raise JobError(f"job {req.job!r} writes to {existing.output}, not {req.output}")
+    if existing.endpoint != endpoint_name:
+        raise JobError(
+            f"job {req.job!r} makes {existing.endpoint} requests ({existing.kind.path}), not "
+            f"{endpoint_name} ({endpoint(endpoint_name).path}); a job makes one kind of request "
+            "for all its prompts: resume it as it was enqueued, or use a new --job name")
     if req.batch_size and req.batch_size != existing.batch_size:
         report.notes.append(
             f"--batch-size {req.batch_size} ignored: the job's batches are {existing.batch_size} "
@@ -323,12 +370,15 @@ def _check_resume(
 
 
 def _batches(
-    source: InputSource, manifest: JobManifest, sizes: list[int], progress: Progress
+    source: InputSource, given: str | None, manifest: JobManifest, sizes: list[int],
+    progress: Progress,
 ) -> Iterator[tuple[str, list[WorkItem]]]:
+    """The job's batches of work items, read again as the check read them (`given`: the
+    endpoint it was given, so both passes read the same lines)."""
     chunk: list[WorkItem] = []
     index = 0
     reading = _file_pass(progress, STORING, source)
-    for record in read_prompts(source, skip_invalid=True, progress=reading):
+    for record in read_prompts(source, skip_invalid=True, progress=reading, endpoint=given):
         for item in work_items(record, samples=manifest.samples, seed=manifest.seed,
                                sampled=manifest.sampled, keep_n=manifest.rollout is not None):
             chunk.append(item)
@@ -341,7 +391,7 @@ def _batches(
 
 
 def _store_inputs(
-    source: InputSource, manifest: JobManifest, sink: Sink, ledger: Ledger,
+    source: InputSource, given: str | None, manifest: JobManifest, sink: Sink, ledger: Ledger,
     report: EnqueueReport, progress: Progress,
 ) -> JobManifest:
     """Upload every batch input the sink lacks, then store the complete manifest in the sink
@@ -356,11 +406,11 @@ def _store_inputs(
     uploads: list[Future[None]] = []
     try:
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            for batch, records in _batches(source, manifest, sizes, progress):
+            for batch, records in _batches(source, given, manifest, sizes, progress):
                 if batch in stored:
                     report.already_stored += 1
                     continue
-                data = _input_bytes(manifest.params, records)
+                data = _input_bytes(manifest, records)
                 uploads.append(pool.submit(sink.put, keys.sink_input(job, batch), data))
                 if len(uploads) >= UPLOAD_THREADS * 4:
                     report.uploaded += _drain(uploads)
@@ -422,9 +472,18 @@ def _drain(uploads: list[Future[None]]) -> int:
     return count
 
 
-def _input_bytes(params: GenerationParams, items: list[WorkItem]) -> bytes:
-    return b"".join(orjson.dumps(input_line(i.id, i.line, params.request_body(i.body), i.sample))
-                    + b"\n" for i in items)
+def _input_bytes(manifest: JobManifest, items: list[WorkItem]) -> bytes:
+    return b"".join(orjson.dumps(input_line(i.id, i.line, _stored_body(manifest, i.body),
+                                            i.sample)) + b"\n" for i in items)
+
+
+def _stored_body(manifest: JobManifest, body: RequestBody) -> RequestBody:
+    """The body a batch input keeps: the job's generation defaults under the line's values; an
+    embeddings body takes none of them, only the job's model when it names one."""
+    if manifest.kind.generates:
+        return manifest.params.request_body(body)
+    model = manifest.params.model
+    return cast("RequestBody", {"model": model, **body}) if model else body
 
 
 __all__ = [

@@ -43,8 +43,10 @@ TABLE_FIELDS = tuple(dict.fromkeys((*_CHAT_FIELDS, *_OPENAI_FIELDS)))
 # unless `--text-column` names another: a completion's is its prompt, as in a plain chat line;
 # an embedding's is a text, as datasets of passages name it.
 TEXT_FIELDS = {COMPLETIONS: "prompt", EMBEDDINGS: "text"}
-# What a text field may not be called: the other fields of a line, read as themselves.
-RESERVED_FIELDS = tuple(dict.fromkeys(("id", "sampling", *_OPENAI_FIELDS)))
+# What a text field may not be called: the other fields of its plain line, read as themselves.
+# Any other name is the text (`--text-column body` too: a line holding its text field is a plain
+# line, even one named like an OpenAI Batch line's).
+RESERVED_FIELDS = ("id", "sampling")
 # The keys of an embeddings request body besides `model` (which the worker sets).
 EMBEDDING_FIELDS = ("input", "dimensions", "encoding_format", "user")
 ENCODING_FORMATS = ("float", "base64")
@@ -162,7 +164,8 @@ def parse_row(cells: dict[str, Any], ordinal: int, row: int, ids: IdIndex, path:
     the column the user has.
     """
     try:
-        return _checked(_row_object(cells), ordinal, ids, place, job or JobEndpoint())
+        job = job or JobEndpoint()
+        return _checked(_row_object(cells, job.text), ordinal, ids, place, job)
     except _Invalid as bad:
         head = bad.field.split(".", 1)[0].split("[", 1)[0]
         field = "row" if head == "line" else column_of.get(head, head) + bad.field[len(head):]
@@ -181,11 +184,14 @@ def _json_object(raw: bytes) -> Any:
         raise _Invalid("line", _json_problem(raw, exc)) from None
 
 
-def _row_object(cells: dict[str, Any]) -> dict[str, Any]:
+def _row_object(cells: dict[str, Any], text: str | None) -> dict[str, Any]:
     obj = {}
     for key, value in cells.items():
         if value is None:
             continue  # a null cell: the row has no such field
+        if key == text:
+            obj[key] = value  # the text column is text, whatever its name
+            continue
         if key in _JSON_FIELDS and isinstance(value, str):
             try:
                 value = orjson.loads(value)

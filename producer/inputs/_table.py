@@ -81,6 +81,10 @@ def plan(names: list[str], nested: set[str], columns: Columns, path: str,
                               f"{', '.join(names)}")
     if text is not None and text in names:
         fields[text] = text
+    # A completions or embeddings table's chat columns are passed over, as any column of no
+    # field of its lines (a dataset may keep its chat form beside the text).
+    known = TABLE_FIELDS if text is None else tuple(
+        f for f in TABLE_FIELDS if f not in ("messages", "prompt", "tools"))
     if columns.prompt is not None:
         fields[columns.prompt] = "messages" if columns.prompt in nested else "prompt"
     if columns.id is not None:
@@ -91,7 +95,7 @@ def plan(names: list[str], nested: set[str], columns: Columns, path: str,
             continue
         if name == id_name:
             fields[name] = "id"
-        elif name in TABLE_FIELDS and name not in fields.values():
+        elif name in known and name not in fields.values():
             fields[name] = name
     ignored = tuple(name for name in names if name not in fields)
     for name in ignored:
@@ -108,6 +112,8 @@ def _id_column(names: list[str]) -> str:
 
 def _suspect(name: str) -> str | None:
     """Why passing over column ``name`` would hide a mistake, or None."""
+    if name in TABLE_FIELDS:
+        return None  # a field the job's lines do not have, passed over on purpose
     if name in SAMPLING_PARAMS:
         return ("a sampling parameter as a column of its own would not be used; put it in a "
                 '"sampling" column (a struct, or JSON text)')
