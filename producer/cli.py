@@ -269,8 +269,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
                  says="{flag} with {other} {value}: a chat line's text is its prompt or "
                  "messages (a table's column of another name: --prompt-column)"),
         Excludes("--prompt-column", "--endpoint", other_when=lambda e: e != CHAT,
-                 says="{flag} with {other} {value}: a {value} job's text column is named by "
-                 "--text-column"),
+                 says="{flag} with {other} {value}: the text column of a completions or "
+                 "embeddings job is named by --text-column"),
         Valid("--text-column", lambda name: name not in RESERVED_FIELDS,
               why=f"{', '.join(RESERVED_FIELDS)} are read as themselves; the text field has "
               "another name"),

@@ -312,7 +312,7 @@ def _check_endpoint(req: EnqueueRequest, name: str) -> None:
     time, so it has no answers to count, no sampling and no canary."""
     kind = endpoint(name)
     if req.rollout is not None and name != CHAT:
-        raise JobError(f"--rollout with a {name} job ({kind.path}): a rollout's calls are chat "
+        raise JobError(f"--rollout with {name} ({kind.path}): a rollout's calls are chat "
                        "requests")
     if name != EMBEDDINGS:
         return

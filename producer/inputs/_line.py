@@ -50,6 +50,8 @@ RESERVED_FIELDS = ("id", "sampling")
 # The keys of an embeddings request body besides `model` (which the worker sets).
 EMBEDDING_FIELDS = ("input", "dimensions", "encoding_format", "user")
 ENCODING_FORMATS = ("float", "base64")
+# What errors call a plain line of each endpoint.
+_A_LINE = {CHAT: "a prompt line", COMPLETIONS: "a completions line", EMBEDDINGS: "an embeddings line"}
 # Most texts one embeddings request may hold: OpenAI's limit on `input`'s length.
 MAX_EMBEDDING_INPUTS = 2048
 # A table's string cell of one of these holds the field as JSON (a list or an object).
@@ -248,7 +250,7 @@ def _text_hint(job: JobEndpoint, obj: dict[str, Any]) -> str:
         return ""
     name = job.current.name
     return (f"; this line has {', '.join(obj) or 'no field'}: --text-column names the field "
-            f'holding the text (a {name} line\'s default is "{TEXT_FIELDS[name]}")')
+            f'holding the text (default for {name}: "{TEXT_FIELDS[name]}")')
 
 
 def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
@@ -290,6 +292,9 @@ def _given_id(obj: dict[str, Any], field: str) -> str | None:
 
 def _plain_body(obj: dict[str, Any], job: JobEndpoint) -> RequestBody:
     fields, name = job.plain_fields(), job.current.name
+    if job.text is not None and job.text not in obj:
+        # Before its other fields: a text under another name is the likelier mistake.
+        raise _Invalid(job.text, "missing" + _text_hint(job, obj))
     for key in obj:
         if key not in fields:
             raise _Invalid(key, _plain_unknown(key, fields, name))
@@ -304,7 +309,7 @@ def _plain_body(obj: dict[str, Any], job: JobEndpoint) -> RequestBody:
 
 
 def _plain_unknown(key: str, fields: tuple[str, ...], name: str) -> str:
-    shape = f"a {'prompt' if name == CHAT else name} line has {', '.join(fields)}"
+    shape = f"{_A_LINE[name]} has {', '.join(fields)}"
     if name == EMBEDDINGS and (key == "sampling" or key in SAMPLING_PARAMS):
         return _NO_SAMPLING
     if key in SAMPLING_PARAMS:
@@ -334,8 +339,6 @@ def _text(obj: dict[str, Any], job: JobEndpoint) -> str:
     """A plain completions or embeddings line's text: one non-empty string."""
     field = job.text
     assert field is not None
-    if field not in obj:
-        raise _Invalid(field, "missing" + _text_hint(job, obj))
     value = obj[field]
     if job.current.name == COMPLETIONS:
         return _one_prompt(value, field)

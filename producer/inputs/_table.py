@@ -76,8 +76,8 @@ def plan(names: list[str], nested: set[str], columns: Columns, path: str,
     text = job.text if job is not None and job.given is not None else None
     if text is not None and text not in names and "body" not in names:
         assert job is not None
-        raise UnreadableInput(f"{path}: no column {text}, where a {job.current.name} job's text "
-                              f"is (--text-column names another); the columns are "
+        raise UnreadableInput(f"{path}: no column {text} (this {job.current.name} job's text; "
+                              f"--text-column names another); the columns are "
                               f"{', '.join(names)}")
     if text is not None and text in names:
         fields[text] = text

@@ -94,3 +94,51 @@ def test_a_broken_rule_is_one_error_line_and_nothing_is_written(
     assert main(argv) == RET_BAD_INPUT
     assert capsys.readouterr() == ("", f"error: {message}\n")
     assert redis_client.dbsize() == 0 and not out.exists()
+
+
+# A job's endpoint (--endpoint, --text-column): what each endpoint cannot do is refused up front.
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["enqueue", "IN", "--endpoint", "completions", "--rollout", ROLLOUT],
+     "--rollout with --endpoint completions: a rollout's calls are chat requests"),
+    (["enqueue", "IN", "--endpoint", "embeddings", "--samples", "2"],
+     "--samples with --endpoint embeddings: an embeddings request gives one vector per text, "
+     "the same every time"),
+    (["enqueue", "IN", "--endpoint", "embeddings", "--canary", "length=off"],
+     "--canary with --endpoint embeddings: the canary judges generated text, which an "
+     "embeddings job has none of; its canary is off"),
+    (["enqueue", "IN", "--endpoint", "embeddings", "--no-thinking"],
+     "--no-thinking with --endpoint embeddings: an embeddings job generates no text"),
+    (["enqueue", "IN", "--text-column", "body"],
+     "--text-column names the text field of a completions or embeddings job's plain lines: "
+     "add --endpoint completions or --endpoint embeddings"),
+    (["enqueue", "IN", "--endpoint", "chat", "--text-column", "body"],
+     "--text-column with --endpoint chat: a chat line's text is its prompt or messages (a "
+     "table's column of another name: --prompt-column)"),
+    (["enqueue", "IN", "--endpoint", "embeddings", "--prompt-column", "q"],
+     "--prompt-column with --endpoint embeddings: the text column of a completions or "
+     "embeddings job is named by --text-column"),
+    (["enqueue", "IN", "--endpoint", "completions", "--text-column", "sampling"],
+     "--text-column 'sampling': id, sampling are read as themselves; the text field has "
+     "another name"),
+], ids=lambda value: value if isinstance(value, str) else "-".join(value[2:6]))
+def test_an_endpoint_rule_is_one_error_line_and_nothing_is_written(
+    argv: list[str], message: str, redis_client: Any, cli_env: None, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows(3))
+    out = tmp_path / "out"
+    argv = [str(src) if a == "IN" else a for a in argv]
+    assert main([*argv, "--job", "ruled", "--output", str(out)]) == RET_BAD_INPUT
+    assert capsys.readouterr() == ("", f"error: {message}\n")
+    assert redis_client.dbsize() == 0 and not out.exists()
+
+
+def test_what_an_endpoint_can_do_breaks_no_rule() -> None:
+    for argv in (("--endpoint", "completions", "--samples", "4", "--text-column", "question"),
+                 ("--endpoint", "embeddings", "--samples", "1", "--no-canary"),
+                 ("--endpoint", "embeddings", "--text-column", "body", "--id-column", "doc"),
+                 ("--endpoint", "chat", "--rollout", ROLLOUT, "--prompt-column", "q"),
+                 ("--endpoint", "completions", "--canary", "length=off")):
+        assert broken_rule(parsed("enqueue", "p.jsonl", *argv)) is None, argv
