@@ -241,7 +241,7 @@ def test_a_plain_line_of_another_endpoint_without_the_flag_says_what_a_chat_line
 def test_a_parquet_table_reads_its_text_column_as_an_embeddings_input(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "t.parquet", {
         "doc": ["d1", "d2"], "body": ["first passage", "second"], "title": ["A", "B"]})
-    options = {"columns": Columns(id="doc", text="body")}
+    options: dict[str, Any] = {"columns": Columns(id="doc", text="body")}
     assert records(path, "embeddings", **options) == [
         ("d1", {"input": "first passage"}, None), ("d2", {"input": "second"}, None)]
     with open_input(str(path), **options) as source:
