@@ -25,8 +25,8 @@ import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -144,8 +144,8 @@ def make_server(run: ServiceRun) -> RedisServer | S3Server:
     )  # fmt: skip
 
 
-def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
-    """Run `server` until `stop` is set or the server dies; always leave it stopped."""
+def serve(server: RedisServer | S3Server, stopping: Callable[[], bool]) -> int:
+    """Run `server` until `stopping()` or the server dies; always leave it stopped."""
     ports = server.ports.all() if isinstance(server, S3Server) else [server.port]
     if inside := in_ephemeral_range(ports):
         log.warning("%s: port(s) %s lie in %s", server.name, ", ".join(map(str, inside)),
@@ -155,11 +155,12 @@ def serve(server: RedisServer | S3Server, stop: threading.Event) -> int:
         taken = server.ports.text() if isinstance(server, S3Server) else str(server.port)
         log.info("%s: serving %s (ports %s) until SIGTERM/SIGINT; credentials in %s",
                  server.name, server.address, taken, server.credentials_file)
-        while not stop.wait(POLL_SECONDS):
+        while not stopping():
             if not server.alive():
                 log.error("%s: server exited with code %s; its output:\n%s",
                           server.name, server.exit_code, server.log_tail())  # fmt: skip
                 return EXIT_SERVER_DIED
+            time.sleep(POLL_SECONDS)
         log.info("%s: signal received, stopping", server.name)
         return EXIT_OK
     except PortBusyError as exc:
@@ -186,14 +187,17 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # argparse has printed the usage error
         return EXIT_USAGE if exc.code else EXIT_OK
-    stop = threading.Event()
+    # The handler only records the signal, taking no lock: one that set a threading.Event
+    # would hang this process for good whenever the signal landed while the main thread held
+    # that Event's lock (inside Event.wait, between two polls), as a loaded machine makes likely.
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        received.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return serve(make_server(run), stop)
+        return serve(make_server(run), lambda: bool(received))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

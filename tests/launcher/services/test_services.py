@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import random
 import signal
@@ -32,6 +33,7 @@ from launcher.services import (
     S3Ports,
     S3Server,
     ServiceStartError,
+    data_dir_holder,
     free_s3_base,
     redis_password,
 )
@@ -371,3 +373,53 @@ def test_a_bad_service_flag_or_variable_is_one_error_line_and_exit_2(
     assert services.main(argv) == services.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith(said) and err.count("\n") == 1
+
+
+class ArmedOnServing(logging.Handler):
+    """Set once `launcher redis|s3` logs that it serves: its foreground loop runs from then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.armed = self.armed or "serving" in record.getMessage()
+
+
+# Not the loop's own code: the logging of its "serving" line, pytest's capture of it.
+OTHERS = ("logging", "_pytest")
+
+
+@pytest.mark.timeout(60)  # a run the signal hangs ends here, its stack naming where
+def test_launcher_redis_stops_on_a_sigterm_landing_at_any_point_of_its_foreground_loop(
+    tmp_path: Path, valkey_bin: Path,
+) -> None:
+    # The signal is raised at the n-th Python call or return of the loop, so that over the runs
+    # it lands at every point of an iteration, also where the loop holds a lock; a handler that
+    # took that same lock would wait on itself for good.
+    armed = ArmedOnServing()
+    logging.getLogger("launcher").addHandler(armed)
+    logging.getLogger("launcher").setLevel(logging.INFO)
+    try:
+        for n in range(1, 31):
+            armed.armed, events = False, 0
+
+            def raise_at_nth_event(frame: Any, event: str, arg: Any, n: int = n) -> None:
+                nonlocal events
+                if armed.armed and not frame.f_globals["__name__"].startswith(OTHERS):
+                    events += 1
+                    if events == n:
+                        signal.raise_signal(signal.SIGTERM)
+
+            sys.setprofile(raise_at_nth_event)
+            try:
+                code = services.main(["redis", "--port", str(free_port()),
+                                      "--data-dir", str(tmp_path / f"redis{n}")])
+            finally:
+                sys.setprofile(None)
+            assert armed.armed and events >= n, f"run {n}: the signal was never raised"
+            assert code == services.EXIT_OK, f"SIGTERM at event {n} of the loop: exit {code}"
+            assert data_dir_holder(tmp_path / f"redis{n}") is None, "its valkey still runs"
+    finally:
+        logging.getLogger("launcher").removeHandler(armed)
+        logging.getLogger("launcher").setLevel(logging.NOTSET)
