@@ -11,6 +11,10 @@ Result line (`results/{batch}.jsonl`):
     {"id", "sample"?, "line", "reasoning_content", "content", "tool_calls", "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens"},
      "latency_s", "server", "worker", "attempt"}
+A raw completion's (`/v1/completions`) is the same, its text in `content`. An embedding's has
+`content` "", `finish_reason` null and, besides, the line's vectors (one per text of its
+`input`, in order) as base64 of little-endian float32, and the format the line asked them in:
+    {..., "embedding": [str, ...], "embedding_format": "float" | "base64"}
 Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's origin):
     {"id", "sample"?, "custom_id", "response": {"status_code", "body"} | null,
      "error": {"code", "message"}, "line", "server", "worker", "attempt", "tries"}
@@ -22,6 +26,8 @@ The two are typed as `AnswerRecord` and `FailureRecord` (together `OutputRecord`
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, final
@@ -98,6 +104,11 @@ class AnswerRecord(TypedDict):
     result: NotRequired[dict[str, Any]]
     calls: NotRequired[int]
     trajectory: NotRequired[list[dict[str, Any]]]
+    # An embedding's (fleetgen/endpoints.py): a vector per text of the line's `input`, base64
+    # of little-endian float32 (4 bytes a dimension, exact), and the format the line asked
+    # for (`encoding_format`: what the OpenAI Batch export gives back).
+    embedding: NotRequired[list[str]]
+    embedding_format: NotRequired[str]
 
 
 @final
@@ -180,7 +191,8 @@ def result_record(
     sample: int | None = None,
 ) -> AnswerRecord:
     choice = (response.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+    # A raw completion's choice holds its `text` where a chat one holds a message.
+    message = choice.get("message") or {"content": choice.get("text")}
     # vLLM since 0.10 names it `reasoning`; SGLang and older vLLM `reasoning_content`.
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     content = message.get("content") or ""
@@ -224,7 +236,7 @@ def split_choices(response: ChatCompletion) -> list[ChatCompletion]:
     reasoning = usage.get("reasoning_tokens")
     if reasoning is None:
         reasoning = details.get("reasoning_tokens", 0)
-    messages = [c.get("message") or {} for c in choices]
+    messages = [c.get("message") or {"content": c.get("text")} for c in choices]
     thought = [len(m.get("reasoning_content") or m.get("reasoning") or "") for m in messages]
     said = [len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in messages]
     completion = _apportion(int(usage.get("completion_tokens") or 0),
@@ -234,6 +246,60 @@ def split_choices(response: ChatCompletion) -> list[ChatCompletion]:
              "usage": {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": out,
                        "reasoning_tokens": think}}
             for choice, out, think in zip(choices, completion, reasoned, strict=True)]
+
+
+def embedding_record(
+    prompt_id: str, line: int, vectors: list[str], prompt_tokens: int, latency_s: float,
+    origin: Origin, asked_format: str,
+) -> AnswerRecord:
+    """The answer of an embeddings prompt: its vectors (base64 float32, `vector_b64`), its
+    share of the request's prompt tokens, and the format its line asked for."""
+    return {
+        "id": prompt_id,
+        "line": line,
+        "reasoning_content": None,
+        "content": "",
+        "tool_calls": None,
+        "finish_reason": None,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "reasoning_tokens": 0},
+        "latency_s": round(latency_s, 4),
+        "server": origin.server,
+        "worker": origin.worker,
+        "attempt": origin.attempt,
+        "embedding": vectors,
+        "embedding_format": asked_format,
+    }
+
+
+def split_embeddings(
+    response: ChatCompletion, counts: list[int], weights: list[int],
+) -> list[tuple[list[str], int]]:
+    """The vectors of a request that carried several prompts' texts (`counts` texts each, in
+    order), each prompt's as base64 float32 with its share of the request's prompt tokens:
+    engines count them for the request only, so they are apportioned by `weights` (the texts'
+    lengths), adding up to the engine's figure exactly."""
+    data = sorted(response.get("data") or [], key=lambda d: int(d.get("index") or 0))
+    usage = response.get("usage") or {}
+    tokens = _apportion(int(usage.get("prompt_tokens") or 0), weights)
+    out, at = [], 0
+    for count, share in zip(counts, tokens, strict=True):
+        out.append(([vector_b64(d["embedding"]) for d in data[at:at + count]], share))
+        at += count
+    return out
+
+
+def vector_b64(embedding: list[float] | str) -> str:
+    """One vector as a record keeps it: base64 of little-endian float32. A server's base64
+    (`encoding_format: base64`, the same bytes) is kept as it came; a list of floats is packed."""
+    if isinstance(embedding, str):
+        return embedding
+    return base64.b64encode(struct.pack(f"<{len(embedding)}f", *embedding)).decode()
+
+
+def vector_floats(b64: str) -> list[float]:
+    """A record's vector as floats (float32 values, as the server computed them)."""
+    raw = base64.b64decode(b64)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
 
 
 def _apportion(total: int, weights: list[int]) -> list[int]:
@@ -319,6 +385,10 @@ def counters(record: OutputRecord, *, thinking: bool) -> dict[str, float]:
                 failed[f"rollout_failed_{record['exception']}"] = 1
         return failed
     usage = record["usage"]
+    if "embedding" in record:
+        # Vectors have no finish, no content to be empty, no reasoning.
+        return {"prompts_done": 1, "input_tokens": usage["prompt_tokens"],
+                "latency_s": record["latency_s"], "embeddings": len(record["embedding"])}
     out: dict[str, float] = {
         "prompts_done": 1,
         "input_tokens": usage["prompt_tokens"],

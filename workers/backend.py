@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fleetgen.causes import Reply, classify
+from fleetgen.endpoints import CHAT, ENDPOINTS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     OverloadedError,
@@ -80,6 +81,9 @@ class Request:
     name: str
     key: str
     n: int = 1
+    # What it asks (fleetgen/endpoints.py): where it goes, and how many sequences it puts on
+    # the server (each text of an embeddings `input` is one).
+    endpoint: Endpoint = ENDPOINTS[CHAT]
     thinking: bool = False
     resend: bool = False
     hold: Callable[[], str | None] = _never_held
@@ -88,6 +92,11 @@ class Request:
     queue_wait_s: float = 0.0
     # The server's answers before its first try (`Backend.settle` asks whether any came since).
     answers_before: int | None = None
+
+    @property
+    def slots(self) -> int:
+        """The server's slots it holds: one per answer, or per text of an embeddings request."""
+        return self.n * self.endpoint.inputs(self.body)
 
 
 class Backend:
@@ -177,17 +186,19 @@ class Backend:
                 server = await self.discovery.connected(self._settings.server_down_wait_s)
                 if request.n > 1 and not server.takes_n:
                     raise RequestHeldError(RequestHeldError.SPLIT)
-                body = server.prepare(request.body, thinking=request.thinking, n=request.n)
+                body = server.prepare(request.body, thinking=request.thinking, n=request.n,
+                                      chat=request.endpoint.name == CHAT)
                 waited = time.monotonic()
-                async with in_flight.slots(request.n):
+                async with in_flight.slots(request.slots):
                     self._may_send(request)
                     if delivery is not None:
                         delivery.leaves()
                     request.queue_wait_s += time.monotonic() - waited
                     start, response = await self._exchange(request, body)
                 latency = time.monotonic() - start
-                for _ in range(request.n):
+                for _ in range(request.slots):
                     in_flight.answered()
+                self.discovery.probing = request.endpoint
                 return response, latency
             except BadRequestError as exc:
                 checks.refused(exc)
@@ -197,7 +208,8 @@ class Backend:
                                 self.server_url, learned, exc.message[:200])
                 elif request.n > 1 and not server.takes_n:
                     raise RequestHeldError(RequestHeldError.SPLIT) from None
-                elif not server.resend(body, request.body, thinking=request.thinking):
+                elif not server.resend(body, request.body, thinking=request.thinking,
+                                       chat=request.endpoint.name == CHAT):
                     raise
             except RetryableError as exc:
                 if await self._failed(exc, request):
@@ -260,7 +272,7 @@ class Backend:
             self._running.add(task)
             replied = True
             try:
-                return start, await self._client.chat(body)
+                return start, await self._client.post(request.endpoint, body)
             except OverloadedError as exc:
                 if self.checks.failures:
                     # Refused while /health fails too: starting or draining, not full.
@@ -290,7 +302,7 @@ class Backend:
             self._may_send(request)
             # Over a ceiling cut meanwhile: wait in line for a slot again, so that no more
             # refused requests go back at once than the ceiling lets in.
-            await self.in_flight.requeue(request.n)
+            await self.in_flight.requeue(request.slots)
 
     def _abandon(self, why: str) -> None:
         """Give up every request at the server now (hung, or a warm shutdown's grace over):

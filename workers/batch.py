@@ -14,6 +14,9 @@ SGLang, vLLM), else each as a request of its own. The request is the unit of fai
 cause is classified once and every answer it carries is retried, failed or held by it, as a
 lone answer's request would be; each choice of its reply is its answer's record, checkpointed
 one by one. A server that refuses `n` is learned from and the request's answers go one by one.
+An embeddings job's prompts go several to a request (`_embed_asks`): their texts in one
+`input`, the vectors split back by prompt; a request refused for its content (a text too long)
+is sent again one prompt at a time, so that the refusal falls on its own prompt alone.
 
 The batch's lease (workers/lease.py) is taken once and ended once; the requests go through the
 worker's view of its server (workers/backend.py), the one place that knows its limit, health
@@ -33,7 +36,9 @@ from typing import TypeVar
 import orjson
 
 from fleetgen import breaker, canary, keys
+from fleetgen.causes import job_caused
 from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.endpoints import Endpoint
 from fleetgen.errors import (
     BadRequestError,
     JobError,
@@ -53,10 +58,12 @@ from fleetgen.records import (
     OutputRecord,
     answer_key,
     counters,
+    embedding_record,
     error_record,
     is_failure,
     result_record,
     split_choices,
+    split_embeddings,
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
@@ -355,6 +362,10 @@ class _Sender:
                     asks = [group.create_task(self._program(
                         manifest, spec, rollout, batch, prompt, origin,
                         journal.get(prompt.key, {}))) for prompt in todo]
+                elif not manifest.kind.generates:
+                    size = _texts_per_request(self._backend.in_flight.limit)
+                    asks = [group.create_task(self._embed(manifest, batch, ask, origin))
+                            for ask in _embed_asks(todo, manifest.kind, size)]
                 else:
                     asks = [group.create_task(self._ask(manifest, batch, ask, origin))
                             for ask in _asks(todo)]
@@ -410,6 +421,61 @@ class _Sender:
         singles = await asyncio.gather(*(self._prompt(manifest, batch, [p], origin) for p in ask))
         return [r for outcomes in singles for r in outcomes]
 
+    async def _embed(
+        self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
+    ) -> list[OutputRecord | RequestHeldError]:
+        """The checkpointed records of the prompts of one embeddings request (`_embed_asks`),
+        or why each was not sent. Refused for its content, a request of several prompts goes
+        again one prompt at a time: the text too long fails its own prompt only."""
+        job, kind = manifest.name, manifest.kind
+        texts: list[str] = []
+        counts: list[int] = []
+        for prompt in ask:
+            given = prompt.body["input"]
+            mine = given if isinstance(given, list) else [given]
+            counts.append(len(mine))
+            texts.extend(str(t) for t in mine)
+        first = ask[0].body
+        body: RequestBody = {**first, "encoding_format": "base64"}
+        if len(ask) > 1:
+            body["input"] = texts
+        delivery = Delivery(self._backlog, len(ask))
+        request = Request(body, job, _name(ask), ask[0].key, endpoint=kind,
+                          hold=lambda: self._held(job), delivery=delivery)
+        try:
+            response, latency, _ = await self.send(request)
+        except RequestHeldError as held:
+            return [held] * len(ask)
+        except BadRequestError as exc:
+            if len(ask) > 1 and not job_caused(exc.code or ""):
+                delivery.hand_on()
+                singles = await asyncio.gather(
+                    *(self._embed(manifest, batch, [p], origin) for p in ask))
+                return [r for outcomes in singles for r in outcomes]
+            records = self._failed(ask, exc, origin)
+        except RetryableError as exc:
+            records = self._failed(ask, exc, origin)
+        else:
+            weights = [sum(len(t) for t in texts[sum(counts[:i]):sum(counts[:i + 1])])
+                       for i in range(len(counts))]
+            records = [
+                embedding_record(p.id, p.line, vectors, tokens, latency, origin,
+                                 str(p.body.get("encoding_format") or "float"))
+                for p, (vectors, tokens) in zip(
+                    ask, split_embeddings(response, counts, weights), strict=True)]
+        finally:
+            delivery.ends()
+        for prompt, record in zip(ask, records, strict=True):
+            _observe(job, record, request.queue_wait_s, origin)
+            await self._checkpoint(manifest, batch, prompt, record)
+        return list(records)
+
+    @staticmethod
+    def _failed(ask: list[Prompt], exc: BadRequestError | RetryableError,
+                origin: Origin) -> list[OutputRecord]:
+        return [error_record(p.id, p.line, exc.message, exc.status, origin, exc.tries,
+                             code=exc.code, sample=p.sample) for p in ask]
+
     async def _prompt(
         self, manifest: JobManifest, batch: str, ask: list[Prompt], origin: Origin,
     ) -> list[OutputRecord | RequestHeldError]:
@@ -419,7 +485,8 @@ class _Sender:
         job, first = manifest.name, ask[0]
         request = Request(first.body, job, _name(ask), first.key, n=len(ask),
                           thinking=manifest.params.thinking_of(first.body),
-                          hold=lambda: self._held(job), delivery=delivery)
+                          endpoint=manifest.kind, hold=lambda: self._held(job),
+                          delivery=delivery)
         try:
             records = await self._generate_one(request, ask, origin)
         except RequestHeldError as held:
@@ -492,6 +559,51 @@ def _asks(todo: list[Prompt]) -> list[list[Prompt]]:
         else:
             asks.append([prompt])
     return asks
+
+
+# Texts sent in one embeddings request at most: the server runs each as a request of its own
+# and batches them anyway, so many to a request cut the HTTP and JSON cost per text; a quarter
+# of the worker's limit at most, so that several requests are in flight and one finishing frees
+# slots for the next while the others run.
+TEXTS_PER_REQUEST = 64
+
+
+def _texts_per_request(limit: int) -> int:
+    return max(1, min(TEXTS_PER_REQUEST, limit // 4))
+
+
+def _embed_asks(todo: list[Prompt], kind: Endpoint, size: int) -> list[list[Prompt]]:
+    """`todo` cut, in order, into embeddings requests of at most `size` texts: prompts of
+    texts that ask alike (the same `dimensions`, user) go together; a prompt of token ids, or
+    one of `size` texts or more, goes alone."""
+    asks: list[list[Prompt]] = []
+    held = 0
+    for prompt in todo:
+        texts = kind.inputs(prompt.body)
+        last = asks[-1] if asks else None
+        if (last is not None and held + texts <= size and _joinable(prompt)
+                and _joinable(last[0]) and _alike(last[0], prompt)):
+            last.append(prompt)
+            held += texts
+        else:
+            asks.append([prompt])
+            held = texts
+    return asks
+
+
+def _alike(a: Prompt, b: Prompt) -> bool:
+    """Whether two embeddings prompts ask the same but for their texts (and the format they
+    want the vectors in: every request asks base64, the record keeps what the line asked)."""
+    def rest(p: Prompt) -> dict[str, object]:
+        return {k: v for k, v in p.body.items() if k not in ("input", "encoding_format")}
+    return rest(a) == rest(b)
+
+
+def _joinable(prompt: Prompt) -> bool:
+    """Whether a prompt's texts may share a request: strings, not token ids."""
+    given = prompt.body.get("input")
+    return isinstance(given, str) or (isinstance(given, list) and bool(given)
+                                      and isinstance(given[0], str))
 
 
 def _name(ask: list[Prompt]) -> str:

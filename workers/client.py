@@ -20,6 +20,7 @@ import httpx
 import orjson
 
 from fleetgen.causes import Failure, Reply, Verdict, classify, retry_after_s
+from fleetgen.endpoints import CHAT, ENDPOINTS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     GenerationError,
@@ -32,7 +33,7 @@ from fleetgen.servers import NO_SUCH_ENDPOINT, ChatCompletion, RequestBody, Serv
 log = logging.getLogger(__name__)
 
 JSON = {"Content-Type": "application/json"}
-CHAT_PATH = "/v1/chat/completions"
+CHAT_PATH = ENDPOINTS[CHAT].path
 # The ends of a generation that make an answer (OpenAI's values). Anything else, SGLang's and
 # vLLM's `abort` above all (a request aborted on purpose, under memory pressure or at
 # shutdown), is a request the server did not finish: sent again like a server error.
@@ -83,8 +84,8 @@ class ServerClient:
         # instant server. `send` still applies the client's timeout, auth and transport. Only our own
         # headers: httpx's defaults (Accept, Accept-Encoding, User-Agent) are what aiohttp
         # adds anyway, and each header passed down is converted twice (~3% of the worker).
-        self._chat_url = httpx.URL(self.base_url + CHAT_PATH)
-        self._chat_headers = httpx.Headers({**headers, **JSON})
+        self._urls = {e.path: httpx.URL(self.base_url + e.path) for e in ENDPOINTS.values()}
+        self._post_headers = httpx.Headers({**headers, **JSON})
         # Whether the endpoint states a request budget: every extra request (a timing probe)
         # then spends it. The budget, when it is a number.
         self.budgeted = False
@@ -127,17 +128,26 @@ class ServerClient:
     async def chat(self, body: RequestBody) -> ChatCompletion:
         """POST one non-streaming chat completion and return the parsed response (with one
         finished choice per answer its `n` asks)."""
-        request = httpx.Request("POST", self._chat_url, content=orjson.dumps(body),
-                                headers=self._chat_headers)
+        return await self.post(ENDPOINTS[CHAT], body)
+
+    async def post(self, endpoint: Endpoint, body: RequestBody) -> ChatCompletion:
+        """POST one request to `endpoint` and return the parsed response: a completion with
+        one finished choice per answer its `n` asks, or the embeddings of every text of its
+        `input`."""
+        request = httpx.Request("POST", self._urls[endpoint.path], content=orjson.dumps(body),
+                                headers=self._post_headers)
         try:
             response = await self._http.send(request)
         except Exception as exc:  # noqa: BLE001 - mapped or raised again, never swallowed
-            self._raise_mapped("POST " + CHAT_PATH, exc)
+            self._raise_mapped("POST " + endpoint.path, exc)
         if not self.budgeted:
             self._note_budget(response)
         self._raise_for_status(response)
         data: ChatCompletion = orjson.loads(response.content)
-        _raise_unless_finished(data, int(body.get("n") or 1))
+        if endpoint.generates:
+            _raise_unless_finished(data, int(body.get("n") or 1))
+        else:
+            _raise_unless_embedded(data, endpoint.inputs(body), response.content)
         return data
 
     @contextlib.asynccontextmanager
@@ -289,6 +299,23 @@ def _raise_unless_finished(data: ChatCompletion, count: int) -> None:
             f"server answered {len(choices)} choices of the {count} asked"))), None)
     for choice in choices:
         _raise_unless_ended(choice)
+
+
+def _raise_unless_embedded(data: Any, count: int, raw: bytes) -> None:
+    """A 200 is embeddings only when it holds a vector for each of the `count` texts sent. vLLM
+    answers some refusals (a generation model asked for embeddings) with status 200 and an
+    error object: that is read as the status the object names."""
+    if isinstance(data, dict) and (data.get("object") == "error" or "error" in data):
+        inner = data.get("error")
+        code = (inner.get("code") if isinstance(inner, dict) else None) or data.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else 400
+        raise error_of(classify(Reply(status=status, body=raw)), status)
+    vectors = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(vectors, list) or len(vectors) != count or not all(
+            isinstance(v, dict) and "embedding" in v for v in vectors):
+        got = len(vectors) if isinstance(vectors, list) else "no"
+        raise error_of(classify(Reply(failure="incomplete", detail=(
+            f"server answered {got} embeddings of the {count} texts sent"))), None)
 
 
 def _raise_unless_ended(choice: Any) -> None:

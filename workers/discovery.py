@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 
+from fleetgen.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     FleetgenError,
@@ -38,6 +39,13 @@ from workers.limits import InFlight
 log = logging.getLogger(__name__)
 # The one-token request that times a server's queue and tells a server out of rotation alive.
 PROBE_BODY: RequestBody = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+# The same for the other endpoints: a server that only embeds (SGLang's --is-embedding, vLLM's
+# pooling runner) fails a chat request, so a worker probes what it last sent there.
+PROBE_BODIES: dict[str, RequestBody] = {
+    CHAT: PROBE_BODY,
+    COMPLETIONS: {"prompt": "Hi", "max_tokens": 1},
+    EMBEDDINGS: {"input": "Hi"},
+}
 # A server that has not answered the first probe by then is used without what it would have
 # taught (the model it is pinned to is then learned from the first prompt's refusal).
 FIRST_PROBE_S = 10.0
@@ -93,6 +101,8 @@ class Discovery:
         self._server_url = server_url
         self._client = client
         self._in_flight = in_flight
+        # What probes ask: the endpoint of the last request the server answered (chat before).
+        self.probing: Endpoint = ENDPOINTS[CHAT]
         # Tells the registry: `status` says what the server is from the first contact on.
         self._publish = publish
         self.server: Server | None = None
@@ -259,13 +269,14 @@ class Discovery:
         server = self.server
         assert server is not None
         while True:
-            stored = PROBE_BODY.copy()
+            endpoint = self.probing
+            stored = PROBE_BODIES[endpoint.name].copy()
             if server.model is None and server.models:
                 stored["model"] = server.models[0]
-            body = server.prepare(stored, thinking=False)
+            body = server.prepare(stored, thinking=False, chat=endpoint.name == CHAT)
             start = time.monotonic()
             try:
-                await self._client.chat(body)
+                await self._client.post(endpoint, body)
             except BadRequestError as exc:
                 learned = server.learn(exc.status, exc.message, body, stored)
                 if learned is None:

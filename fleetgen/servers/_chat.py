@@ -24,7 +24,9 @@ class ChatTemplateKwargs(TypedDict, total=False):
 
 
 class RequestBody(TypedDict, total=False):
-    """A chat-completions request: stored neutral at enqueue, shaped per server at send time."""
+    """A request body, stored neutral at enqueue, shaped per server at send time: a chat
+    completion's (`messages`), a raw completion's (`prompt`, `echo`) or embeddings' (`input`,
+    `dimensions`, `encoding_format`), fleetgen/endpoints.py."""
 
     model: str
     messages: list[JSONObject]
@@ -59,6 +61,12 @@ class RequestBody(TypedDict, total=False):
     separate_reasoning: bool
     continue_final_message: bool
     chat_template_kwargs: ChatTemplateKwargs | None
+    prompt: str | list[int]
+    echo: bool
+    input: str | list[str] | list[int]
+    dimensions: int
+    encoding_format: str
+    user: str
 
 
 class Message(TypedDict, total=False):
@@ -73,6 +81,7 @@ class Message(TypedDict, total=False):
 class Choice(TypedDict, total=False):
     index: int
     message: Message
+    text: str  # a raw completion's
     finish_reason: str | None
 
 
@@ -95,5 +104,8 @@ class ChatCompletion(TypedDict, total=False):
 
     id: str
     model: str
+    object: str
     choices: list[Choice]
+    # Embeddings': {"object": "embedding", "index", "embedding": [float] | base64 str}.
+    data: list[JSONObject]
     usage: CompletionUsage

@@ -95,10 +95,12 @@ class Server:
             parts.append(f"without {', '.join(sorted(self.refused))}")
         return ", ".join(parts)
 
-    def prepare(self, body: RequestBody, *, thinking: bool, n: int = 1) -> RequestBody:
-        """The request for this server: the kind's fields under the stored body's own, the
-        served model when the body names none, and `n` when it asks several answers."""
-        added = self._added[thinking]
+    def prepare(self, body: RequestBody, *, thinking: bool, n: int = 1,
+                chat: bool = True) -> RequestBody:
+        """The request for this server: the kind's fields under the stored body's own (a chat
+        request's: they shape chat templates and reasoning), the served model when the body
+        names none, and `n` when it asks several answers."""
+        added = self._added[thinking] if chat else {}
         out: RequestBody = {**added, **body}
         if n > 1:
             out["n"] = n
@@ -139,10 +141,11 @@ class Server:
             return f"refuses {', '.join(ours)}: no longer sent"
         return None
 
-    def resend(self, sent: RequestBody, stored: RequestBody, *, thinking: bool) -> bool:
+    def resend(self, sent: RequestBody, stored: RequestBody, *, thinking: bool,
+               chat: bool = True) -> bool:
         """Whether a refused request would now be sent otherwise (what was learned since)."""
         try:
-            return self.prepare(stored, thinking=thinking, n=sent.get("n", 1)) != sent
+            return self.prepare(stored, thinking=thinking, n=sent.get("n", 1), chat=chat) != sent
         except ModelChoiceError:
             return False
 

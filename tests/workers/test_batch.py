@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from fleetgen import keys
+from fleetgen.endpoints import Endpoint
 from fleetgen.errors import (
     BadRequestError,
     OverloadedError,
@@ -67,6 +68,10 @@ class FakeServer:
         self.api_key: str | None = None
         # Only the registry's reading uses it: a closed port reads as a server that is down.
         self.http = httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=1)
+
+    async def post(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+        assert endpoint.name == "chat", endpoint
+        return await self.chat(body)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt, n, seed = body["messages"][0]["content"], body.get("n", 1), body.get("seed")
