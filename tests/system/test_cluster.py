@@ -152,7 +152,9 @@ def test_a_dead_nodes_batches_run_again_on_the_other_nodes(
     for name in ("node1", "node2", "node3"):
         cluster.start_node(name)
     ledger = Ledger.from_url(cluster.env["REDIS_URL"])
-    rows = enqueue(cluster, tmp_path, "death", 1200)
+    # Enough for the job to outlast the kill: node2's batches cannot finish until they run
+    # again elsewhere.
+    rows = enqueue(cluster, tmp_path, "death", 600)
     wait_done(cluster, ledger, "death", 150, 300, "the job under way")
     wait_until(lambda: leases_held(ledger.r, "death", "node2"), 60, interval=0.1,
                what="node2 holding batches")

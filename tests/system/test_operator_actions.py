@@ -1006,6 +1006,11 @@ def replay(tmp_path: Path, workers: int, sizes: tuple[int, int], first: str,
         machine.teardown()
 
 
+# Jobs of three batches of 12 for the slow replays: each step finds a batch with unsent prompts
+# (a batch runs for about 10 s on the slow answers), and the final phase has little to finish.
+REPLAY_SIZES = (36, 36)
+
+
 def wait_status(m: OperatorActions, job: str, ok: Callable[[JobStatus], bool], what: str) -> None:
     wait_until(lambda: ok(job_status(m.ledger(), job)), COMMAND_TIMEOUT, interval=0.2,
                what=f"{job}: {what}")
@@ -1016,7 +1021,7 @@ def wait_status(m: OperatorActions, job: str, ok: Callable[[JobStatus], bool], w
 def test_status_counts_the_prompts_of_a_batch_failed_after_two_worker_deaths(tmp_path: Path) -> None:
     # Found: start_stack(workers=2, sizes=(158, 278), first='alpha'), kill_worker(1),
     # start_worker(1), kill_worker(1): the export held 16 failures, `status` said 8.
-    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
+    with replay(tmp_path, workers=1, sizes=REPLAY_SIZES, first="alpha") as m:
         batch = m.running_batch("alpha")
         m.kill_worker_in(0)
         m.start_worker_in(0)
@@ -1030,7 +1035,7 @@ def test_two_redis_restarts_fail_no_prompt_as_a_worker_death(tmp_path: Path) -> 
     # kill_worker(0), kill_server(), enqueue_twice_at_once('alpha', other_file=False),
     # start_server(), restart_redis(tenths=28), restart_redis(tenths=24): a batch's unsent
     # prompts failed as "interrupted 2 times (worker died holding it)" after one worker death.
-    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
+    with replay(tmp_path, workers=1, sizes=REPLAY_SIZES, first="alpha") as m:
         batch = m.running_batch("alpha")
         m.restart_redis(tenths=50)  # down longer than the 4 s lease
         m.wait_running("alpha", batch)
@@ -1039,7 +1044,7 @@ def test_two_redis_restarts_fail_no_prompt_as_a_worker_death(tmp_path: Path) -> 
 
 def test_pausing_twice_fails_no_prompt_as_a_worker_death(tmp_path: Path) -> None:
     # Each pause lands on a batch a live worker is running with unsent prompts.
-    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
+    with replay(tmp_path, workers=1, sizes=REPLAY_SIZES, first="alpha") as m:
         for _ in range(2):
             batch = m.running_batch("alpha")
             m.steer("alpha", "pause")
@@ -1074,7 +1079,8 @@ def test_redis_restarts_leave_every_worker_alive(tmp_path: Path) -> None:
 
 
 def test_interrupted_enqueue_then_resume_exports_every_prompt(tmp_path: Path) -> None:
-    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha") as m:
+    # No step waits on a running batch: the fast answers finish both jobs in seconds.
+    with replay(tmp_path, workers=1, sizes=(60, 60), first="alpha", sim_flags=SIM_FLAGS) as m:
         m.enqueue_killed_once_created("beta")
         # The killed enqueue left a job that is `creating`: no reconciler round may dispatch
         # its batches (inputs are missing); the final phase re-runs the enqueue, which finishes
