@@ -298,8 +298,13 @@ def vector_b64(embedding: list[float] | str) -> str:
 
 def vector_floats(b64: str) -> list[float]:
     """A record's vector as floats (float32 values, as the server computed them)."""
-    raw = base64.b64decode(b64)
+    raw = vector_bytes(b64)
     return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def vector_bytes(b64: str) -> bytes:
+    """A record's vector as its bytes: little-endian float32, 4 a dimension."""
+    return base64.b64decode(b64)
 
 
 def _apportion(total: int, weights: list[int]) -> list[int]:

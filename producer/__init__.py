@@ -12,6 +12,8 @@ fleetgen/errors.py); those it adds:
                           no usable column, a split not named, pyarrow missing)
       UploadError         `upload` cannot do what was asked: no such file, a target that is
                           not S3, no such bucket, an object already there (producer.upload)
+      ExportError         the job's outcomes cannot be written in the format asked: an
+                          embeddings job's vectors of several lengths in Parquet (producer.export)
 
 `EnqueueInterrupted` (enqueue.py) is no error: it carries Ctrl-C out of an enqueue with the
 report of what was stored.

@@ -66,7 +66,7 @@ from producer.enqueue import (
     Progress,
     enqueue,
 )
-from producer.export import FORMATS
+from producer.export import EMBEDDING_DTYPES, FORMATS
 from producer.inputs import (
     RESERVED_FIELDS,
     TEXT_FIELDS,
@@ -472,7 +472,8 @@ def _add_export(sub: Subparsers) -> None:
                  "distill-v1 --to distill-v1.out.jsonl",
                  "best-of-4 --to best-of-4.jsonl --group-answers   # one line per prompt",
                  "distill-v1 --to distill-v1.parquet --format parquet --partial",
-                 "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it")
+                 "distill-v1 --to distill-v1.out.jsonl --output s3://bucket/runs   # Redis lost it",
+                 "embed-v1 --to embed-v1.parquet --format parquet --embedding-dtype float16")
     p.add_argument("job", help="the job's name")
     p.add_argument("--to", type=Path, required=True, metavar="PATH",
                    help="required: the file to write (never the job's input)")
@@ -481,6 +482,9 @@ def _add_export(sub: Subparsers) -> None:
                    help="one row per prompt, its answers in a list ordered by index (jsonl, "
                    "parquet; default: one row per answer, with its index in `sample` when a "
                    "prompt has several)")
+    p.add_argument("--embedding-dtype", choices=EMBEDDING_DTYPES, default=None,
+                   help="an embeddings job's Parquet: the type of its vector column (default "
+                   "float32, the vectors as computed; float16 halves the file)")
     p.add_argument("--partial", action="store_true",
                    help="export what exists of a job that is not finished, or whose enqueue did "
                    "not finish")
@@ -923,10 +927,15 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from producer import sinkview
 
     out = sys.stderr if args.json else sys.stdout
-    unwritable = export.format_problem(args.format, grouped=args.group_answers)
+    unwritable = export.format_problem(args.format, grouped=args.group_answers,
+                                       embedding_dtype=args.embedding_dtype)
     if unwritable:
         raise CommandError(unwritable, RET_BAD_INPUT)
     manifest, ledger = _exported_job(args, settings, out)
+    unfit = export.job_problem(manifest.endpoint, grouped=args.group_answers,
+                               embedding_dtype=args.embedding_dtype)
+    if unfit:
+        raise CommandError(f"job {args.job}: {unfit}", RET_BAD_INPUT)
     if ledger is not None:
         _check_quality(ledger, args)
     problem = export.target_problem(args.to, manifest.input, force=args.force)
@@ -947,7 +956,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
                 written = export.write(staged.tmp, args.format, rows,
                                        manifest.params.model or "default",
                                        sampled=manifest.sampled, grouped=args.group_answers,
-                                       rollout=manifest.rollout is not None)
+                                       rollout=manifest.rollout is not None,
+                                       endpoint=manifest.endpoint,
+                                       embedding_dtype=args.embedding_dtype)
                 if (args.partial or report.problem() is None) and not staged.publish():
                     raise CommandError(f"--to {args.to} appeared during the export; nothing "
                                        "written (pass --force to replace it)")

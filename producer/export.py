@@ -13,36 +13,92 @@ line). `grouped` puts a prompt's answers in one row instead, ordered by index (J
 Parquet): `{"id", "line", "answers": [...]}`, its answers being its records less `id` and
 `line`. A prompt's answers are next to each other in the reading, so grouping holds one
 prompt's answers at a time.
+
+Each format follows the job's endpoint (fleetgen/endpoints.py). A completions job's answers are
+chat's records, their text in `content`: JSONL and Parquet as chat's, OpenAI Batch bodies a
+`text_completion`. An embeddings job's record holds a vector per text of its line: JSONL gives
+them in the format the line asked for (`embedding_format`: floats, or base64 of little-endian
+float32 as stored), OpenAI Batch lines an embeddings `list` body the same way, and Parquet one row
+per text, its vector in a fixed-size list column of float32 (float16 on request), written a row
+group at a time (`_write_embeddings_parquet`). An embeddings job is never grouped: a prompt has
+one answer, its vectors already in one record (`job_problem`).
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import importlib.util
 import os
 import secrets
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Self, TypedDict
+from typing import Any, Self, TypedDict, cast
 
 import orjson
 
+from fleetgen.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+from fleetgen.errors import FleetgenError
 from fleetgen.job import InputInfo
-from fleetgen.records import OutputRecord, is_failure, record_key
+from fleetgen.records import (
+    AnswerRecord,
+    OutputRecord,
+    is_failure,
+    record_key,
+    vector_bytes,
+    vector_floats,
+)
 
 FORMATS = ("jsonl", "openai", "parquet")
 GROUPED_FORMATS = ("jsonl", "parquet")  # an OpenAI Batch line holds one request's response
+# The type of an embeddings job's vectors in Parquet: as the records keep them (exact), or
+# half the size.
+EMBEDDING_DTYPES = ("float32", "float16")
+# pyarrow casts float32 to float16 from this major version on (Arrow's halffloat casts).
+FLOAT16_PYARROW = 16
 
 
-def format_problem(fmt: str, *, grouped: bool = False) -> str | None:
-    """Why `fmt` (`grouped`: a prompt's answers in one row) cannot be written here, or None:
-    checked before the job is read, so a missing library costs no reading."""
+class ExportError(FleetgenError):
+    """The job's outcomes cannot be written in the format asked: an embeddings job's vectors of
+    different lengths, which one fixed-size Parquet column cannot hold."""
+
+
+def format_problem(fmt: str, *, grouped: bool = False,
+                   embedding_dtype: str | None = None) -> str | None:
+    """Why `fmt` (`grouped`: a prompt's answers in one row; `embedding_dtype`: the type of
+    Parquet's vectors) cannot be written here, or None: checked before the job is read, so a
+    missing library costs no reading. (The rules of cli.RULES read flags whose default is
+    none; `--format` has one, so what it allows is checked here.)"""
     if grouped and fmt not in GROUPED_FORMATS:
         return (f"--group-answers writes {' or '.join(GROUPED_FORMATS)}: an OpenAI Batch line "
                 "holds one answer")
+    if embedding_dtype is not None and fmt != "parquet":
+        return (f"--embedding-dtype sets the type of Parquet's embedding column; --format {fmt} "
+                "gives vectors as their lines asked (floats or base64 float32): add --format "
+                "parquet")
     if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
         return "--format parquet needs pyarrow, which is not installed: pip install 'fleetgen[parquet]'"
+    if embedding_dtype == "float16":
+        import pyarrow as pa
+
+        if int(pa.__version__.split(".")[0]) < FLOAT16_PYARROW:
+            return (f"--embedding-dtype float16 needs pyarrow {FLOAT16_PYARROW} or newer (this is "
+                    f"{pa.__version__}): pip install 'pyarrow>={FLOAT16_PYARROW}'")
+    return None
+
+
+def job_problem(endpoint: str, *, grouped: bool = False,
+                embedding_dtype: str | None = None) -> str | None:
+    """Why a job of `endpoint` cannot be exported as asked, or None: checked once its manifest
+    is read, before its outcomes are."""
+    if endpoint == EMBEDDINGS and grouped:
+        return ("--group-answers groups a prompt's several answers: an embeddings prompt has one, "
+                "its vectors in one record (export without it)")
+    if embedding_dtype is not None and endpoint != EMBEDDINGS:
+        return (f"--embedding-dtype sets the type of an embeddings job's vectors: this is a "
+                f"{endpoint} job")
     return None
 
 
@@ -54,52 +110,108 @@ class GroupedRow(TypedDict):
     answers: list[dict[str, Any]]
 
 
-def openai_line(record: OutputRecord, model: str) -> dict[str, Any]:
+def openai_line(record: OutputRecord, model: str, endpoint: str = CHAT) -> dict[str, Any]:
     """A result or error in OpenAI Batch output format: `custom_id` is the answer's key (the
     input id, or `{id}/{sample}` in a job of several answers per prompt), `id` the request's own
-    id (`fg-` and that key), on every line."""
+    id (`fg-` and that key), on every line; a response's `request_id` (and a completion's body
+    `id`) adds the attempt that answered. The body is the one `endpoint` answers with: a
+    `chat.completion`, a `text_completion` or an embeddings `list`."""
     key = record_key(record)
     if is_failure(record):
         return {"id": f"fg-{key}", "custom_id": key,
                 "response": record["response"], "error": record["error"]}
-    message: dict[str, Any] = {"role": "assistant", "content": record["content"],
-                               "reasoning_content": record["reasoning_content"]}
-    if record.get("tool_calls"):
-        message["tool_calls"] = record["tool_calls"]
-    usage = record["usage"]
-    body: dict[str, Any] = {
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": record["finish_reason"]}],
-        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
-    }
-    # A rollout's answer: what it returned, its calls and (--keep-calls) each call, beside
-    # the completion its `content` makes.
-    body.update({k: record[k] for k in ROLLOUT_FIELDS if k in record})  # type: ignore[literal-required]
+    request_id = f"fg-{key}-{record['attempt']}"
+    if endpoint == EMBEDDINGS:
+        body = _embeddings_body(record, model)
+    elif endpoint == COMPLETIONS:
+        body = _completion_body(record, model, request_id)
+    else:
+        body = _chat_body(record, model, request_id)
     return {
         "id": f"fg-{key}",
         "custom_id": key,
-        "response": {
-            "status_code": 200,
-            "request_id": f"fg-{key}-{record['attempt']}",
-            "body": body,
-        },
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
         "error": None,
     }
 
 
+def _chat_body(record: AnswerRecord, model: str, request_id: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": record["content"],
+                               "reasoning_content": record["reasoning_content"]}
+    if record.get("tool_calls"):
+        message["tool_calls"] = record["tool_calls"]
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": record["finish_reason"]}],
+        "usage": _usage(record),
+    }
+    # A rollout's answer: what it returned, its calls and (--keep-calls) each call, beside
+    # the completion its `content` makes.
+    body.update({k: record[k] for k in ROLLOUT_FIELDS if k in record})  # type: ignore[literal-required]
+    return body
+
+
+def _completion_body(record: AnswerRecord, model: str, request_id: str) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": record["content"],
+                              "finish_reason": record["finish_reason"], "logprobs": None}
+    if record["reasoning_content"] is not None:
+        # A thinking model's text split as a reasoning parser would (records.result_record).
+        choice["reasoning_content"] = record["reasoning_content"]
+    return {"id": request_id, "object": "text_completion", "model": model, "choices": [choice],
+            "usage": _usage(record)}
+
+
+def _embeddings_body(record: AnswerRecord, model: str) -> dict[str, Any]:
+    tokens = record["usage"]["prompt_tokens"]
+    return {
+        "object": "list",
+        "model": model,
+        "data": [{"object": "embedding", "index": i, "embedding": vector}
+                 for i, vector in enumerate(_vectors(record))],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _usage(record: AnswerRecord) -> dict[str, Any]:
+    usage = record["usage"]
+    return {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+
+
+def _vectors(record: AnswerRecord) -> list[list[float]] | list[str]:
+    """A record's vectors as its line asked for them: base64 as stored, else floats."""
+    stored = record.get("embedding", [])
+    if record.get("embedding_format") == "base64":
+        return stored
+    return [vector_floats(v) for v in stored]
+
+
+def jsonl_line(record: OutputRecord, endpoint: str = CHAT) -> OutputRecord:
+    """A record as a JSONL export line: as stored, but an embedding's vectors in the format its
+    line asked for (floats unless it asked for base64)."""
+    if endpoint != EMBEDDINGS or is_failure(record) or "embedding" not in record:
+        return record
+    return cast(AnswerRecord, {**record, "embedding": _vectors(record)})
+
+
 def write(path: Path, fmt: str, rows: Iterable[OutputRecord], model: str, *,
-          sampled: bool = False, grouped: bool = False, rollout: bool = False) -> int:
+          sampled: bool = False, grouped: bool = False, rollout: bool = False,
+          endpoint: str = CHAT, embedding_dtype: str | None = None) -> int:
     """Write `rows` to `path` in `fmt`, streaming; returns the number of lines (rows) written.
     `sampled`: the job has several answers per prompt (Parquet gets a `sample` column);
     `grouped`: one row per prompt, its answers in a list; `rollout`: the job runs a rollout
-    (Parquet gets its ROLLOUT_COLUMNS)."""
+    (Parquet gets its ROLLOUT_COLUMNS); `endpoint`: the job's (an embeddings job's Parquet has
+    a row per vector, of `embedding_dtype`, float32 by default)."""
+    if fmt == "parquet" and endpoint == EMBEDDINGS:
+        return _write_embeddings_parquet(path, rows, embedding_dtype or "float32")
     if fmt == "parquet":
         return _write_parquet(path, rows, sampled=sampled, grouped=grouped, rollout=rollout)
     # OpenAI Batch lines hold one answer each: never grouped (format_problem).
     lines: Iterable[object] = (grouped_rows(rows) if grouped
-                               else (openai_line(r, model) for r in rows) if fmt == "openai"
-                               else rows)
+                               else (openai_line(r, model, endpoint) for r in rows)
+                               if fmt == "openai"
+                               else (jsonl_line(r, endpoint) for r in rows))
     count = 0
     with path.open("wb") as f:
         for line in lines:
@@ -199,6 +311,124 @@ def _parquet_row(r: OutputRecord, rollout: bool = False) -> dict[str, Any]:
 def _text_size(item: dict[str, Any]) -> int:
     rows = item.get("answers", (item,))
     return sum(len(r["content"] or "") + len(r["reasoning_content"] or "") for r in rows)
+
+
+# An embeddings job's Parquet: one row per vector, `embedding` (after `status`) a fixed-size
+# list of the job's dimension. `index` is the vector's place in its line's `input` (0 for a
+# line of one text). The line's prompt tokens are on the row of its first vector, null on the
+# others, so the column sums to the job's. A failed line is one row, its `index`, `embedding`
+# and `prompt_tokens` null.
+EMBEDDING_COLUMNS = {"id": "string", "index": "int64", "status": "string",
+                     "prompt_tokens": "int64", "error": "string", "worker": "string",
+                     "attempt": "int64"}
+
+
+def _write_embeddings_parquet(path: Path, rows: Iterable[OutputRecord], dtype: str) -> int:
+    """One row per vector, a row group written each time ROW_GROUP_BYTES of vectors (or
+    ROW_GROUP_ROWS rows) are gathered: a row group's vectors are all it holds.
+
+    The column's size is the first vector's; a vector of another length (a line that asked
+    for other `dimensions`) ends the export with an ExportError, as one fixed-size column
+    cannot hold it. Failed lines before the first vector wait for it (their rows are small)."""
+    import pyarrow.parquet as pq
+
+    group = _VectorGroup()
+    writer: pq.ParquetWriter | None = None
+    count = 0
+    try:
+        for record in rows:
+            count += group.add(record)
+            if group.dimension is not None and group.full():
+                writer = writer or pq.ParquetWriter(path, group.schema(dtype))
+                writer.write_table(group.table(dtype))
+                group.clear()
+        if len(group) or writer is None:
+            writer = writer or pq.ParquetWriter(path, group.schema(dtype))
+            writer.write_table(group.table(dtype))
+    finally:
+        if writer is not None:
+            writer.close()
+    return count
+
+
+class _VectorGroup:
+    """The rows of an embeddings Parquet row group being gathered: EMBEDDING_COLUMNS as lists,
+    and each row's vector as the bytes its record holds (None for a failed line's row)."""
+
+    def __init__(self) -> None:
+        self.dimension: int | None = None  # the first vector's, then every vector's
+        self.clear()
+
+    def clear(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in EMBEDDING_COLUMNS}
+        self.vectors: list[bytes | None] = []
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def full(self) -> bool:
+        return self.size >= ROW_GROUP_BYTES or len(self) >= ROW_GROUP_ROWS
+
+    def add(self, record: OutputRecord) -> int:
+        """The record's rows (one per vector, one for a failure); returns their number."""
+        if is_failure(record):
+            self._row(record, None, None, "failed", None, record["error"]["message"])
+            return 1
+        vectors = record.get("embedding", [])
+        for index, b64 in enumerate(vectors):
+            raw = vector_bytes(b64)
+            dimension = len(raw) // 4
+            if self.dimension is None:
+                self.dimension = dimension
+            elif dimension != self.dimension:
+                raise ExportError(
+                    f"id {record['id']} (line {record['line']}): a vector of {dimension} "
+                    f"dimensions in a job whose vectors have {self.dimension}; Parquet's "
+                    "embedding column is of one size: export as --format jsonl (or openai)")
+            tokens = record["usage"]["prompt_tokens"] if index == 0 else None
+            self._row(record, index, raw, "ok", tokens, None)
+            self.size += len(raw)
+        return len(vectors)
+
+    def _row(self, record: OutputRecord, index: int | None, vector: bytes | None, status: str,
+             tokens: int | None, error: str | None) -> None:
+        values = {"id": record["id"], "index": index, "status": status, "prompt_tokens": tokens,
+                  "error": error, "worker": record["worker"], "attempt": record["attempt"]}
+        for name, value in values.items():
+            self.columns[name].append(value)
+        self.vectors.append(vector)
+
+    def schema(self, dtype: str) -> Any:
+        import pyarrow as pa
+
+        fields = [(name, pa.type_for_alias(kind)) for name, kind in EMBEDDING_COLUMNS.items()]
+        fields.insert(3, ("embedding", pa.list_(pa.type_for_alias(dtype), self.dimension or 0)))
+        return pa.schema(fields)
+
+    def table(self, dtype: str) -> Any:
+        """The gathered rows as an Arrow table: the vectors' bytes joined into one buffer of
+        float32 values (cast to `dtype`), cut into fixed-size lists."""
+        import pyarrow as pa
+
+        size = self.dimension or 0
+        blank = bytes(4 * size)
+        data = b"".join(blank if v is None else v for v in self.vectors)
+        if sys.byteorder == "big":  # Arrow's buffers are the host's order; records' little
+            swapped = array.array("f", data)
+            swapped.byteswap()
+            data = swapped.tobytes()
+        values = pa.Array.from_buffers(pa.float32(), len(self) * size, [None, pa.py_buffer(data)])
+        values = values.cast(pa.type_for_alias(dtype))
+        valid = (None if None not in self.vectors
+                 else pa.array([v is not None for v in self.vectors]).buffers()[1])
+        schema = self.schema(dtype)
+        embedding = pa.Array.from_buffers(schema.field("embedding").type, len(self), [valid],
+                                          children=[values])
+        arrays = {name: pa.array(self.columns[name], pa.type_for_alias(kind))
+                  for name, kind in EMBEDDING_COLUMNS.items()}
+        arrays["embedding"] = embedding
+        return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 class Staged:
