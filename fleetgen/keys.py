@@ -41,6 +41,12 @@ Redis (the ledger, rebuildable from the sink):
     fg:lease:{job}:{batch}       string owner token "{worker}/{random}", with TTL (heartbeat-renewed)
     fg:ownerless                 set    "{job}|{batch}|{token}" leases whose worker had no
                                         Redis connection at the last reconciler round
+    fg:placement                 hash   job -> the ledger shard holding its keys (fleetgen/
+                                        ledger/_shards.py); REDIS_URL's server only, like
+                                        fg:workers. A job it does not name is on REDIS_URL's.
+With FLEETGEN_LEDGER_URLS, fg:jobs, fg:jobs:finished and every per-job key above live on the
+job's shard; fg:workers, fg:tuning, fg:reconciler, fg:ownerless, fg:placement and the broker's
+queues on REDIS_URL's server.
 Sink, under {output}/{job}/:
     manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl,
     rejects.jsonl, progress.json (JOB_ENTRIES)
@@ -134,6 +140,8 @@ RECONCILER_LOCK = f"{PREFIX}:reconciler"
 WORKER_CLIENT_PREFIX = "fleetgen-worker:"
 # set of "job|batch|token": leases whose owner had no connection at the last reconciler round
 OWNERLESS = f"{PREFIX}:ownerless"
+# hash: job -> the name of the ledger shard its keys live on (settings.ledger_shard_name)
+PLACEMENT = f"{PREFIX}:placement"
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

@@ -59,6 +59,10 @@ class SettingsError(FleetgenError, ValueError):
 class Settings:
     redis_url: str = EMBEDDED_REDIS_URL
     redis_master_name: str = REDIS_MASTER_NAME
+    # More Redis servers for the jobs' ledger keys (comma-separated URLs; REDIS_URL's server is
+    # the first shard and stays the broker's and the registry's): a fleet whose per-prompt
+    # ledger work outgrows one Redis adds one (fleetgen/ledger/_shards.py). Unset: one Redis.
+    ledger_urls: tuple[str, ...] = ()
     # Explicit server for this worker; unset means "derive from the GPU queue" (gpuN → base+N).
     # Any kind of server (SGLang, vLLM, `transformers serve`, ...).
     server_url: str | None = None
@@ -179,6 +183,16 @@ class Settings:
                                 f"{self.rollout_threads}")
         if self.lease_renew_s * 2 >= self.lease_ttl_s:
             raise SettingsError("FLEETGEN_LEASE_RENEW_S must be under half of FLEETGEN_LEASE_TTL_S")
+        named: dict[str, str] = {}
+        for url in self.ledger_urls:
+            if not url.startswith(_LEDGER_SCHEMES):
+                raise SettingsError("FLEETGEN_LEDGER_URLS takes redis://, rediss:// or unix:// "
+                                    f"URLs, one server each, got {redact(url)!r}")
+            name = ledger_shard_name(url)
+            if name in named:
+                raise SettingsError(f"FLEETGEN_LEDGER_URLS names the server {name} twice "
+                                    f"({redact(named[name])!r}, {redact(url)!r})")
+            named[name] = url
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -191,6 +205,9 @@ class Settings:
         for f in fields(cls):
             name = _named(env, f.name)
             if name is None or f.name in ("extra",):
+                continue
+            if f.name in _LISTS:
+                kwargs[f.name] = tuple(u.strip() for u in env[name].split(",") if u.strip())
                 continue
             kwargs[f.name] = (parse_duration(name, env[name]) if f.name in _DURATIONS
                               else _coerce(name, env[name], hints[f.name]))
@@ -246,7 +263,20 @@ def _named(env: Mapping[str, str], field_name: str) -> str | None:
 
 
 def _shown(name: str, value: object) -> object:
+    if isinstance(value, tuple):
+        return tuple(_shown(name, v) for v in value)
     return redact(value, name=name) if isinstance(value, str) else value
+
+
+def ledger_shard_name(url: str) -> str:
+    """The name a ledger shard goes by in the job's placement (fleetgen/ledger/_shards.py):
+    `host:port/db` of its URL (a socket's path), never its credentials; every process that
+    names the server must spell its address the same way."""
+    parts = urlsplit(url)
+    if parts.scheme in ("unix", "redis+socket"):
+        return parts.path
+    db = parts.path.strip("/") or "0"
+    return f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}/{db}"
 
 
 def with_password(url: str, password: str) -> str:
@@ -330,6 +360,11 @@ def read_secret_file(path: Path, wait_s: float = 0.0) -> str:
     return secret
 
 
+# Settings the environment gives as comma-separated lists.
+_LISTS = ("ledger_urls",)
+# A ledger shard is one server: a Sentinel URL names a master by FLEETGEN_REDIS_MASTER_NAME,
+# which REDIS_URL's master already holds.
+_LEDGER_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
 # Settings the environment may give as a duration (`7d`) besides seconds.
 _DURATIONS = ("job_retention",)
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}

@@ -37,7 +37,7 @@ import orjson
 
 from fleetgen import breaker, canary, keys
 from fleetgen.causes import job_caused
-from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.checkpoints import Entry
 from fleetgen.endpoints import Endpoint
 from fleetgen.errors import (
     BadRequestError,
@@ -51,7 +51,7 @@ from fleetgen.errors import (
 )
 from fleetgen.job import JobManifest
 from fleetgen.ledger import STATE_PAUSED, STATE_RUNNING, Ledger
-from fleetgen.liveledger import LiveLedger
+from fleetgen.liveledger import Checkpoints, LiveLedger
 from fleetgen.records import (
     UNSENT_ATTEMPTS_EXHAUSTED,
     Origin,
@@ -139,7 +139,7 @@ class BatchRunner:
         # The jobs' programs per prompt (workers/rollouts.py).
         self.programs = self._sender.programs
 
-    async def _register(self) -> tuple[QualityWatch, CheckpointWriter]:
+    async def _register(self) -> tuple[QualityWatch, Checkpoints]:
         live = self._live
         quality = QualityWatch(live)
         failures = breaker.Breaker(live, breaker.Limits.of(self.settings), quality.trip)

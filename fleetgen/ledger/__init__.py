@@ -6,9 +6,12 @@ puts back what a reading of the sink found (producer/rebuild.py) when Redis lost
 doubt. A finished job (done or cancelled) leaves the active jobs for the finished index, and its
 keys expire FLEETGEN_JOB_RETENTION after it finished (`jobs.settle`).
 
-One `Ledger` holds the client; its parts are grouped by what their keys are (fleetgen/keys.py
-lists them), each a small class over the same client. The client is the ledger's own: code
-outside fleetgen/ledger/ and fleetgen/liveledger.py calls the parts' methods, never `ledger.r`.
+One `Ledger` holds the clients; its parts are grouped by what their keys are (fleetgen/keys.py
+lists them), each a small class over the same `Shards`: a job's keys live on one Redis, the
+ledger shard it was placed on (REDIS_URL's own unless FLEETGEN_LEDGER_URLS adds others), and
+each call goes to the shard of the job it names; a listing of jobs reads every shard. The
+clients are the ledger's own: code outside fleetgen/ledger/ and fleetgen/liveledger.py calls
+the parts' methods, never `ledger.r`.
 
     jobs       Jobs       the job's hash (manifest, state, clock), the active and finished
                           indexes, the job's lock, retention
@@ -19,7 +22,8 @@ outside fleetgen/ledger/ and fleetgen/liveledger.py calls the parts' methods, ne
     rounds     Rounds     `requeue --failed`'s rounds, the written work restored from the sink
     guards     Guards     what the canary and the failure breaker found, what the operator accepted
     registry   Registry   the workers' entries and connections, the reconciler's turn and the
-                          ownerless leases
+                          ownerless leases (REDIS_URL's server only, as the broker)
+    shards     Shards     the ledger shards and which one holds each job (`place`)
 
 The scripts (*.lua) sit beside the modules that load them, `script(name)` reads one (the
 checkpoints' group commit, fleetgen/checkpoints.py, loads its own from here too); each file
@@ -57,10 +61,12 @@ from fleetgen.ledger._ledger import Ledger
 from fleetgen.ledger._registry import Registry
 from fleetgen.ledger._replies import script
 from fleetgen.ledger._rounds import Rounds
+from fleetgen.ledger._shards import FLEET, Shards, placed_on
 
 __all__ = [
-    "ACTIVE", "FAILURES_KEPT", "FINISHED", "GONE", "JOB_STATES", "RENEW_LEASE", "STATE_CANCELLED",
-    "STATE_CREATING", "STATE_PAUSED", "STATE_RUNNING", "Batches", "CanaryProgress", "Counters",
-    "EndVerdict", "FailureExample", "FinishedSummary", "Guards", "JobLock", "JobTimes", "Jobs",
-    "Leases", "Ledger", "QualityExample", "QualityPause", "Registry", "Rounds", "script",
+    "ACTIVE", "FAILURES_KEPT", "FINISHED", "FLEET", "GONE", "JOB_STATES", "RENEW_LEASE",
+    "STATE_CANCELLED", "STATE_CREATING", "STATE_PAUSED", "STATE_RUNNING", "Batches",
+    "CanaryProgress", "Counters", "EndVerdict", "FailureExample", "FinishedSummary", "Guards",
+    "JobLock", "JobTimes", "Jobs", "Leases", "Ledger", "QualityExample", "QualityPause",
+    "Registry", "Rounds", "Shards", "placed_on", "script",
 ]

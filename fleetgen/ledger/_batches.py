@@ -13,6 +13,7 @@ import redis
 from fleetgen import keys
 from fleetgen.ledger._jobs import Jobs
 from fleetgen.ledger._replies import members, scored, script
+from fleetgen.ledger._shards import Shards
 from fleetgen.records import FailureRecord, OutputRecord, read_record
 
 # Enough recent failure reasons to explain a bad job without growing without bound.
@@ -30,18 +31,18 @@ class Batches:
     worker holds its lease (`Leases`). Queuing or finishing one may finish the job or run it
     again, so both settle it (`Jobs.settle`), as their names say."""
 
-    def __init__(self, client: redis.Redis, jobs: Jobs) -> None:
-        self.r = client
+    def __init__(self, client: redis.Redis | Shards, jobs: Jobs) -> None:
+        self.shards = Shards.of(client)
         self._jobs = jobs
-        self._finish = client.register_script(_FINISH)
-        self._drop_failures = client.register_script(_DROP_FAILURES)
+        self._finish = self.shards.fleet.register_script(_FINISH)
+        self._drop_failures = self.shards.fleet.register_script(_DROP_FAILURES)
 
     def mark_queued_and_settle(self, name: str, batches: Iterable[str]) -> None:
         """Note the batches as dispatched now; if there are any, settle the job (`Jobs.settle`)."""
         now = time.time()
         mapping = {b: now for b in batches}
         if mapping:
-            self.r.zadd(keys.job_part(name, "queued"), mapping)
+            self.shards.client(name).zadd(keys.job_part(name, "queued"), mapping)
             # Work queued for a finished job (`requeue --failed` of a done one) runs it again.
             self._jobs.settle(name)
 
@@ -53,34 +54,34 @@ class Batches:
         # tuning notes, the views) do not load Celery.
         from fleetgen import broker
 
-        return broker.waiting_batches(self.r, grace_s=grace_s)
+        return broker.waiting_batches(self.shards.fleet, grace_s=grace_s)
 
     def unqueue(self, name: str, batch: str) -> None:
-        self.r.zrem(keys.job_part(name, "queued"), batch)
+        self.shards.client(name).zrem(keys.job_part(name, "queued"), batch)
 
     def queued(self, name: str) -> dict[str, float]:
         """Batch -> when it was dispatched to the broker."""
-        return scored(self.r, keys.job_part(name, "queued"))
+        return scored(self.shards.client(name), keys.job_part(name, "queued"))
 
     def running(self, name: str) -> dict[str, float]:
         """Batch -> when its lease was taken."""
-        return scored(self.r, keys.job_part(name, "running"))
+        return scored(self.shards.client(name), keys.job_part(name, "running"))
 
     def done(self, name: str) -> set[str]:
-        return members(self.r, keys.job_part(name, "done"))
+        return members(self.shards.client(name), keys.job_part(name, "done"))
 
     def is_done(self, name: str, batch: str) -> bool:
-        return bool(self.r.sismember(keys.job_part(name, "done"), batch))
+        return bool(self.shards.client(name).sismember(keys.job_part(name, "done"), batch))
 
     def drop_running(self, name: str, batch: str) -> None:
         """Take a batch whose worker is gone out of `running`, before it is dispatched again."""
-        self.r.zrem(keys.job_part(name, "running"), batch)
+        self.shards.client(name).zrem(keys.job_part(name, "running"), batch)
 
     def holds(self, name: str, batches: Iterable[str]) -> dict[str, tuple[str | None, int]]:
         """Batch -> the worker holding its lease (None when no lease is alive) and the prompts
         checkpointed in it so far, read in one round trip."""
         batches = list(batches)
-        with self.r.pipeline(transaction=False) as p:
+        with self.shards.client(name).pipeline(transaction=False) as p:
             for batch in batches:
                 p.get(keys.lease(name, batch))
                 p.hlen(keys.checkpoint(name, batch))
@@ -90,12 +91,12 @@ class Batches:
 
     def checkpoint(self, name: str, batch: str) -> dict[str, OutputRecord]:
         """The batch's checkpointed records: prompt id -> its finished result."""
-        raw = self.r.hgetall(keys.checkpoint(name, batch))
+        raw = self.shards.client(name).hgetall(keys.checkpoint(name, batch))
         return {k.decode(): read_record(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
     def checkpointed_records(self, name: str, batches: Iterable[str]) -> Iterator[bytes]:
         """Every checkpointed record (raw JSON) of the given batches, read in one round trip."""
-        with self.r.pipeline(transaction=False) as p:
+        with self.shards.client(name).pipeline(transaction=False) as p:
             for batch in batches:
                 p.hvals(keys.checkpoint(name, batch))
             for records in p.execute():
@@ -113,7 +114,8 @@ class Batches:
             return 0
         taken = int(self._drop_failures(
             keys=[keys.checkpoint(name, batch), keys.lease(name, batch),
-                  keys.job_part(name, "stats"), keys.job_part(name, "workers")], args=args))
+                  keys.job_part(name, "stats"), keys.job_part(name, "workers")], args=args,
+            client=self.shards.client(name)))
         return None if taken < 0 else taken
 
     def finish_and_settle(
@@ -133,9 +135,9 @@ class Batches:
                   keys.job_part(name, "queued"), keys.job_part(name, "written"), keys.job(name),
                   keys.checkpoint(name, batch), keys.job_part(name, "failures"),
                   keys.calls(name, batch)],
-            args=args + failures))
+            args=args + failures, client=self.shards.client(name)))
         if first:
-            with self.r.pipeline(transaction=False) as p:
+            with self.shards.client(name).pipeline(transaction=False) as p:
                 p.hincrbyfloat(keys.job_part(name, "stats"), "batches_done", 1)
                 p.hincrbyfloat(keys.job_part(name, "stats"), "bytes_written", bytes_written)
                 if worker:

@@ -15,6 +15,7 @@ from fleetgen import keys
 from fleetgen.errors import JobError, UnknownJobError
 from fleetgen.job import JobManifest, JobState
 from fleetgen.ledger._replies import members, script, text
+from fleetgen.ledger._shards import Shards
 from fleetgen.settings import JOB_RETENTION_S
 
 # `creating`: enqueue is still storing batch inputs; no worker, reconciler or export acts on
@@ -59,15 +60,16 @@ class Jobs:
     """The jobs Redis holds: each one's hash (fg:job:{job}), the active set and the finished
     index, the job's lock, and when its keys expire."""
 
-    def __init__(self, client: redis.Redis, job_retention: float = JOB_RETENTION_S) -> None:
-        self.r = client
+    def __init__(self, client: redis.Redis | Shards,
+                 job_retention: float = JOB_RETENTION_S) -> None:
+        self.shards = Shards.of(client)
         self.job_retention = job_retention
-        self._settle = client.register_script(_SETTLE)
+        self._settle = self.shards.fleet.register_script(_SETTLE)
 
     def save(self, manifest: JobManifest) -> None:
         """Store the manifest. An incomplete one (enqueue still storing inputs) puts the job in
         `creating`; a complete one leaves the state as it is (`running` if it had none)."""
-        with self.r.pipeline() as p:
+        with self.shards.client(manifest.name).pipeline() as p:
             save_job(p, manifest)
             p.execute()
 
@@ -75,7 +77,7 @@ class Jobs:
         """The last step of creating a job: its complete manifest, and `running` from now on."""
         if not manifest.complete:
             raise JobError(f"job {manifest.name}: cannot start a job whose inputs are incomplete")
-        with self.r.pipeline() as p:
+        with self.shards.client(manifest.name).pipeline() as p:
             p.hset(keys.job(manifest.name), mapping={
                 keys.JOB_MANIFEST: manifest.to_json(), keys.JOB_STATE: STATE_RUNNING,
                 keys.JOB_REASON: "", keys.JOB_STARTED_AT: time.time(),
@@ -83,38 +85,44 @@ class Jobs:
             p.execute()
 
     def load(self, name: str) -> JobManifest:
-        raw = self.r.hget(keys.job(name), keys.JOB_MANIFEST)
+        raw = self.shards.client(name).hget(keys.job(name), keys.JOB_MANIFEST)
         if raw is None:
-            raise UnknownJobError(f"no job named {name!r} in {self._where()} (`python -m producer "
-                                  "jobs` lists them)", name)
+            raise UnknownJobError(f"no job named {name!r} in {self._where(name)} (`python -m "
+                                  "producer jobs` lists them)", name)
         return JobManifest.from_json(raw)
 
     def exists(self, name: str) -> bool:
-        return bool(self.r.hexists(keys.job(name), keys.JOB_MANIFEST))
+        return bool(self.shards.client(name).hexists(keys.job(name), keys.JOB_MANIFEST))
 
     def names(self) -> list[str]:
         """Every job Redis holds: the active ones and the finished ones not expired yet."""
-        finished = list(self.finished())
-        with self.r.pipeline(transaction=False) as p:
-            for name in finished:
-                p.exists(keys.job(name))
-            kept = [name for name, there in zip(finished, p.execute(), strict=True) if there]
+        kept: list[str] = []
+        for client, finished in self.shards.group(self.finished()):
+            with client.pipeline(transaction=False) as p:
+                for name in finished:
+                    p.exists(keys.job(name))
+                kept += [name for name, there in zip(finished, p.execute(), strict=True) if there]
         return sorted(set(self.active()) | set(kept))
 
     def active(self) -> list[str]:
         """Jobs not finished (creating, running, paused): what the reconciler walks."""
-        return sorted(members(self.r, keys.JOBS))
+        found = self.shards.each(lambda r: members(r, keys.JOBS))
+        return sorted(set().union(*found.values()))
 
     def finished(self, since: float = 0.0) -> dict[str, float]:
         """Finished jobs (done, cancelled) -> when they finished, those since `since`, oldest
         first. One whose keys expired may stay listed until the next job finishes."""
-        pairs: Any = self.r.zrangebyscore(keys.FINISHED_JOBS, since, "+inf", withscores=True)
+        found = self.shards.each(
+            lambda r: r.zrangebyscore(keys.FINISHED_JOBS, since, "+inf", withscores=True))
+        pairs: list[Any] = sorted((pair for shard in found.values() for pair in shard),
+                                  key=lambda pair: pair[1])
         return {member.decode(): float(score) for member, score in pairs}
 
     def batches(self, name: str) -> list[str]:
         """The job's enqueued batches plus those made by `requeue --failed`."""
         manifest = self.load(name)
-        extra = sorted(members(self.r, keys.job_part(name, "extra")), key=keys.batch_order)
+        extra = sorted(members(self.shards.client(name), keys.job_part(name, "extra")),
+                       key=keys.batch_order)
         return [keys.batch_id(i) for i in range(1, manifest.batches + 1)] + extra
 
     def settle(self, name: str, now: float | None = None) -> str:
@@ -130,12 +138,14 @@ class Jobs:
         raw: Any = self._settle(
             keys=[keys.JOBS, keys.FINISHED_JOBS, keys.job_part(name, "done"),
                   keys.job_part(name, "extra"), *keys.job_keys(name)],
-            args=[name, repr(now), repr(float(self.job_retention))])
+            args=[name, repr(now), repr(float(self.job_retention))],
+            client=self.shards.client(name))
         found: str = raw[0].decode()
         value = int(raw[1])
         if found == FINISHED or value:
-            unfinished = set(self.batches(name)) - members(self.r, keys.job_part(name, "done"))
-            with self.r.pipeline(transaction=False) as p:
+            r = self.shards.client(name)
+            unfinished = set(self.batches(name)) - members(r, keys.job_part(name, "done"))
+            with r.pipeline(transaction=False) as p:
                 for batch in unfinished:
                     for key in (keys.checkpoint(name, batch), keys.calls(name, batch)):
                         if found == FINISHED:
@@ -146,71 +156,78 @@ class Jobs:
         return found
 
     def state(self, name: str) -> tuple[JobState, str]:
-        state, reason = self.r.hmget(keys.job(name), keys.JOB_STATE, keys.JOB_REASON)
+        state, reason = self.shards.client(name).hmget(keys.job(name), keys.JOB_STATE,
+                                                       keys.JOB_REASON)
         return cast(JobState, text(state) or STATE_RUNNING), text(reason)
 
     def set_state(self, name: str, state: JobState, reason: str = "") -> None:
         if state not in JOB_STATES:
             raise JobError(f"unknown job state {state!r}")
-        self.r.hset(keys.job(name), mapping={
+        self.shards.client(name).hset(keys.job(name), mapping={
             keys.JOB_STATE: state, keys.JOB_REASON: reason, keys.JOB_UPDATED: time.time()})
         self.settle(name)
 
     def times(self, name: str) -> JobTimes:
-        started, last_write, changed = self.r.hmget(
+        started, last_write, changed = self.shards.client(name).hmget(
             keys.job(name), keys.JOB_STARTED_AT, keys.JOB_LAST_WRITE_AT, keys.JOB_UPDATED)
         return JobTimes(float(started or 0.0), float(last_write or 0.0), float(changed or 0.0))
 
     def inputs_stored(self, name: str) -> int:
         """Batch inputs a job still being created has stored, at its enqueue's last report."""
-        return int(self.r.hget(keys.job(name), keys.JOB_INPUTS_STORED) or 0)
+        return int(self.shards.client(name).hget(keys.job(name), keys.JOB_INPUTS_STORED) or 0)
 
     def note_inputs_stored(self, name: str, count: int | None) -> None:
         """How many batch inputs the enqueue has stored so far (None: the upload is over)."""
         if count is None:
-            self.r.hdel(keys.job(name), keys.JOB_INPUTS_STORED)
+            self.shards.client(name).hdel(keys.job(name), keys.JOB_INPUTS_STORED)
         else:
-            self.r.hset(keys.job(name), keys.JOB_INPUTS_STORED, count)
+            self.shards.client(name).hset(keys.job(name), keys.JOB_INPUTS_STORED, count)
 
     def manifests_raw(self, names: Sequence[str]) -> list[bytes | None]:
         """The stored manifests of `names` (None where a job has none), in one round trip."""
-        with self.r.pipeline(transaction=False) as p:
-            for name in names:
-                p.hget(keys.job(name), keys.JOB_MANIFEST)
-            return list(p.execute())
+        found: dict[str, bytes | None] = {}
+        for client, group in self.shards.group(names):
+            with client.pipeline(transaction=False) as p:
+                for name in group:
+                    p.hget(keys.job(name), keys.JOB_MANIFEST)
+                found.update(zip(group, p.execute(), strict=True))
+        return [found[name] for name in names]
 
     def finished_summaries(self, names: Sequence[str]) -> list[FinishedSummary | None]:
         """State, reason, prompts and what the sink holds of finished jobs, in one round trip;
         None for a job whose keys expired."""
-        with self.r.pipeline(transaction=False) as p:
-            for name in names:
-                p.hmget(keys.job(name), keys.JOB_MANIFEST, keys.JOB_STATE, keys.JOB_REASON)
-                p.hmget(keys.job_part(name, "written"), "prompts_done", "prompts_failed")
-            replies = p.execute()
-        out: list[FinishedSummary | None] = []
-        for (manifest, state, reason), written in zip(replies[::2], replies[1::2], strict=True):
-            out.append(None if manifest is None else FinishedSummary(
-                text(state), text(reason), JobManifest.from_json(manifest).answers,
-                int(float(written[0] or 0)), int(float(written[1] or 0))))
-        return out
+        found: dict[str, FinishedSummary | None] = {}
+        for client, group in self.shards.group(names):
+            with client.pipeline(transaction=False) as p:
+                for name in group:
+                    p.hmget(keys.job(name), keys.JOB_MANIFEST, keys.JOB_STATE, keys.JOB_REASON)
+                    p.hmget(keys.job_part(name, "written"), "prompts_done", "prompts_failed")
+                replies = p.execute()
+            for name, (manifest, state, reason), written in zip(
+                    group, replies[::2], replies[1::2], strict=True):
+                found[name] = None if manifest is None else FinishedSummary(
+                    text(state), text(reason), JobManifest.from_json(manifest).answers,
+                    int(float(written[0] or 0)), int(float(written[1] or 0)))
+        return [found[name] for name in names]
 
     def lock(self, name: str, ttl_s: float) -> JobLock:
         """The job's lock (one command that changes the job's batches at a time), not taken."""
-        lock: JobLock = self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s,
+        lock: JobLock = self.shards.client(name).lock(keys.job_part(name, "enqueue"), timeout=ttl_s,
                                     blocking=False, thread_local=False)
         return lock
 
     def lock_token(self, name: str) -> bytes | None:
-        raw = self.r.get(keys.job_part(name, "enqueue"))
+        raw = self.shards.client(name).get(keys.job_part(name, "enqueue"))
         return raw if isinstance(raw, bytes) else None
 
     def release_lock(self, name: str, token: bytes, ttl_s: float) -> None:
         """Release the job's lock if `token` still holds it (compare-and-delete); LockError if
         it changed hands."""
-        self.r.lock(keys.job_part(name, "enqueue"), timeout=ttl_s).do_release(token)
+        lock = self.shards.client(name).lock(keys.job_part(name, "enqueue"), timeout=ttl_s)
+        lock.do_release(token)
 
-    def _where(self) -> str:
-        kw = self.r.connection_pool.connection_kwargs
+    def _where(self, name: str) -> str:
+        kw = self.shards.client(name).connection_pool.connection_kwargs
         return f"Redis at {kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
 
 

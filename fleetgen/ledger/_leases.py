@@ -10,6 +10,7 @@ import redis
 
 from fleetgen import keys
 from fleetgen.ledger._replies import script, text
+from fleetgen.ledger._shards import Shards
 
 # Extends a lease only for its owner (the batch runner's heartbeat runs it on its loop:
 # fleetgen/liveledger.py).
@@ -22,15 +23,16 @@ class Leases:
     """A batch's lease, its attempts (fg:job:{job}:attempts) and their causes
     (fg:job:{job}:causes). Taking a lease moves the batch from queued to running."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
-        self._release = client.register_script(_RELEASE)
+    def __init__(self, client: redis.Redis | Shards) -> None:
+        self.shards = Shards.of(client)
+        self._release = self.shards.fleet.register_script(_RELEASE)
 
     def acquire(self, name: str, batch: str, token: str, ttl_s: float) -> int | None:
         """Take the batch's lease; returns the attempt number, or None if someone holds it."""
-        if not self.r.set(keys.lease(name, batch), token, nx=True, px=int(ttl_s * 1000)):
+        r = self.shards.client(name)
+        if not r.set(keys.lease(name, batch), token, nx=True, px=int(ttl_s * 1000)):
             return None
-        with self.r.pipeline() as p:
+        with r.pipeline() as p:
             p.hincrby(keys.job_part(name, "attempts"), batch, 1)
             p.zrem(keys.job_part(name, "queued"), batch)
             p.zadd(keys.job_part(name, "running"), {batch: time.time()})
@@ -48,26 +50,26 @@ class Leases:
         return bool(self._release(
             keys=[keys.lease(name, batch), keys.job_part(name, "attempts"),
                   keys.job_part(name, "running")],
-            args=[token, "1" if refund else "0", batch]))
+            args=[token, "1" if refund else "0", batch], client=self.shards.client(name)))
 
     def refund(self, name: str, batch: str) -> None:
         """Give back an attempt whose lease was lost while its worker lived (it noticed)."""
-        self.r.hincrby(keys.job_part(name, "attempts"), batch, -1)
+        self.shards.client(name).hincrby(keys.job_part(name, "attempts"), batch, -1)
 
     def attempts(self, name: str, batch: str) -> int:
         """Attempts the batch has spent, counting one held right now."""
-        return int(self.r.hget(keys.job_part(name, "attempts"), batch) or 0)
+        return int(self.shards.client(name).hget(keys.job_part(name, "attempts"), batch) or 0)
 
     def note_cause(self, name: str, batch: str, cause: str) -> None:
         """Why the batch's last attempt ended without finishing (kept for the limit's reason)."""
-        self.r.hset(keys.job_part(name, "causes"), batch, cause)
+        self.shards.client(name).hset(keys.job_part(name, "causes"), batch, cause)
 
     def last_cause(self, name: str, batch: str) -> str:
-        return text(self.r.hget(keys.job_part(name, "causes"), batch))
+        return text(self.shards.client(name).hget(keys.job_part(name, "causes"), batch))
 
     def alive(self, name: str, batch: str) -> bool:
-        return bool(self.r.exists(keys.lease(name, batch)))
+        return bool(self.shards.client(name).exists(keys.lease(name, batch)))
 
     def token(self, name: str, batch: str) -> str | None:
-        raw: Any = self.r.get(keys.lease(name, batch))
+        raw: Any = self.shards.client(name).get(keys.lease(name, batch))
         return raw.decode() if raw is not None else None

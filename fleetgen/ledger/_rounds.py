@@ -11,6 +11,7 @@ import redis
 from fleetgen import keys
 from fleetgen.job import JobManifest
 from fleetgen.ledger._jobs import save_job
+from fleetgen.ledger._shards import Shards
 
 
 class Rounds:
@@ -19,15 +20,15 @@ class Rounds:
     ledger says of the job's written work replaced by what the sink holds (producer/rebuild.py).
     The caller holds the job's lock (fleetgen/creation.py)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
+    def __init__(self, client: redis.Redis | Shards) -> None:
+        self.shards = Shards.of(client)
 
     def next(self, name: str, after: int) -> int:
         """Number the job's next requeue round: one past its last in the ledger and `after`
         (the last the sink holds), so a round name is never used twice."""
-        last = int(self.r.hget(keys.job(name), keys.JOB_ROUNDS) or 0)
+        last = int(self.shards.client(name).hget(keys.job(name), keys.JOB_ROUNDS) or 0)
         number = max(last, after) + 1
-        self.r.hset(keys.job(name), keys.JOB_ROUNDS, number)
+        self.shards.client(name).hset(keys.job(name), keys.JOB_ROUNDS, number)
         return number
 
     def record(self, name: str, batches: list[str], failed_by_code: Mapping[str, int]) -> None:
@@ -35,7 +36,7 @@ class Rounds:
         until the new batches are written; live and written counters move together, so
         `checkpointed` stays right."""
         requeued = sum(failed_by_code.values())
-        with self.r.pipeline() as p:
+        with self.shards.client(name).pipeline() as p:
             p.sadd(keys.job_part(name, "extra"), *batches)
             for part in ("stats", "written"):
                 p.hincrbyfloat(keys.job_part(name, part), "prompts_failed", -requeued)
@@ -55,13 +56,13 @@ class Rounds:
         name = manifest.name
         stats = keys.job_part(name, "stats")
         # Codes and finish reasons the reading did not find must not linger at their old value.
-        fields: list[bytes] = self.r.hkeys(stats)  # type: ignore[assignment]
+        fields: list[bytes] = self.shards.client(name).hkeys(stats)  # type: ignore[assignment]
         stale = [f for f in fields if f.startswith((b"error_", b"finish_"))]
-        last = int(self.r.hget(keys.job(name), keys.JOB_ROUNDS) or 0)
+        last = int(self.shards.client(name).hget(keys.job(name), keys.JOB_ROUNDS) or 0)
         done, rounds = list(done), list(rounds)
         counted: dict[Any, float] = dict(written)
         tallied: dict[Any, float] = dict(live)
-        with self.r.pipeline() as p:
+        with self.shards.client(name).pipeline() as p:
             save_job(p, manifest)
             p.delete(keys.job_part(name, "done"), keys.job_part(name, "written"),
                      keys.job_part(name, "extra"))

@@ -1,44 +1,68 @@
 -- Adds a group of finished prompts' records, each once (HSETNX), and moves the counters, the
 -- per-worker and per-minute tallies, the canary's window and the failure breaker's window only
--- for a first copy; each counter once per call, summed over the group's first copies
--- (per-prompt writes were most of Redis's cost per prompt: tests/perf/redis_capacity.py).
+-- for a first copy. Each counter moves once per call: the caller sends the group's sums, and
+-- each record's own values only to be read when some record is not a first copy (a re-run's
+-- duplicate), when the sums are made again over the first copies alone. A record costs one
+-- HSETNX and six arguments whatever its counters, the cost that bounds a group's
+-- (tests/perf/checkpoint_cost.py).
 -- KEYS: stats, workers, minutes, recent, job, worker_minutes, outcomes, checkpoint keys...
--- ARGV: worker, minute, window, outcomes kept, then per record: checkpoint key index, id,
---       record, fact, 1/0 (the breaker counts it or not), outcome token, number of counters,
---       counter name/value pairs.
+-- ARGV: worker, minute, window, outcomes kept, number of counters, counter name/sum pairs,
+--       then per record: checkpoint key index, id, record, fact, outcome ("" when the breaker
+--       does not count it, else "+" and its token), its counter values (comma-separated in the
+--       names' order, empty where it has none).
 -- Returns: canary_seen after the group (or -1), then 1/0 per record (first copy or not); if a
 -- first copy's outcome was a failure, then the job's state, its accepted causes and the
 -- breaker's window, newest first (what workers/breaker.py judges).
 local worker, minute, window, kept = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local firsts, new, outcomes, failures, sums, names = {}, 0, 0, 0, {}, {}
-local i = 5
-while i <= #ARGV do
-  local key, id, record, fact = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local counted, outcome, n = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
-  local first = redis.call('hsetnx', key, id, record)
+local m = tonumber(ARGV[5])
+local first_record = 6 + 2 * m
+local firsts, new, outcomes, failures, repeated = {}, 0, 0, 0, false
+for i = first_record, #ARGV, 6 do
+  local first = redis.call('hsetnx', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
   firsts[#firsts + 1] = first
   if first == 1 then
-    for j = i + 7, i + 6 + 2 * n, 2 do
-      local name = ARGV[j]
-      if sums[name] == nil then
-        sums[name] = 0
-        names[#names + 1] = name
-      end
-      sums[name] = sums[name] + tonumber(ARGV[j + 1])
-    end
     if window > 0 then
-      redis.call('lpush', KEYS[4], fact)
+      redis.call('lpush', KEYS[4], ARGV[i + 3])
       new = new + 1
     end
-    if kept > 0 and counted == '1' then
-      redis.call('lpush', KEYS[7], outcome)
+    local outcome = ARGV[i + 4]
+    if kept > 0 and outcome ~= '' then
+      redis.call('lpush', KEYS[7], string.sub(outcome, 2))
       outcomes = outcomes + 1
-      if outcome ~= '' then
+      if outcome ~= '+' then
         failures = failures + 1
       end
     end
+  else
+    repeated = true
   end
-  i = i + 7 + 2 * n
+end
+local names, sums = {}, {}
+if repeated then
+  -- Some copies were there already: sum the first copies' own values, in order.
+  local k = 0
+  for i = first_record, #ARGV, 6 do
+    k = k + 1
+    if firsts[k] == 1 then
+      local j = 0
+      for value in string.gmatch(ARGV[i + 5] .. ',', '([^,]*),') do
+        j = j + 1
+        if value ~= '' then
+          local name = ARGV[4 + 2 * j]
+          if sums[name] == nil then
+            sums[name] = 0
+            names[#names + 1] = name
+          end
+          sums[name] = sums[name] + tonumber(value)
+        end
+      end
+    end
+  end
+else
+  for j = 1, m do
+    names[j] = ARGV[4 + 2 * j]
+    sums[names[j]] = ARGV[5 + 2 * j]
+  end
 end
 for _, name in ipairs(names) do
   local value = sums[name]
