@@ -832,22 +832,31 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     active = ledger.jobs.active()
     # One filed both ways for a moment (enqueue run again on a finished job) shows once.
     finished = [row for row in _finished_rows(ledger, time.time()) if row[0] not in active]
+    for down in sorted(ledger.shards.down):
+        print(f"ledger shard {down} is out of reach: its jobs are not listed", file=sys.stderr)
     if not active and not finished:
         print("no jobs")
         return RET_OK
+    # Which Redis holds each job, where FLEETGEN_LEDGER_URLS spreads them over several.
+    several = ledger.shards.several
+
+    def shard(name: str) -> str:
+        return f" {ledger.shards.name_of(name) if name else 'shard':<24}" if several else ""
+
     print(f"{'job':<32} {'state':<10} {'done':>10} {'failed':>8} {'total':>10} {'progress':>8}"
-          f" {'prompts/s':>9} {'ETA':>8}  reason")
+          f" {'prompts/s':>9} {'ETA':>8}{shard('')}  reason")
     for name in active:
         s = job_status(ledger, name)
         # Progress counts answers as they are checkpointed (done/failed: what is written).
         pct = 100.0 * (s.done + s.failed + s.checkpointed) / max(1, s.total)
         eta = "-" if s.eta_s is None else format_duration(s.eta_s)
         print(f"{name:<32} {s.state:<10} {s.done:>10,} {s.failed:>8,} {s.total:>10,}"
-              f" {pct:>7.1f}% {s.rate.prompts_per_s_5m:>9.2f} {eta:>8}  {s.reason or ''}")
+              f" {pct:>7.1f}% {s.rate.prompts_per_s_5m:>9.2f} {eta:>8}{shard(name)}"
+              f"  {s.reason or ''}")
     for name, state, done, failed, total, reason in finished:
         pct = 100.0 * (done + failed) / max(1, total)
         print(f"{name:<32} {state:<10} {done:>10,} {failed:>8,} {total:>10,} {pct:>7.1f}%"
-              f" {'-':>9} {'-':>8}  {reason}")
+              f" {'-':>9} {'-':>8}{shard(name)}  {reason}")
     return RET_OK
 
 

@@ -204,6 +204,8 @@ def _enqueue(
     if summary.prompts == 0:
         # A job of no prompts would be done the moment it exists and hold its name for good.
         raise NoPrompts(summary.path, summary.lines, summary.rejected, rejects.first)
+    # The job's ledger shard, before its lock (which lives there): a resume keeps its own.
+    ledger.shards.place(req.job)
     with creation_lock(ledger, req.job):
         known = ledger.jobs.exists(req.job)
         existing = ledger.jobs.load(req.job) if known else stored_manifest(sink, req.job)

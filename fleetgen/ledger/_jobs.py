@@ -228,7 +228,8 @@ class Jobs:
 
     def _where(self, name: str) -> str:
         kw = self.shards.client(name).connection_pool.connection_kwargs
-        return f"Redis at {kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
+        where = f"Redis at {kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
+        return f"{where}, its ledger shard" if self.shards.several else where
 
 
 def save_job(p: redis.client.Pipeline, manifest: JobManifest) -> None:
