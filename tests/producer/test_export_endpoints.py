@@ -321,3 +321,28 @@ def test_what_an_endpoint_cannot_export_is_refused_before_its_outcomes_are_read(
     to = tmp_path / "refused.out"
     code, out, err = run_export(capsys, "job", "--to", str(to), *argv)
     assert (code, out, err, to.exists()) == (2, "", f"error: {message}\n", False)
+
+
+def test_failed_lines_before_the_first_vector_wait_for_its_size_and_a_job_of_failures_has_none(
+    ledger: Ledger, sink: Sink, tmp_path: Path, cli_env: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(export, "ROW_GROUP_ROWS", 2)
+    job = EndpointJob(ledger, sink, tmp_path, EMBEDDINGS, prompts=6, batch_size=3)
+    job.finish(fail={"p00000", "p00001", "p00002", "p00003"})
+    assert run_export(capsys, "job", "--to", str(tmp_path / "w.parquet"), "--format", "parquet")[0] == 0
+    table = pq.read_table(tmp_path / "w.parquet")
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), DIMENSIONS)
+    assert table.column("status").to_pylist() == ["failed"] * 4 + ["ok"] * 2
+    assert table.column("embedding").to_pylist()[4:] == [job.floats("p00004")[0],
+                                                          job.floats("p00005")[0]]
+
+    failed = EndpointJob(ledger, sink, tmp_path, EMBEDDINGS, name="failed", prompts=3)
+    failed.finish(fail=set(failed.ids))
+    assert run_export(capsys, "failed", "--to", str(tmp_path / "f.parquet"), "--format", "parquet")[0] == 0
+    table = pq.read_table(tmp_path / "f.parquet")
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 0)
+    assert table.column("error").to_pylist() == [CONTEXT] * 3
