@@ -1,10 +1,13 @@
-"""Per-prompt checkpoints, committed in groups: one Redis call per loop tick, not per prompt.
+"""Per-prompt checkpoints, committed in groups: one Redis call per group, not per prompt.
 
-A finished prompt's record must reach Redis before the worker moves on (a crash then loses
-only requests in flight), but one script call per prompt made Redis round trips half of a
-worker's CPU against an instant server. `CheckpointWriter.add` queues a record and waits; whatever
-finished while the previous call was out goes in the next one (group commit), so under load
-a call carries tens of records and an idle worker still commits each at once.
+A finished prompt's record must reach Redis before its batch is written (a crash then loses
+only requests in flight and the group being gathered), but one script call per prompt made
+Redis round trips half of a worker's CPU against an instant server, and the call, not the
+record, most of Redis's CPU per prompt: a fleet of short requests (embeddings, short chats)
+would need a Redis core for a few hundred GPUs. `CheckpointWriter.add` queues a record and
+waits; a group closes when `GROUP_RECORDS` records are queued or `GROUP_WINDOW_S` after its
+oldest record came, whichever is first, and is sent once the previous call is back. A loaded
+worker fills a group at once; a slow one still commits every record within the window.
 
 The script adds each record once (HSETNX). Counters, the per-worker and per-minute tallies,
 the canary's window and the failure breaker's window move only for a first copy, so a prompt
@@ -16,6 +19,7 @@ judges it (and holds the job) without another round trip while failures pour in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +36,16 @@ log = logging.getLogger(__name__)
 
 # Adds a group of records, each once; its KEYS and ARGV are built by `group_arguments`.
 RECORD_GROUP = script("record_group.lua")
+# A group closes at this many records: an embeddings request's texts (the worker packs up to
+# 64 a request) go in one call, and past it the call's own cost is a small share of a
+# record's, while a call stays short enough not to hold Redis up for others.
+GROUP_RECORDS = 64
+# ...or this long after its oldest record came. At 25 answers a second per GPU a group then
+# carries ~12, which brings Redis's CPU per answer to about twice a record's own cost
+# (tests/perf/checkpoint_cost.py); it is also the most finished work a crash loses (asked
+# again, never written twice) and what the window adds to a batch's end, next to seconds of
+# generation.
+GROUP_WINDOW_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class Entry:
 @dataclass
 class _Pending:
     entry: Entry
+    came: float  # loop time of its `add`
     done: asyncio.Future[bool] = field(repr=False)
 
 
@@ -75,11 +90,11 @@ class CheckpointWriter:
     """Group commit of per-prompt records for one worker process (lives on its loop)."""
 
     def __init__(self, redis: aioredis.Redis, worker: str, judge: Judge,
-                 canary_window: Callable[[str], int], window_s: float = 0.0,
+                 canary_window: Callable[[str], int], window_s: float = GROUP_WINDOW_S,
                  judge_failures: FailureJudge | None = None, outcomes_kept: int = 0) -> None:
         self._script = redis.register_script(RECORD_GROUP)
-        # Wait this long before each call so it carries more prompts (fewer Redis calls; a
-        # crash loses at most this much finished work, which is generated again).
+        # How long a group waits for more records after its oldest (0: none, a call as soon
+        # as the previous is back).
         self._window_s = window_s
         self._worker = worker
         self._judge = judge
@@ -88,12 +103,16 @@ class CheckpointWriter:
         self._judge_failures = judge_failures
         self._outcomes_kept = outcomes_kept if judge_failures is not None else 0
         self._queue: list[_Pending] = []
+        self._full = asyncio.Event()
         self._flushing: asyncio.Task[None] | None = None
 
     async def add(self, entry: Entry) -> bool:
         """Commit one record; True if it was the first copy (False: a re-run's duplicate)."""
-        pending = _Pending(entry, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        pending = _Pending(entry, loop.time(), loop.create_future())
         self._queue.append(pending)
+        if len(self._queue) >= GROUP_RECORDS:
+            self._full.set()
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
         return await pending.done
@@ -101,9 +120,12 @@ class CheckpointWriter:
     async def _flush_all(self) -> None:
         try:
             while self._queue:
-                if self._window_s:
-                    await asyncio.sleep(self._window_s)
-                group, self._queue = self._queue, []
+                if self._window_s and len(self._queue) < GROUP_RECORDS:
+                    self._full.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(self._queue[0].came + self._window_s):
+                            await self._full.wait()
+                group, self._queue = self._queue[:GROUP_RECORDS], self._queue[GROUP_RECORDS:]
                 by_job: dict[str, list[_Pending]] = {}
                 for p in group:
                     by_job.setdefault(p.entry.job, []).append(p)
@@ -156,15 +178,22 @@ def group_arguments(job: str, entries: list[Entry], worker: str, minute: int,
     script_keys = [keys.job_part(job, "stats"), keys.job_part(job, "workers"),
                    keys.job_part(job, "minutes"), keys.job_part(job, "recent"), keys.job(job),
                    keys.job_part(job, "worker_minutes"), keys.job_part(job, "outcomes")]
+    # The group's sums, added in the entries' order (as the script adds them again over the
+    # first copies alone when some entry is a duplicate).
+    sums: dict[str, float] = {}
+    for e in entries:
+        for name, value in e.counters.items():
+            sums[name] = sums.get(name, 0) + value
+    names = list(sums)
     index: dict[str, int] = {}
-    args: list[Any] = [worker, str(minute), window, outcomes_kept]
+    args: list[Any] = [worker, str(minute), window, outcomes_kept, len(names)]
+    for name in names:
+        args += [name, sums[name]]
     for e in entries:
         if e.batch not in index:
             script_keys.append(keys.checkpoint(job, e.batch))
             index[e.batch] = len(script_keys)
-        counted = e.outcome is not None
-        args += [index[e.batch], e.prompt_id, e.record, e.fact, int(counted),
-                 e.outcome if counted else "", len(e.counters)]
-        for name, value in e.counters.items():
-            args += [name, value]
+        values = ",".join("" if (v := e.counters.get(name)) is None else repr(v) for name in names)
+        args += [index[e.batch], e.prompt_id, e.record, e.fact,
+                 "" if e.outcome is None else "+" + e.outcome, values]
     return script_keys, args
