@@ -465,9 +465,11 @@ class _Sender:
                     ask, split_embeddings(response, counts, weights), strict=True)]
         finally:
             delivery.ends()
-        for prompt, record in zip(ask, records, strict=True):
+        for record in records:
             _observe(job, record, request.queue_wait_s, origin)
-            await self._checkpoint(manifest, batch, prompt, record)
+        # Together, so a request's records go in one checkpoint group.
+        await asyncio.gather(*(self._checkpoint(manifest, batch, prompt, record)
+                               for prompt, record in zip(ask, records, strict=True)))
         return list(records)
 
     @staticmethod
@@ -495,9 +497,10 @@ class _Sender:
             return [held] * len(ask)
         finally:
             delivery.ends()
-        for prompt, record in zip(ask, records, strict=True):
+        for record in records:
             _observe(job, record, request.queue_wait_s, origin)
-            await self._checkpoint(manifest, batch, prompt, record)
+        await asyncio.gather(*(self._checkpoint(manifest, batch, prompt, record)
+                               for prompt, record in zip(ask, records, strict=True)))
         return list(records)
 
     async def _generate_one(self, request: Request, ask: list[Prompt],
