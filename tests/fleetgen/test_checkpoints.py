@@ -9,7 +9,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from fleetgen import keys
-from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.checkpoints import GROUP_RECORDS, CheckpointWriter, Entry
 
 JOB = "cp-job"
 
@@ -101,3 +101,39 @@ def test_a_commit_window_puts_prompts_finishing_one_by_one_into_one_call_counted
     assert stats == {"prompts_done": 10.0, "output_tokens": 45.0}
     minutes = redis_client.hgetall(keys.job_part(JOB, "minutes"))
     assert sum(float(v) for k, v in minutes.items() if b"|" not in k) == 10.0
+
+
+def test_a_group_closes_at_its_size_without_waiting_for_its_window(redis_url: str) -> None:
+    # A window of a minute: 128 records at once are two full groups, sent at once; the
+    # wait_for (well under the window) fails the test if either waited for the window.
+    async def full(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
+        adds = asyncio.gather(*(writer.add(entry(i)) for i in range(2 * GROUP_RECORDS)))
+        assert all(await asyncio.wait_for(adds, 30.0))
+        return await script_calls(r)
+
+    assert asyncio.run(with_writer(redis_url, 0, full, commit_window_s=60.0)) == 2
+
+
+def test_a_group_with_copies_already_there_counts_only_its_first_copies(
+        redis_url: str, redis_client: Any) -> None:
+    # The group's sums come from the writer; when some of its records were there already the
+    # script sums the first copies' own values again, and a counter that only a duplicate
+    # carries is not created.
+    def rerun(i: int, tokens: int) -> Entry:
+        e = entry(i, tokens=tokens)
+        return Entry(e.job, e.batch, e.prompt_id, e.record,
+                     {**e.counters, "finish_length": 1}, e.fact)
+
+    async def body(writer: CheckpointWriter, judge: Recorder, r: Any) -> list[bool]:
+        await asyncio.gather(*(writer.add(entry(i, tokens=i)) for i in range(5)))
+        return list(await asyncio.gather(writer.add(rerun(3, 100)), writer.add(entry(5, tokens=7)),
+                                         writer.add(rerun(0, 50)), writer.add(entry(6, tokens=2))))
+
+    assert asyncio.run(with_writer(redis_url, 0, body)) == [False, True, False, True]
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert stats == {"prompts_done": 7.0, "output_tokens": 0 + 1 + 2 + 3 + 4 + 7 + 2}
+    workers = redis_client.hgetall(keys.job_part(JOB, "workers"))
+    assert float(workers[b"gpu0@test|output_tokens"]) == 19.0
+    assert orjson.loads(redis_client.hget(keys.checkpoint(JOB, "b000000"), "p3")) == {
+        "id": "p3", "content": "answer"}
