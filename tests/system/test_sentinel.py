@@ -152,8 +152,9 @@ def test_a_job_finishes_exactly_once_when_the_redis_primary_is_killed_and_a_repl
     stack = Stack(tmp_path, env)
     try:
         for gpu in (0, 1):
+            # Answers of about a second: the job still runs for many seconds past the kill.
             _, url = stack.sim(f"sim{gpu}", "--max-running-requests", "8", "--decode-tps", "80",
-                               "--mean-output-tokens", "160")
+                               "--mean-output-tokens", "160", "--speed", "2")
             stack.worker(gpu, url, {"FLEETGEN_REDIS_MASTER_NAME": MASTER})
         rows = chat_rows(400)
         source = write_jsonl(tmp_path / "in.jsonl", rows)
