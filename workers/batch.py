@@ -38,7 +38,7 @@ import orjson
 from fleetgen import breaker, canary, keys
 from fleetgen.causes import job_caused
 from fleetgen.checkpoints import Entry
-from fleetgen.endpoints import Endpoint
+from fleetgen.endpoints import CHAT, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     JobError,
@@ -316,7 +316,9 @@ class BatchRunner:
     ) -> None:
         # A rollout's answer holds what its program returned: reasoning there is its choice,
         # so the canary does not count it missing.
-        thinking = manifest.rollout is None and manifest.params.thinking_of(prompt.body)
+        # A thinking model reasons in chat only: a raw completion continues its prompt as is.
+        thinking = (manifest.rollout is None and manifest.endpoint == CHAT
+                    and manifest.params.thinking_of(prompt.body))
         await self._checkpoints.add(Entry(
             job=manifest.name, batch=batch, prompt_id=prompt.key, record=orjson.dumps(record),
             counters=counters(record, thinking=thinking),
