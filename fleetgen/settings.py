@@ -123,10 +123,11 @@ class Settings:
     s3_addressing_style: str = "path"
     # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
-    # Finished prompts are checkpointed in one Redis call per group; a window > 0 waits that
-    # long before each call so groups grow (fewer calls per prompt on a big fleet's Redis,
-    # docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries).
-    checkpoint_window_s: float = 0.0
+    # Finished prompts are checkpointed in one Redis call per group, which closes at 64
+    # records or this long after its oldest (checkpoints.GROUP_WINDOW_S, whose comment says
+    # why this value; 0: a call as soon as the previous is back). An override, not a knob a
+    # fleet needs: docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries.
+    checkpoint_window_s: float = 0.5
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
     # max_running_requests: near a job's end every batch may be waiting on one long answer,
