@@ -56,8 +56,10 @@ from producer import export, report
 from producer.enqueue import (
     CHECKING,
     MAX_DEFAULT_BATCH,
+    MAX_DEFAULT_EMBEDDINGS_BATCH,
     MIN_BATCHES,
     MIN_DEFAULT_BATCH,
+    MIN_DEFAULT_EMBEDDINGS_BATCH,
     QUEUEING,
     STORING,
     EnqueueInterrupted,
@@ -329,7 +331,9 @@ def _add_enqueue(sub: Subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help=f"answers per batch (one per prompt unless --samples or sampling.n say "
                    f"more; default: answers/{MIN_BATCHES} within "
-                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}; a resumed job keeps its own)")
+                   f"{MIN_DEFAULT_BATCH}..{MAX_DEFAULT_BATCH}, for embeddings within "
+                   f"{MIN_DEFAULT_EMBEDDINGS_BATCH}..{MAX_DEFAULT_EMBEDDINGS_BATCH}; a resumed "
+                   f"job keeps its own)")
     p.add_argument("--canary", default=None, metavar="SPEC",
                    help="quality thresholds over the defaults, e.g. "
                    "'empty_content=0.5,length=off,min_completions=100' (default: the canary's "

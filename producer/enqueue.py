@@ -81,6 +81,11 @@ log = logging.getLogger(__name__)
 MIN_BATCHES = 64
 MIN_DEFAULT_BATCH = 48
 MAX_DEFAULT_BATCH = 256
+# An embedding takes a GPU a fraction of a millisecond: batches of chat's size would cost a
+# broker message, a lease and an object each few tens of milliseconds of GPU time. Embeddings
+# batches hold a few seconds of a GPU instead (thousands of texts a second).
+MIN_DEFAULT_EMBEDDINGS_BATCH = 1024
+MAX_DEFAULT_EMBEDDINGS_BATCH = 8192
 UPLOAD_THREADS = 16
 # Batches sent to the broker between two progress reports.
 QUEUE_CHUNK = 100
@@ -145,8 +150,12 @@ class EnqueueReport:
     endpoint: str = CHAT  # the job's (fleetgen/endpoints.py)
 
 
-def default_batch_size(prompts: int) -> int:
-    return max(MIN_DEFAULT_BATCH, min(MAX_DEFAULT_BATCH, math.ceil(prompts / MIN_BATCHES)))
+def default_batch_size(prompts: int, endpoint: str = CHAT) -> int:
+    """Prompts per batch when `--batch-size` is not given: about MIN_BATCHES batches, within
+    the bounds of the job's kind of request."""
+    low, high = ((MIN_DEFAULT_EMBEDDINGS_BATCH, MAX_DEFAULT_EMBEDDINGS_BATCH)
+                 if endpoint == EMBEDDINGS else (MIN_DEFAULT_BATCH, MAX_DEFAULT_BATCH))
+    return max(low, min(high, math.ceil(prompts / MIN_BATCHES)))
 
 
 def enqueue(
@@ -215,7 +224,7 @@ def _enqueue(
         else:
             # A rollout job has one answer per prompt: a line's `n` is for its rollout.
             answers = summary.prompts if req.rollout is not None else summary.answers
-            size = req.batch_size or default_batch_size(answers)
+            size = req.batch_size or default_batch_size(answers, summary.endpoint)
             sampled = answers != summary.prompts
             manifest = JobManifest(
                 name=req.job,
