@@ -20,7 +20,9 @@
         JobNotRunningError   a batch of a paused or cancelled job was dropped
         JobBusyError         another command holds the job's lock (enqueue, requeue, rebuild)
         ModelChoiceError     the server serves several models and the job names none
-        RolloutError         the job's rollout cannot be imported here, or is another version
+        NotHereError         this worker cannot run the job's batches: other workers take them
+          RolloutError       the job's rollout cannot be imported here, or is another version
+          EndpointError      this worker's server does not serve the job's kind of request
       SettingsError          an environment variable fleetgen cannot use (settings.py)
       WorkerConfigError      the worker cannot tell which server to use (runtime.py)
       PreflightError         the worker cannot work as configured: it refuses to start (preflight.py)
@@ -141,6 +143,16 @@ class PreflightError(FleetgenError):
     """The worker cannot do its work as configured."""
 
 
-class RolloutError(JobError):
+class NotHereError(JobError):
+    """This worker cannot run the job's batches, though others may: they are handed back to
+    the shared queue before the lease, no attempt spent."""
+
+
+class RolloutError(NotHereError):
     """A job's rollout cannot be used here: not importable, not a rollout, or another version
     of its module than the job's (fleetgen/rollouts)."""
+
+
+class EndpointError(NotHereError):
+    """This worker's server does not serve the job's kind of request (fleetgen/endpoints.py):
+    an embedding model and a chat or completions job, or a generation model and embeddings."""

@@ -38,9 +38,10 @@ import orjson
 from fleetgen import breaker, canary, keys
 from fleetgen.causes import job_caused
 from fleetgen.checkpoints import Entry
-from fleetgen.endpoints import CHAT, Endpoint
+from fleetgen.endpoints import CHAT, EMBEDDINGS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
+    EndpointError,
     JobError,
     JobNotRunningError,
     ModelChoiceError,
@@ -177,11 +178,13 @@ class BatchRunner:
             self.ledger.batches.unqueue(job, batch)
             return Outcome(status=f"skipped-{state}", batch=batch)
         self.loop.run(self._watch(job, manifest))
-        # Before the lease: a job whose output this worker cannot use, or whose rollout it
-        # cannot run as the job's, goes back unstarted.
+        # Before the lease: a job whose output this worker cannot use, whose rollout it cannot
+        # run as the job's, or whose kind of request its server does not serve goes back
+        # unstarted.
         sink = self.sink_checks.require(job, lambda: self.sink(manifest.output))
         if manifest.rollout is not None:
             self.programs.require(manifest)
+        self._require_endpoint(manifest)
         if self.ledger.batches.is_done(job, batch):
             self.ledger.batches.finish_and_settle(job, batch, {}, self.worker, [])
             return Outcome(status="already-done", batch=batch)
@@ -190,6 +193,20 @@ class BatchRunner:
         if lease is None:
             return Outcome(status="owned-elsewhere", batch=batch)
         return self._run_leased(manifest, sink, lease)
+
+    def _require_endpoint(self, manifest: JobManifest) -> None:
+        """EndpointError when this worker's server is known to serve another kind of request
+        than the job's: an embedding model (`--is-embedding`) answers embeddings only, a
+        generation model never does. Unknown (a server that does not say), the job's requests
+        go, and a refusal is the server's to give."""
+        server = self.backend.discovery.server
+        embeds = server.info.embeds if server is not None and server.info is not None else None
+        if embeds is None or embeds == (manifest.endpoint == EMBEDDINGS):
+            return
+        served = "an embedding model" if embeds else "a generation model"
+        raise EndpointError(
+            f"worker {self.worker}: its server {self.backend.server_url} serves {served}; job "
+            f"{manifest.name} asks {manifest.kind.path}: its batches go to other workers")
 
     def _run_leased(self, manifest: JobManifest, sink: Sink, lease: Lease) -> Outcome:
         """Run the batch under its lease, then end the lease, its attempt spent or refunded as

@@ -14,8 +14,8 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, w
 from fleetgen import keys
 from fleetgen.dispatch import dispatch
 from fleetgen.errors import (
+    NotHereError,
     PreflightError,
-    RolloutError,
     ServerDownError,
     ServerSickError,
     SinkError,
@@ -134,21 +134,22 @@ def run_batch(self: Task, job: str, batch: str) -> TaskResult:
     backend = runner.backend
     try:
         outcome = runner.run(job, batch)
-    except (ServerDownError, WorkerStoppingError, SinkError, RolloutError) as exc:
+    except (ServerDownError, WorkerStoppingError, SinkError, NotHereError) as exc:
         # The server or the sink stayed down, or this worker is stopping, or it cannot run the
-        # job's rollout: hand the batch back, no attempt spent (none was taken, or its release
+        # job's batches (its rollout, its kind of request): hand the batch back, no attempt
+        # spent (none was taken, or its release
         # refunded it: batch.ending); finished prompts stay checkpointed, so whoever takes it
         # next resumes where this one stopped.
         queue = (self.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
-        if isinstance(exc, ServerSickError | RolloutError):
-            # This server is out of rotation, or this worker lacks the job's program: the
-            # batch goes where every worker takes it.
+        if isinstance(exc, ServerSickError | NotHereError):
+            # This server is out of rotation, or this worker cannot run the job's batches:
+            # the batch goes where every worker takes it.
             queue = keys.SHARED_QUEUE
         assert runtime.ledger is not None
         dispatch(app, runtime.ledger, job, [batch], queue, redrive=True)
         if not isinstance(exc, WorkerStoppingError):
             backend.registration.note_error(job, str(exc))
-        if isinstance(exc, SinkUnusableError | ServerSickError | RolloutError):
+        if isinstance(exc, SinkUnusableError | ServerSickError | NotHereError):
             # The job or the server is blocked here, not the batch: other workers take it. The
             # pause keeps this worker (its gate sees a batch loading, then closes for a server
             # out of rotation) from taking it straight back.

@@ -61,6 +61,9 @@ class ServerInfo:
     # A router's info (sglang-router's router manager: `router_manager`, `workers_count`), not
     # a server's: it states nothing of what its backends run.
     router: bool = False
+    # Whether it serves an embedding model (SGLang's `--is-embedding`, a launch argument its
+    # info echoes): only /v1/embeddings answers there. None where the info does not say.
+    embeds: bool | None = None
 
     @property
     def concurrency(self) -> int | None:
@@ -91,6 +94,10 @@ class ServerCapacity:
     configured: bool = False
 
 
+def _as_bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def parse_server_info(body: Mapping[str, object], path: str = SERVER_INFO_PATHS[0]) -> ServerInfo:
     """Read a `/server_info` (or `/get_server_info`) body; missing fields read as None."""
     raw_states = body.get("internal_states")
@@ -116,6 +123,7 @@ def parse_server_info(body: Mapping[str, object], path: str = SERVER_INFO_PATHS[
         last_gen_throughput=as_float(first.get("last_gen_throughput")),
         avg_spec_accept_length=as_float(first.get("avg_spec_accept_length")),
         router=bool(body.get("router_manager")) or "workers_count" in body,
+        embeds=_as_bool(body.get("is_embedding")),
     )
 
 

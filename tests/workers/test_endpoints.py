@@ -15,6 +15,8 @@ import orjson
 import pytest
 
 from fleetgen import keys
+from fleetgen.endpoints import ENDPOINTS
+from fleetgen.errors import EndpointError
 from fleetgen.records import read_record, vector_floats
 from fleetgen.settings import Settings
 from fleetgen.sink import open_sink
@@ -119,3 +121,24 @@ def test_a_raw_completion_batch_records_each_continuation_as_its_content(
     assert len(got) == 6
     assert all(r["content"] and r["finish_reason"] in ("stop", "length")
                and r["usage"]["completion_tokens"] > 0 for r in got)
+
+
+@pytest.mark.parametrize(("endpoint", "body", "flags", "served"), [
+    ("chat", {"messages": [{"role": "user", "content": "hi"}]}, ("--is-embedding",),
+     "an embedding model"),
+    ("embeddings", {"input": "hi"}, (), "a generation model"),
+], ids=["chat-job-on-an-embedding-model", "embeddings-job-on-a-generation-model"])
+def test_a_batch_its_server_cannot_serve_goes_back_unleased_to_other_workers(
+    runner_for: Any, redis_client: Any, endpoint: str, body: dict[str, Any],
+    flags: tuple[str, ...], served: str,
+) -> None:
+    runner, url = runner_for(endpoint, [body] * 3, *flags)
+    runner.backend.discovery.server = None
+    runner.loop.run(runner.backend.discovery.refresh())
+    with pytest.raises(EndpointError) as refused:
+        runner.run(endpoint, BATCH)
+    assert str(refused.value) == (
+        f"worker w0@test: its server {url} serves {served}; job {endpoint} asks "
+        f"{ENDPOINTS[endpoint].path}: its batches go to other workers")
+    assert not redis_client.exists(keys.lease(endpoint, BATCH))
+    assert httpx.get(f"{url}/sim/stats").json()["answered"] == 0
