@@ -44,9 +44,13 @@ Redis (the ledger, rebuildable from the sink):
     fg:placement                 hash   job -> the ledger shard holding its keys (fleetgen/
                                         ledger/_shards.py); REDIS_URL's server only, like
                                         fg:workers. A job it does not name is on REDIS_URL's.
+    fg:placement:expiry          zset   job -> when its keys expire (unix ms): its placement
+                                        goes some time after (Jobs.settle)
+    fg:shard                     string the name of the ledger shard this server (DB) is,
+                                        minted once; on every shard, REDIS_URL's included
 With FLEETGEN_LEDGER_URLS, fg:jobs, fg:jobs:finished and every per-job key above live on the
-job's shard; fg:workers, fg:tuning, fg:reconciler, fg:ownerless, fg:placement and the broker's
-queues on REDIS_URL's server.
+job's shard; fg:workers, fg:tuning, fg:reconciler, fg:ownerless, fg:placement (and its
+expiry) and the broker's queues on REDIS_URL's server; each shard holds its own fg:shard.
 Sink, under {output}/{job}/:
     manifest.json, inputs/{batch}.jsonl, results/{batch}.jsonl, errors/{batch}.jsonl,
     rejects.jsonl, progress.json (JOB_ENTRIES)
@@ -140,8 +144,13 @@ RECONCILER_LOCK = f"{PREFIX}:reconciler"
 WORKER_CLIENT_PREFIX = "fleetgen-worker:"
 # set of "job|batch|token": leases whose owner had no connection at the last reconciler round
 OWNERLESS = f"{PREFIX}:ownerless"
-# hash: job -> the name of the ledger shard its keys live on (settings.ledger_shard_name)
+# hash: job -> the name of the ledger shard its keys live on (the shard's own fg:shard)
 PLACEMENT = f"{PREFIX}:placement"
+# zset: job -> when its finished job's keys expire (unix ms), for its placement to follow them
+PLACEMENT_EXPIRY = f"{PREFIX}:placement:expiry"
+# string: the ledger shard's name, written once (SET NX) by the first process that reaches the
+# server as a shard, so that every process knows it by the same name however it spells its URL
+SHARD = f"{PREFIX}:shard"
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

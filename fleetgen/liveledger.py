@@ -6,8 +6,9 @@ carry the worker's name (keys.worker_client). It holds the lease heartbeat's ren
 state the heartbeat carries to a batch, the canary's and the failure breaker's reads and
 pauses, and the worker's registry entry. The per-prompt checkpoints are CheckpointWriter's
 (fleetgen/checkpoints.py), one per ledger shard (`checkpoint_writer`). As the `Ledger`, each
-call about a job goes to the shard holding the job's keys (fg:placement, read once per job);
-the registry entry goes to REDIS_URL's server.
+call about a job goes to the shard holding the job's keys (fg:placement, read once per job,
+names the shard; each server's fg:shard, read once, says which it is: `Identities`); the
+registry entry goes to REDIS_URL's server.
 
     live = LiveLedger.connect(settings, keys.worker_client(worker))
     if not await live.renew_lease(job, batch, token, settings.lease_ttl_s): ...
@@ -32,9 +33,11 @@ from fleetgen.ledger import (
     STATE_PAUSED,
     EndVerdict,
     FailureExample,
+    Identities,
     QualityExample,
-    placed_on,
+    mint,
 )
+from fleetgen.retry import REDIS_ERRORS
 from fleetgen.settings import Settings, ledger_shard_name
 
 
@@ -50,7 +53,9 @@ class LiveLedger:
     def __init__(self, client: aioredis.Redis,
                  shards: Mapping[str, aioredis.Redis] | None = None) -> None:
         self.r = client
+        # address (FLEET, or as FLEETGEN_LEDGER_URLS names it) -> client
         self._shards: dict[str, aioredis.Redis] = {FLEET: client, **(shards or {})}
+        self._ids = Identities(self._shards)
         self._placed: dict[str, str] = {}
         self._renew = client.register_script(RENEW_LEASE)
 
@@ -82,7 +87,8 @@ class LiveLedger:
         return writers[FLEET] if len(writers) == 1 else ShardedCheckpoints(self, writers)
 
     async def shard(self, job: str) -> str:
-        """The name of the shard holding `job`'s keys: its placement, else REDIS_URL's."""
+        """The address of the shard holding `job`'s keys (as this process was given it; FLEET
+        for REDIS_URL's): its placement, else REDIS_URL's."""
         if len(self._shards) == 1:
             return FLEET
         name = self._placed.get(job)
@@ -90,8 +96,28 @@ class LiveLedger:
             raw = await self.r.hget(keys.PLACEMENT, job)
             if not isinstance(raw, bytes):
                 return FLEET  # not placed: not cached (`Shards.name_of`)
-            name = self._placed[job] = placed_on(job, raw, self._shards)
-        return name
+            name = self._placed[job] = raw.decode()
+        if name not in self._ids.address:
+            await self._read_identities()
+            if name not in self._ids.address:
+                raise self._ids.missing(job, name)
+        return self._ids.address[name]
+
+    async def _read_identities(self) -> None:
+        """Each configured server's fg:shard (`fleetgen.ledger.identify`, on this loop); one
+        out of reach stays unread, for the next call."""
+        first = [FLEET] if self._ids.fleet is None else []
+        for address in [*first, *self._ids.unread]:
+            try:
+                async with self._shards[address].pipeline(transaction=False) as p:
+                    p.set(keys.SHARD, FLEET if address == FLEET else mint(address), nx=True)
+                    p.get(keys.SHARD)
+                    _, raw = await p.execute()
+            except REDIS_ERRORS:
+                if address == FLEET:
+                    raise
+                continue
+            self._ids.learn(address, bytes(raw).decode())
 
     async def _on(self, job: str) -> aioredis.Redis:
         return self._shards[await self.shard(job)]

@@ -23,7 +23,8 @@ the parts' methods, never `ledger.r`.
     guards     Guards     what the canary and the failure breaker found, what the operator accepted
     registry   Registry   the workers' entries and connections, the reconciler's turn and the
                           ownerless leases (REDIS_URL's server only, as the broker)
-    shards     Shards     the ledger shards and which one holds each job (`place`)
+    shards     Shards     the ledger shards, each named by its own fg:shard, which one holds
+                          each job (`place`), and when a finished job's placement goes
 
 The scripts (*.lua) sit beside the modules that load them, `script(name)` reads one (the
 checkpoints' group commit, fleetgen/checkpoints.py, loads its own from here too); each file
@@ -61,12 +62,12 @@ from fleetgen.ledger._ledger import Ledger
 from fleetgen.ledger._registry import Registry
 from fleetgen.ledger._replies import script
 from fleetgen.ledger._rounds import Rounds
-from fleetgen.ledger._shards import FLEET, Shards, placed_on
+from fleetgen.ledger._shards import FLEET, Identities, Shards, UnknownShardError, mint
 
 __all__ = [
     "ACTIVE", "FAILURES_KEPT", "FINISHED", "FLEET", "GONE", "JOB_STATES", "RENEW_LEASE",
     "STATE_CANCELLED", "STATE_CREATING", "STATE_PAUSED", "STATE_RUNNING", "Batches",
     "CanaryProgress", "Counters", "EndVerdict", "FailureExample", "FinishedSummary", "Guards",
-    "JobLock", "JobTimes", "Jobs", "Leases", "Ledger", "QualityExample", "QualityPause",
-    "Registry", "Rounds", "Shards", "placed_on", "script",
+    "Identities", "JobLock", "JobTimes", "Jobs", "Leases", "Ledger", "QualityExample",
+    "QualityPause", "Registry", "Rounds", "Shards", "UnknownShardError", "mint", "script",
 ]

@@ -87,8 +87,10 @@ class Jobs:
     def load(self, name: str) -> JobManifest:
         raw = self.shards.client(name).hget(keys.job(name), keys.JOB_MANIFEST)
         if raw is None:
-            raise UnknownJobError(f"no job named {name!r} in {self._where(name)} (`python -m "
-                                  "producer jobs` lists them)", name)
+            # A process given no extra shard says which shard holds a job placed on one.
+            raise self.shards.elsewhere(name) or UnknownJobError(
+                f"no job named {name!r} in {self._where(name)} (`python -m producer jobs` "
+                "lists them)", name)
         return JobManifest.from_json(raw)
 
     def exists(self, name: str) -> bool:
@@ -142,6 +144,11 @@ class Jobs:
             client=self.shards.client(name))
         found: str = raw[0].decode()
         value = int(raw[1])
+        # The job's placement (REDIS_URL's server) goes some time after its keys.
+        if found == FINISHED:
+            self.shards.expire(name, value, now)
+        elif found == ACTIVE and value:
+            self.shards.expire(name, None, now)
         if found == FINISHED or value:
             r = self.shards.client(name)
             unfinished = set(self.batches(name)) - members(r, keys.job_part(name, "done"))

@@ -19,13 +19,13 @@ import redis.asyncio as aioredis
 from fleetgen import keys
 from fleetgen.checkpoints import Entry
 from fleetgen.errors import UnknownJobError
-from fleetgen.ledger import FLEET, FailureExample, Ledger
+from fleetgen.ledger import FLEET, FailureExample, Ledger, UnknownShardError
 from fleetgen.liveledger import LiveLedger
 from fleetgen.settings import Settings, SettingsError, ledger_shard_name
 from launcher.services import RedisServer
 from tests.stack import make_job
 
-OTHER = "other"  # the second shard's name in these tests
+OTHER = "other"  # the second server's address in these tests (its name is minted from it)
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +54,27 @@ def keys_on(client: Any) -> set[str]:
     return {k.decode() for k in client.scan_iter(match="fg:*")}
 
 
-def placed(ledger: Ledger, name: str, shard: str) -> None:
-    """Place `name` on `shard` as enqueue would have."""
-    ledger.r.hset(keys.PLACEMENT, name, shard)
+def shard_at(ledger: Ledger, address: str) -> str:
+    """The name of the shard `address` reaches, as its server holds it."""
+    ledger.shards.names()
+    return {a: name for name, a in ledger.shards.ids.address.items()}[address]
+
+
+def placed(ledger: Ledger, name: str, address: str) -> None:
+    """Place `name` on the shard at `address` as enqueue would have."""
+    ledger.r.hset(keys.PLACEMENT, name, shard_at(ledger, address))
 
 
 def test_a_new_job_goes_to_the_shard_with_the_fewest_active_jobs(sharded: Ledger,
                                                                  redis_client: Any) -> None:
+    other = shard_at(sharded, OTHER)
     assert sharded.shards.place("first") == FLEET  # a tie goes to the first listed
     make_job(sharded, "first", "/tmp/out")
-    assert sharded.shards.place("second") == OTHER
+    assert sharded.shards.place("second") == other
     make_job(sharded, "second", "/tmp/out")
     assert sharded.shards.place("third") == FLEET
     assert redis_client.hgetall(keys.PLACEMENT) == {
-        b"first": FLEET.encode(), b"second": OTHER.encode(), b"third": FLEET.encode()}
+        b"first": FLEET.encode(), b"second": other.encode(), b"third": FLEET.encode()}
 
 
 def test_a_placed_job_keeps_its_shard_when_enqueued_again(sharded: Ledger) -> None:
@@ -75,7 +82,7 @@ def test_a_placed_job_keeps_its_shard_when_enqueued_again(sharded: Ledger) -> No
     make_job(sharded, "busy", "/tmp/out")
     for i in range(3):
         make_job(sharded, f"filler{i}", "/tmp/out")  # on shard 0: no placement
-    assert sharded.shards.place("busy") == OTHER
+    assert sharded.shards.place("busy") == shard_at(sharded, OTHER)
 
 
 def test_a_job_with_no_placement_is_on_shard_0_and_stays_there(sharded: Ledger,
@@ -149,15 +156,16 @@ def test_a_shard_out_of_reach_leaves_its_jobs_out_and_the_others_listed(
         make_job(ledger, "near", "/tmp/out")
         assert ledger.jobs.active() == ["far", "near"]
     assert ledger.jobs.active() == ["near"]
-    assert ledger.shards.down == {OTHER}
+    assert ledger.shards.down == {shard_at(ledger, OTHER)}
     assert ledger.shards.place("new") == FLEET  # placed only where it can run
     client.close()
 
 
 def test_a_placement_on_a_shard_this_process_does_not_know_is_refused(sharded: Ledger,
                                                                       redis_client: Any) -> None:
-    placed(sharded, "elsewhere", "10.9.9.9:6379/0")
-    with pytest.raises(SettingsError, match="FLEETGEN_LEDGER_URLS"):
+    sharded.r.hset(keys.PLACEMENT, "elsewhere", "10.9.9.9:6379/0~abcdef")
+    with pytest.raises(UnknownShardError, match="10.9.9.9:6379/0~abcdef, which this process "
+                       "was not given: FLEETGEN_LEDGER_URLS must list"):
         sharded.jobs.load("elsewhere")
 
 
