@@ -6,6 +6,7 @@ import contextlib
 import logging
 import signal
 import time
+import uuid
 from typing import Any, NotRequired, TypedDict
 
 from celery import Task
@@ -22,6 +23,8 @@ from fleetgen.errors import (
     SinkUnusableError,
     WorkerStoppingError,
 )
+from fleetgen.ledger import UnknownShardError
+from fleetgen.retry import REDIS_ERRORS
 from workers import metrics, preflight
 from workers.app import app, settings
 from workers.gate import ServerGate
@@ -127,6 +130,36 @@ def _shutdown(**_: Any) -> None:
     metrics.stop_exporter()
 
 
+# Jobs whose ledger shard this worker has said it cannot reach or was not given: one line each.
+_off_shard_said: set[str] = set()
+
+
+def _hand_back_off_shard(task: Task, job: str, batch: str, shard: str,
+                         exc: Exception) -> TaskResult:
+    """Hand back a batch whose job's ledger shard is out of reach (or not one this worker was
+    given), no attempt spent: its ledger, on that shard, cannot be written, so the batch goes to
+    the broker alone. The shard's ledger still has it queued, or leased under a lease that
+    lapses; when the shard is back, whoever takes the message runs it, and the reconciler's
+    rules cover a copy sent twice."""
+    queue = (task.request.delivery_info or {}).get("routing_key") or keys.SHARED_QUEUE
+    unknown = isinstance(exc, UnknownShardError)
+    if unknown:
+        queue = keys.SHARED_QUEUE  # another worker may have been given the shard
+    app.send_task(keys.TASK_RUN_BATCH, args=[job, batch], queue=queue,
+                  task_id=keys.task_id(job, batch, uuid.uuid4().hex[:8]),
+                  priority=keys.FRESH_PRIORITY, argsrepr=f"{job} {batch}")
+    if job not in _off_shard_said:
+        _off_shard_said.add(job)
+        if unknown:
+            log.warning("job %s: %s; its batches are handed back", job, exc)
+        else:
+            log.warning("job %s: its ledger shard %s is out of reach (%s); its batches are "
+                        "handed back until it is back", job, shard, exc)
+    time.sleep(HANDBACK_PAUSE_S)  # not straight back to this worker
+    return TaskResult(status="requeued", job=job, batch=batch,
+                      reason=f"ledger shard {shard} out of reach" if not unknown else str(exc))
+
+
 @app.task(name=keys.TASK_RUN_BATCH, bind=True, acks_late=True)
 def run_batch(self: Task, job: str, batch: str) -> TaskResult:
     """Generate one batch of a job; acked only after its output is written (or it is a no-op)."""
@@ -159,6 +192,14 @@ def run_batch(self: Task, job: str, batch: str) -> TaskResult:
             log.warning("batch %s/%s: %s; requeued to %s", job, batch, exc, queue)
         return TaskResult(status="requeued", batch=batch, reason=str(exc),
                           server=backend.checks.report().as_task_result())
+    except (UnknownShardError, *REDIS_ERRORS) as exc:
+        assert runtime.ledger is not None
+        shard = (exc.shard if isinstance(exc, UnknownShardError)
+                 else runtime.ledger.shards.out_of_reach(job))
+        if shard is None:  # REDIS_URL's server: the broker is out of reach with it
+            backend.registration.note_error(job, f"{type(exc).__name__}: {exc}")
+            raise
+        return _hand_back_off_shard(self, job, batch, shard, exc)
     except Exception as exc:
         backend.registration.note_error(job, f"{type(exc).__name__}: {exc}")
         raise
