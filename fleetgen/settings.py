@@ -124,9 +124,13 @@ class Settings:
     # Broker-level safety net only: leases do the real work (docs/development/delivery.md#leases).
     visibility_timeout_s: int = 7200
     # Finished prompts are checkpointed in one Redis call per group, which closes at 64
-    # records or this long after its oldest (checkpoints.GROUP_WINDOW_S, whose comment says
-    # why this value; 0: a call as soon as the previous is back). An override, not a knob a
-    # fleet needs: docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries.
+    # records (checkpoints.GROUP_RECORDS) or this long after its oldest; 0: a call as soon as
+    # the previous is back. At 25 answers a second per GPU a group then carries ~12, which
+    # brings Redis's CPU per answer to about twice a record's own cost
+    # (tests/perf/checkpoint_cost.py); it is also the most finished work a crash loses (asked
+    # again, never written twice) and what the window adds to a batch's end, next to seconds
+    # of generation. An override, not a knob a fleet needs:
+    # docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries.
     checkpoint_window_s: float = 0.5
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
@@ -270,9 +274,10 @@ def _shown(name: str, value: object) -> object:
 
 
 def ledger_shard_name(url: str) -> str:
-    """The name a ledger shard goes by in the job's placement (fleetgen/ledger/_shards.py):
-    `host:port/db` of its URL (a socket's path), never its credentials; every process that
-    names the server must spell its address the same way."""
+    """The address a ledger shard URL names, `host:port/db` (a socket's path), never its
+    credentials: how this process calls the server in its messages, what catches a URL listed
+    twice, and the first part of the name a new shard is given (fleetgen/ledger/_shards.py:
+    a shard's name is its server's own, whatever address a process reaches it at)."""
     parts = urlsplit(url)
     if parts.scheme in ("unix", "redis+socket"):
         return parts.path

@@ -838,6 +838,10 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     finished = [row for row in _finished_rows(ledger, time.time()) if row[0] not in active]
     for down in sorted(ledger.shards.down):
         print(f"ledger shard {down} is out of reach: its jobs are not listed", file=sys.stderr)
+    for stranger, jobs in sorted(ledger.shards.strangers().items()):
+        named = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
+        print(f"ledger shard {stranger} holds {len(jobs)} jobs not listed ({named}): "
+              "FLEETGEN_LEDGER_URLS must list that shard's Redis", file=sys.stderr)
     if not active and not finished:
         print("no jobs")
         return RET_OK
@@ -1086,6 +1090,8 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"Redis does not know job {args.job}: name its output, "
                            f"`python -m producer rebuild {args.job} --output URI`", RET_BAD_INPUT)
     manifest = _stored_manifest(args.job, output)
+    # Its ledger shard as enqueue would choose it, before its lock (producer/rebuild.py).
+    ledger.shards.place(args.job)
     with job_lock(ledger, args.job, "rebuild", wait_s=JOB_LOCK_WAIT_S):
         rebuilt = rebuild(ledger, manifest, open_sink(manifest.output))
         running = manifest.complete and ledger.jobs.state(args.job)[0] == STATE_RUNNING

@@ -14,7 +14,11 @@ doubt, one reading of the sink (producer/sinkview.py) gives back all it says of 
   round name is used twice); those not written yet are the job's again, so they run;
 - the live counters: the written figures, plus what the checkpoints of unwritten batches hold.
 
-The caller holds the job's lock and dispatches every batch neither done nor waiting. A loss
+The job is placed on its ledger shard before its lock is taken (the lock lives there), as
+enqueue places it (`Shards.place`): where fg:placement still says, else on the shard that still
+holds its hash, else on the reachable shard with the fewest active jobs; never on REDIS_URL's
+server only because fg:placement lost it. The caller holds the job's lock and dispatches every
+batch neither done nor waiting. A loss
 costs the answers that were checkpointed in Redis but not in a written batch (they are
 generated again); it never costs anything written, and every prompt still ends exactly once in
 the export. Running workers may write batches meanwhile: a batch written after the reading is

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis import Redis
 
 from fleetgen import keys
 from fleetgen.checkpoints import Entry
 from fleetgen.errors import UnknownJobError
 from fleetgen.ledger import FLEET, FailureExample, Ledger, UnknownShardError
+from fleetgen.ledger._shards import PLACEMENT_GRACE_S
 from fleetgen.liveledger import LiveLedger
 from fleetgen.settings import Settings, SettingsError, ledger_shard_name
 from launcher.services import RedisServer
@@ -247,3 +249,82 @@ def test_one_redis_means_no_placement_is_read_or_written(ledger: Ledger,
 def test_a_shard_is_named_by_its_address_never_its_credentials() -> None:
     assert ledger_shard_name("redis://user:pw@10.0.0.3:6380/1") == "10.0.0.3:6380/1"
     assert ledger_shard_name("unix:///run/valkey.sock") == "/run/valkey.sock"
+
+
+def test_a_shard_has_one_name_however_its_url_is_spelled(redis_client: Any,
+                                                        second_server: RedisServer,
+                                                        second: Any) -> None:
+    """Two processes that spell the second server differently place and find a job alike."""
+    pw = second_server.password
+    one = Ledger(redis_client, shards={
+        f"127.0.0.1:{second_server.port}/0": Redis(host="127.0.0.1", port=second_server.port,
+                                                   password=pw)})
+    two = Ledger(redis_client, shards={
+        f"localhost:{second_server.port}/0": Redis(host="localhost", port=second_server.port,
+                                                   password=pw)})
+    placed(one, "far", f"127.0.0.1:{second_server.port}/0")
+    make_job(one, "far", "/tmp/out")
+    name = second.get(keys.SHARD).decode()
+    assert name.startswith(f"127.0.0.1:{second_server.port}/0~")  # minted once, by the first
+    assert two.shards.name_of("far") == name
+    assert two.jobs.load("far").name == "far"
+    assert redis_client.get(keys.SHARD) == FLEET.encode()
+
+
+def test_two_urls_of_one_server_are_refused(redis_client: Any, second_server: RedisServer,
+                                            second: Any) -> None:
+    ledger = Ledger(redis_client, shards={"a": second_server.client(),
+                                          "b": second_server.client()})
+    with pytest.raises(SettingsError, match="a and b are the same server .* list it once"):
+        ledger.shards.place("new")
+    assert not redis_client.hexists(keys.PLACEMENT, "new")
+
+
+def test_redis_urls_own_server_as_a_shard_is_refused(redis_client: Any,
+                                                     redis_server: Any) -> None:
+    ledger = Ledger(redis_client, shards={"again": redis_server.client()})
+    with pytest.raises(SettingsError, match="again is REDIS_URL's own server"):
+        ledger.jobs.active()
+
+
+def test_a_process_given_no_shard_names_the_shard_of_a_job_placed_on_one(
+        sharded: Ledger, ledger: Ledger) -> None:
+    placed(sharded, "far", OTHER)
+    make_job(sharded, "far", "/tmp/out")
+    other = shard_at(sharded, OTHER)
+    with pytest.raises(UnknownShardError, match=f"job far is on the ledger shard {other}, "
+                       "which this process was not given: FLEETGEN_LEDGER_URLS must list"):
+        ledger.jobs.load("far")
+    assert ledger.shards.strangers() == {other: ["far"]}
+    assert sharded.shards.strangers() == {}
+
+
+def test_a_rebuilt_job_goes_to_the_shard_holding_its_hash_or_the_emptiest(
+        sharded: Ledger, redis_client: Any, second: Any) -> None:
+    placed(sharded, "kept", OTHER)
+    make_job(sharded, "kept", "/tmp/out")
+    for name in ("busy", "busier"):
+        make_job(sharded, name, "/tmp/out")  # shard 0 has more active jobs
+    redis_client.delete(keys.PLACEMENT)  # REDIS_URL's server lost its data
+    fresh = Ledger(redis_client, shards={OTHER: second})
+    assert fresh.shards.place("kept") == shard_at(sharded, OTHER)
+    assert fresh.shards.place("lost") == shard_at(sharded, OTHER)  # the fewest active jobs
+
+
+def test_a_finished_jobs_placement_goes_after_its_keys(sharded: Ledger,
+                                                       redis_client: Any) -> None:
+    placed(sharded, "old", OTHER)
+    placed(sharded, "again", OTHER)
+    for name in ("old", "again"):
+        make_job(sharded, name, "/tmp/out", prompts=10, batch_size=10)
+        sharded.batches.finish_and_settle(name, "b000001", {"prompts_done": 10}, "w", [])
+    assert redis_client.zscore(keys.PLACEMENT_EXPIRY, "old") is not None
+    sharded.shards.place("again")  # enqueued again: its placement stays
+    later = time.time() + sharded.jobs.job_retention + PLACEMENT_GRACE_S + 60
+    placed(sharded, "new", OTHER)
+    make_job(sharded, "new", "/tmp/out", prompts=10, batch_size=10)
+    sharded.batches.finish_and_settle("new", "b000001", {"prompts_done": 10}, "w", [])
+    sharded.jobs.settle("new", now=later)
+    assert not redis_client.hexists(keys.PLACEMENT, "old")
+    assert redis_client.hexists(keys.PLACEMENT, "again")
+    assert redis_client.hexists(keys.PLACEMENT, "new")

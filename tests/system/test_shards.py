@@ -21,7 +21,7 @@ from fleetgen import keys
 from fleetgen.jobview import job_status
 from fleetgen.ledger import FLEET, Ledger
 from fleetgen.poll import wait_until
-from fleetgen.settings import Settings, ledger_shard_name
+from fleetgen.settings import Settings
 from launcher.services import RedisServer
 from tests.stack import Stack, chat_rows, write_jsonl
 
@@ -43,8 +43,8 @@ def test_two_jobs_on_two_redis_servers_run_once_each_and_show_in_one_listing(
         stack: Stack, second: RedisServer, redis_url: str, redis_client: Any,
         tmp_path: Path) -> None:
     stack.base_env["FLEETGEN_LEDGER_URLS"] = second.url
-    other = ledger_shard_name(second.url)
     ledger = Ledger.connect(Settings(redis_url=redis_url, ledger_urls=(second.url,)))
+    other = ledger.shards.names()[1]  # the name the second server holds (fg:shard)
     output = tmp_path / "out"
     rows = {job: chat_rows(PROMPTS, prefix=job) for job in ("alpha", "beta")}
     for job, job_rows in rows.items():
