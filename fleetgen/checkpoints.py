@@ -5,9 +5,10 @@ only requests in flight and the group being gathered), but one script call per p
 Redis round trips half of a worker's CPU against an instant server, and the call, not the
 record, most of Redis's CPU per prompt: a fleet of short requests (embeddings, short chats)
 would need a Redis core for a few hundred GPUs. `CheckpointWriter.add` queues a record and
-waits; a group closes when `GROUP_RECORDS` records are queued or `GROUP_WINDOW_S` after its
-oldest record came, whichever is first, and is sent once the previous call is back. A loaded
-worker fills a group at once; a slow one still commits every record within the window.
+waits; a group closes when `GROUP_RECORDS` records are queued or its window (the settings'
+`checkpoint_window_s`) after its oldest record came, whichever is first, and is sent once the
+previous call is back. A loaded worker fills a group at once; a slow one still commits every
+record within the window.
 
 The script adds each record once (HSETNX). Counters, the per-worker and per-minute tallies,
 the canary's window and the failure breaker's window move only for a first copy, so a prompt
@@ -40,12 +41,6 @@ RECORD_GROUP = script("record_group.lua")
 # 64 a request) go in one call, and past it the call's own cost is a small share of a
 # record's, while a call stays short enough not to hold Redis up for others.
 GROUP_RECORDS = 64
-# ...or this long after its oldest record came. At 25 answers a second per GPU a group then
-# carries ~12, which brings Redis's CPU per answer to about twice a record's own cost
-# (tests/perf/checkpoint_cost.py); it is also the most finished work a crash loses (asked
-# again, never written twice) and what the window adds to a batch's end, next to seconds of
-# generation.
-GROUP_WINDOW_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ class CheckpointWriter:
     """Group commit of per-prompt records for one worker process (lives on its loop)."""
 
     def __init__(self, redis: aioredis.Redis, worker: str, judge: Judge,
-                 canary_window: Callable[[str], int], window_s: float = GROUP_WINDOW_S,
+                 canary_window: Callable[[str], int], window_s: float,
                  judge_failures: FailureJudge | None = None, outcomes_kept: int = 0) -> None:
         self._script = redis.register_script(RECORD_GROUP)
         # How long a group waits for more records after its oldest (0: none, a call as soon
@@ -111,7 +106,10 @@ class CheckpointWriter:
         loop = asyncio.get_running_loop()
         pending = _Pending(entry, loop.time(), loop.create_future())
         self._queue.append(pending)
-        if len(self._queue) >= GROUP_RECORDS:
+        # A failure closes its group at once: the breaker judges each group that has one,
+        # and a job-wide refusal must pause the job within the breaker's window, not a
+        # window plus a group.
+        if len(self._queue) >= GROUP_RECORDS or entry.outcome:
             self._full.set()
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
@@ -120,12 +118,16 @@ class CheckpointWriter:
     async def _flush_all(self) -> None:
         try:
             while self._queue:
-                if self._window_s and len(self._queue) < GROUP_RECORDS:
-                    self._full.clear()
+                if self._window_s and not self._full.is_set():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout_at(self._queue[0].came + self._window_s):
                             await self._full.wait()
                 group, self._queue = self._queue[:GROUP_RECORDS], self._queue[GROUP_RECORDS:]
+                # What is left closes the next group at once if it would have closed this one.
+                if len(self._queue) >= GROUP_RECORDS or any(p.entry.outcome for p in self._queue):
+                    self._full.set()
+                else:
+                    self._full.clear()
                 by_job: dict[str, list[_Pending]] = {}
                 for p in group:
                     by_job.setdefault(p.entry.job, []).append(p)

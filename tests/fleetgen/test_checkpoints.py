@@ -114,6 +114,21 @@ def test_a_group_closes_at_its_size_without_waiting_for_its_window(redis_url: st
     assert asyncio.run(with_writer(redis_url, 0, full, commit_window_s=60.0)) == 2
 
 
+def test_a_failure_closes_its_group_without_waiting_for_its_window(
+        redis_url: str, redis_client: Any) -> None:
+    # A window of a minute, one answer waiting in it: a failure added after it closes the
+    # group at once (the breaker judges it now), both in one call.
+    async def failing(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
+        answer = writer.add(entry(0))
+        e = entry(1)
+        failure = writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters, e.fact,
+                                   outcome="invalid_request"))
+        assert all(await asyncio.wait_for(asyncio.gather(answer, failure), 30.0))
+        return await script_calls(r)
+
+    assert asyncio.run(with_writer(redis_url, 0, failing, commit_window_s=60.0)) == 1
+
+
 def test_a_group_with_copies_already_there_counts_only_its_first_copies(
         redis_url: str, redis_client: Any) -> None:
     # The group's sums come from the writer; when some of its records were there already the

@@ -28,6 +28,7 @@ import redis
 import redis.asyncio as aioredis
 
 from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.settings import Settings
 
 JOB = "perf-checkpoints"
 
@@ -83,8 +84,8 @@ async def _judge(job: str, before: int, after: int) -> None:
 class Gpu:
     def __init__(self, url: str, index: int, args: argparse.Namespace) -> None:
         self.r = aioredis.Redis.from_url(url)
-        window = {} if args.window is None else {"window_s": args.window}
-        self.writer = CheckpointWriter(self.r, f"gpu{index}@perf", _judge, lambda job: 0, **window)
+        window = Settings().checkpoint_window_s if args.window is None else args.window
+        self.writer = CheckpointWriter(self.r, f"gpu{index}@perf", _judge, lambda job: 0, window)
         self.index, self.args = index, args
         self.added = 0
         self.waits: list[float] = []
