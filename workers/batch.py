@@ -484,12 +484,18 @@ class _Sender:
                     ask, split_embeddings(response, counts, weights), strict=True)]
         finally:
             delivery.ends()
+        await self._answered(manifest, batch, ask, records, request.queue_wait_s, origin)
+        return list(records)
+
+    async def _answered(self, manifest: JobManifest, batch: str, ask: list[Prompt],
+                        records: list[OutputRecord], queue_wait_s: float,
+                        origin: Origin) -> None:
+        """One request's final records, `ask`'s, observed and checkpointed: together, so that
+        they go in one checkpoint group."""
         for record in records:
-            _observe(job, record, request.queue_wait_s, origin)
-        # Together, so a request's records go in one checkpoint group.
+            _observe(manifest.name, record, queue_wait_s, origin)
         await asyncio.gather(*(self._checkpoint(manifest, batch, prompt, record)
                                for prompt, record in zip(ask, records, strict=True)))
-        return list(records)
 
     @staticmethod
     def _failed(ask: list[Prompt], exc: BadRequestError | RetryableError,
@@ -516,10 +522,7 @@ class _Sender:
             return [held] * len(ask)
         finally:
             delivery.ends()
-        for record in records:
-            _observe(job, record, request.queue_wait_s, origin)
-        await asyncio.gather(*(self._checkpoint(manifest, batch, prompt, record)
-                               for prompt, record in zip(ask, records, strict=True)))
+        await self._answered(manifest, batch, ask, records, request.queue_wait_s, origin)
         return list(records)
 
     async def _generate_one(self, request: Request, ask: list[Prompt],

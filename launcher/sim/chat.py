@@ -36,7 +36,7 @@ from launcher.sim.protocol import ChatRequest, RequestError, bad_request, flavor
 from launcher.sim.responses import ChatView
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
-from launcher.sim.stress import media_type
+from launcher.sim.stress import error_response
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output, read_conversation
 
 STREAM_TICK = 0.02  # wall seconds between stream writes, whatever --speed is
@@ -231,8 +231,7 @@ async def chat_completions(sim: Simulator, request: Request) -> Response:
         body = bodies[0] if len(bodies) == 1 else responses.several_body(bodies)
         return Response(body, media_type=JSON)
     except RequestError as err:
-        return Response(err.body, status_code=err.status, media_type=media_type(err.body),
-                        headers=err.headers)
+        return error_response(err)
     finally:
         if job is None or not job.sreq.streaming:
             sim.leave()

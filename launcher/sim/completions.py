@@ -28,7 +28,7 @@ from launcher.sim.chat import check_model
 from launcher.sim.protocol import CompletionRequest, RequestError, bad_request
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
-from launcher.sim.stress import media_type
+from launcher.sim.stress import answered
 from launcher.sim.textgen import OutputPlan, TextRequest, plan_output
 
 JSON = "application/json"
@@ -171,11 +171,4 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
 
 async def completions(sim: Simulator, request: Request) -> Response:
     """The route handler."""
-    sim.enter()
-    try:
-        return Response(await _answer(sim, request), media_type=JSON)
-    except RequestError as err:
-        return Response(err.body, status_code=err.status, media_type=media_type(err.body),
-                        headers=err.headers)
-    finally:
-        sim.leave()
+    return await answered(sim, request, _answer)

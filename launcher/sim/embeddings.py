@@ -33,7 +33,7 @@ from launcher.sim import protocol, tokenizer
 from launcher.sim.protocol import EmbeddingRequest, RequestError, bad_request
 from launcher.sim.scheduler import SimRequest
 from launcher.sim.simulator import Simulator
-from launcher.sim.stress import media_type
+from launcher.sim.stress import answered
 
 JSON = "application/json"
 _INT32 = 2.0**31
@@ -183,11 +183,4 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
 
 async def embeddings(sim: Simulator, request: Request) -> Response:
     """The route handler."""
-    sim.enter()
-    try:
-        return Response(await _answer(sim, request), media_type=JSON)
-    except RequestError as err:
-        return Response(err.body, status_code=err.status, media_type=media_type(err.body),
-                        headers=err.headers)
-    finally:
-        sim.leave()
+    return await answered(sim, request, _answer)

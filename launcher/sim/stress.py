@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from launcher.sim.errors import SimError
@@ -155,6 +157,24 @@ def media_type(body: bytes) -> str:
     if body.startswith(b"{"):
         return JSON
     return "text/html" if body.startswith(b"<") else "text/plain; charset=utf-8"
+
+
+def error_response(err: RequestError) -> Response:
+    """A refusal as the engine sends it: its status, body and headers."""
+    return Response(err.body, status_code=err.status, media_type=media_type(err.body),
+                    headers=err.headers)
+
+
+async def answered(sim: Simulator, request: Request,
+                   answer: Callable[[Simulator, Request], Awaitable[bytes]]) -> Response:
+    """A route's JSON answer, or the refusal it raised, the request in flight meanwhile."""
+    sim.enter()
+    try:
+        return Response(await answer(sim, request), media_type=JSON)
+    except RequestError as err:
+        return error_response(err)
+    finally:
+        sim.leave()
 
 
 def _number(data: dict[str, Any], key: str) -> float:
