@@ -3,9 +3,10 @@
 Each node is a network namespace with its own address on a private bridge and its own host
 name (a UTS namespace), so its processes see what they would on a machine of their own: their
 own loopback and ports, `socket.gethostname()`, a route to Redis over a real interface. The
-control node runs Valkey (AOF on) and SeaweedFS with `python -m launcher redis|s3 --host ADDR`;
-each GPU node runs `python -m launcher up --sim --workers --gpus 0,1 --host 0.0.0.0`, exactly
-as an operator would. The test process itself sits on the bridge too (`Cluster.gateway`), so it
+control node runs two Valkeys (AOF on), REDIS_URL's and a second ledger shard
+(FLEETGEN_LEDGER_URLS, given to every process of the fleet), and SeaweedFS, with
+`python -m launcher redis|s3 --host ADDR`; each GPU node runs
+`python -m launcher up --sim --workers --gpus 0,1 --host 0.0.0.0`, exactly as an operator would. The test process itself sits on the bridge too (`Cluster.gateway`), so it
 reads Redis and the servers over the same network.
 
     cluster = Cluster.build(tmp_path, valkey_bin, weed_bin)
@@ -37,6 +38,8 @@ from launcher.services import free_s3_base, redis_password
 from tests.stack import FAST_WORKER_ENV, PYTHON, ROOT, Proc
 
 REDIS_PORT = 6389
+# The second Valkey of the control node: a ledger shard (FLEETGEN_LEDGER_URLS) beside REDIS_URL's.
+LEDGER_PORT = 6390
 BUCKET = "fleetgen"
 # Simulated GPUs: 8 slots, ~2 s answers; a node of two does about 8 prompts/s.
 SIM_FLAGS = ("--max-running-requests", "8", "--decode-tps", "80", "--mean-output-tokens", "160",
@@ -161,41 +164,48 @@ class Cluster:
         # shares; the block free here is free of another run's sockets too.
         s3_port = free_s3_base()
         base = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        redis_dir, s3_dir = self.tmp / "control" / "redis", self.tmp / "control" / "s3"
+        s3_dir = self.tmp / "control" / "s3"
         address = self.control.address
-        self._start(self.control, "redis", [PYTHON, "-m", "launcher", "redis", "--host", address,
-                                            "--port", str(REDIS_PORT), "--data-dir",
-                                            str(redis_dir)], base)
-        self._start(self.control, "s3", [PYTHON, "-m", "launcher", "s3", "--host", address,
-                                         "--port", str(s3_port), "--data-dir", str(s3_dir),
-                                         "--bucket", BUCKET],
-                    {**base, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret})
-        password = ""
+        redis_dirs = {port: self.tmp / "control" / name
+                      for port, name in ((REDIS_PORT, "redis"), (LEDGER_PORT, "redis2"))}
+        for port, data_dir in redis_dirs.items():
+            self._start(self.control, data_dir.name,
+                        [PYTHON, "-m", "launcher", "redis", "--host", address, "--port",
+                         str(port), "--data-dir", str(data_dir)], base)
+        s3 = self._start(self.control, "s3",
+                         [PYTHON, "-m", "launcher", "s3", "--host", address, "--port",
+                          str(s3_port), "--data-dir", str(s3_dir), "--bucket", BUCKET],
+                         {**base, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret})
+        urls = {port: self._wait_redis(port, data_dir) for port, data_dir in redis_dirs.items()}
+        wait_until(lambda: "serving" in s3.log(), 60, interval=0.2,
+                   what=f"SeaweedFS on the control node\n{s3.log()}")
+        self.env = {
+            "REDIS_URL": urls[REDIS_PORT], "FLEETGEN_LEDGER_URLS": urls[LEDGER_PORT],
+            "AWS_ENDPOINT_URL": f"http://{address}:{s3_port}", "AWS_ACCESS_KEY_ID": access,
+            "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1",
+            **FAST_WORKER_ENV,
+        }
 
-        def redis_up() -> bool:
-            nonlocal password
-            if not (redis_dir / "password").exists():
+    def _wait_redis(self, port: int, data_dir: Path) -> str:
+        """The URL of the control node's Valkey on `port` once it answers (its password is the
+        one `launcher redis` generated into `data_dir`)."""
+        import redis
+
+        address = self.control.address
+
+        def up() -> bool:
+            if not (data_dir / "password").exists():
                 return False
-            password = redis_password(redis_dir)
-            import redis
-
+            client = redis.Redis(host=address, port=port, password=redis_password(data_dir),
+                                 socket_timeout=1, socket_connect_timeout=1)
             try:
-                client = redis.Redis(host=address, port=REDIS_PORT, password=password,
-                                     socket_timeout=1, socket_connect_timeout=1)
                 with contextlib.closing(client):
                     return bool(client.ping())
             except redis.RedisError:
                 return False
 
-        wait_until(redis_up, 30, interval=0.2, what="Valkey on the control node")
-        wait_until(lambda: "serving" in self.procs[-1].log(), 60, interval=0.2,
-                   what=f"SeaweedFS on the control node\n{self.procs[-1].log()}")
-        self.env = {
-            "REDIS_URL": f"redis://:{password}@{address}:{REDIS_PORT}/0",
-            "AWS_ENDPOINT_URL": f"http://{address}:{s3_port}", "AWS_ACCESS_KEY_ID": access,
-            "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1",
-            **FAST_WORKER_ENV,
-        }
+        wait_until(up, 30, interval=0.2, what=f"Valkey on the control node, port {port}")
+        return f"redis://:{redis_password(data_dir)}@{address}:{port}/0"
 
     def _start(self, ns: Namespace, name: str, argv: list[str], env: Mapping[str, str]) -> Proc:
         proc = Proc(name, ns.argv(argv), dict(env), self.tmp / f"{name}.log").start()
@@ -203,7 +213,8 @@ class Cluster:
         return proc
 
     def process_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment every fleet process gets: Redis, S3, fast leases."""
+        """The environment every fleet process gets: Redis and its second ledger shard, S3,
+        fast leases."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLEETGEN_"))}
         return {**env, "PYTHONUNBUFFERED": "1", **self.env, **(extra or {})}
 
@@ -252,7 +263,7 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join([*(n.log() for n in self.nodes.values()),
-                          *(f"==== {p.name} ====\n{p.log()}" for p in self.procs[:2])])
+                          *(f"==== {p.name} ====\n{p.log()}" for p in self.procs[:3])])
 
     def close(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL of whatever is left in each namespace),

@@ -1,5 +1,7 @@
-"""Several real nodes (network namespaces, tests/cluster.py): a node joins mid-job, a node dies,
-a node is cut off and comes back, and `producer status` on the control node sees every GPU.
+"""Several real nodes (network namespaces, tests/cluster.py) over two Redis servers (REDIS_URL's
+and a second ledger shard): a node joins mid-job while a second job runs on the other shard, a
+node dies, a node is cut off and comes back, and `producer status` and `producer jobs` on the
+control node see every GPU and every job.
 
 Each scenario ends with an export holding every input id exactly once and prints its figure
 (`-s` shows them); no figure is asserted, the machine may be busy.
@@ -19,7 +21,7 @@ import redis
 
 from fleetgen import keys
 from fleetgen.jobview import JobStatus, job_status
-from fleetgen.ledger import Ledger
+from fleetgen.ledger import FLEET, Ledger
 from fleetgen.poll import wait_until
 from tests.cluster import BUCKET, Cluster, leases_held
 from tests.stack import chat_rows, write_jsonl
@@ -36,6 +38,13 @@ def enqueue(cluster: Cluster, tmp_path: Path, job: str, prompts: int) -> list[di
     cluster.producer("enqueue", str(source), "--job", job, "--output", OUTPUT,
                      "--batch-size", "10")
     return rows
+
+
+def fleet_ledger(cluster: Cluster) -> Ledger:
+    """The ledger as every process of the fleet sees it: REDIS_URL's server and the second
+    ledger shard."""
+    return Ledger.from_url(cluster.env["REDIS_URL"],
+                           ledger_urls=(cluster.env["FLEETGEN_LEDGER_URLS"],))
 
 
 def status_of(ledger: Ledger, job: str) -> JobStatus:
@@ -103,7 +112,7 @@ def test_a_third_node_joins_mid_job_takes_work_and_status_on_the_control_node_se
 ) -> None:
     cluster.start_node("node1")
     cluster.start_node("node2")
-    ledger = Ledger.from_url(cluster.env["REDIS_URL"])
+    ledger = fleet_ledger(cluster)
     rows = enqueue(cluster, tmp_path, "join", 900)
     wait_done(cluster, ledger, "join", 60, 300, "the job under way on two nodes")
     before = seconds_for(cluster, ledger, "join", 150)
@@ -136,7 +145,23 @@ def test_a_third_node_joins_mid_job_takes_work_and_status_on_the_control_node_se
     assert entry["local_server"] == "http://127.0.0.1:30000"
 
     after = seconds_for(cluster, ledger, "join", 150)
+    # A second job, enqueued while the first runs: the fleet puts it on the other Redis server
+    # (the shard with the fewest active jobs), and runs both.
+    small = enqueue(cluster, tmp_path, "small", 60)
+    fleet = redis.Redis.from_url(cluster.env["REDIS_URL"])
+    shard = redis.Redis.from_url(cluster.env["FLEETGEN_LEDGER_URLS"])
+    raw = shard.get(keys.SHARD)  # the name the second server holds
+    assert isinstance(raw, bytes) and raw.decode() != FLEET
+    other = raw.decode()
+    assert fleet.hgetall(keys.PLACEMENT) == {b"join": FLEET.encode(), b"small": raw}
+    assert fleet.exists(keys.job("join")) and not shard.exists(keys.job("join"))
+    assert shard.exists(keys.job("small")) and not fleet.exists(keys.job("small"))
     status = finish_exactly_once(cluster, ledger, "join", rows, tmp_path)
+    finish_exactly_once(cluster, ledger, "small", small, tmp_path)
+    listing = cluster.producer("jobs").stdout
+    shown = {line.split()[0]: line for line in listing.splitlines()[1:] if line.strip()}
+    assert FLEET in shown["join"] and other in shown["small"], listing
+    assert shown["join"].split()[1] == "done" and shown["small"].split()[1] == "done", listing
     share = sum(int(w.get("prompts_done", 0)) for name, w in status.workers.items()
                 if name.endswith("@node3"))
     assert share > 0
@@ -151,7 +176,7 @@ def test_a_dead_nodes_batches_run_again_on_the_other_nodes(
 ) -> None:
     for name in ("node1", "node2", "node3"):
         cluster.start_node(name)
-    ledger = Ledger.from_url(cluster.env["REDIS_URL"])
+    ledger = fleet_ledger(cluster)
     # Enough for the job to outlast the kill: node2's batches cannot finish until they run
     # again elsewhere.
     rows = enqueue(cluster, tmp_path, "death", 600)
@@ -174,7 +199,7 @@ def test_a_partitioned_node_loses_its_batches_and_takes_new_work_when_it_comes_b
 ) -> None:
     for name in ("node1", "node2", "node3"):
         cluster.start_node(name)
-    ledger = Ledger.from_url(cluster.env["REDIS_URL"])
+    ledger = fleet_ledger(cluster)
     # Warm-up requests of the simulators count too: only what the job adds is compared.
     served_before = sum(cluster.requests_served(n) for n in cluster.nodes.values())
     rows = enqueue(cluster, tmp_path, "split", 1800)
