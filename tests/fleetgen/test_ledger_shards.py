@@ -27,6 +27,9 @@ from fleetgen.settings import Settings, SettingsError, ledger_shard_name
 from launcher.services import RedisServer
 from tests.stack import make_job
 
+# A second Valkey process of this module's own: end to end by the marker's definition.
+pytestmark = pytest.mark.e2e
+
 OTHER = "other"  # the second server's address in these tests (its name is minted from it)
 
 
