@@ -205,7 +205,10 @@ def test_crashed_server_is_restarted_and_ready_again(
     record_property("crash_to_ready_s", round(time.monotonic() - crashed, 2))
     gpu = state["gpus"][0]
     assert gpu["pid"] != old_pid and not alive(old_pid)
-    assert "cuda_oom" in n.output() and "(while serving); restart 1 in 0.1 s" in n.output()
+    # The restart waits a draw of the jittered backoff, at most --backoff.
+    wait_until(lambda: "cuda_oom" in n.output()
+               and re.search(r"\(while serving\); restart 1 in 0\.[01] s", n.output()), 10,
+               what="the crash and its restart in the node's output")
     assert httpx.post(f"{url}/generate", json=body, timeout=10).status_code == 200
 
 
