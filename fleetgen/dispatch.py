@@ -22,10 +22,19 @@ def dispatch(
     any fresh batch instead of after the whole queue.
     """
     pending = list(batches)
-    priority = keys.REDRIVE_PRIORITY if redrive else keys.FRESH_PRIORITY
     ledger.batches.mark_queued_and_settle(job, pending)
+    return publish(app, job, pending, queue, redrive=redrive)
+
+
+def publish(app: Celery, job: str, batches: Iterable[str], queue: str, *,
+            redrive: bool = False) -> int:
+    """Send batches' messages to the broker alone, each under a new task id. `dispatch` is the
+    way in: its ledger entry first. Alone only where the job's ledger cannot be written (its
+    ledger shard out of reach) and already holds the batch."""
+    priority = keys.REDRIVE_PRIORITY if redrive else keys.FRESH_PRIORITY
+    sent = 0
     with app.producer_or_acquire() as producer:
-        for batch in pending:
+        for batch in batches:
             app.send_task(
                 keys.TASK_RUN_BATCH,
                 args=[job, batch],
@@ -35,4 +44,5 @@ def dispatch(
                 priority=priority,
                 argsrepr=f"{job} {batch}",
             )
-    return len(pending)
+            sent += 1
+    return sent

@@ -6,14 +6,13 @@ import contextlib
 import logging
 import signal
 import time
-import uuid
 from typing import Any, NotRequired, TypedDict
 
 from celery import Task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
 from fleetgen import keys
-from fleetgen.dispatch import dispatch
+from fleetgen.dispatch import dispatch, publish
 from fleetgen.errors import (
     NotHereError,
     PreflightError,
@@ -145,9 +144,7 @@ def _hand_back_off_shard(task: Task, job: str, batch: str, shard: str,
     unknown = isinstance(exc, UnknownShardError)
     if unknown:
         queue = keys.SHARED_QUEUE  # another worker may have been given the shard
-    app.send_task(keys.TASK_RUN_BATCH, args=[job, batch], queue=queue,
-                  task_id=keys.task_id(job, batch, uuid.uuid4().hex[:8]),
-                  priority=keys.FRESH_PRIORITY, argsrepr=f"{job} {batch}")
+    publish(app, job, [batch], queue)
     if job not in _off_shard_said:
         _off_shard_said.add(job)
         if unknown:
