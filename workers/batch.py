@@ -449,10 +449,14 @@ class _Sender:
         job, kind = manifest.name, manifest.kind
         texts: list[str] = []
         counts: list[int] = []
+        weights: list[int] = []  # each prompt's characters: its share of the prompt tokens
         for prompt in ask:
+            # Its texts: a string, a list of strings, or one text of token ids (sent alone).
             given = prompt.body["input"]
-            mine = given if isinstance(given, list) else [given]
+            mine = (given if isinstance(given, list) and given and isinstance(given[0], str)
+                    else [given])
             counts.append(len(mine))
+            weights.append(sum(len(t) for t in mine))
             texts.extend(str(t) for t in mine)
         first = ask[0].body
         body: RequestBody = {**first, "encoding_format": "base64"}
@@ -475,8 +479,6 @@ class _Sender:
         except RetryableError as exc:
             records = self._failed(ask, exc, origin)
         else:
-            weights = [sum(len(t) for t in texts[sum(counts[:i]):sum(counts[:i + 1])])
-                       for i in range(len(counts))]
             records = [
                 embedding_record(p.id, p.line, vectors, tokens, latency, origin,
                                  str(p.body.get("encoding_format") or "float"))
