@@ -76,7 +76,7 @@ class LiveLedger:
             await client.aclose()
 
     def checkpoint_writer(self, worker: str, judge: Judge, canary_window: Callable[[str], int],
-                          window_s: float = 0.0, judge_failures: FailureJudge | None = None,
+                          window_s: float, judge_failures: FailureJudge | None = None,
                           outcomes_kept: int = 0) -> Checkpoints:
         """The worker's group commit of per-prompt checkpoints (the arguments are
         `CheckpointWriter`'s): one writer on this ledger's client, or one per shard, each

@@ -195,7 +195,7 @@ def test_the_live_ledger_routes_each_job_to_its_shard(sharded: Ledger, redis_ser
         live = LiveLedger(aioredis.Redis.from_url(redis_server.url),
                           {OTHER: aioredis.Redis.from_url(second_server.url)})
         try:
-            writer = live.checkpoint_writer("w", judge, lambda job: 0)
+            writer = live.checkpoint_writer("w", judge, lambda job: 0, 0.0)
             out: dict[str, Any] = {}
             for name in ("far", "near"):
                 out[name] = (
