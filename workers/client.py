@@ -20,7 +20,7 @@ import httpx
 import orjson
 
 from fleetgen.causes import Failure, Reply, Verdict, classify, retry_after_s
-from fleetgen.endpoints import CHAT, ENDPOINTS, Endpoint
+from fleetgen.endpoints import CHAT, CLASSIFY, EMBEDDINGS, ENDPOINTS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     GenerationError,
@@ -121,9 +121,13 @@ class ServerClient:
         return self._api_key
 
     async def detect(self) -> Server:
-        """What the server is: its kind, models and what it says of itself (fleetgen/servers)."""
+        """What the server is: its kind, models and what it says of itself (fleetgen/servers).
+        Each endpoint's requests go where that kind serves it from now on (vLLM's /classify)."""
         async with self._mapping("server detection"):
-            return await detect(self._cold, timeout_s=30.0)
+            server = await detect(self._cold, timeout_s=30.0)
+        self._urls = {e.path: httpx.URL(self.base_url + server.path(e))
+                      for e in ENDPOINTS.values()}
+        return server
 
     async def chat(self, body: RequestBody) -> ChatCompletion:
         """POST one non-streaming chat completion and return the parsed response (with one
@@ -132,8 +136,8 @@ class ServerClient:
 
     async def post(self, endpoint: Endpoint, body: RequestBody) -> ChatCompletion:
         """POST one request to `endpoint` and return the parsed response: a completion with
-        one finished choice per answer its `n` asks, or the embeddings of every text of its
-        `input`."""
+        one finished choice per answer its `n` asks, or the embeddings (or classes) of every
+        text of its `input`."""
         request = httpx.Request("POST", self._urls[endpoint.path], content=orjson.dumps(body),
                                 headers=self._post_headers)
         try:
@@ -147,7 +151,7 @@ class ServerClient:
         if endpoint.generates:
             _raise_unless_finished(data, int(body.get("n") or 1))
         else:
-            _raise_unless_embedded(data, endpoint.inputs(body), response.content)
+            _raise_unless_pooled(data, endpoint, endpoint.inputs(body), response.content)
         return data
 
     @contextlib.asynccontextmanager
@@ -301,21 +305,28 @@ def _raise_unless_finished(data: ChatCompletion, count: int) -> None:
         _raise_unless_ended(choice)
 
 
-def _raise_unless_embedded(data: Any, count: int, raw: bytes) -> None:
-    """A 200 is embeddings only when it holds a vector for each of the `count` texts sent. vLLM
-    answers some refusals (a generation model asked for embeddings) with status 200 and an
-    error object: that is read as the status the object names."""
+# What each item of a pooling endpoint's `data` must hold: a vector, or a class's label (vLLM's
+# may be null: a model without id2label) and probabilities.
+POOLED_FIELDS = {EMBEDDINGS: ("embedding",), CLASSIFY: ("label", "probs")}
+
+
+def _raise_unless_pooled(data: Any, endpoint: Endpoint, count: int, raw: bytes) -> None:
+    """A 200 is embeddings (or classes) only when it holds a vector (a label and its
+    probabilities) for each of the `count` texts sent. vLLM answers some refusals (a generation
+    model asked for embeddings) with status 200 and an error object: that is read as the
+    status the object names."""
     if isinstance(data, dict) and (data.get("object") == "error" or "error" in data):
         inner = data.get("error")
         code = (inner.get("code") if isinstance(inner, dict) else None) or data.get("code")
         status = code if isinstance(code, int) and 400 <= code < 600 else 400
         raise error_of(classify(Reply(status=status, body=raw)), status)
-    vectors = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(vectors, list) or len(vectors) != count or not all(
-            isinstance(v, dict) and "embedding" in v for v in vectors):
-        got = len(vectors) if isinstance(vectors, list) else "no"
+    items = data.get("data") if isinstance(data, dict) else None
+    fields = POOLED_FIELDS[endpoint.name]
+    if not isinstance(items, list) or len(items) != count or not all(
+            isinstance(v, dict) and all(f in v for f in fields) for v in items):
+        got = len(items) if isinstance(items, list) else "no"
         raise error_of(classify(Reply(failure="incomplete", detail=(
-            f"server answered {got} embeddings of the {count} texts sent"))), None)
+            f"server answered {got} {endpoint.name} items of the {count} texts sent"))), None)
 
 
 def _raise_unless_ended(choice: Any) -> None:

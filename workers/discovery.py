@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable
 
-from fleetgen.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
+from fleetgen.endpoints import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     FleetgenError,
@@ -39,12 +39,14 @@ from workers.limits import InFlight
 log = logging.getLogger(__name__)
 # The one-token request that times a server's queue and tells a server out of rotation alive.
 PROBE_BODY: RequestBody = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-# The same for the other endpoints: a server that only embeds (SGLang's --is-embedding, vLLM's
-# pooling runner) fails a chat request, so a worker probes what it last sent there.
+# The same for the other endpoints: a server that only pools (SGLang's --is-embedding, vLLM's
+# pooling runner: an embedding, classifier or reward model) fails a chat request, so a worker
+# probes what it last sent there.
 PROBE_BODIES: dict[str, RequestBody] = {
     CHAT: PROBE_BODY,
     COMPLETIONS: {"prompt": "Hi", "max_tokens": 1},
     EMBEDDINGS: {"input": "Hi"},
+    CLASSIFY: {"input": "Hi"},
 }
 # A server that has not answered the first probe by then is used without what it would have
 # taught (the model it is pinned to is then learned from the first prompt's refusal).

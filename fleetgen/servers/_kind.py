@@ -1,8 +1,8 @@
 """The interface of a server kind: what fleetgen needs to know to use one engine at full speed.
 
 A kind says how a request is shaped for it (the fields beyond OpenAI's chat schema it takes,
-whether one request may ask several answers with `n`), which `/metrics` gauges show its load,
-and nothing else: the HTTP exchange, the error mapping
+whether one request may ask several answers with `n`), where it serves an endpoint whose path
+differs from the endpoint's own, which `/metrics` gauges show its load, and nothing else: the HTTP exchange, the error mapping
 and the answer's reading are the same for every OpenAI-compatible server (workers/client.py,
 fleetgen/records.py).
 """
@@ -31,6 +31,9 @@ class ServerKind:
     # Short gauge name -> (Prometheus family, how several samples combine). `running` and
     # `queue` are what the capacity discovery reads; the rest are shown in `status`.
     gauges: ClassVar[Mapping[str, tuple[str, Combine]]] = {}
+    # An endpoint's path (fleetgen/endpoints.py) -> the path this kind serves it at, where the
+    # two differ; a server of an unknown kind is sent to the endpoint's own path.
+    routes: ClassVar[Mapping[str, str]] = {}
 
     def takes_n(self, info: ServerInfo | None) -> bool:
         """Whether one request with `n` gives n distinct answers of a prompt here (else each

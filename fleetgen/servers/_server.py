@@ -19,6 +19,7 @@ from typing import cast
 import httpx
 import orjson
 
+from fleetgen.endpoints import Endpoint
 from fleetgen.errors import ModelChoiceError
 from fleetgen.servers._chat import RequestBody
 from fleetgen.servers._kind import ServerKind
@@ -86,6 +87,18 @@ class Server:
         """Whether a prompt's answers go to it as one request with `n`: its kind says so and it
         has not refused `n` (`learn`)."""
         return "n" not in self.refused and self.kind.takes_n(self.info)
+
+    def serves(self, endpoint: Endpoint) -> bool | None:
+        """Whether it serves `endpoint`'s requests, where it says so: a pooling model (SGLang's
+        `--is-embedding`: an embedding, classifier or reward model) answers embeddings and
+        classify only, a generation model never does. None where it does not say."""
+        embeds = self.info.embeds if self.info is not None else None
+        return None if embeds is None else embeds == (not endpoint.generates)
+
+    def path(self, endpoint: Endpoint) -> str:
+        """Where `endpoint`'s requests go on this server: its kind's route for it, else the
+        endpoint's own path."""
+        return self.kind.routes.get(endpoint.path, endpoint.path)
 
     def describe(self) -> str:
         parts = [self.kind.name + (f" {self.version}" if self.version else "")]

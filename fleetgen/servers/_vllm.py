@@ -5,6 +5,9 @@ separates reasoning whenever it runs a reasoning parser.
 It takes `n`: the request becomes n child requests in its engine, child i seeded with the
 request's seed plus i (its parallel sampling), so a prompt's answers asked together are the
 answers asked one by one with seeds `seed`, `seed + 1`, ...
+
+Its classification route is `/classify` (no `/v1/`), the request and answer SGLang's
+`/v1/classify` takes and gives.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class VLLM(ServerKind):
         "token_usage": ("vllm:kv_cache_usage_perc", "max"),
         "gpu_cache_usage": ("vllm:gpu_cache_usage_perc", "max"),
     }
+    routes: ClassVar[Mapping[str, str]] = {"/v1/classify": "/classify"}
 
     def takes_n(self, info: ServerInfo | None) -> bool:
         return True

@@ -2,7 +2,7 @@
 
 As in docs/reference/sglang.md#endpoints. With --flavor vllm the routes are vLLM 0.11.0's
 OpenAI server's (`/health`, `/ping`, `/version`, `/v1/models`, `/v1/chat/completions`,
-`/v1/completions`, `/v1/embeddings`, `/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
+`/v1/completions`, `/v1/embeddings`, `/classify`, `/metrics`), with strict transformers serve's (`/health`, `/v1/models`,
 `/v1/chat/completions`); any other path is FastAPI's 404 (docs/development/simulator.md).
 Every flavour also has the simulator's own `/sim/misbehave` (POST to change, GET to read) and
 `GET /sim/stats` (stress.py), behind --api-key like the engine's routes.
@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from launcher.sim import info, protocol, stress
 from launcher.sim.chat import JSON, chat_completions
 from launcher.sim.completions import completions
+from launcher.sim.classify import SGLANG_PATH, VLLM_PATH, classify
 from launcher.sim.embeddings import embeddings
 from launcher.sim.generate import generate
 from launcher.sim.metrics import CONTENT_TYPE
@@ -196,7 +197,10 @@ class FastPath:
             self.routes |= {("POST", "/v1/completions"): completions,
                             ("POST", "/v1/embeddings"): embeddings}
         if sim.cfg.flavor == "sglang":
-            self.routes |= {("POST", "/generate"): generate, ("PUT", "/generate"): generate}
+            self.routes |= {("POST", "/generate"): generate, ("PUT", "/generate"): generate,
+                            ("POST", SGLANG_PATH): classify}
+        if sim.cfg.flavor == "vllm":
+            self.routes |= {("POST", VLLM_PATH): classify}
         self.sim = sim
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -212,6 +212,10 @@ class SimConfig:
     matryoshka: bool = _opt(False, "the embedding model supports `dimensions` (Matryoshka); "
                             "without it a request with `dimensions` is the engine's 400",
                             action="store_true")
+    # SGLang's default id2label names; one label is a reward model (a score per text).
+    labels: str = _opt("LABEL_0,LABEL_1", "the classifier's labels (its id2label), comma-"
+                       "separated: on an embedding server /v1/classify (--flavor vllm: "
+                       "/classify) answers one of them per text", metavar="A,B,...")
     embedding_tps: float = _opt(100000.0, "prompt tokens/s of an embedding forward (all the "
                                 "sequences admitted together run as one forward)", type=float)
     embedding_step_ms: float = _opt(4.0, "fixed cost of one embedding forward", type=float)
@@ -236,6 +240,8 @@ class SimConfig:
             raise ConfigError(f"--max-tool-turns must be >= 0, got {self.max_tool_turns}")
         if self.embedding_step_ms < 0:
             raise ConfigError("--embedding-step-ms must be >= 0")
+        if not all(self.label_names):
+            raise ConfigError(f"--labels: a comma-separated list of names, got {self.labels!r}")
         if self.is_embedding and self.flavor == "strict":
             raise ConfigError("--is-embedding: the strict flavour has no /v1/embeddings")
         if self.step_ms_per_request < 0:
@@ -308,6 +314,11 @@ class SimConfig:
         per_step = self.speculative_accept_length if self.speculative else 1.0
         step_s = (self.step_ms + self.step_ms_per_request * max(1, running)) / 1000.0
         return per_step / step_s * self.speed
+
+    @property
+    def label_names(self) -> list[str]:
+        """--labels as a list: the classifier's classes, in id order."""
+        return [name.strip() for name in self.labels.split(",")]
 
     def embedding_forward_s(self, tokens: int) -> float:
         """Seconds of one embedding forward over `tokens` prompt tokens (speed applied): a

@@ -58,14 +58,16 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return vector
 
 
-
-
-def _sglang_check(req: EmbeddingRequest) -> None:
+def sglang_check(req: EmbeddingRequest) -> None:
     """SGLang's serving_embedding `_validate_request`."""
     if req.encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be either 'float' or 'base64', "
                           f"got {req.encoding_format!r}")
-    given = req.input
+    sglang_check_input(req.input)
+
+
+def sglang_check_input(given: str | list[str] | list[int] | list[list[int]]) -> None:
+    """The `input` half of SGLang's `_validate_request` (serving_embedding, serving_classify)."""
     if not given:
         raise bad_request("Input cannot be empty")
     if isinstance(given, str):
@@ -79,7 +81,7 @@ def _sglang_check(req: EmbeddingRequest) -> None:
             raise bad_request(f"Token ID at index {i} must be non-negative")
 
 
-def _check_length(sim: Simulator, tokens: int) -> None:
+def check_length(sim: Simulator, tokens: int) -> None:
     context = sim.cfg.context_len
     if sim.cfg.flavor == "vllm" and tokens > context:
         raise bad_request(f"This model's maximum context length is {context} tokens. However, "
@@ -112,7 +114,7 @@ def _check_dimensions(sim: Simulator, dimensions: int | None) -> None:
                           f"{cfg.embedding_dim}")
 
 
-def _tokens(item: str | list[int]) -> int:
+def tokens_of(item: str | list[int]) -> int:
     return tokenizer.count(item) if isinstance(item, str) else len(item)
 
 
@@ -136,7 +138,7 @@ def _body(sim: Simulator, req: EmbeddingRequest, vectors: list[list[float]],
                       "reasoning_tokens": 0, "completion_tokens_details": None}}
 
 
-def _submit_all(sim: Simulator, rid: str, lengths: list[int]) -> list[SimRequest]:
+def submit_all(sim: Simulator, rid: str, lengths: list[int]) -> list[SimRequest]:
     """One sequence per input; refused whole if the server refuses any."""
     sreqs: list[SimRequest] = []
     try:
@@ -158,12 +160,12 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
     if flavor == "vllm" and not cfg.is_embedding:  # the route's handler is missing
         raise protocol.wrong_mode(flavor, "embeddings")
     if flavor == "sglang":
-        _sglang_check(req)
+        sglang_check(req)
     inputs = protocol.one_per_sequence(req.input)
-    lengths = [_tokens(item) for item in inputs]
+    lengths = [tokens_of(item) for item in inputs]
     index = sim.count_request()
     for tokens in lengths:
-        _check_length(sim, tokens)
+        check_length(sim, tokens)
     if not cfg.is_embedding:
         raise protocol.wrong_mode(flavor, "embeddings")
     _check_dimensions(sim, req.dimensions)
@@ -171,7 +173,7 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
     sim.fail_if_drawn(key, index)
     rid = ("embd-" + (request.headers.get("x-request-id") or req.request_id
                       or uuid.uuid4().hex)) if flavor == "vllm" else uuid.uuid4().hex
-    sreqs = _submit_all(sim, rid, lengths)
+    sreqs = submit_all(sim, rid, lengths)
     for sreq in sreqs:
         await sim.wait_done(sreq, request)
     if any(sreq.aborted for sreq in sreqs):

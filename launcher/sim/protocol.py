@@ -294,6 +294,18 @@ class EmbeddingRequest(BaseModel):
     request_id: str | None = None
 
 
+class ClassifyRequest(BaseModel):
+    """`/v1/classify` (SGLang) and `/classify` (vLLM): `input` as an embedding's;
+    `use_activation` is vLLM's (false: the raw logits)."""
+
+    input: list[int] | list[list[int]] | str | list[str]
+    model: str | None = "default"
+    user: str | None = None
+    use_activation: bool | None = None
+    rid: str | list[str] | None = None
+    request_id: str | None = None
+
+
 def one_per_sequence(given: str | list[str] | list[int] | list[list[int]]
                      ) -> list[str | list[int]]:
     """A completion's `prompt` or an embedding's `input` as its sequences: each a text or
@@ -334,6 +346,12 @@ def parse_embedding(content_type: str | None, body: bytes, flavor: str) -> Embed
             "type": "literal_error", "loc": ("body", "encoding_format"),
             "msg": "Input should be 'float' or 'base64'", "input": req.encoding_format,
             "ctx": {"expected": "'float' or 'base64'"}}], flavor)
+    return req
+
+
+def parse_classify(content_type: str | None, body: bytes, flavor: str) -> ClassifyRequest:
+    """Validate a classify body as `flavor`'s server does."""
+    req: ClassifyRequest = _parse(ClassifyRequest, content_type, body, flavor)
     return req
 
 
