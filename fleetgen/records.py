@@ -15,6 +15,9 @@ A raw completion's (`/v1/completions`) is the same, its text in `content`. An em
 `content` "", `finish_reason` null and, besides, the line's vectors (one per text of its
 `input`, in order) as base64 of little-endian float32, and the format the line asked them in:
     {..., "embedding": [str, ...], "embedding_format": "float" | "base64"}
+A classification's (`/v1/classify`) is the same with, per text of its `input` in order, the
+class the model chose (null where the model names none) and every class's probability:
+    {..., "label": [str | null, ...], "probs": [[float, ...], ...]}
 Error line (`errors/{batch}.jsonl`, OpenAI Batch error format plus the reason's origin):
     {"id", "sample"?, "custom_id", "response": {"status_code", "body"} | null,
      "error": {"code", "message"}, "line", "server", "worker", "attempt", "tries"}
@@ -109,6 +112,9 @@ class AnswerRecord(TypedDict):
     # for (`encoding_format`: what the OpenAI Batch export gives back).
     embedding: NotRequired[list[str]]
     embedding_format: NotRequired[str]
+    # A classification's: a label and the classes' probabilities per text of the line's `input`.
+    label: NotRequired[list[str | None]]
+    probs: NotRequired[list[list[float]]]
 
 
 @final
@@ -271,21 +277,52 @@ def embedding_record(
     }
 
 
-def split_embeddings(
+def classified_record(
+    prompt_id: str, line: int, items: list[dict[str, Any]], prompt_tokens: int,
+    latency_s: float, origin: Origin,
+) -> AnswerRecord:
+    """The answer of a classify prompt: each text's label and probabilities (`items`: its
+    texts' entries of the answer's `data`), and its share of the request's prompt tokens."""
+    return {
+        "id": prompt_id,
+        "line": line,
+        "reasoning_content": None,
+        "content": "",
+        "tool_calls": None,
+        "finish_reason": None,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "reasoning_tokens": 0},
+        "latency_s": round(latency_s, 4),
+        "server": origin.server,
+        "worker": origin.worker,
+        "attempt": origin.attempt,
+        "label": [d.get("label") for d in items],
+        "probs": [[float(p) for p in d["probs"]] for d in items],
+    }
+
+
+def split_pooled(
     response: ChatCompletion, counts: list[int], weights: list[int],
-) -> list[tuple[list[str], int]]:
-    """The vectors of a request that carried several prompts' texts (`counts` texts each, in
-    order), each prompt's as base64 float32 with its share of the request's prompt tokens:
-    engines count them for the request only, so they are apportioned by `weights` (the texts'
-    lengths), adding up to the engine's figure exactly."""
+) -> list[tuple[list[dict[str, Any]], int]]:
+    """The `data` entries of an embeddings or classify request that carried several prompts'
+    texts (`counts` texts each, in order), each prompt's with its share of the request's
+    prompt tokens: engines count them for the request only, so they are apportioned by
+    `weights` (the texts' lengths), adding up to the engine's figure exactly."""
     data = sorted(response.get("data") or [], key=lambda d: int(d.get("index") or 0))
     usage = response.get("usage") or {}
     tokens = _apportion(int(usage.get("prompt_tokens") or 0), weights)
     out, at = [], 0
     for count, share in zip(counts, tokens, strict=True):
-        out.append(([vector_b64(d["embedding"]) for d in data[at:at + count]], share))
+        out.append((data[at:at + count], share))
         at += count
     return out
+
+
+def split_embeddings(
+    response: ChatCompletion, counts: list[int], weights: list[int],
+) -> list[tuple[list[str], int]]:
+    """`split_pooled` of an embeddings request: each prompt's vectors as base64 float32."""
+    return [([vector_b64(d["embedding"]) for d in items], share)
+            for items, share in split_pooled(response, counts, weights)]
 
 
 def vector_b64(embedding: list[float] | str) -> str:
@@ -394,6 +431,9 @@ def counters(record: OutputRecord, *, thinking: bool) -> dict[str, float]:
         # Vectors have no finish, no content to be empty, no reasoning.
         return {"prompts_done": 1, "input_tokens": usage["prompt_tokens"],
                 "latency_s": record["latency_s"], "embeddings": len(record["embedding"])}
+    if "label" in record:
+        return {"prompts_done": 1, "input_tokens": usage["prompt_tokens"],
+                "latency_s": record["latency_s"], "classified": len(record["label"])}
     out: dict[str, float] = {
         "prompts_done": 1,
         "input_tokens": usage["prompt_tokens"],

@@ -14,8 +14,8 @@ SGLang, vLLM), else each as a request of its own. The request is the unit of fai
 cause is classified once and every answer it carries is retried, failed or held by it, as a
 lone answer's request would be; each choice of its reply is its answer's record, checkpointed
 one by one. A server that refuses `n` is learned from and the request's answers go one by one.
-An embeddings job's prompts go several to a request (`_embed_asks`): their texts in one
-`input`, the vectors split back by prompt; a request refused for its content (a text too long)
+An embeddings (or classify) job's prompts go several to a request (`_embed_asks`): their texts
+in one `input`, the vectors (or classes) split back by prompt; a request refused for its content (a text too long)
 is sent again one prompt at a time, so that the refusal falls on its own prompt alone.
 
 The batch's lease (workers/lease.py) is taken once and ended once; the requests go through the
@@ -31,14 +31,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from fleetgen import breaker, canary, keys
 from fleetgen.causes import job_caused
 from fleetgen.checkpoints import Entry
-from fleetgen.endpoints import CHAT, EMBEDDINGS, Endpoint
+from fleetgen.endpoints import CHAT, CLASSIFY, EMBEDDINGS, Endpoint
 from fleetgen.errors import (
     BadRequestError,
     EndpointError,
@@ -58,13 +58,15 @@ from fleetgen.records import (
     Origin,
     OutputRecord,
     answer_key,
+    classified_record,
     counters,
     embedding_record,
     error_record,
     is_failure,
     result_record,
     split_choices,
-    split_embeddings,
+    split_pooled,
+    vector_b64,
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
@@ -196,14 +198,13 @@ class BatchRunner:
 
     def _require_endpoint(self, manifest: JobManifest) -> None:
         """EndpointError when this worker's server is known to serve another kind of request
-        than the job's: an embedding model (`--is-embedding`) answers embeddings only, a
-        generation model never does. Unknown (a server that does not say), the job's requests
-        go, and a refusal is the server's to give."""
+        than the job's (`Server.serves`): a pooling model (`--is-embedding`) answers embeddings
+        and classify only, a generation model never does. Unknown (a server that does not say),
+        the job's requests go, and a refusal is the server's to give."""
         server = self.backend.discovery.server
-        embeds = server.info.embeds if server is not None and server.info is not None else None
-        if embeds is None or embeds == (manifest.endpoint == EMBEDDINGS):
+        if server is None or server.serves(manifest.kind) is not False:
             return
-        served = "an embedding model" if embeds else "a generation model"
+        served = "a generation model" if not manifest.kind.generates else "an embedding model"
         raise EndpointError(
             f"worker {self.worker}: its server {self.backend.server_url} serves {served}; job "
             f"{manifest.name} asks {manifest.kind.path}: its batches go to other workers")
@@ -459,7 +460,8 @@ class _Sender:
             weights.append(sum(len(t) for t in mine))
             texts.extend(str(t) for t in mine)
         first = ask[0].body
-        body: RequestBody = {**first, "encoding_format": "base64"}
+        body: RequestBody = ({**first, "encoding_format": "base64"} if kind.name == EMBEDDINGS
+                             else {**first})
         if len(ask) > 1:
             body["input"] = texts
         delivery = Delivery(self._backlog, len(ask))
@@ -479,11 +481,9 @@ class _Sender:
         except RetryableError as exc:
             records = self._failed(ask, exc, origin)
         else:
-            records = [
-                embedding_record(p.id, p.line, vectors, tokens, latency, origin,
-                                 str(p.body.get("encoding_format") or "float"))
-                for p, (vectors, tokens) in zip(
-                    ask, split_embeddings(response, counts, weights), strict=True)]
+            records = [_pooled_record(kind, p, items, tokens, latency, origin)
+                       for p, (items, tokens) in zip(
+                           ask, split_pooled(response, counts, weights), strict=True)]
         finally:
             delivery.ends()
         await self._answered(manifest, batch, ask, records, request.queue_wait_s, origin)
@@ -616,6 +616,16 @@ def _embed_asks(todo: list[Prompt], kind: Endpoint, size: int) -> list[list[Prom
             asks.append([prompt])
             held = texts
     return asks
+
+
+def _pooled_record(kind: Endpoint, prompt: Prompt, items: list[dict[str, Any]], tokens: int,
+                   latency: float, origin: Origin) -> OutputRecord:
+    """A prompt's record from its texts' entries of an embeddings or classify answer."""
+    if kind.name == CLASSIFY:
+        return classified_record(prompt.id, prompt.line, items, tokens, latency, origin)
+    return embedding_record(prompt.id, prompt.line, [vector_b64(d["embedding"]) for d in items],
+                            tokens, latency, origin,
+                            str(prompt.body.get("encoding_format") or "float"))
 
 
 def _alike(a: Prompt, b: Prompt) -> bool:
