@@ -15,6 +15,8 @@ from fleetgen.ledger._shards import Shards
 # Extends a lease only for its owner (the batch runner's heartbeat runs it on its loop:
 # fleetgen/liveledger.py).
 RENEW_LEASE = script("renew_lease.lua")
+# Takes a lease, counts its attempt and moves its batch to running: one call per batch.
+_ACQUIRE = script("acquire_lease.lua")
 # Gives a lease back if still held, refunding the attempt if asked.
 _RELEASE = script("release_lease.lua")
 
@@ -25,19 +27,16 @@ class Leases:
 
     def __init__(self, client: redis.Redis | Shards) -> None:
         self.shards = Shards.of(client)
+        self._acquire = self.shards.fleet.register_script(_ACQUIRE)
         self._release = self.shards.fleet.register_script(_RELEASE)
 
     def acquire(self, name: str, batch: str, token: str, ttl_s: float) -> int | None:
         """Take the batch's lease; returns the attempt number, or None if someone holds it."""
-        r = self.shards.client(name)
-        if not r.set(keys.lease(name, batch), token, nx=True, px=int(ttl_s * 1000)):
-            return None
-        with r.pipeline() as p:
-            p.hincrby(keys.job_part(name, "attempts"), batch, 1)
-            p.zrem(keys.job_part(name, "queued"), batch)
-            p.zadd(keys.job_part(name, "running"), {batch: time.time()})
-            attempt = int(p.execute()[0])
-        return attempt
+        attempt = self._acquire(
+            keys=[keys.lease(name, batch), keys.job_part(name, "attempts"),
+                  keys.job_part(name, "queued"), keys.job_part(name, "running")],
+            args=[token, int(ttl_s * 1000), batch, time.time()], client=self.shards.client(name))
+        return None if attempt is None else int(attempt)
 
     def release(self, name: str, batch: str, token: str, *, refund: bool) -> bool:
         """Give the lease back if `token` still holds it; True if it did.
@@ -73,3 +72,13 @@ class Leases:
     def token(self, name: str, batch: str) -> str | None:
         raw: Any = self.shards.client(name).get(keys.lease(name, batch))
         return raw.decode() if raw is not None else None
+
+    def tokens(self, name: str, batches: list[str]) -> dict[str, str | None]:
+        """Batch -> the token holding its lease (None: no live lease), read in one call: the
+        reconciler's round reads every running batch's."""
+        if not batches:
+            return {}
+        raw: list[Any] = self.shards.client(name).mget(
+            [keys.lease(name, batch) for batch in batches])
+        return {batch: None if value is None else value.decode()
+                for batch, value in zip(batches, raw, strict=True)}

@@ -45,6 +45,25 @@ def test_a_lease_is_held_by_one_worker_and_each_take_spends_an_attempt(ledger: L
     assert ledger.leases.attempts(JOB, "b1") == 2
 
 
+def test_a_refused_take_counts_no_attempt_and_leaves_the_batch_where_it_was(
+        ledger: Ledger) -> None:
+    ledger.batches.mark_queued_and_settle(JOB, ["b1", "b2"])
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    ledger.batches.mark_queued_and_settle(JOB, ["b1"])  # a duplicate delivery's dispatch
+    assert ledger.leases.acquire(JOB, "b1", "w1/b", ttl_s=30) is None
+    assert ledger.leases.attempts(JOB, "b1") == 1
+    assert set(ledger.batches.queued(JOB)) == {"b1", "b2"}
+    assert ledger.r.pttl(keys.lease(JOB, "b1")) > 29_000  # the holder's lease, untouched
+
+
+def test_the_lease_holders_of_many_batches_are_read_together(ledger: Ledger) -> None:
+    ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
+    ledger.leases.acquire(JOB, "b2", "w1/b", ttl_s=30)
+    ledger.leases.release(JOB, "b2", "w1/b", refund=True)
+    assert ledger.leases.tokens(JOB, ["b1", "b2", "b3"]) == {"b1": "w0/a", "b2": None, "b3": None}
+    assert ledger.leases.tokens(JOB, []) == {}
+
+
 def test_a_refunded_release_gives_the_attempt_back_and_leaves_running(ledger: Ledger) -> None:
     ledger.batches.mark_queued_and_settle(JOB, ["b1"])
     ledger.leases.acquire(JOB, "b1", "w0/a", ttl_s=30)
