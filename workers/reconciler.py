@@ -118,9 +118,11 @@ class Reconciler:
                 continue
             manifest = self.ledger.jobs.load(job)
             running = self.ledger.batches.running(job)
+            # Every running batch's lease holder in one read, not a call per batch.
+            holders = self.ledger.leases.tokens(job, list(running))
             orphans = [
                 b for b, started in running.items()
-                if now - started > self.settings.lease_renew_s and not self.ledger.leases.alive(job, b)
+                if now - started > self.settings.lease_renew_s and holders[b] is None
             ]
             for batch in orphans:
                 self.ledger.batches.drop_running(job, batch)
@@ -135,7 +137,8 @@ class Reconciler:
             leased = [b for b in running if b not in orphans]
             if leased:
                 liveness = self._owner_liveness() if liveness is None else liveness
-                gone = self._gone_owner_batches(job, leased, liveness, previous, ownerless)
+                gone = self._gone_owner_batches(job, {b: holders[b] for b in leased}, liveness,
+                                                previous, ownerless)
                 if gone:
                     log.warning("reconciler: %s: the workers holding %d batches closed every "
                                 "Redis connection, re-dispatching %s", job, len(gone), gone[:5])
@@ -193,13 +196,14 @@ class Reconciler:
         return {worker: keys.worker_client(worker) in open_names
                 for worker in self.ledger.registry.workers()}
 
-    def _gone_owner_batches(self, job: str, batches: list[str], liveness: dict[str, bool],
-                            previous: set[str], ownerless: set[str]) -> list[str]:
-        """Batches whose lease owner has had no connection for two rounds; their leases broken.
-        Owners missing from `liveness` (not registered, or no CLIENT LIST) count as alive."""
+    def _gone_owner_batches(self, job: str, holders: dict[str, str | None],
+                            liveness: dict[str, bool], previous: set[str],
+                            ownerless: set[str]) -> list[str]:
+        """Of `holders` (batch -> its lease's token, None when none is alive), the batches whose
+        lease owner has had no connection for two rounds; their leases broken. Owners missing
+        from `liveness` (not registered, or no CLIENT LIST) count as alive."""
         gone = []
-        for batch in batches:
-            token = self.ledger.leases.token(job, batch)
+        for batch, token in holders.items():
             if token is None or liveness.get(keys.lease_owner(token), True):
                 continue
             seen = f"{job}|{batch}|{token}"
