@@ -359,8 +359,9 @@ def _add_input_flags(p: argparse.ArgumentParser) -> None:
                    help="a table's id column when it is not id or custom_id")
     p.add_argument("--endpoint", choices=tuple(ENDPOINTS), default=None,
                    help="what each prompt asks: chat (/v1/chat/completions), completions "
-                   "(/v1/completions: a prompt string continued) or embeddings (/v1/embeddings: "
-                   "a vector per text); one per job (default: the url of the input's OpenAI "
+                   "(/v1/completions: a prompt string continued), embeddings (/v1/embeddings: "
+                   "a vector per text) or classify (/v1/classify, vLLM's /classify: a label and "
+                   "its probabilities per text); one per job (default: the url of the input's OpenAI "
                    "Batch lines, else chat)")
     p.add_argument("--text-column", metavar="NAME",
                    help="with --endpoint completions or embeddings: the field of a plain JSONL "

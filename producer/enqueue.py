@@ -43,7 +43,7 @@ from fleetgen import keys
 from fleetgen.canary import Thresholds
 from fleetgen.creation import creation_lock
 from fleetgen.dispatch import dispatch
-from fleetgen.endpoints import CHAT, EMBEDDINGS, endpoint
+from fleetgen.endpoints import CHAT, EMBEDDINGS, ENDPOINTS, endpoint
 from fleetgen.errors import JobError
 from fleetgen.job import (
     TAPER,
@@ -154,7 +154,7 @@ def default_batch_size(prompts: int, endpoint: str = CHAT) -> int:
     """Prompts per batch when `--batch-size` is not given: about MIN_BATCHES batches, within
     the bounds of the job's kind of request."""
     low, high = ((MIN_DEFAULT_EMBEDDINGS_BATCH, MAX_DEFAULT_EMBEDDINGS_BATCH)
-                 if endpoint == EMBEDDINGS else (MIN_DEFAULT_BATCH, MAX_DEFAULT_BATCH))
+                 if not ENDPOINTS[endpoint].generates else (MIN_DEFAULT_BATCH, MAX_DEFAULT_BATCH))
     return max(low, min(high, math.ceil(prompts / MIN_BATCHES)))
 
 
@@ -325,9 +325,9 @@ def _check_endpoint(req: EnqueueRequest, name: str) -> None:
     if req.rollout is not None and name != CHAT:
         raise JobError(f"--rollout with {name} ({kind.path}): a rollout's calls are chat "
                        "requests")
-    if name != EMBEDDINGS:
+    if kind.generates:
         return
-    why = f"an {name} job ({kind.path}) generates no text"
+    why = f"{'an' if name == EMBEDDINGS else 'a'} {name} job ({kind.path}) generates no text"
     if req.samples is not None and req.samples > 1:
         raise JobError(f"--samples {req.samples}: {why}; each text gets one vector")
     if req.canary != Thresholds() and req.canary.enabled:

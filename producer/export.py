@@ -20,8 +20,12 @@ chat's records, their text in `content`: JSONL and Parquet as chat's, OpenAI Bat
 them in the format the line asked for (`embedding_format`: floats, or base64 of little-endian
 float32 as stored), OpenAI Batch lines an embeddings `list` body the same way, and Parquet one row
 per text, its vector in a fixed-size list column of float32 (float16 on request), written a row
-group at a time (`_write_embeddings_parquet`). An embeddings job is never grouped: a prompt has
-one answer, its vectors already in one record (`job_problem`).
+group at a time (`_write_embeddings_parquet`). A classify job's record holds a label and the
+classes' probabilities per text of its line: JSONL gives it as stored, OpenAI Batch lines the
+`list` body the server answered (`data` of `{index, label, probs, num_classes}`), and Parquet one
+row per text with its `label` and `probs` (`_write_classes_parquet`). An embeddings or classify
+job is never grouped: a prompt has one answer, its texts' results already in one record
+(`job_problem`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any, Self, TypedDict, cast
 
 import orjson
 
-from fleetgen.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+from fleetgen.endpoints import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS
 from fleetgen.errors import FleetgenError
 from fleetgen.job import InputInfo
 from fleetgen.records import (
@@ -96,6 +100,9 @@ def job_problem(endpoint: str, *, grouped: bool = False,
     if endpoint == EMBEDDINGS and grouped:
         return ("--group-answers groups a prompt's several answers: an embeddings prompt has one, "
                 "its vectors in one record (export without it)")
+    if endpoint == CLASSIFY and grouped:
+        return ("--group-answers groups a prompt's several answers: a classify prompt has one, "
+                "its texts' classes in one record (export without it)")
     if embedding_dtype is not None and endpoint != EMBEDDINGS:
         return (f"--embedding-dtype sets the type of an embeddings job's vectors: this is a "
                 f"{endpoint} job")
@@ -115,7 +122,7 @@ def openai_line(record: OutputRecord, model: str, endpoint: str = CHAT) -> dict[
     input id, or `{id}/{sample}` in a job of several answers per prompt), `id` the request's own
     id (`fg-` and that key), on every line; a response's `request_id` (and a completion's body
     `id`) adds the attempt that answered. The body is the one `endpoint` answers with: a
-    `chat.completion`, a `text_completion` or an embeddings `list`."""
+    `chat.completion`, a `text_completion`, an embeddings `list` or a classify `list`."""
     key = record_key(record)
     if is_failure(record):
         return {"id": f"fg-{key}", "custom_id": key,
@@ -123,6 +130,8 @@ def openai_line(record: OutputRecord, model: str, endpoint: str = CHAT) -> dict[
     request_id = f"fg-{key}-{record['attempt']}"
     if endpoint == EMBEDDINGS:
         body = _embeddings_body(record, model)
+    elif endpoint == CLASSIFY:
+        body = _classify_body(record, model, request_id)
     elif endpoint == COMPLETIONS:
         body = _completion_body(record, model, request_id)
     else:
@@ -174,6 +183,19 @@ def _embeddings_body(record: AnswerRecord, model: str) -> dict[str, Any]:
     }
 
 
+def _classify_body(record: AnswerRecord, model: str, request_id: str) -> dict[str, Any]:
+    tokens = record["usage"]["prompt_tokens"]
+    return {
+        "id": request_id,
+        "object": "list",
+        "model": model,
+        "data": [{"index": i, "label": label, "probs": probs, "num_classes": len(probs)}
+                 for i, (label, probs) in enumerate(
+                     zip(record.get("label", []), record.get("probs", []), strict=True))],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }
+
+
 def _usage(record: AnswerRecord) -> dict[str, Any]:
     usage = record["usage"]
     return {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
@@ -205,6 +227,8 @@ def write(path: Path, fmt: str, rows: Iterable[OutputRecord], model: str, *,
     a row per vector, of `embedding_dtype`, float32 by default)."""
     if fmt == "parquet" and endpoint == EMBEDDINGS:
         return _write_embeddings_parquet(path, rows, embedding_dtype or "float32")
+    if fmt == "parquet" and endpoint == CLASSIFY:
+        return _write_classes_parquet(path, rows)
     if fmt == "parquet":
         return _write_parquet(path, rows, sampled=sampled, grouped=grouped, rollout=rollout)
     # OpenAI Batch lines hold one answer each: never grouped (format_problem).
@@ -348,6 +372,51 @@ def _write_embeddings_parquet(path: Path, rows: Iterable[OutputRecord], dtype: s
     finally:
         if writer is not None:
             writer.close()
+    return count
+
+
+# A classify job's Parquet: one row per text, its `label` and `probs` (after `status`). As an
+# embeddings job's: `index` the text's place in its line's `input`, the line's prompt tokens on
+# its first row, and a failed line one row with `index`, `label`, `probs` and `prompt_tokens`
+# null.
+CLASS_COLUMNS = {"id": "string", "index": "int64", "status": "string", "label": "string",
+                 "prompt_tokens": "int64", "error": "string", "worker": "string",
+                 "attempt": "int64"}
+
+
+def _class_rows(record: OutputRecord) -> Iterator[dict[str, Any]]:
+    base = {"id": record["id"], "worker": record["worker"], "attempt": record["attempt"]}
+    if is_failure(record):
+        yield {**base, "index": None, "status": "failed", "label": None, "probs": None,
+               "prompt_tokens": None, "error": record["error"]["message"]}
+        return
+    for index, (label, probs) in enumerate(
+            zip(record.get("label", []), record.get("probs", []), strict=True)):
+        yield {**base, "index": index, "status": "ok", "label": label, "probs": probs,
+               "prompt_tokens": record["usage"]["prompt_tokens"] if index == 0 else None,
+               "error": None}
+
+
+def _write_classes_parquet(path: Path, rows: Iterable[OutputRecord]) -> int:
+    """One row per text, a row group written each ROW_GROUP_ROWS rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fields = [(name, pa.type_for_alias(kind)) for name, kind in CLASS_COLUMNS.items()]
+    fields.insert(4, ("probs", pa.list_(pa.float64())))
+    schema = pa.schema(fields)
+    buffer: list[dict[str, Any]] = []
+    count = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for record in rows:
+            for row in _class_rows(record):
+                buffer.append(row)
+                count += 1
+            if len(buffer) >= ROW_GROUP_ROWS:
+                writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+                buffer = []
+        if buffer or not count:
+            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
     return count
 
 

@@ -25,8 +25,9 @@ class ChatTemplateKwargs(TypedDict, total=False):
 
 class RequestBody(TypedDict, total=False):
     """A request body, stored neutral at enqueue, shaped per server at send time: a chat
-    completion's (`messages`), a raw completion's (`prompt`, `echo`) or embeddings' (`input`,
-    `dimensions`, `encoding_format`), fleetgen/endpoints.py."""
+    completion's (`messages`), a raw completion's (`prompt`, `echo`), embeddings' (`input`,
+    `dimensions`, `encoding_format`) or a classification's (`input`, vLLM's `use_activation`),
+    fleetgen/endpoints.py."""
 
     model: str
     messages: list[JSONObject]
@@ -67,6 +68,7 @@ class RequestBody(TypedDict, total=False):
     dimensions: int
     encoding_format: str
     user: str
+    use_activation: bool
 
 
 class Message(TypedDict, total=False):

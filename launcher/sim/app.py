@@ -26,8 +26,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.sim import info, protocol, stress
 from launcher.sim.chat import JSON, chat_completions
-from launcher.sim.completions import completions
 from launcher.sim.classify import SGLANG_PATH, VLLM_PATH, classify
+from launcher.sim.completions import completions
 from launcher.sim.embeddings import embeddings
 from launcher.sim.generate import generate
 from launcher.sim.metrics import CONTENT_TYPE

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from fleetgen.endpoints import BY_PATH, CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
+from fleetgen.endpoints import (
+    BY_PATH,
+    CHAT,
+    CLASSIFY,
+    COMPLETIONS,
+    EMBEDDINGS,
+    ENDPOINTS,
+    Endpoint,
+)
 from fleetgen.job import MAX_SAMPLES, MAX_TEMPERATURE, MAX_TOKENS_LIMIT
 from producer.inputs._errors import REJECT_RAW_CHARS, InputError
 from producer.inputs._ids import IdIndex, hash_id, id_problem
@@ -42,16 +50,20 @@ TABLE_FIELDS = tuple(dict.fromkeys((*_CHAT_FIELDS, *_OPENAI_FIELDS)))
 # The field of a plain completions or embeddings line (a table's column) holding its text,
 # unless `--text-column` names another: a completion's is its prompt, as in a plain chat line;
 # an embedding's is a text, as datasets of passages name it.
-TEXT_FIELDS = {COMPLETIONS: "prompt", EMBEDDINGS: "text"}
+TEXT_FIELDS = {COMPLETIONS: "prompt", EMBEDDINGS: "text", CLASSIFY: "text"}
 # What a text field may not be called: the other fields of its plain line, read as themselves.
 # Any other name is the text (`--text-column body` too: a line holding its text field is a plain
 # line, even one named like an OpenAI Batch line's).
 RESERVED_FIELDS = ("id", "sampling")
 # The keys of an embeddings request body besides `model` (which the worker sets).
 EMBEDDING_FIELDS = ("input", "dimensions", "encoding_format", "user")
+# A classify body's (SGLang's ClassifyRequest; `use_activation` is vLLM's: false gives the
+# logits, a reward model's raw score).
+CLASSIFY_FIELDS = ("input", "user", "use_activation")
 ENCODING_FORMATS = ("float", "base64")
 # What errors call a plain line of each endpoint.
-_A_LINE = {CHAT: "a prompt line", COMPLETIONS: "a completions line", EMBEDDINGS: "an embeddings line"}
+_A_LINE = {CHAT: "a prompt line", COMPLETIONS: "a completions line", EMBEDDINGS: "an embeddings line",
+           CLASSIFY: "a classify line"}
 # Most texts one embeddings request may hold: OpenAI's limit on `input`'s length.
 MAX_EMBEDDING_INPUTS = 2048
 # A table's string cell of one of these holds the field as JSON (a list or an object).
@@ -301,7 +313,7 @@ def _plain_body(obj: dict[str, Any], job: JobEndpoint) -> RequestBody:
     if name == CHAT:
         return _chat_body(obj)
     text = _text(obj, job)
-    if name == EMBEDDINGS:
+    if not ENDPOINTS[name].generates:
         return cast("RequestBody", {"input": text})
     body = cast("RequestBody", {"prompt": text})
     body.update(_line_sampling(obj, COMPLETION_PARAMS))
@@ -310,8 +322,8 @@ def _plain_body(obj: dict[str, Any], job: JobEndpoint) -> RequestBody:
 
 def _plain_unknown(key: str, fields: tuple[str, ...], name: str) -> str:
     shape = f"{_A_LINE[name]} has {', '.join(fields)}"
-    if name == EMBEDDINGS and (key == "sampling" or key in SAMPLING_PARAMS):
-        return _NO_SAMPLING
+    if not ENDPOINTS[name].generates and (key == "sampling" or key in SAMPLING_PARAMS):
+        return _NO_SAMPLING_CLASSIFY if name == CLASSIFY else _NO_SAMPLING
     if key in SAMPLING_PARAMS:
         return f'unknown field (sampling params go under "sampling"); {shape}'
     return _unknown_field(key, fields, shape)
@@ -397,6 +409,8 @@ def _openai_body(obj: dict[str, Any], job: JobEndpoint, where: str) -> RequestBo
         return _openai_completion(request)
     if kind.name == EMBEDDINGS:
         return _openai_embedding(request)
+    if kind.name == CLASSIFY:
+        return _openai_classify(request)
     return _openai_chat(request)
 
 
@@ -446,6 +460,29 @@ def _openai_embedding(request: dict[str, Any]) -> RequestBody:
         if not isinstance(user, str):
             raise _Invalid("body.user", f"expected a string; got {_show(user)}")
         body["user"] = user
+    return cast("RequestBody", body)
+
+
+def _openai_classify(request: dict[str, Any]) -> RequestBody:
+    for key in request:
+        if key != "model" and key not in CLASSIFY_FIELDS:
+            raise _Invalid(f"body.{key}", _NO_SAMPLING_CLASSIFY if key in SAMPLING_PARAMS else
+                           _unknown_field(key, CLASSIFY_FIELDS, "a classify body has "
+                                          f"{', '.join(CLASSIFY_FIELDS)} (and model)"))
+    if request.get("input") is None:
+        raise _Invalid("body.input", "missing; a classify body has input: a string or a list "
+                       "of strings")
+    body: dict[str, Any] = {"input": _embedding_input(request["input"])}
+    user = request.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise _Invalid("body.user", f"expected a string; got {_show(user)}")
+        body["user"] = user
+    activation = request.get("use_activation")
+    if activation is not None:
+        if not isinstance(activation, bool):
+            raise _Invalid("body.use_activation", f"expected true or false; got {_show(activation)}")
+        body["use_activation"] = activation
     return cast("RequestBody", body)
 
 
@@ -588,6 +625,8 @@ def _is_object(value: Any) -> bool:
 
 _NO_SAMPLING = ("an embeddings request takes no sampling parameters (n, temperature, max_tokens, "
                 "...): it gives one vector per text, the same every time")
+_NO_SAMPLING_CLASSIFY = ("a classify request takes no sampling parameters (n, temperature, "
+                         "max_tokens, ...): it gives one class per text, the same every time")
 _TOKENS = f"an integer in [1, {MAX_TOKENS_LIMIT}]"
 _PENALTY = "a number in [-2, 2]"
 _TOOL_CHOICES = ("auto", "required", "none")
