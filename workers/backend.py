@@ -90,8 +90,9 @@ class Request:
     delivery: Delivery | None = None
     # Seconds it waited for a slot, over all of its sends.
     queue_wait_s: float = 0.0
-    # The server's answers before its first try (`Backend.settle` asks whether any came since).
-    answers_before: int | None = None
+    # When its first try began (monotonic): `Backend.settle` asks whether a request sent
+    # since was answered.
+    first_try_at: float | None = None
 
     @property
     def slots(self) -> int:
@@ -179,7 +180,7 @@ class Backend:
             await watch.budget.resend()
         else:
             watch.budget.first_try()
-            request.answers_before = watch.rotation.answers
+            request.first_try_at = time.monotonic()
         checks, in_flight, delivery = self.checks, self.in_flight, request.delivery
         while True:
             try:
@@ -197,7 +198,7 @@ class Backend:
                     start, response = await self._exchange(request, body)
                 latency = time.monotonic() - start
                 for _ in range(request.slots):
-                    in_flight.answered()
+                    in_flight.answered(start)
                 self.discovery.probing = request.endpoint
                 return response, latency
             except BadRequestError as exc:
@@ -231,7 +232,9 @@ class Backend:
         """Whether `request`, whose every try failed for a server-side reason, failed for its
         own: the server answered other requests since its first try, or answers a probe now.
         If not, the server is out of rotation."""
-        return await self.checks.settle(exc, request.answers_before or 0, tries)
+        first_try_at = request.first_try_at
+        return await self.checks.settle(
+            exc, float("-inf") if first_try_at is None else first_try_at, tries)
 
     def drain(self, grace_s: float) -> None:
         """A warm shutdown began: nothing more is sent (held, handed back), and what is still at

@@ -317,8 +317,10 @@ class Rotation:
     # Out because its supervisor is restarting it: back once it is seen restarted, not on
     # a probe (a draining server still refuses, which a probe takes for a full one).
     awaiting_restart: bool = False
-    # Answers ever received: a prompt asks whether any came since its first failure.
-    answers: int = 0
+    # When the newest-sent request that was answered was sent (monotonic): a prompt whose
+    # tries all failed asks whether a request sent after its first try was answered. An answer
+    # to a request sent earlier says nothing of the server since (an outage's onset).
+    newest_answered_sent: float = float("-inf")
     # Why the server is suspect now (failures from many prompts), until a probe decides.
     suspicion: str | None = None
     # Probes that found the server working while its requests failed (poison prompts).
@@ -333,8 +335,10 @@ class Rotation:
     # The prompts whose requests make the current run of failures.
     _failing: set[str] = field(default_factory=set)
 
-    def answered(self) -> None:
-        self.answers += 1
+    def answered(self, sent_at: float | None = None) -> None:
+        """A request answered (a reply or a refusal); `sent_at`: when it was sent, where known."""
+        if sent_at is not None:
+            self.newest_answered_sent = max(self.newest_answered_sent, sent_at)
         self.failures_in_a_row = 0
         self._failing.clear()
         now = self.now()
@@ -416,10 +420,11 @@ class ServerWatch:
         # Why the limit is what it is, when an overload set it (`status`, the log).
         self.ceiling_reason: str | None = None
 
-    def answered(self, limit: int) -> bool:
-        """A request answered; True when the overload ceiling moved."""
+    def answered(self, limit: int, sent_at: float | None = None) -> bool:
+        """A request answered (sent at `sent_at`, monotonic); True when the overload ceiling
+        moved."""
         self.outcomes.add("answered")
-        self.rotation.answered()
+        self.rotation.answered(sent_at)
         self.budget.answered()
         moved = self.ceiling.grow(limit)
         if moved:

@@ -225,13 +225,15 @@ class HealthChecks:
         self.eject(f"{rotation.suspicion}; a probe failed too ({failed})")
         return True
 
-    async def settle(self, exc: GenerationError, answers_before: int, tries: int) -> bool:
+    async def settle(self, exc: GenerationError, first_try_at: float, tries: int) -> bool:
         """Whether a prompt whose every try failed for a server-side reason failed for its own:
-        the server answered other requests since its first try, or answers a probe now. If
-        not, the server is taken out of rotation."""
+        the server answered a request sent after its first try (at `first_try_at`, monotonic),
+        or answers a probe now. If not, the server is taken out of rotation. An answer to a
+        request sent before that try does not count: at an outage's onset the answers of
+        requests already running still come back while every new one fails."""
         if not self.in_rotation:
             return False
-        if self._watch.rotation.answers > answers_before:
+        if self._watch.rotation.newest_answered_sent > first_try_at:
             return True
         failed = await self._probe()
         if failed is None:

@@ -442,13 +442,14 @@ class InFlight:
             return watch.ceiling_reason
         return self.capacity.source if self.capacity else "not found yet"
 
-    def answered(self) -> None:
-        """A request was answered (any 200): counted for the answer rate; the ceiling may lift."""
+    def answered(self, sent_at: float | None = None) -> None:
+        """A request was answered (any 200; sent at `sent_at`, monotonic): counted for the
+        answer rate; the ceiling may lift."""
         now = time.monotonic()
         self._answers.append(now)
         while self._answers and now - self._answers[0] > ANSWER_RATE_S:
             self._answers.popleft()
-        if self._watch.answered(self._base):
+        if self._watch.answered(self._base, sent_at):
             self._apply(self._base)
 
     def overloaded(self, exc: OverloadedError, refusals: int) -> float:

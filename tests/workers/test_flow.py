@@ -120,6 +120,20 @@ def test_a_probe_that_answers_clears_the_suspicion_and_the_next_needs_a_new_run(
     assert [rotation.failed("HTTP 500", prompt=f"p{n}") for n in range(5)] == [False] * 4 + [True]
 
 
+def test_only_an_answer_to_a_request_sent_after_a_prompts_first_try_clears_the_server() -> None:
+    # At an outage's onset the requests already running still come back; they say nothing of
+    # the server since a prompt's first try, which then asks a probe instead.
+    rotation = Rotation()
+    first_try_at = 100.0
+    rotation.answered(sent_at=90.0)  # sent before, answered after the first try
+    rotation.answered()  # a refusal: when it was sent is not known
+    assert not rotation.newest_answered_sent > first_try_at
+    rotation.answered(sent_at=101.0)
+    assert rotation.newest_answered_sent > first_try_at
+    rotation.answered(sent_at=95.0)  # a slow earlier request does not move it back
+    assert rotation.newest_answered_sent == 101.0
+
+
 def test_a_run_of_fast_failures_among_requests_still_running_keeps_the_server() -> None:
     # Two thirds answered, but the failures come back first: the run is not the server's
     # whole story while most of what was sent is still running.
