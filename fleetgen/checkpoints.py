@@ -15,6 +15,12 @@ the canary's window and the failure breaker's window move only for a first copy,
 re-run after a crash, or a group retried after a Redis blip, is never counted twice. A group
 that recorded a failure gets the breaker's window back in the same reply, so the breaker
 judges it (and holds the job) without another round trip while failures pour in.
+
+An embeddings job's answers are not checkpointed: a vector is kilobytes, most of Redis's cost
+per record, and a batch of them is seconds of a GPU, so the batch is their group (the worker
+keeps them until it writes the batch, and a crash loses that batch's answers, asked again by
+its next run; Batches.finish_and_settle counts them once). `CheckpointWriter.answered` only
+notes how many there were, for the failure breaker's window, in the next group's call.
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class CheckpointWriter:
         self._judge_failures = judge_failures
         self._outcomes_kept = outcomes_kept if judge_failures is not None else 0
         self._queue: list[_Pending] = []
+        # Answers not checkpointed, by job, for the breaker's window; and when the oldest came.
+        self._answers: dict[str, int] = {}
+        self._answers_came = 0.0
         self._full = asyncio.Event()
         self._flushing: asyncio.Task[None] | None = None
 
@@ -115,14 +124,29 @@ class CheckpointWriter:
             self._flushing = asyncio.create_task(self._flush_all())
         return await pending.done
 
+    async def answered(self, job: str, count: int) -> None:
+        """Note `count` answers of `job` that skip the checkpoint (an embeddings batch's) in
+        the failure breaker's window, with the next group: nothing to wait for, and nothing
+        to do when the breaker is off."""
+        if not self._outcomes_kept or count <= 0:
+            return
+        if not self._answers:
+            self._answers_came = asyncio.get_running_loop().time()
+        self._answers[job] = self._answers.get(job, 0) + count
+        if self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush_all())
+
     async def _flush_all(self) -> None:
         try:
-            while self._queue:
+            while self._queue or self._answers:
                 if self._window_s and not self._full.is_set():
+                    oldest = min([p.came for p in self._queue[:1]]
+                                 + ([self._answers_came] if self._answers else []))
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout_at(self._queue[0].came + self._window_s):
+                        async with asyncio.timeout_at(oldest + self._window_s):
                             await self._full.wait()
                 group, self._queue = self._queue[:GROUP_RECORDS], self._queue[GROUP_RECORDS:]
+                answers, self._answers = self._answers, {}
                 # What is left closes the next group at once if it would have closed this one.
                 if len(self._queue) >= GROUP_RECORDS or any(p.entry.outcome for p in self._queue):
                     self._full.set()
@@ -131,18 +155,21 @@ class CheckpointWriter:
                 by_job: dict[str, list[_Pending]] = {}
                 for p in group:
                     by_job.setdefault(p.entry.job, []).append(p)
-                await asyncio.gather(*(self._commit(job, items) for job, items in by_job.items()))
+                for job in answers:
+                    by_job.setdefault(job, [])
+                await asyncio.gather(*(self._commit(job, items, answers.get(job, 0))
+                                       for job, items in by_job.items()))
         finally:
             self._flushing = None
 
-    async def _commit(self, job: str, items: list[_Pending]) -> None:
+    async def _commit(self, job: str, items: list[_Pending], answers: int) -> None:
         try:
             window = self._canary_window(job)
             minute = int(time.time() // 60)
             script_keys, args = group_arguments(job, [p.entry for p in items], self._worker,
-                                                minute, window, self._outcomes_kept)
+                                                minute, window, self._outcomes_kept, answers)
             reply = await on_redis_async(
-                f"job {job}: checkpoint {len(items)} prompts",
+                f"job {job}: checkpoint {len(items)} prompts ({answers} answers noted)",
                 lambda: self._script(keys=script_keys, args=args),
             )
         except BaseException as exc:
@@ -151,6 +178,9 @@ class CheckpointWriter:
                     p.done.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
+            if not items:  # only answers noted: the breaker's window misses them, no one waits
+                log.warning("job %s: %d answers not noted in the breaker's window (%s)",
+                            job, answers, exc)
             return
         seen, firsts = int(reply[0]), [bool(x) for x in reply[1:1 + len(items)]]
         for p, first in zip(items, firsts, strict=True):
@@ -174,9 +204,11 @@ class CheckpointWriter:
 
 
 def group_arguments(job: str, entries: list[Entry], worker: str, minute: int,
-                    window: int, outcomes_kept: int = 0) -> tuple[list[str], list[Any]]:
+                    window: int, outcomes_kept: int = 0,
+                    answers: int = 0) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of RECORD_GROUP for one job's entries (window 0: no canary;
-    outcomes_kept 0: no failure breaker)."""
+    outcomes_kept 0: no failure breaker), after `answers` not checkpointed
+    (`CheckpointWriter.answered`)."""
     script_keys = [keys.job_part(job, "stats"), keys.job_part(job, "workers"),
                    keys.job_part(job, "minutes"), keys.job_part(job, "recent"), keys.job(job),
                    keys.job_part(job, "worker_minutes"), keys.job_part(job, "outcomes")]
@@ -188,7 +220,7 @@ def group_arguments(job: str, entries: list[Entry], worker: str, minute: int,
             sums[name] = sums.get(name, 0) + value
     names = list(sums)
     index: dict[str, int] = {}
-    args: list[Any] = [worker, str(minute), window, outcomes_kept, len(names)]
+    args: list[Any] = [worker, str(minute), window, outcomes_kept, answers, len(names)]
     for name in names:
         args += [name, sums[name]]
     for e in entries:

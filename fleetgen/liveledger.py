@@ -46,6 +46,8 @@ class Checkpoints(Protocol):
 
     async def add(self, entry: Entry) -> bool: ...
 
+    async def answered(self, job: str, count: int) -> None: ...
+
 
 class LiveLedger:
     """Asynchronous ledger operations of one worker process, on its loop."""
@@ -205,3 +207,6 @@ class ShardedCheckpoints:
 
     async def add(self, entry: Entry) -> bool:
         return await self._writers[await self._live.shard(entry.job)].add(entry)
+
+    async def answered(self, job: str, count: int) -> None:
+        await self._writers[await self._live.shard(job)].answered(job, count)

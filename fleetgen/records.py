@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast, final
 
@@ -504,4 +504,19 @@ def written_counts(records: Iterable[OutputRecord]) -> dict[str, float]:
             out[code] = out.get(code, 0) + 1
         else:
             out["prompts_done"] += 1
+    return out
+
+
+def answered_counts(records: Iterable[OutputRecord],
+                    counted: Container[str] = ()) -> dict[str, float]:
+    """What a batch's answers that skipped the checkpoint add to the job's live counters: each
+    answer's `counters`, summed, but for those whose key is in `counted` (checkpointed, so
+    counted already). An embeddings batch's answers skip it (the batch is their group), and
+    Batches.finish_and_settle adds this once, as their checkpoint would have."""
+    out: dict[str, float] = {}
+    for record in records:
+        if is_failure(record) or record_key(record) in counted:
+            continue
+        for name, value in counters(record, thinking=False).items():
+            out[name] = out.get(name, 0) + value
     return out

@@ -18,6 +18,12 @@ An embeddings (or classify) job's prompts go several to a request (`_embed_asks`
 in one `input`, the vectors (or classes) split back by prompt; a request refused for its content (a text too long)
 is sent again one prompt at a time, so that the refusal falls on its own prompt alone.
 
+An embeddings job's answers are the exception to the first rule: they are not checkpointed
+(a vector is kilobytes, most of Redis's cost per record, and the batch's texts are seconds of
+a GPU), so the batch is their group: they wait in memory for the batch's write, a crash loses
+that batch's answers and its next run asks them again, and its recording counts them once
+(`Batches.finish_and_settle`, `records.answered_counts`). Its failures are checkpointed as any.
+
 The batch's lease (workers/lease.py) is taken once and ended once; the requests go through the
 worker's view of its server (workers/backend.py), the one place that knows its limit, health
 and rotation; what the worker holds is counted in its backlog (workers/backlog.py) for the gate.
@@ -29,7 +35,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,6 +64,7 @@ from fleetgen.records import (
     Origin,
     OutputRecord,
     answer_key,
+    answered_counts,
     classified_record,
     counters,
     embedding_record,
@@ -243,8 +250,10 @@ class BatchRunner:
         job, batch = manifest.name, lease.batch
         if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
             # Written, but its worker died before recording it: count it from the sink.
-            counts = written_counts(self._sink_call(lambda: list(batch_records(sink, job, batch))))
-            self.ledger.batches.finish_and_settle(job, batch, counts, self.worker, [])
+            records = self._sink_call(lambda: list(batch_records(sink, job, batch)))
+            self.ledger.batches.finish_and_settle(
+                job, batch, written_counts(records), self.worker, [],
+                live=self._unchecked(manifest, records, self.ledger.batches.checkpoint(job, batch)))
             return Outcome(status="already-done", batch=batch, attempt=lease.attempt)
         return self._generate_and_write(manifest, sink, lease)
 
@@ -262,6 +271,7 @@ class BatchRunner:
             raise JobError(f"{where} is missing")
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
         finished = self.ledger.batches.checkpoint(job, batch)
+        loaded = dict(finished)
         todo = [p for p in prompts if p.key not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
             attempt = lease.settled_attempts()
@@ -282,7 +292,7 @@ class BatchRunner:
                 self.ledger.jobs.set_state(job, STATE_PAUSED, f"model: {exc}")
                 raise
             finished.update(new)
-        self._write(manifest, sink, batch, prompts, finished)
+        self._write(manifest, sink, batch, prompts, finished, loaded)
         failed = sum(1 for r in finished.values() if is_failure(r))
         return Outcome("done", batch, len(prompts) - failed, failed, len(prompts) - len(todo), attempt)
 
@@ -307,8 +317,10 @@ class BatchRunner:
 
     def _write(
         self, manifest: JobManifest, sink: Sink, batch: str, prompts: list[Prompt],
-        finished: dict[str, OutputRecord],
+        finished: dict[str, OutputRecord], loaded: dict[str, OutputRecord],
     ) -> None:
+        """Write the batch's objects, each once, and record it (`loaded`: the records its
+        checkpoint held when this run began, counted already)."""
         job = manifest.name
         ordered = [finished[p.key] for p in prompts]
         good = [r for r in ordered if not is_failure(r)]
@@ -323,11 +335,23 @@ class BatchRunner:
         size += len(data) if wrote else 0
         # The result object is written last, so when it exists the errors object is complete;
         # if another copy wrote it first, count what the sink holds, not what this copy made.
-        counts = written_counts(ordered if wrote else self._sink_call(
-            lambda: list(batch_records(sink, job, batch))))
+        records = ordered if wrote else self._sink_call(
+            lambda: list(batch_records(sink, job, batch)))
+        counts = written_counts(records)
+        live = self._unchecked(manifest, records, loaded)
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
         on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish_and_settle(
-            job, batch, counts, self.worker, reasons if wrote else [], size))
+            job, batch, counts, self.worker, reasons if wrote else [], size, live=live))
+
+    @staticmethod
+    def _unchecked(manifest: JobManifest, written: list[OutputRecord],
+                   checkpointed: Mapping[str, OutputRecord]) -> dict[str, float]:
+        """What the written batch's answers that skipped the checkpoint add to the live
+        counters: an embeddings job's (`_checkpoint`), but those its checkpoint holds (written
+        there before its answers skipped it); none for other jobs."""
+        if manifest.endpoint != EMBEDDINGS:
+            return {}
+        return answered_counts(written, checkpointed)
 
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
@@ -335,6 +359,11 @@ class BatchRunner:
         # A rollout's answer holds what its program returned: reasoning there is its choice,
         # so the canary does not count it missing.
         # A thinking model reasons in chat only: a raw completion continues its prompt as is.
+        if manifest.endpoint == EMBEDDINGS and not is_failure(record):
+            # The batch is an embedding's group: it waits for the batch's write (and is
+            # counted by its recording); the breaker's window only learns it came.
+            await self._checkpoints.answered(manifest.name, 1)
+            return
         thinking = (manifest.rollout is None and manifest.endpoint == CHAT
                     and manifest.params.thinking_of(prompt.body))
         await self._checkpoints.add(Entry(

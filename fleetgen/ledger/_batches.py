@@ -121,27 +121,65 @@ class Batches:
     def finish_and_settle(
         self, name: str, batch: str, written: Mapping[str, float], worker: str,
         failures: list[bytes], bytes_written: int = 0, now: float | None = None,
+        live: Mapping[str, float] | None = None,
     ) -> bool:
         """Record a batch whose objects are in the sink: done set and the written counters
         (`records.written_counts`), once per batch; drop its checkpoint and its rollouts'
         journal; the first to record it settles the job (`Jobs.settle`: its last batch finishes
         it). True if this call was the first. `worker` is who wrote it ("" when rebuilt from
-        the sink)."""
-        args: list[Any] = [batch, time.time() if now is None else now, FAILURES_KEPT, len(written)]
+        the sink). `live` is what the batch's answers that skipped the checkpoint add to the
+        live counters (`records.answered_counts`: an embeddings batch's), added by the first
+        call with the per-worker and per-minute tallies their checkpoint would have moved."""
+        now = time.time() if now is None else now
+        script_keys = [keys.job_part(name, "done"), keys.job_part(name, "running"),
+                       keys.job_part(name, "queued"), keys.job_part(name, "written"),
+                       keys.job(name), keys.checkpoint(name, batch),
+                       keys.job_part(name, "failures"), keys.calls(name, batch)]
+        args: list[Any] = [batch, now, FAILURES_KEPT, len(written)]
         for field, value in written.items():
             args += [field, value]
-        first = bool(self._finish(
-            keys=[keys.job_part(name, "done"), keys.job_part(name, "running"),
-                  keys.job_part(name, "queued"), keys.job_part(name, "written"), keys.job(name),
-                  keys.checkpoint(name, batch), keys.job_part(name, "failures"),
-                  keys.calls(name, batch)],
-            args=args + failures, client=self.shards.client(name)))
+        increments = _increments(name, worker, int(now // 60), bytes_written, live or {})
+        index: dict[str, int] = {}
+        args.append(len(increments))
+        for key, field, value in increments:
+            if key not in index:
+                script_keys.append(key)
+                index[key] = len(script_keys)
+            args += [index[key], field, value]
+        first = bool(self._finish(keys=script_keys, args=args + failures,
+                                  client=self.shards.client(name)))
         if first:
-            with self.shards.client(name).pipeline(transaction=False) as p:
-                p.hincrbyfloat(keys.job_part(name, "stats"), "batches_done", 1)
-                p.hincrbyfloat(keys.job_part(name, "stats"), "bytes_written", bytes_written)
-                if worker:
-                    p.hincrbyfloat(keys.job_part(name, "workers"), f"{worker}|batches_done", 1)
-                p.execute()
             self._jobs.settle(name)
         return first
+
+
+# The live counters that also move per worker and per minute (as record_group.lua moves them
+# at a checkpoint): the prompts ended and the output tokens.
+_PER_WORKER = ("prompts_done", "prompts_failed", "output_tokens")
+_PROMPTS = ("prompts_done", "prompts_failed")
+
+
+def _increments(name: str, worker: str, minute: int, bytes_written: int,
+                live: Mapping[str, float]) -> list[tuple[str, str, float]]:
+    """(key, field, value) the first recording of a written batch adds besides its written
+    counters: the batch itself, and `live` with its tallies (none per worker when `worker` is
+    "")."""
+    stats, workers = keys.job_part(name, "stats"), keys.job_part(name, "workers")
+    minutes, worker_minutes = keys.job_part(name, "minutes"), keys.job_part(name, "worker_minutes")
+    out: list[tuple[str, str, float]] = [(stats, "batches_done", 1),
+                                         (stats, "bytes_written", bytes_written)]
+    if worker:
+        out.append((workers, f"{worker}|batches_done", 1))
+    for field, value in live.items():
+        out.append((stats, field, value))
+        if worker and field in _PER_WORKER:
+            out.append((workers, f"{worker}|{field}", value))
+        if field in _PROMPTS:
+            out.append((minutes, str(minute), value))
+            if worker:
+                out.append((worker_minutes, f"{worker}|{minute}|prompts", value))
+        if field == "output_tokens":
+            out.append((minutes, f"{minute}|tokens", value))
+            if worker:
+                out.append((worker_minutes, f"{worker}|{minute}|tokens", value))
+    return out

@@ -5,8 +5,12 @@
 -- duplicate), when the sums are made again over the first copies alone. A record costs one
 -- HSETNX and six arguments whatever its counters, the cost that bounds a group's
 -- (tests/perf/checkpoint_cost.py).
+-- Answers that skip the checkpoint (an embeddings batch's: their batch is their group, and
+-- finish_batch.lua counts them) come as a number alone: they only push an answer's outcome to
+-- the failure breaker's window, ahead of the group's records.
 -- KEYS: stats, workers, minutes, recent, job, worker_minutes, outcomes, checkpoint keys...
--- ARGV: worker, minute, window, outcomes kept, number of counters, counter name/sum pairs,
+-- ARGV: worker, minute, window, outcomes kept, answers not checkpointed, number of counters,
+--       counter name/sum pairs,
 --       then per record: checkpoint key index, id, record, fact, outcome ("" when the breaker
 --       does not count it, else "+" and its token), its counter values (comma-separated in the
 --       names' order, empty where it has none).
@@ -14,9 +18,18 @@
 -- first copy's outcome was a failure, then the job's state, its accepted causes and the
 -- breaker's window, newest first (what workers/breaker.py judges).
 local worker, minute, window, kept = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local m = tonumber(ARGV[5])
-local first_record = 6 + 2 * m
+local answers, m = tonumber(ARGV[5]), tonumber(ARGV[6])
+local first_record = 7 + 2 * m
 local firsts, new, outcomes, failures, repeated = {}, 0, 0, 0, false
+if kept > 0 and answers > 0 then
+  -- Past the window's length the older ones would be trimmed at once.
+  local empty = {}
+  for k = 1, math.min(answers, kept) do
+    empty[k] = ''
+  end
+  redis.call('lpush', KEYS[7], unpack(empty))
+  outcomes = #empty
+end
 for i = first_record, #ARGV, 6 do
   local first = redis.call('hsetnx', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
   firsts[#firsts + 1] = first
@@ -48,7 +61,7 @@ if repeated then
       for value in string.gmatch(ARGV[i + 5] .. ',', '([^,]*),') do
         j = j + 1
         if value ~= '' then
-          local name = ARGV[4 + 2 * j]
+          local name = ARGV[5 + 2 * j]
           if sums[name] == nil then
             sums[name] = 0
             names[#names + 1] = name
@@ -60,8 +73,8 @@ if repeated then
   end
 else
   for j = 1, m do
-    names[j] = ARGV[4 + 2 * j]
-    sums[names[j]] = ARGV[5 + 2 * j]
+    names[j] = ARGV[5 + 2 * j]
+    sums[names[j]] = ARGV[6 + 2 * j]
   end
 end
 for _, name in ipairs(names) do
