@@ -179,8 +179,8 @@ def a_good_line(endpoint: str | None, url: str | None) -> dict[str, Any]:
     (None, embedding_line(input="x", encoding_format="int8"), "body.encoding_format",
      'expected one of float, base64; got "int8"'),
     (None, openai("/v1/responses", input="x"), "url",
-     'expected one of "/v1/chat/completions", "/v1/completions", "/v1/embeddings"; got '
-     '"/v1/responses"'),
+     'expected one of "/v1/chat/completions", "/v1/completions", "/v1/embeddings", '
+     '"/v1/classify", "/classify"; got "/v1/responses"'),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_line_of_an_endpoint_names_its_file_line_field_and_problem(
     tmp_path: Path, endpoint: str | None, line: dict[str, Any], field: str, message: str,
