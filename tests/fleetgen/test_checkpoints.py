@@ -152,3 +152,48 @@ def test_a_group_with_copies_already_there_counts_only_its_first_copies(
     assert float(workers[b"gpu0@test|output_tokens"]) == 19.0
     assert orjson.loads(redis_client.hget(keys.checkpoint(JOB, "b000000"), "p3")) == {
         "id": "p3", "content": "answer"}
+
+
+def test_answers_that_skip_the_checkpoint_reach_the_breakers_window_in_the_next_group_call(
+        redis_url: str, redis_client: Any) -> None:
+    # An embeddings batch's answers are noted by number: a call of their own when no record
+    # comes with them, ahead of the group's records when one does; never past the window.
+    async def noted(writer: CheckpointWriter, r: Any) -> None:
+        await writer.answered(JOB, 3)
+        await writer.answered(JOB, 2)
+        e = entry(9)
+        assert await writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters,
+                                      e.fact, outcome="invalid_request: nope"))
+        await writer.answered(JOB, 500)
+        while await r.llen(keys.job_part(JOB, "outcomes")) < 10:
+            await asyncio.sleep(0.01)
+
+    async def body(breaker_kept: int) -> int:
+        r = aioredis.Redis.from_url(redis_url)
+        failures: list[str] = []
+
+        async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
+            failures.extend(e.prompt_id for e in entries)
+
+        writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 0.5,
+                                  judge_failures, breaker_kept)
+        await r.config_resetstat()
+        try:
+            if breaker_kept:
+                await asyncio.wait_for(noted(writer, r), 30.0)
+                assert failures == ["p9"]
+            else:
+                await writer.answered(JOB, 3)  # the breaker off: nothing to note, no call
+            return await script_calls(r)
+        finally:
+            await r.aclose()
+
+    assert asyncio.run(body(10)) == 2
+    assert redis_client.lrange(keys.job_part(JOB, "outcomes"), 0, -1) \
+        == [b""] * 10  # the 500 answers pushed the failure and the others out
+    stats = {k.decode(): float(v) for k, v in
+             redis_client.hgetall(keys.job_part(JOB, "stats")).items()}
+    assert stats == {"prompts_done": 1.0, "output_tokens": 10.0}  # the record's alone
+    redis_client.flushdb()
+    assert asyncio.run(body(0)) == 0
+    assert not redis_client.exists(keys.job_part(JOB, "outcomes"))

@@ -132,6 +132,31 @@ def entry(prompt: str, batch: str = "b1", **counters: float) -> Entry:
                  counters or {"prompts_done": 1, "output_tokens": 10}, b"[]")
 
 
+def test_a_batchs_answers_that_skipped_the_checkpoint_are_counted_by_its_first_recording_only(
+        ledger: Ledger) -> None:
+    r = ledger.r
+    live = {"prompts_done": 9.0, "input_tokens": 270.0, "embeddings": 9.0, "output_tokens": 4.0}
+    written = {"prompts_done": 9.0, "prompts_failed": 0.0}
+    assert ledger.batches.finish_and_settle(JOB, "b1", written, "w0", [], now=60 * 7 + 1,
+                                            live=live)
+    assert not ledger.batches.finish_and_settle(JOB, "b1", written, "w1", [], now=60 * 8,
+                                                live=live)
+    stats = floats(r, keys.job_part(JOB, "stats"))
+    assert stats == {**live, "batches_done": 1.0, "bytes_written": 0.0}
+    assert floats(r, keys.job_part(JOB, "workers")) == {
+        "w0|batches_done": 1.0, "w0|prompts_done": 9.0, "w0|output_tokens": 4.0}
+    assert floats(r, keys.job_part(JOB, "minutes")) == {"7": 9.0, "7|tokens": 4.0}
+    assert floats(r, keys.job_part(JOB, "worker_minutes")) == {
+        "w0|7|prompts": 9.0, "w0|7|tokens": 4.0}
+    # Rebuilt from the sink (no worker): the counters and the minutes, no worker's tallies.
+    assert ledger.batches.finish_and_settle(JOB, "b2", written, "", [], now=60 * 9,
+                                            live={"prompts_done": 2.0})
+    assert floats(r, keys.job_part(JOB, "stats"))["prompts_done"] == 11.0
+    assert floats(r, keys.job_part(JOB, "minutes"))["9"] == 2.0
+    assert set(floats(r, keys.job_part(JOB, "workers"))) == {
+        "w0|batches_done", "w0|prompts_done", "w0|output_tokens"}
+
+
 def record_group(r: Any, entries: list[Entry], worker: str = "w0", window: int = 0) -> list[int]:
     script_keys, args = group_arguments(JOB, entries, worker, minute=7, window=window)
     return [int(x) for x in r.register_script(RECORD_GROUP)(keys=script_keys, args=args)]
