@@ -68,7 +68,7 @@ def written(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     return [dict(read_record(line)) for line in path.read_bytes().splitlines()]
 
 
-def floats(redis_client: Any, part: str) -> dict[str, float]:
+def floats(redis_client: Any, part: keys.JobPart) -> dict[str, float]:
     return {k.decode(): float(v) for k, v in
             redis_client.hgetall(keys.job_part(JOB, part)).items()}
 
