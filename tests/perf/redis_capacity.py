@@ -6,14 +6,19 @@ traffic costs Redis, with fleetgen's own calls (fleetgen/ledger/, fleetgen/check
 the lease renewal script, the registry entry, `producer status`), and adds the units up for N
 GPUs. The units, per GPU:
 
-- a prompt: one RECORD_GROUP call (group commit of size 1: the worst case, an idle Redis
-  answers before the next prompt ends), with a result record of `record_bytes`;
-- a batch of `batch` prompts: its message (LPUSH; BRPOP + kombu's unacked bookkeeping; ack),
-  the ledger's reads (manifest, state, done?), acquire, checkpoint load, finish, release;
-- a lease renewal every FLEETGEN_LEASE_RENEW_S (5 s) per batch held (`held`);
-- a registry entry every 5 s;
-- fleet-wide, independent of the rate: the reconciler's round every 10 s (CLIENT LIST over
-  three connections per GPU, the registry), one `producer status` every 2 s.
+- a prompt: its share of one RECORD_GROUP call, the group the worker's CheckpointWriter
+  gathers at this rate over the settings' `checkpoint_window_s` (at most GROUP_RECORDS), with a
+  result record of `record_bytes`;
+- a batch of the job's mean batch size (a large job's default size with its taper): its
+  message (LPUSH; BRPOP + kombu's unacked bookkeeping; ack), the ledger's reads (manifest,
+  state, done?), acquire, checkpoint load, finish, release;
+- a lease renewal every `lease_renew_s` per batch held (`held`): the heartbeat's renewal
+  script and its read of the job's state;
+- a registry entry every REGISTRY_BEAT_S;
+- a reconciler round every `reconcile_interval_s` in every worker (its turn, the active and
+  finished jobs its metrics keep), and fleet-wide the round that runs (CLIENT LIST over three
+  connections per GPU, the registry, each running batch's lease holder); one `producer status`
+  every 2 s.
 
 Redis CPU comes from `INFO cpu` (used_cpu_user + used_cpu_sys) around each unit's repetitions;
 latency from `INFO latencystats` (server-side p99 per command, Valkey's own histograms);
@@ -32,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,71 +45,48 @@ import orjson
 import redis
 
 from fleetgen import keys
-from fleetgen.checkpoints import RECORD_GROUP, Entry, group_arguments
-from fleetgen.fleet import ServerHealth, WorkerEntry
-from fleetgen.job import GenerationParams, InputInfo, JobManifest
+from fleetgen.checkpoints import GROUP_RECORDS, RECORD_GROUP, Entry, group_arguments
+from fleetgen.fleet import REGISTRY_BEAT_S, ServerHealth, WorkerEntry
+from fleetgen.job import TAPER, GenerationParams, InputInfo, JobManifest, batch_sizes
 from fleetgen.jobview import job_status
 from fleetgen.ledger import RENEW_LEASE, Ledger
 from fleetgen.readings import ServerReading
+from fleetgen.settings import Settings
 from launcher.services import RedisServer
+from producer.enqueue import default_batch_size
 
 JOB = "perf-redis"
 OUT = Path("results/perf")
-RENEW_S = 5.0
-REGISTRY_S = 5.0
-RECONCILE_S = 10.0
+DEFAULTS = Settings()
+RENEW_S = DEFAULTS.lease_renew_s
+RECONCILE_S = DEFAULTS.reconcile_interval_s
 STATUS_S = 2.0
 CONNECTIONS_PER_GPU = 3
-# The older layout: the same group call adding every counter once per prompt (fleetgen's
-# RECORD_GROUP now adds each once per call, summed over the group's first copies).
-RECORD_GROUP_BEFORE = """
-local worker, minute, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local firsts, new = {}, 0
-local i = 4
-while i <= #ARGV do
-  local key, id, record, fact, n = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
-  local first = redis.call('hsetnx', key, id, record)
-  firsts[#firsts + 1] = first
-  if first == 1 then
-    for j = i + 5, i + 4 + 2 * n, 2 do
-      local name, value = ARGV[j], ARGV[j + 1]
-      redis.call('hincrbyfloat', KEYS[1], name, value)
-      if name == 'prompts_done' or name == 'prompts_failed' or name == 'output_tokens' then
-        redis.call('hincrbyfloat', KEYS[2], worker .. '|' .. name, value)
-      end
-      if name == 'prompts_done' or name == 'prompts_failed' then
-        redis.call('hincrbyfloat', KEYS[3], minute, value)
-      end
-      if name == 'output_tokens' then
-        redis.call('hincrbyfloat', KEYS[3], minute .. '|tokens', value)
-      end
-    end
-    if window > 0 then
-      redis.call('lpush', KEYS[4], fact)
-      new = new + 1
-    end
-  end
-  i = i + 5 + 2 * n
-end
-local seen = -1
-if window > 0 then
-  redis.call('ltrim', KEYS[4], 0, window - 1)
-  seen = redis.call('hincrby', KEYS[5], 'canary_seen', new)
-end
-table.insert(firsts, 1, seen)
-return firsts
-"""
-# Prompts per checkpoint call: 1 is the worst case (an idle Redis answers before the next
-# prompt ends); larger groups are what FLEETGEN_CHECKPOINT_WINDOW_S gives.
-GROUPS = (1, 4, 16)  # broker, ledger, the engine's asyncio client
+# A fleet of hundreds of GPUs runs jobs of millions of prompts: their default batch size.
+LARGE_JOB = 1_000_000
+# Prompts per checkpoint call, beside the default window's group: 1 is a window of 0 on an idle
+# Redis (it answers before the next prompt ends), 64 a full group.
+GROUPS = (1, 16, GROUP_RECORDS)  # broker, ledger, the engine's asyncio client
+
+
+def mean_batch(prompts: int = LARGE_JOB) -> float:
+    """Mean prompts per batch of a job of `prompts` at the default size, tapered as new jobs are."""
+    sizes = batch_sizes(prompts, default_batch_size(prompts), taper=TAPER)
+    return prompts / len(sizes)
 
 
 @dataclass
 class Rate:
     prompts_per_s: float
     record_bytes: int  # one checkpointed result line
-    batch: int = 100
+    batch: float = field(default_factory=mean_batch)
     held: int = 2
+
+    @property
+    def group(self) -> int:
+        """Prompts per checkpoint call: what the default window gathers at this rate."""
+        return max(1, min(GROUP_RECORDS, round(self.prompts_per_s
+                                               * DEFAULTS.checkpoint_window_s)))
 
 
 RATES = (Rate(1.5, 8_000), Rate(25.0, 1_000))
@@ -129,14 +112,13 @@ class Units:
         self.ledger, self.r, self.rate = ledger, ledger.r, rate
         self.record = orjson.dumps({"id": "x", "content": "y" * rate.record_bytes})
         self.script = self.r.register_script(RECORD_GROUP)
-        self.before = self.r.register_script(RECORD_GROUP_BEFORE)
         self.renew = self.r.register_script(RENEW_LEASE)
         self.batches = batches
         self.prompt_no = 0
 
-    def prompt(self, i: int, group: int = 1, before: bool = False) -> None:
+    def prompt(self, i: int, group: int = 1) -> None:
         """One RECORD_GROUP call carrying `group` finished prompts."""
-        batch = keys.batch_id(i // self.rate.batch % self.batches)
+        batch = keys.batch_id(int(i * group // self.rate.batch) % self.batches)
         entries = []
         for _ in range(group):
             self.prompt_no += 1
@@ -144,7 +126,7 @@ class Units:
                                  {"prompts_done": 1, "output_tokens": self.rate.record_bytes / 4,
                                   "input_tokens": 200}, b"{}"))
         script_keys, args = group_arguments(JOB, entries, "gpu0@node", int(time.time() // 60), 0)
-        (self.before if before else self.script)(keys=script_keys, args=args)
+        self.script(keys=script_keys, args=args)
 
     def batch(self, i: int) -> None:
         ledger, batch, token = self.ledger, keys.batch_id(i % self.batches), f"gpu0@node/{i}"
@@ -162,7 +144,7 @@ class Units:
         ledger.r.delete(keys.lease(JOB, batch))
         ledger.leases.acquire(JOB, batch, token, 30.0)
         ledger.batches.checkpoint(JOB, batch)
-        ledger.batches.finish_and_settle(JOB, batch, {"prompts_done": self.rate.batch},
+        ledger.batches.finish_and_settle(JOB, batch, {"prompts_done": int(self.rate.batch)},
                                          "gpu0@node", [])
         ledger.r.srem(keys.job_part(JOB, "done"), batch)  # so the next round finishes it again
         ledger.leases.release(JOB, batch, token, refund=False)
@@ -171,10 +153,16 @@ class Units:
             p.hdel("unacked", f"tag{i}")
             p.execute()
 
+    def hold_leases(self) -> None:
+        """Leases for the renewals to extend (taken once: a renewal does not take one)."""
+        for b in range(self.batches):
+            self.r.set(keys.lease(JOB, keys.batch_id(b)), "gpu0@node/t", px=600_000)
+
     def renewal(self, i: int) -> None:
+        """The heartbeat's calls for one held batch (workers/heartbeat.py)."""
         batch = keys.batch_id(i % self.batches)
-        self.r.set(keys.lease(JOB, batch), "gpu0@node/t", px=30_000)
         self.renew(keys=[keys.lease(JOB, batch)], args=["gpu0@node/t", 30_000])
+        self.r.hget(keys.job(JOB), keys.JOB_STATE)
 
     def registry(self, i: int) -> None:
         reading = ServerReading("up", running=70.0, queue=2.0, token_usage=0.5, mamba_usage=0.5,
@@ -193,15 +181,26 @@ class Units:
         job_status(self.ledger, JOB)
 
     def reconcile(self, i: int) -> None:
+        """The round that runs: CLIENT LIST and the registry (per client: see measure)."""
         self.r.client_list()
         self.r.hgetall(keys.WORKERS)
 
+    def reconcile_worker(self, i: int) -> None:
+        """A worker's own share of each round: its try for the turn, the jobs its metrics keep,
+        and the running batches' lease holders read in the round that runs (`held` of them)."""
+        self.ledger.registry.take_reconciler_turn(f"gpu{i}@node", 9_000)
+        self.ledger.jobs.active()
+        self.ledger.jobs.finished(since=time.time() - 180)
+        self.ledger.leases.tokens(JOB, [keys.batch_id((i + b) % self.batches)
+                                        for b in range(self.rate.held)])
+
 
 def new_job(ledger: Ledger, batches: int, rate: Rate) -> None:
-    prompts = batches * rate.batch
+    size = round(rate.batch)
+    prompts = batches * size
     manifest = JobManifest(
         name=JOB, output="/tmp/perf-redis", input=InputInfo("in.jsonl", "0" * 64, prompts, 1000),
-        prompts=prompts, batch_size=rate.batch, batches=batches, queue=keys.SHARED_QUEUE,
+        prompts=prompts, batch_size=size, batches=batches, queue=keys.SHARED_QUEUE,
         params=GenerationParams(), created_at=time.time())
     ledger.jobs.save(manifest)
     ledger.jobs.activate(manifest)
@@ -217,17 +216,17 @@ class UnitCosts:
     registry: float
     status: float
     reconcile_per_client: float  # CLIENT LIST + registry read, per connected client
+    reconcile_per_gpu: float  # a worker's own share of a round
     checkpoint_bytes: float  # Redis memory per checkpointed prompt
     # µs per prompt when one checkpoint call carries this many prompts
     prompt_in_groups: dict[int, float] = field(default_factory=dict)
-    # the same with the older script (counters once per prompt)
-    prompt_in_groups_before: dict[int, float] = field(default_factory=dict)
 
     def per_gpu_s(self, rate: Rate) -> float:
         """Redis CPU seconds per second of one GPU's traffic."""
         return 1e-6 * (rate.prompts_per_s * self.prompt
                        + rate.prompts_per_s / rate.batch * self.batch
-                       + rate.held / RENEW_S * self.renewal + self.registry / REGISTRY_S)
+                       + rate.held / RENEW_S * self.renewal + self.registry / REGISTRY_BEAT_S
+                       + self.reconcile_per_gpu / RECONCILE_S)
 
     def fixed_s(self, gpus: int) -> float:
         """Fleet-wide Redis CPU seconds per second: reconciler round and one status watcher."""
@@ -247,25 +246,29 @@ def measure(server: RedisServer, rate: Rate, repeats: int) -> tuple[UnitCosts, d
     units = Units(ledger, batches, rate)
     r.config_set("latency-tracking", "yes")
     r.config_resetstat()
-    prompt = cost(r, units.prompt, repeats)
+    group = rate.group
+    # Warms the script and fills the checkpoints whose memory is read next.
+    cost(r, partial(units.prompt, group=group), max(50, repeats // group))
     held = sum(int(r.memory_usage(k) or 0)
                for k in r.scan_iter(match=keys.checkpoint(JOB, "*"), count=1000))
-    checkpoint_bytes = held / repeats
+    checkpoint_bytes = held / units.prompt_no
     costs = UnitCosts(
-        prompt=1e6 * prompt,
+        prompt=0.0,  # below, beside the other group sizes
         batch=1e6 * cost(r, units.batch, repeats // 10),
-        renewal=1e6 * cost(r, units.renewal, repeats),
+        renewal=0.0,
         registry=1e6 * cost(r, units.registry, repeats),
         status=1e6 * cost(r, units.status, max(20, repeats // 50)),
         reconcile_per_client=0.0,
+        reconcile_per_gpu=1e6 * cost(r, units.reconcile_worker, repeats // 10),
         checkpoint_bytes=checkpoint_bytes,
     )
+    units.hold_leases()
+    costs.renewal = 1e6 * cost(r, units.renewal, repeats)
     p99 = latency_p99(r)
-    for group in GROUPS:
-        costs.prompt_in_groups[group] = 1e6 * cost(
-            r, lambda i, g=group: units.prompt(i, g), max(50, repeats // group)) / group
-        costs.prompt_in_groups_before[group] = 1e6 * cost(
-            r, lambda i, g=group: units.prompt(i, g, before=True), max(50, repeats // group)) / group
+    for g in sorted({*GROUPS, group}):
+        costs.prompt_in_groups[g] = 1e6 * cost(r, partial(units.prompt, group=g),
+                                               max(50, repeats // g)) / g
+    costs.prompt = costs.prompt_in_groups[group]
     # CLIENT LIST is linear in connected clients: measure it with a few hundred open.
     extra = [server.client() for _ in range(300)]
     for c in extra:
@@ -286,6 +289,7 @@ def realtime_check(server: RedisServer, rate: Rate, gpus: int, seconds: float,
     r0 = server.client()
     r0.flushall()
     new_job(Ledger(r0), 200, rate)
+    Units(Ledger(r0), 200, rate).hold_leases()
     idle_cpu, idle_began = cpu(r0), time.monotonic()
     time.sleep(seconds / 2)
     idle = (cpu(r0) - idle_cpu) / (time.monotonic() - idle_began)
@@ -296,13 +300,15 @@ def realtime_check(server: RedisServer, rate: Rate, gpus: int, seconds: float,
         ledger = Ledger(server.client())
         units = Units(ledger, 200, rate)
         period, began, n = 1.0 / rate.prompts_per_s, time.monotonic(), 0
+        group, every_batch = rate.group, max(1, round(rate.batch))
         while not stop.is_set():
-            units.prompt(n + index * 100_000)
-            if n % rate.batch == 0:
-                units.batch(n // rate.batch + index * 1000)
+            if n % group == 0:  # the group's call, once its last prompt is in
+                units.prompt(n // group + index * 100_000, group)
+            if n % every_batch == 0:
+                units.batch(n // every_batch + index * 1000)
             if n % max(1, int(rate.prompts_per_s * RENEW_S / rate.held)) == 0:
                 units.renewal(n)
-            if n % max(1, int(rate.prompts_per_s * REGISTRY_S)) == 0:
+            if n % max(1, int(rate.prompts_per_s * REGISTRY_BEAT_S)) == 0:
                 units.registry(index)
             n += 1
             sent[index] = n
@@ -358,13 +364,11 @@ def main(argv: list[str] | None = None) -> int:
             for gpus in fleet:
                 grouped = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
                            for g, us in costs.prompt_in_groups.items()}
-                before = {g: round(replace(costs, prompt=us).core_share(gpus, rate), 4)
-                          for g, us in costs.prompt_in_groups_before.items()}
                 results["table"].append({
                     "gpus": gpus, "prompts_per_s_per_gpu": rate.prompts_per_s,
+                    "prompts_per_call": rate.group,
                     "redis_core_share": round(costs.core_share(gpus, rate), 4),
                     "core_share_by_group": grouped,
-                    "core_share_by_group_before": before,
                     # ~80 answers in flight per GPU are checkpointed until their batch ends
                     "checkpoint_mb_in_flight": round(
                         gpus * 80 * costs.checkpoint_bytes / 1e6, 1)})
@@ -377,13 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "predicted_core_share": round(predicted, 4)}
         for rate in RATES:
             costs = measured[rate.prompts_per_s]
-            for label, by_group in (("", costs.prompt_in_groups),
-                                    (", before", costs.prompt_in_groups_before)):
-                for g, us in by_group.items():
-                    grouped = replace(costs, prompt=us)
-                    results.setdefault("gpus_at_half_a_core", {})[
-                        f"{rate.prompts_per_s} prompts/s, {g} per call{label}"] = max(
-                            n for n in range(1, 20_001) if grouped.core_share(n, rate) <= 0.5)
+            results.setdefault("gpus_at_half_a_core", {})[
+                f"{rate.prompts_per_s} prompts/s, {rate.group} per call"] = max(
+                    n for n in range(1, 20_001) if costs.core_share(n, rate) <= 0.5)
     (OUT / "redis_capacity.json").write_text(json.dumps(results, indent=2))
     print(render(results))
     _plot(results)
@@ -391,26 +391,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(results: dict[str, Any]) -> str:
-    groups = " | ".join([*(f"{g} per call, before" for g in GROUPS),
-                         *(f"{g} per call" for g in GROUPS)])
-    lines = [f"| GPUs | prompts/s per GPU | Redis CPU, % of a core: {groups} | "
-             "checkpoints held (MB) |", "|---:|---:|" + "---:|" * 2 * len(GROUPS) + "---:|"]
+    groups = " | ".join(f"{g} per call" for g in results["table"][0]["core_share_by_group"])
+    lines = [f"| GPUs | prompts/s per GPU | Redis CPU, % of a core, at the default window "
+             f"(prompts per call) | the same at: {groups} | checkpoints held (MB) |",
+             "|---:|---:|---:|" + "---:|" * len(results["table"][0]["core_share_by_group"])
+             + "---:|"]
     for row in results["table"]:
-        shares = " | ".join(f"{100 * v:.1f}%" for v in [*row["core_share_by_group_before"].values(),
-                                                       *row["core_share_by_group"].values()])
-        lines.append(f"| {row['gpus']:,} | {row['prompts_per_s_per_gpu']} | {shares} | "
-                     f"{row['checkpoint_mb_in_flight']} |")
+        shares = " | ".join(f"{100 * v:.1f}%" for v in row["core_share_by_group"].values())
+        lines.append(f"| {row['gpus']:,} | {row['prompts_per_s_per_gpu']} | "
+                     f"{100 * row['redis_core_share']:.1f}% ({row['prompts_per_call']}) | "
+                     f"{shares} | {row['checkpoint_mb_in_flight']} |")
     for entry in results["rates"]:
-        c, p99 = entry["costs_us"], entry["server_p99_us"]
+        c, p99, rate = entry["costs_us"], entry["server_p99_us"], entry["rate"]
         top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p99.items(), key=lambda kv: -kv[1])[:4])
-        lines.append(f"\n{entry['rate']['prompts_per_s']} prompts/s, "
-                     f"{entry['rate']['record_bytes']} B records: µs of Redis CPU per prompt "
-                     f"{c['prompt']:.1f} (in groups: {_rounded(c['prompt_in_groups'])}; "
-                     f"before: {_rounded(c['prompt_in_groups_before'])}), per batch {c['batch']:.0f}, per renewal "
-                     f"{c['renewal']:.1f}, per registry beat {c['registry']:.1f}, per status "
-                     f"{c['status']:.0f}, reconciler per client {c['reconcile_per_client']:.2f};"
-                     f" {c['checkpoint_bytes']:.0f} B per checkpointed prompt; server p99 µs: "
-                     f"{top}")
+        lines.append(f"\n{rate['prompts_per_s']} prompts/s, {rate['record_bytes']} B records, "
+                     f"{rate['batch']:.0f}-prompt batches: µs of Redis CPU per prompt "
+                     f"{c['prompt']:.1f} (by prompts per call: {_rounded(c['prompt_in_groups'])}),"
+                     f" per batch {c['batch']:.0f}, per renewal {c['renewal']:.1f}, per "
+                     f"registry beat {c['registry']:.1f}, per status {c['status']:.0f}, "
+                     f"reconciler per client {c['reconcile_per_client']:.2f} and per worker "
+                     f"{c['reconcile_per_gpu']:.0f}; {c['checkpoint_bytes']:.0f} B per "
+                     f"checkpointed prompt; server p99 µs: {top}")
+        per_s = {"checkpoints": rate["prompts_per_s"] * c["prompt"],
+                 "batches": rate["prompts_per_s"] / rate["batch"] * c["batch"],
+                 "renewals": rate["held"] / RENEW_S * c["renewal"],
+                 "registry": c["registry"] / REGISTRY_BEAT_S,
+                 "reconciler": c["reconcile_per_gpu"] / RECONCILE_S}
+        lines.append("  µs of Redis CPU per GPU-second: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in per_s.items()) + f" (total {sum(per_s.values()):.0f})")
     check = results["realtime_check"]
     lines.append(f"\nreal-time check: {check['gpus']} GPUs x {check['rate']} prompts/s "
                  f"({100 * check['achieved_share_of_rate']:.0f}% of it sent): Redis at "
@@ -429,14 +437,13 @@ def _plot(results: dict[str, Any]) -> None:
 
     lines = []
     for i, rate in enumerate(RATES):
-        points = [(float(row["gpus"]), 100 * row["core_share_by_group_before"][1])
-                  for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
-        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, 1 per call, before",
-                          points, COLORS[i]))
-        grouped = [(float(row["gpus"]), 100 * row["core_share_by_group"][GROUPS[-1]])
-                   for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
-        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, {GROUPS[-1]} per call",
-                          grouped, COLORS[i], dashed=True))
+        rows = [row for row in results["table"] if row["prompts_per_s_per_gpu"] == rate.prompts_per_s]
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, {rate.group} per call",
+                          [(float(row["gpus"]), 100 * row["redis_core_share"]) for row in rows],
+                          COLORS[i]))
+        lines.append(Line(f"{rate.prompts_per_s} prompts/s per GPU, 1 per call",
+                          [(float(row["gpus"]), 100 * row["core_share_by_group"][1])
+                           for row in rows], COLORS[i], dashed=True))
     write_plot(OUT / "redis_capacity", [Panel("Redis CPU (% of a core) by GPUs", lines, slots=50,
                                               y_label="% of a core")])
 
