@@ -125,13 +125,15 @@ class Settings:
     visibility_timeout_s: int = 7200
     # Finished prompts are checkpointed in one Redis call per group, which closes at 64
     # records (checkpoints.GROUP_RECORDS) or this long after its oldest; 0: a call as soon as
-    # the previous is back. At 25 answers a second per GPU a group then carries ~12, which
-    # brings Redis's CPU per answer to about twice a record's own cost
-    # (tests/perf/checkpoint_cost.py); it is also the most finished work a crash loses (asked
-    # again, never written twice) and what the window adds to a batch's end, next to seconds
-    # of generation. An override, not a knob a fleet needs:
-    # docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries.
-    checkpoint_window_s: float = 0.5
+    # the previous is back. At 25 answers a second per GPU a group then carries ~50, which
+    # brings Redis's CPU per answer near a record's own cost, and one Redis carries a thousand
+    # such GPUs in half a core, batches, leases and the registry included
+    # (tests/perf/checkpoint_cost.py, tests/perf/redis_capacity.py). An answer waits for its
+    # group about half the window (the whole window at most) in the worker's memory; it is the
+    # most finished work a crash loses (asked again, never written twice) and what the window
+    # adds to a batch's end, next to seconds of generation. An override, not a knob a fleet
+    # needs: docs/getting-started/several-nodes.md#how-many-gpus-one-redis-carries.
+    checkpoint_window_s: float = 2.0
     # Most batches one worker holds (its pool threads); it takes the next only when its unsent
     # prompts run low, so this is a ceiling, not a target. It must exceed the server's
     # max_running_requests: near a job's end every batch may be waiting on one long answer,
