@@ -71,6 +71,14 @@ class _Pending:
     done: asyncio.Future[bool] = field(repr=False)
 
 
+@dataclass
+class _Noted:
+    job: str
+    count: int  # answers not checkpointed (CheckpointWriter.answered)
+    came: float
+    done: asyncio.Future[bool] = field(repr=False)
+
+
 @dataclass(frozen=True)
 class Outcomes:
     """What the script read for the failure breaker after a group that recorded a failure."""
@@ -104,9 +112,8 @@ class CheckpointWriter:
         self._judge_failures = judge_failures
         self._outcomes_kept = outcomes_kept if judge_failures is not None else 0
         self._queue: list[_Pending] = []
-        # Answers not checkpointed, by job, for the breaker's window; and when the oldest came.
-        self._answers: dict[str, int] = {}
-        self._answers_came = 0.0
+        # Answers not checkpointed, noted for the breaker's window: (job, how many, when).
+        self._answers: list[_Noted] = []
         self._full = asyncio.Event()
         self._flushing: asyncio.Task[None] | None = None
 
@@ -126,27 +133,31 @@ class CheckpointWriter:
 
     async def answered(self, job: str, count: int) -> None:
         """Note `count` answers of `job` that skip the checkpoint (an embeddings batch's) in
-        the failure breaker's window, with the next group: nothing to wait for, and nothing
-        to do when the breaker is off."""
+        the failure breaker's window, with the next group, and wait for it as `add` does;
+        nothing to do when the breaker is off."""
         if not self._outcomes_kept or count <= 0:
             return
-        if not self._answers:
-            self._answers_came = asyncio.get_running_loop().time()
-        self._answers[job] = self._answers.get(job, 0) + count
+        loop = asyncio.get_running_loop()
+        noted = _Noted(job, count, loop.time(), loop.create_future())
+        self._answers.append(noted)
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
+        await noted.done
 
     async def _flush_all(self) -> None:
         try:
             while self._queue or self._answers:
                 if self._window_s and not self._full.is_set():
                     oldest = min([p.came for p in self._queue[:1]]
-                                 + ([self._answers_came] if self._answers else []))
+                                 + [n.came for n in self._answers[:1]])
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout_at(oldest + self._window_s):
                             await self._full.wait()
                 group, self._queue = self._queue[:GROUP_RECORDS], self._queue[GROUP_RECORDS:]
-                answers, self._answers = self._answers, {}
+                noted, self._answers = self._answers, []
+                answers: dict[str, list[_Noted]] = {}
+                for n in noted:
+                    answers.setdefault(n.job, []).append(n)
                 # What is left closes the next group at once if it would have closed this one.
                 if len(self._queue) >= GROUP_RECORDS or any(p.entry.outcome for p in self._queue):
                     self._full.set()
@@ -157,12 +168,13 @@ class CheckpointWriter:
                     by_job.setdefault(p.entry.job, []).append(p)
                 for job in answers:
                     by_job.setdefault(job, [])
-                await asyncio.gather(*(self._commit(job, items, answers.get(job, 0))
+                await asyncio.gather(*(self._commit(job, items, answers.get(job, []))
                                        for job, items in by_job.items()))
         finally:
             self._flushing = None
 
-    async def _commit(self, job: str, items: list[_Pending], answers: int) -> None:
+    async def _commit(self, job: str, items: list[_Pending], noted: list[_Noted]) -> None:
+        answers = sum(n.count for n in noted)
         try:
             window = self._canary_window(job)
             minute = int(time.time() // 60)
@@ -173,15 +185,16 @@ class CheckpointWriter:
                 lambda: self._script(keys=script_keys, args=args),
             )
         except BaseException as exc:
-            for p in items:
-                if not p.done.done():
-                    p.done.set_exception(exc)
+            waiting = [p.done for p in items] + [n.done for n in noted]
+            for done in waiting:
+                if not done.done():
+                    done.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
-            if not items:  # only answers noted: the breaker's window misses them, no one waits
-                log.warning("job %s: %d answers not noted in the breaker's window (%s)",
-                            job, answers, exc)
             return
+        for n in noted:
+            if not n.done.done():
+                n.done.set_result(True)
         seen, firsts = int(reply[0]), [bool(x) for x in reply[1:1 + len(items)]]
         for p, first in zip(items, firsts, strict=True):
             if not p.done.done():

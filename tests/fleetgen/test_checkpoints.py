@@ -159,14 +159,13 @@ def test_answers_that_skip_the_checkpoint_reach_the_breakers_window_in_the_next_
     # An embeddings batch's answers are noted by number: a call of their own when no record
     # comes with them, ahead of the group's records when one does; never past the window.
     async def noted(writer: CheckpointWriter, r: Any) -> None:
-        await writer.answered(JOB, 3)
-        await writer.answered(JOB, 2)
         e = entry(9)
-        assert await writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters,
-                                      e.fact, outcome="invalid_request: nope"))
+        failure = Entry(e.job, e.batch, e.prompt_id, e.record, e.counters, e.fact,
+                        outcome="invalid_request: nope")
+        await asyncio.gather(writer.answered(JOB, 3), writer.answered(JOB, 2), writer.add(failure))
+        assert await r.lrange(keys.job_part(JOB, "outcomes"), 0, -1) \
+            == [b"invalid_request: nope"] + [b""] * 5
         await writer.answered(JOB, 500)
-        while await r.llen(keys.job_part(JOB, "outcomes")) < 10:
-            await asyncio.sleep(0.01)
 
     async def body(breaker_kept: int) -> int:
         r = aioredis.Redis.from_url(redis_url)
