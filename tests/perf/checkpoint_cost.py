@@ -3,9 +3,10 @@ embedding, this tree beside a baseline revision's.
 
 1. **Redis per record at 25 prompts/s per GPU.** `tests/perf/checkpoint_load.py` drives N
    simulated GPUs' checkpoints through the tree's own CheckpointWriter (its defaults) in real
-   time: chat answers end one by one; an embeddings request's 64 vectors end together (the
-   baseline's worker awaited them one after another, `--sequential`). Redis CPU from
-   `INFO cpu`, less an idle Redis's.
+   time: chat answers end one by one; an embeddings request's 64 vectors end together (a
+   baseline from before the grouped add, whose worker awaited them one after another:
+   `--baseline-sequential`), or, where the tree's embeddings batch is their group, are noted
+   by number and recorded with their batch. Redis CPU from `INFO cpu`, less an idle Redis's.
 2. **A real worker on an embeddings job** (`celery -A workers worker` of the tree) against
    `launcher sim --is-embedding` at its full rate: the worker's and Redis's CPU per embedding
    (/proc), with a small and the default `--embedding-dim`.
@@ -13,7 +14,7 @@ embedding, this tree beside a baseline revision's.
 Both on the embedded Valkey (AOF, appendfsync everysec). `--baseline REV` runs the same with
 REV's `fleetgen` and `workers` (git archive into the run's folder).
 
-    python -m tests.perf.checkpoint_cost --baseline main     # ~4 min on 2 cores
+    python -m tests.perf.checkpoint_cost --baseline main     # ~8 min on 2 cores
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def render(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.checkpoint_cost")
     parser.add_argument("--baseline", help="a revision to measure beside this tree")
+    parser.add_argument("--baseline-sequential", action="store_true",
+                        help="the baseline's worker awaits an embeddings request's records one "
+                             "after another (a revision before the grouped add)")
     parser.add_argument("--gpus", type=int, default=20, help="simulated GPUs at 25 prompts/s")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--texts", type=int, default=20_000, help="texts of the worker's job")
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             tree = checkout(args.baseline, Path(tmp) / "baseline")
             results.append(measure(Path(tmp), server, tree, args.baseline, args,
-                                   sequential=True))
+                                   sequential=args.baseline_sequential))
         results.append(measure(Path(tmp), server, ROOT, "this tree", args, sequential=False))
     (OUT / "checkpoint_cost.json").write_text(json.dumps(results, indent=2))
     print(render(results))

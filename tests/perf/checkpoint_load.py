@@ -6,7 +6,11 @@ CheckpointWriter with its own connection, built with the tree's defaults, fed as
 feeds it: a chat answer adds its record when it ends (answers end one by one, evenly spaced
 at `rate` a second); an embeddings request of `per_request` texts ends every
 `per_request / rate` seconds and adds its records together, or one after another, each
-awaited, with `--sequential` (how a worker before the grouped add did it). Prints one JSON
+awaited, with `--sequential` (how a worker before the grouped add did it). A tree whose
+embeddings skip the checkpoint (its writer has `answered`: the batch is their group) notes
+each request's answers for the breaker's window instead, and records each batch of
+`--batch` texts once with their counters (Batches.finish_and_settle), as its worker does.
+Each writer keeps the failure breaker's window the settings' defaults give. Prints one JSON
 line: Redis CPU (INFO cpu, less an idle Redis's) per record over the measured window, records
 per script call (INFO commandstats), and the time from `add` to its commit.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import inspect
 import json
 import os
 import time
@@ -28,6 +33,7 @@ import redis
 import redis.asyncio as aioredis
 
 from fleetgen.checkpoints import CheckpointWriter, Entry
+from fleetgen.ledger import Ledger
 from fleetgen.settings import Settings
 
 JOB = "perf-checkpoints"
@@ -81,14 +87,42 @@ async def _judge(job: str, before: int, after: int) -> None:
     return None
 
 
+async def _judge_failures(job: str, failures: list[Entry], seen: Any) -> None:
+    return None
+
+
 class Gpu:
     def __init__(self, url: str, index: int, args: argparse.Namespace) -> None:
         self.r = aioredis.Redis.from_url(url)
         window = Settings().checkpoint_window_s if args.window is None else args.window
-        self.writer = CheckpointWriter(self.r, f"gpu{index}@perf", _judge, lambda job: 0, window)
+        settings = Settings()
+        breaker: dict[str, Any] = {}
+        if "outcomes_kept" in inspect.signature(CheckpointWriter).parameters:
+            breaker = {"judge_failures": _judge_failures,
+                       "outcomes_kept": max(settings.breaker_streak, settings.breaker_window)}
+        self.worker = f"gpu{index}@perf"
+        self.writer = CheckpointWriter(self.r, self.worker, _judge, lambda job: 0, window,
+                                       **breaker)
         self.index, self.args = index, args
+        # The tree's worker keeps an embeddings batch's answers and records them with it.
+        self.grouped = args.mode == "embedding" and hasattr(self.writer, "answered")
+        self.ledger = Ledger.from_url(url) if self.grouped else None
         self.added = 0
         self.waits: list[float] = []
+
+    async def _request(self, size: int) -> None:
+        """An embeddings request's answers, as a tree whose batch is their group takes them."""
+        await self.writer.answered(JOB, size)
+        batch, self.added = self.added // self.args.batch, self.added + size
+        if self.added // self.args.batch > batch:
+            _, counters = _record(self.args.mode, 0, self.args.dim)
+            live = {k: v * self.args.batch for k, v in counters.items()}
+            assert self.ledger is not None
+            ledger = self.ledger
+            await asyncio.to_thread(
+                lambda: ledger.batches.finish_and_settle(
+                    JOB, f"g{self.index}b{batch:06d}", {"prompts_done": self.args.batch},
+                    self.worker, [], live=live))
 
     async def _add(self, n: int) -> None:
         record, counters = _record(self.args.mode, n, self.args.dim)
@@ -116,7 +150,9 @@ class Gpu:
                 except TimeoutError:
                     pass
             first = n + self.index * 10_000_000
-            if args.sequential:
+            if self.grouped:
+                tasks.add(asyncio.create_task(self._request(size)))
+            elif args.sequential:
                 tasks.add(asyncio.create_task(self._one_by_one(first, size)))
             else:
                 tasks.update(asyncio.create_task(self._add(first + i)) for i in range(size))
@@ -124,6 +160,8 @@ class Gpu:
             n += size
         await asyncio.gather(*tasks)
         await self.r.aclose()
+        if self.ledger is not None:
+            self.ledger.close()
 
     async def _one_by_one(self, first: int, size: int) -> None:
         for i in range(size):
@@ -192,6 +230,7 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=64, help="texts per embeddings request")
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--sequential", action="store_true")
+    parser.add_argument("--batch", type=int, default=1000, help="texts per embeddings batch")
     parser.add_argument("--window", type=float, help="the writer's window_s (default: the tree's)")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=10.0)
