@@ -30,7 +30,7 @@ from celery import Celery
 from fleetgen import broker, keys, redisconn
 from fleetgen.canary import Thresholds
 from fleetgen.commandline import CommandParser
-from fleetgen.endpoints import CHAT, EMBEDDINGS, ENDPOINTS
+from fleetgen.endpoints import CHAT, ENDPOINTS, endpoint
 from fleetgen.errors import FleetgenError, JobError, RolloutError, UnknownJobError
 from fleetgen.job import (
     DEFAULT_MAX_TOKENS,
@@ -256,23 +256,23 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Excludes("--rollout", "--endpoint", other_when=lambda e: e != CHAT,
                  says="{flag} with {other} {value}: a rollout's calls are chat requests"),
         Excludes("--samples", "--endpoint", when=lambda n: n > 1,
-                 other_when=lambda e: e == EMBEDDINGS,
-                 says="{flag} with {other} {value}: an embeddings request gives one vector per "
-                 "text, the same every time"),
-        Excludes("--canary", "--endpoint", other_when=lambda e: e == EMBEDDINGS,
-                 says="{flag} with {other} {value}: the canary judges generated text, which an "
-                 "embeddings job has none of; its canary is off"),
-        Excludes("--no-thinking", "--endpoint", other_when=lambda e: e == EMBEDDINGS,
-                 says="{flag} with {other} {value}: an embeddings job generates no text"),
+                 other_when=lambda e: not endpoint(e).generates,
+                 says="{flag} with {other} {value}: a request of it gives one answer per "
+                 "text (a vector, a label), the same every time"),
+        Excludes("--canary", "--endpoint", other_when=lambda e: not endpoint(e).generates,
+                 says="{flag} with {other} {value}: the canary judges generated text, which "
+                 "such a job has none of; its canary is off"),
+        Excludes("--no-thinking", "--endpoint", other_when=lambda e: not endpoint(e).generates,
+                 says="{flag} with {other} {value}: such a job generates no text"),
         Requires(("--text-column",), "--endpoint",
-                 says="--text-column names the text field of a completions or embeddings job's "
-                 "plain lines: add --endpoint completions or --endpoint embeddings"),
+                 says="--text-column names the text field of a completions, embeddings or classify "
+                 "job's plain lines: add --endpoint with one of them"),
         Excludes("--text-column", "--endpoint", other_when=lambda e: e == CHAT,
                  says="{flag} with {other} {value}: a chat line's text is its prompt or "
                  "messages (a table's column of another name: --prompt-column)"),
         Excludes("--prompt-column", "--endpoint", other_when=lambda e: e != CHAT,
-                 says="{flag} with {other} {value}: the text column of a completions or "
-                 "embeddings job is named by --text-column"),
+                 says="{flag} with {other} {value}: the text column of a completions, "
+                 "embeddings or classify job is named by --text-column"),
         Valid("--text-column", lambda name: name not in RESERVED_FIELDS,
               why=f"{', '.join(RESERVED_FIELDS)} are read as themselves; the text field has "
               "another name"),

@@ -329,7 +329,8 @@ def _check_endpoint(req: EnqueueRequest, name: str) -> None:
         return
     why = f"{'an' if name == EMBEDDINGS else 'a'} {name} job ({kind.path}) generates no text"
     if req.samples is not None and req.samples > 1:
-        raise JobError(f"--samples {req.samples}: {why}; each text gets one vector")
+        raise JobError(f"--samples {req.samples}: {why}; each text gets one answer (a vector, "
+                       "a label), the same every time")
     if req.canary != Thresholds() and req.canary.enabled:
         raise JobError(f"--canary: {why}, which the canary judges; its canary is off")
     if replace(req.params, model=None) != GenerationParams():

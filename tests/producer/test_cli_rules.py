@@ -103,22 +103,30 @@ def test_a_broken_rule_is_one_error_line_and_nothing_is_written(
     (["enqueue", "IN", "--endpoint", "completions", "--rollout", ROLLOUT],
      "--rollout with --endpoint completions: a rollout's calls are chat requests"),
     (["enqueue", "IN", "--endpoint", "embeddings", "--samples", "2"],
-     "--samples with --endpoint embeddings: an embeddings request gives one vector per text, "
-     "the same every time"),
+     "--samples with --endpoint embeddings: a request of it gives one answer per text (a "
+     "vector, a label), the same every time"),
+    (["enqueue", "IN", "--endpoint", "classify", "--samples", "3"],
+     "--samples with --endpoint classify: a request of it gives one answer per text (a "
+     "vector, a label), the same every time"),
     (["enqueue", "IN", "--endpoint", "embeddings", "--canary", "length=off"],
-     "--canary with --endpoint embeddings: the canary judges generated text, which an "
-     "embeddings job has none of; its canary is off"),
+     "--canary with --endpoint embeddings: the canary judges generated text, which such a "
+     "job has none of; its canary is off"),
+    (["enqueue", "IN", "--endpoint", "classify", "--canary", "length=off"],
+     "--canary with --endpoint classify: the canary judges generated text, which such a "
+     "job has none of; its canary is off"),
     (["enqueue", "IN", "--endpoint", "embeddings", "--no-thinking"],
-     "--no-thinking with --endpoint embeddings: an embeddings job generates no text"),
+     "--no-thinking with --endpoint embeddings: such a job generates no text"),
+    (["enqueue", "IN", "--endpoint", "classify", "--no-thinking"],
+     "--no-thinking with --endpoint classify: such a job generates no text"),
     (["enqueue", "IN", "--text-column", "body"],
-     "--text-column names the text field of a completions or embeddings job's plain lines: "
-     "add --endpoint completions or --endpoint embeddings"),
+     "--text-column names the text field of a completions, embeddings or classify job's plain "
+     "lines: add --endpoint with one of them"),
     (["enqueue", "IN", "--endpoint", "chat", "--text-column", "body"],
      "--text-column with --endpoint chat: a chat line's text is its prompt or messages (a "
      "table's column of another name: --prompt-column)"),
     (["enqueue", "IN", "--endpoint", "embeddings", "--prompt-column", "q"],
-     "--prompt-column with --endpoint embeddings: the text column of a completions or "
-     "embeddings job is named by --text-column"),
+     "--prompt-column with --endpoint embeddings: the text column of a completions, "
+     "embeddings or classify job is named by --text-column"),
     (["enqueue", "IN", "--endpoint", "completions", "--text-column", "sampling"],
      "--text-column 'sampling': id, sampling are read as themselves; the text field has "
      "another name"),
