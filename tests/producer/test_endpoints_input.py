@@ -358,7 +358,7 @@ def test_resuming_a_job_with_another_endpoint_is_refused_naming_both(
 
 @pytest.mark.parametrize(("flags", "message"), [
     (("--samples", "2"), "--samples 2: an embeddings job (/v1/embeddings) generates no text; "
-     "each text gets one vector"),
+     "each text gets one answer (a vector, a label), the same every time"),
     (("--canary", "length=off"), "--canary: an embeddings job (/v1/embeddings) generates no "
      "text, which the canary judges; its canary is off"),
     (("--temperature", "0"), "--max-tokens, --temperature, --top-p and --no-thinking: an "
