@@ -228,7 +228,7 @@ class BatchRunner:
             if not end.handled:
                 raise
             # Stopped without writing: finished prompts stay in the checkpoint for whoever
-            # runs the batch next.
+            # runs the batch next (an embeddings batch's failures only: its answers go).
             log.warning("batch %s/%s: %s (%s)", job, batch, end.status, exc)
             return Outcome(status=end.status, batch=batch, attempt=lease.attempt)
         else:
