@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -60,6 +61,12 @@ def unavailable(reason: str) -> NoReturn:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Python's bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set (a common
+    # container default): without them every test process rewrites the asserts of every test
+    # module, and every plugin's package, and compiles them again at each run, which was most
+    # of its collection. They go to __pycache__ (ignored by git); the processes the tests start
+    # keep the variable, so they write none, and read the ones written here.
+    sys.dont_write_bytecode = False
     # A shell starts a background job (`.ci/run &`, nohup, a CI runner's script) with SIGINT
     # ignored, and every process the tests start inherits "ignored": Ctrl-C tests (status
     # --watch, enqueue interrupted, the walkthrough's terminals) would then test nothing and
