@@ -51,8 +51,9 @@ def test_the_node_supervisor_and_log_reader_load_no_celery_and_only_pure_shared_
     # types, the one reader of a server's info and /metrics (advise samples servers through
     # it), the server kinds whose gauges that reader knows, the names of queues and ports
     # (the launcher gives each worker its metrics port), the one wait on a condition, and the
-    # one backoff policy (the supervisor's restarts).
-    shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact",
+    # one backoff policy (the supervisor's restarts), and the kinds of request (the routes a
+    # server kind serves them at).
+    shared = {"fleetgen", "fleetgen.commandline", "fleetgen.redact", "fleetgen.endpoints",
               "fleetgen.readings", "fleetgen.errors", "fleetgen.servers", "fleetgen.keys",
               "fleetgen.poll", "fleetgen.ports", "fleetgen.retry"}
     for module in ("launcher.node", "launcher.logs"):
