@@ -140,6 +140,10 @@ class CheckpointWriter:
         loop = asyncio.get_running_loop()
         noted = _Noted(job, count, loop.time(), loop.create_future())
         self._answers.append(noted)
+        # As many answers as a group's records close it: an embeddings request's waits for
+        # nothing, as when its records filled a group.
+        if sum(n.count for n in self._answers) >= GROUP_RECORDS:
+            self._full.set()
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
         await noted.done

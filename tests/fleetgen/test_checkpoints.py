@@ -196,3 +196,22 @@ def test_answers_that_skip_the_checkpoint_reach_the_breakers_window_in_the_next_
     redis_client.flushdb()
     assert asyncio.run(body(0)) == 0
     assert not redis_client.exists(keys.job_part(JOB, "outcomes"))
+
+
+def test_a_group_closes_at_its_size_in_answers_noted_without_waiting_for_its_window(
+        redis_url: str, redis_client: Any) -> None:
+    # An embeddings request's answers, noted together, close their group as its records did.
+    async def body() -> None:
+        r = aioredis.Redis.from_url(redis_url)
+        async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
+            return None
+
+        writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 60.0,
+                                  judge_failures, 100)
+        try:
+            await asyncio.wait_for(writer.answered(JOB, GROUP_RECORDS), 30.0)
+        finally:
+            await r.aclose()
+
+    asyncio.run(body())
+    assert redis_client.llen(keys.job_part(JOB, "outcomes")) == GROUP_RECORDS
