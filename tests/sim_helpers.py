@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import selectors
+import ssl
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ from launcher.sim import SimConfig, serve_in_thread
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
+# One SSL context for the tests' own httpx calls (`httpx.post(url, ..., verify=TLS)`): without
+# it each call builds and loads one, for a plain-http URL too, and that is most of what a
+# request to an in-thread simulator costs the test process.
+TLS = ssl.create_default_context()
 
 
 def config(*flags: str) -> SimConfig:
@@ -70,7 +75,7 @@ def metric_sum(text: str, name: str) -> float:
 
 def gauge(url: str, name: str) -> float:
     """The current value of one /metrics sample of the server at `url`."""
-    return metric(httpx.get(url + "/metrics").text, name)
+    return metric(httpx.get(url + "/metrics", verify=TLS).text, name)
 
 
 class SimProcess:

@@ -22,7 +22,7 @@ from launcher.cli import main
 from launcher.node._advise import Observed, advise, relative_throughput
 from launcher.node._commands import render_status
 from launcher.node._rundir import NodeState, ServerEntry
-from tests.sim_helpers import chat_body, gauge, running_sim, wait_until
+from tests.sim_helpers import TLS, chat_body, gauge, running_sim, wait_until
 
 
 def entry_json(binding: str, effective: int, requested: int | None, *,
@@ -164,7 +164,7 @@ def busy(url: str, clients: int) -> Iterator[None]:
     stop = threading.Event()
 
     def one() -> None:
-        with httpx.Client(timeout=60, trust_env=False) as client:
+        with httpx.Client(timeout=60, trust_env=False, verify=TLS) as client:
             while not stop.is_set():
                 try:
                     client.post(f"{url}/v1/chat/completions", json=chat_body())

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
 import orjson
 import pytest
 
-from tests.sim_helpers import chat_body, gauge, metric_sum, running_sim, wait_until
+from tests.sim_helpers import TLS, chat_body, gauge, metric_sum, running_sim, wait_until
+
+if TYPE_CHECKING:
+    # Imported where a test uses it: openai is a heavy import, and every test process imports
+    # this module to collect it.
+    import openai
 
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -27,12 +31,14 @@ def url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def client(url: str) -> Iterator[openai.OpenAI]:
+    import openai
+
     with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:
         yield c
 
 
 def chat(url: str, **body: Any) -> dict[str, Any]:
-    response = httpx.post(url + "/v1/chat/completions", json=chat_body(**body))
+    response = httpx.post(url + "/v1/chat/completions", json=chat_body(**body), verify=TLS)
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -129,7 +135,7 @@ def test_stream_carries_the_same_text_as_the_non_streaming_answer(
 
 def test_stream_starts_with_the_role_chunk_and_ends_with_done(url: str) -> None:
     raw = httpx.post(url + "/v1/chat/completions",
-                     json=chat_body(max_tokens=6, stream=True)).content
+                     json=chat_body(max_tokens=6, stream=True), verify=TLS).content
     events = raw.split(b"\n\n")
     first = orjson.loads(events[0].removeprefix(b"data: "))
     assert first["object"] == "chat.completion.chunk"
@@ -162,7 +168,8 @@ def test_auto_tool_choice_calls_tools_for_a_deterministic_share(url: str) -> Non
 
 def test_generate_defaults_to_128_new_tokens_and_reports_meta_info(url: str) -> None:
     body = httpx.post(url + "/generate", json={"text": "The capital city of France is",
-                                               "sampling_params": {"ignore_eos": True}}).json()
+                                               "sampling_params": {"ignore_eos": True}},
+                      verify=TLS).json()
     meta = body["meta_info"]
     assert meta["completion_tokens"] == 128 == len(body["output_ids"])
     assert meta["finish_reason"] == {"type": "length", "length": 128}
@@ -174,16 +181,19 @@ def test_generate_defaults_to_128_new_tokens_and_reports_meta_info(url: str) -> 
 
 def test_generate_accepts_batches_and_input_ids(url: str) -> None:
     batch = httpx.post(url + "/generate", json={"text": ["a", "b"],
-                                                "sampling_params": {"max_new_tokens": 3}}).json()
+                                                "sampling_params": {"max_new_tokens": 3}},
+                       verify=TLS).json()
     assert [r["meta_info"]["completion_tokens"] for r in batch] == [3, 3]
     ids = httpx.post(url + "/generate", json={"input_ids": [1, 2, 3, 4],
-                                              "sampling_params": {"max_new_tokens": 2}}).json()
+                                              "sampling_params": {"max_new_tokens": 2}},
+                     verify=TLS).json()
     assert ids["meta_info"]["prompt_tokens"] == 4
 
 
 def test_generate_stream_sends_cumulative_text(url: str) -> None:
     raw = httpx.post(url + "/generate", json={"text": "x", "stream": True,
-                                              "sampling_params": {"max_new_tokens": 5}}).content
+                                              "sampling_params": {"max_new_tokens": 5}},
+                     verify=TLS).content
     events = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e]
     assert events[-1] == b"[DONE]"
     final = orjson.loads(events[-2])
@@ -192,14 +202,14 @@ def test_generate_stream_sends_cumulative_text(url: str) -> None:
 
 
 def test_info_endpoints_have_sglang_shapes(url: str) -> None:
-    models = httpx.get(url + "/v1/models").json()
+    models = httpx.get(url + "/v1/models", verify=TLS).json()
     card = models["data"][0]
     assert models["object"] == "list" and card["id"] == "sim/Qwen3.6-27B"
     assert card["owned_by"] == "sglang" and card["max_model_len"] == 40960
-    model_info = httpx.get(url + "/model_info").json()
+    model_info = httpx.get(url + "/model_info", verify=TLS).json()
     assert model_info["is_generation"] is True and model_info["reasoning_parser"] == "qwen3"
-    info = httpx.get(url + "/server_info").json()
-    assert info == httpx.get(url + "/get_server_info").json() | {
+    info = httpx.get(url + "/server_info", verify=TLS).json()
+    assert info == httpx.get(url + "/get_server_info", verify=TLS).json() | {
         "internal_states": info["internal_states"]}
     assert info["version"] == "0.5.23" and info["max_total_num_tokens"] > 0
     assert info["max_req_input_len"] < 40960
@@ -210,13 +220,13 @@ def test_info_endpoints_have_sglang_shapes(url: str) -> None:
 
 def test_health_is_200_with_an_empty_body(url: str) -> None:
     for path in ("/health", "/health_generate"):
-        response = httpx.get(url + path)
+        response = httpx.get(url + path, verify=TLS)
         assert (response.status_code, response.content) == (200, b"")
 
 
 def test_metrics_have_sglang_names_and_the_model_name_label(url: str) -> None:
     chat(url, max_tokens=3)
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(url + "/metrics", verify=TLS).text
     for name in ("num_running_reqs", "num_queue_reqs", "gen_throughput", "token_usage",
                  "max_total_num_tokens", "prompt_tokens_total", "generation_tokens_total",
                  "num_requests_total", "num_aborted_requests_total",
@@ -235,7 +245,8 @@ def test_abort_request_ends_a_running_request_with_finish_abort() -> None:
             chat(url, max_tokens=1000, rid="victim")))
         worker.start()
         wait_until(lambda: gauge(url, "sglang:num_running_reqs") == 1, what="a running request")
-        assert httpx.post(url + "/abort_request", json={"rid": "victim"}).status_code == 200
+        assert httpx.post(url + "/abort_request", json={"rid": "victim"},
+                          verify=TLS).status_code == 200
         worker.join(timeout=10)
         choice = result["choices"][0]
         assert result["id"] == "victim" and choice["finish_reason"] == "abort"
@@ -244,12 +255,12 @@ def test_abort_request_ends_a_running_request_with_finish_abort() -> None:
 
 def test_api_key_guards_all_but_health_and_metrics() -> None:
     with running_sim("--instant", "--api-key", "sekret") as url:
-        denied = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1))
+        denied = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1), verify=TLS)
         assert (denied.status_code, denied.content) == (401, b'{"error":"Unauthorized"}')
-        assert httpx.get(url + "/health").status_code == 200
-        assert httpx.get(url + "/metrics").status_code == 200
+        assert httpx.get(url + "/health", verify=TLS).status_code == 200
+        assert httpx.get(url + "/metrics", verify=TLS).status_code == 200
         allowed = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1),
-                             headers={"Authorization": "Bearer sekret"})
+                             headers={"Authorization": "Bearer sekret"}, verify=TLS)
         assert allowed.status_code == 200
 
 
@@ -304,9 +315,9 @@ def test_a_request_with_n_runs_as_n_requests_in_the_scheduler() -> None:
         done: list[httpx.Response] = []
         thread = threading.Thread(target=lambda: done.append(httpx.post(
             url + "/v1/chat/completions", json=chat_body(max_tokens=60, n=3, ignore_eos=True),
-            timeout=60)))
+            timeout=60, verify=TLS)))
         thread.start()
         wait_until(lambda: gauge(url, "sglang:num_running_reqs") == 3, what="3 running")
         thread.join()
         assert len(done[0].json()["choices"]) == 3
-        assert httpx.get(url + "/sim/stats").json()["requests"] == 1
+        assert httpx.get(url + "/sim/stats", verify=TLS).json()["requests"] == 1

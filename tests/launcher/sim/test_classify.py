@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.sim_helpers import running_sim
+from tests.sim_helpers import TLS, running_sim
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def vllm_reward_model() -> Iterator[str]:
 
 
 def post(url: str, route: str, **body: Any) -> httpx.Response:
-    return httpx.post(url + route, json=body, timeout=30)
+    return httpx.post(url + route, json=body, timeout=30, verify=TLS)
 
 
 def test_sglang_classify_gives_a_label_and_probabilities_per_text(

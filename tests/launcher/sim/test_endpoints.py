@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from launcher.sim import embedding_of
-from tests.sim_helpers import metric_sum, running_sim
+from tests.sim_helpers import TLS, metric_sum, running_sim
 
 TEXTS = [f"short text number {i}" for i in range(64)]
 
@@ -43,7 +43,7 @@ def vllm_generator() -> Iterator[str]:
 
 
 def post(url: str, route: str, **body: Any) -> httpx.Response:
-    return httpx.post(url + route, json=body, timeout=30)
+    return httpx.post(url + route, json=body, timeout=30, verify=TLS)
 
 
 def test_sglang_embeddings_have_sglang_keys_and_the_vector_of_each_text(
@@ -146,15 +146,15 @@ def test_generation_servers_refuse_embeddings_as_their_engines_do(
 
 
 def test_model_info_says_an_embedding_model_is_not_generative(sglang_embedder: str) -> None:
-    assert httpx.get(sglang_embedder + "/model_info").json()["is_generation"] is False
+    assert httpx.get(sglang_embedder + "/model_info", verify=TLS).json()["is_generation"] is False
 
 
 def test_one_request_of_64_inputs_runs_as_one_forward_of_64_sequences() -> None:
     with running_sim("--is-embedding") as url:
-        before = httpx.get(url + "/metrics").text
+        before = httpx.get(url + "/metrics", verify=TLS).text
         body = post(url, "/v1/embeddings", input=TEXTS).json()
-        after = httpx.get(url + "/metrics").text
-        stats = httpx.get(url + "/sim/stats").json()
+        after = httpx.get(url + "/metrics", verify=TLS).text
+        stats = httpx.get(url + "/sim/stats", verify=TLS).json()
     count = "sglang:num_requests_total"
     assert metric_sum(after, count) - metric_sum(before, count) == 64
     tokens = "sglang:prompt_tokens_total"
@@ -163,9 +163,11 @@ def test_one_request_of_64_inputs_runs_as_one_forward_of_64_sequences() -> None:
 
 
 def test_vllm_counts_an_embedding_requests_prompt_tokens(vllm_embedder: str) -> None:
-    before = metric_sum(httpx.get(vllm_embedder + "/metrics").text, "vllm:prompt_tokens_total")
+    before = metric_sum(httpx.get(vllm_embedder + "/metrics",
+                                  verify=TLS).text, "vllm:prompt_tokens_total")
     body = post(vllm_embedder, "/v1/embeddings", input=TEXTS[:8]).json()
-    after = metric_sum(httpx.get(vllm_embedder + "/metrics").text, "vllm:prompt_tokens_total")
+    after = metric_sum(httpx.get(vllm_embedder + "/metrics",
+                                 verify=TLS).text, "vllm:prompt_tokens_total")
     assert after - before == body["usage"]["prompt_tokens"] > 0
 
 

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.sim.cli import main
-from tests.sim_helpers import WAIT_S, chat_body, gauge, running_sim
+from tests.sim_helpers import TLS, WAIT_S, chat_body, gauge, running_sim
 
 MODEL = "sim/Qwen3.6-27B"  # the simulator's default --model-path, so its served name
 NOT_FOUND = (404, {"detail": "Not Found"})
@@ -35,7 +34,7 @@ def strict_url() -> Iterator[str]:
 
 
 def post(url: str, **body: Any) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", json=chat_body(**body))
+    return httpx.post(url + "/v1/chat/completions", json=chat_body(**body), verify=TLS)
 
 
 def answer(url: str, **body: Any) -> dict[str, Any]:
@@ -45,12 +44,12 @@ def answer(url: str, **body: Any) -> dict[str, Any]:
 
 
 def status_and_json(url: str, path: str) -> tuple[int, Any]:
-    response = httpx.get(url + path)
+    response = httpx.get(url + path, verify=TLS)
     return response.status_code, response.json()
 
 
 def families(url: str) -> dict[str, Any]:
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(url + "/metrics", verify=TLS).text
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
@@ -64,9 +63,9 @@ def test_vllm_has_none_of_sglangs_own_endpoints(vllm_url: str, path: str) -> Non
 
 def test_vllm_version_and_health_answer_as_vllm_does(vllm_url: str) -> None:
     assert status_and_json(vllm_url, "/version") == (200, {"version": "0.11.0"})
-    health = httpx.get(vllm_url + "/health")
+    health = httpx.get(vllm_url + "/health", verify=TLS)
     assert (health.status_code, health.content) == (200, b"")
-    assert httpx.post(vllm_url + "/ping").status_code == 200
+    assert httpx.post(vllm_url + "/ping", verify=TLS).status_code == 200
 
 
 def test_vllm_lists_its_model_owned_by_vllm_with_root_and_max_model_len(vllm_url: str) -> None:
@@ -107,7 +106,8 @@ def test_vllm_answers_an_unknown_model_with_its_404_error_body(vllm_url: str) ->
 def test_vllm_answers_a_request_without_model_with_its_own_name(
         vllm_url: str, model: dict[str, Any]) -> None:
     response = httpx.post(vllm_url + "/v1/chat/completions",
-                          json={"messages": [{"role": "user", "content": "Hi"}], **model})
+                          json={"messages": [{"role": "user", "content": "Hi"}], **model},
+                          verify=TLS)
     body = response.json()
     assert body["model"] == MODEL and body["id"].startswith("chatcmpl-")
 
@@ -161,6 +161,8 @@ def test_vllm_cut_while_thinking_leaves_everything_in_content(vllm_url: str) -> 
 
 
 def test_vllm_streams_reasoning_and_content_through_the_openai_client(vllm_url: str) -> None:
+    import openai  # a heavy import, for the two tests that use it
+
     with openai.OpenAI(base_url=vllm_url + "/v1", api_key="unused", max_retries=0) as client:
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=4000,
@@ -264,6 +266,8 @@ def test_strict_keeps_the_reasoning_in_content(strict_url: str) -> None:
 
 def test_strict_streams_through_the_openai_client_with_usage_in_the_last_chunk(
         strict_url: str) -> None:
+    import openai  # a heavy import, for the two tests that use it
+
     with openai.OpenAI(base_url=strict_url + "/v1", api_key="unused", max_retries=0) as client:
         chunks = list(client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=4000,

@@ -20,7 +20,7 @@ from launcher.sim.cli import main
 from launcher.sim.protocol import RequestError
 from launcher.sim.ratelimit import RequestBudget, duration
 from launcher.sim.stress import Stress, Window, WindowError, refusal
-from tests.sim_helpers import WAIT_S, chat_body, running_sim
+from tests.sim_helpers import TLS, WAIT_S, chat_body, running_sim
 
 # Answers of ~10 s: requests stay running while the test asks for more.
 SLOW = ("--decode-tps", "5", "--mean-output-tokens", "50", "--output-sigma", "0.01")
@@ -104,8 +104,8 @@ def test_by_default_a_full_server_queues_the_request_as_sglang_does() -> None:
 @pytest.mark.parametrize("status", [502, 504])
 def test_a_failing_proxy_answers_nginx_html_on_every_generation_route(status: int) -> None:
     with running_sim("--instant", "--fail-rate", "1", "--fail-status", str(status)) as url:
-        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        generate = httpx.post(f"{url}/generate", json={"text": "hi"})
+        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        generate = httpx.post(f"{url}/generate", json={"text": "hi"}, verify=TLS)
     for response in (chat, generate):
         assert response.status_code == status
         assert response.headers["content-type"].startswith("text/html")
@@ -115,8 +115,8 @@ def test_a_failing_proxy_answers_nginx_html_on_every_generation_route(status: in
 
 def test_the_default_failure_is_sglangs_internal_server_error() -> None:
     with running_sim("--instant", "--fail-rate", "1") as url:
-        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        generate = httpx.post(f"{url}/generate", json={"text": "hi"})
+        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        generate = httpx.post(f"{url}/generate", json={"text": "hi"}, verify=TLS)
     assert chat.status_code == 500 and chat.json() == {
         "object": "error", "message": "Internal server error: simulated failure (--fail-rate)",
         "type": "InternalServerError", "param": None, "code": 500}
@@ -126,11 +126,11 @@ def test_the_default_failure_is_sglangs_internal_server_error() -> None:
 def test_a_chat_window_refuses_generation_while_health_and_info_stay_fine() -> None:
     with running_sim("--instant", "--error-window", "0:600:503",
                      "--error-window", "600:10:429") as url:
-        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        generate = httpx.post(f"{url}/generate", json={"text": "hi"})
-        health = httpx.get(f"{url}/health")
-        models = httpx.get(f"{url}/v1/models")
-        stats = httpx.get(f"{url}/sim/stats").json()
+        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        generate = httpx.post(f"{url}/generate", json={"text": "hi"}, verify=TLS)
+        health = httpx.get(f"{url}/health", verify=TLS)
+        models = httpx.get(f"{url}/v1/models", verify=TLS)
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     assert (chat.status_code, generate.status_code) == (503, 503)
     assert chat.json() == generate.json() == QUEUE_FULL
     assert (health.status_code, models.status_code) == (200, 200)
@@ -151,19 +151,19 @@ def test_a_window_answers_each_status_in_its_senders_shape(
         status: int, check: Callable[[httpx.Response], bool]) -> None:
     with running_sim("--instant", "--retry-after", "3",
                      "--error-window", f"0:600:{status}") as url:
-        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
     assert chat.status_code == status and check(chat)
 
 
 def test_a_window_of_every_route_fails_health_too_until_cleared() -> None:
     with running_sim("--instant", "--error-window", "0:600:502:all") as url:
-        health = httpx.get(f"{url}/health")
-        models = httpx.get(f"{url}/v1/models")
-        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        stats = httpx.get(f"{url}/sim/stats")
-        cleared = httpx.post(f"{url}/sim/misbehave", json={"clear": True})
-        health_after = httpx.get(f"{url}/health")
-        chat_after = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        health = httpx.get(f"{url}/health", verify=TLS)
+        models = httpx.get(f"{url}/v1/models", verify=TLS)
+        chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS)
+        cleared = httpx.post(f"{url}/sim/misbehave", json={"clear": True}, verify=TLS)
+        health_after = httpx.get(f"{url}/health", verify=TLS)
+        chat_after = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
     assert (health.status_code, models.status_code, chat.status_code) == (502, 502, 502)
     assert health.headers["content-type"].startswith("text/html")
     # the simulator's own routes are never refused: a window of every route can be ended
@@ -175,18 +175,18 @@ def test_a_window_of_every_route_fails_health_too_until_cleared() -> None:
 def test_misbehaviour_is_switched_on_and_off_while_the_server_runs() -> None:
     with running_sim("--instant") as url:
         def misbehave(**what: Any) -> dict[str, Any]:
-            response = httpx.post(f"{url}/sim/misbehave", json=what)
+            response = httpx.post(f"{url}/sim/misbehave", json=what, verify=TLS)
             assert response.status_code == 200, response.text
             state: dict[str, Any] = response.json()
             return state
 
         started = misbehave(status=503, seconds=45, scope="chat")
-        in_window = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        health = httpx.get(f"{url}/health")
+        in_window = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        health = httpx.get(f"{url}/health", verify=TLS)
         failing = misbehave(clear=True, fail_rate=1, fail_status=502)
-        failed = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        failed = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
         cleared = misbehave(clear=True)
-        fine = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
+        fine = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
     [window] = started["windows"]
     assert window["status"] == 503 and window["seconds"] == 45 and window["active"]
     assert (in_window.status_code, health.status_code) == (503, 200)
@@ -218,9 +218,9 @@ def test_misbehaviour_is_switched_on_and_off_while_the_server_runs() -> None:
 def test_a_misbehaviour_that_makes_no_sense_is_a_400_and_changes_nothing(
         body: Any, words: str) -> None:
     with running_sim("--instant") as url:
-        before = httpx.get(f"{url}/sim/stats").json()
-        refused = httpx.post(f"{url}/sim/misbehave", content=orjson.dumps(body))
-        after = httpx.get(f"{url}/sim/stats").json()
+        before = httpx.get(f"{url}/sim/stats", verify=TLS).json()
+        refused = httpx.post(f"{url}/sim/misbehave", content=orjson.dumps(body), verify=TLS)
+        after = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     assert refused.status_code == 400 and words in refused.json()["error"]
     assert {k: v for k, v in after.items() if k not in ("elapsed_s", "probes")} == {
         k: v for k, v in before.items() if k not in ("elapsed_s", "probes")}
@@ -230,26 +230,28 @@ def test_a_misbehaviour_that_makes_no_sense_is_a_400_and_changes_nothing(
 def test_the_own_routes_exist_in_every_flavour_behind_the_api_key(flavor: str) -> None:
     key = {"Authorization": "Bearer k"}
     with running_sim("--instant", "--flavor", flavor, "--api-key", "k") as url:
-        answers = [httpx.get(f"{url}/sim/stats"), httpx.post(f"{url}/sim/misbehave", json={}),
-                   httpx.get(f"{url}/sim/stats", headers=key),
-                   httpx.post(f"{url}/sim/misbehave", json={"fail_rate": 0.5}, headers=key)]
+        answers = [httpx.get(f"{url}/sim/stats", verify=TLS),
+                   httpx.post(f"{url}/sim/misbehave", json={}, verify=TLS),
+                   httpx.get(f"{url}/sim/stats", headers=key, verify=TLS),
+                   httpx.post(f"{url}/sim/misbehave", json={"fail_rate": 0.5}, headers=key,
+                              verify=TLS)]
     assert [r.status_code for r in answers] == [401, 401, 200, 200]
     assert answers[3].json()["fail_rate"] == 0.5
 
 
 def test_stats_count_generation_answers_and_every_other_get_by_path_404s_included() -> None:
     with running_sim("--instant", "--flavor", "strict", "--fail-prompt", "TOO LONG") as url:
-        fresh = httpx.get(f"{url}/sim/stats").json()
+        fresh = httpx.get(f"{url}/sim/stats", verify=TLS).json()
         for path in ("/server_info", "/server_info", "/server_info", "/get_server_info",
                      "/metrics", "/health", "/v1/models"):
-            httpx.get(url + path)
-        httpx.post(f"{url}/abort_request", json={"abort_all": True})
+            httpx.get(url + path, verify=TLS)
+        httpx.post(f"{url}/abort_request", json={"abort_all": True}, verify=TLS)
         # no `model`: a strict server refuses any name but its own
         long = httpx.post(f"{url}/v1/chat/completions",
-                          json={"messages": [{"role": "user", "content": "TOO LONG"}]})
+                          json={"messages": [{"role": "user", "content": "TOO LONG"}]}, verify=TLS)
         fine = httpx.post(f"{url}/v1/chat/completions",
-                          json={"messages": [{"role": "user", "content": "Hello"}]})
-        stats = httpx.get(f"{url}/sim/stats").json()
+                          json={"messages": [{"role": "user", "content": "Hello"}]}, verify=TLS)
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     assert (fresh["requests"], fresh["peak_in_flight"], fresh["probes"]) == (0, 0, {})
     assert (long.status_code, fine.status_code) == (400, 200)
     assert (stats["requests"], stats["answered"], stats["refused"]) == (2, 1, {"400": 1})
@@ -261,10 +263,10 @@ def test_stats_count_generation_answers_and_every_other_get_by_path_404s_include
 
 def test_the_warmup_and_routes_a_flavour_lacks_are_no_generation_requests() -> None:
     with running_sim("--instant", "--flavor", "vllm") as url:
-        generate = httpx.post(f"{url}/generate", json={"text": "hi"})
-        stats = httpx.get(f"{url}/sim/stats").json()
+        generate = httpx.post(f"{url}/generate", json={"text": "hi"}, verify=TLS)
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     with running_sim("--instant") as url:
-        warmed = httpx.get(f"{url}/sim/stats").json()
+        warmed = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     assert generate.status_code == 404
     assert (stats["requests"], stats["refused"], stats["probes"]) == (0, {}, {})
     assert (warmed["requests"], warmed["peak_in_flight"]) == (0, 0)
@@ -275,17 +277,18 @@ REQUEST_ID = re.compile(r" \(request id req_[0-9a-f]{13}\)$")
 
 def test_every_json_error_message_ends_with_a_request_id_of_its_own() -> None:
     with running_sim("--instant", "--error-request-ids") as url:
-        empty = [httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
+        empty = [httpx.post(f"{url}/v1/chat/completions", json={"messages": []}, verify=TLS)
                  for _ in range(2)]
-        generate = httpx.post(f"{url}/generate", json={})
-        missing = httpx.get(f"{url}/nope")
-        fine = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
-        httpx.post(f"{url}/sim/misbehave", json={"status": 503, "seconds": 60})
-        window = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        httpx.post(f"{url}/sim/misbehave", json={"clear": True, "status": 502, "seconds": 60})
-        proxy = httpx.post(f"{url}/v1/chat/completions", json=chat_body())
-        httpx.post(f"{url}/sim/misbehave", json={"clear": True})
-        plain = httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
+        generate = httpx.post(f"{url}/generate", json={}, verify=TLS)
+        missing = httpx.get(f"{url}/nope", verify=TLS)
+        fine = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1), verify=TLS)
+        httpx.post(f"{url}/sim/misbehave", json={"status": 503, "seconds": 60}, verify=TLS)
+        window = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        httpx.post(f"{url}/sim/misbehave", json={"clear": True, "status": 502, "seconds": 60},
+                   verify=TLS)
+        proxy = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), verify=TLS)
+        httpx.post(f"{url}/sim/misbehave", json={"clear": True}, verify=TLS)
+        plain = httpx.post(f"{url}/v1/chat/completions", json={"messages": []}, verify=TLS)
     messages = [empty[0].json()["message"], empty[1].json()["message"],
                 generate.json()["error"]["message"], missing.json()["detail"],
                 window.json()["message"]]
@@ -301,8 +304,9 @@ def test_every_json_error_message_ends_with_a_request_id_of_its_own() -> None:
 
 def test_the_request_id_goes_where_each_flavour_puts_its_message() -> None:
     with running_sim("--instant", "--flavor", "vllm") as url:
-        httpx.post(f"{url}/sim/misbehave", json={"error_request_ids": True})
-        unknown = httpx.post(f"{url}/v1/chat/completions", json=chat_body())  # model "m"
+        httpx.post(f"{url}/sim/misbehave", json={"error_request_ids": True}, verify=TLS)
+        unknown = httpx.post(f"{url}/v1/chat/completions", json=chat_body(),
+                             verify=TLS)  # model "m"
     message = unknown.json()["error"]["message"]
     assert unknown.status_code == 404
     assert message.startswith("The model `m` does not exist. (request id req_")
@@ -320,13 +324,13 @@ def test_a_poison_prompt_is_answered_500_every_time_while_the_others_are_served(
         flavor: str, body: bytes) -> None:
     def ask(url: str, text: str) -> httpx.Response:
         return httpx.post(f"{url}/v1/chat/completions",
-                          json={"messages": [{"role": "user", "content": text}]})
+                          json={"messages": [{"role": "user", "content": text}]}, verify=TLS)
 
     with running_sim("--instant", "--flavor", flavor, "--poison", "BAD MARKER") as url:
         poisoned = [ask(url, "some BAD MARKER here") for _ in range(3)]
         fine = ask(url, "Hello there")
-        stats = httpx.get(f"{url}/sim/stats").json()
-        httpx.post(f"{url}/sim/misbehave", json={"poison": ["OTHER"]})
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
+        httpx.post(f"{url}/sim/misbehave", json={"poison": ["OTHER"]}, verify=TLS)
         now_fine = ask(url, "some BAD MARKER here")
         now_poisoned = ask(url, "an OTHER one")
     assert [(r.status_code, r.content) for r in poisoned] == [(500, body)] * 3
@@ -341,15 +345,16 @@ DURATION = re.compile(r"^(\d+m)?\d+(\.\d+)?s$|^\d+ms$")
 
 def test_the_budget_allows_n_requests_a_minute_with_openais_headers_then_a_429() -> None:
     with running_sim("--instant", "--rpm", "2") as url:
-        first = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
-        second = httpx.post(f"{url}/generate", json={"text": "hi"})
-        third = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
-        health = httpx.get(f"{url}/health")
-        stats = httpx.get(f"{url}/sim/stats").json()
-        httpx.post(f"{url}/sim/misbehave", json={"rpm": None})
-        unlimited = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
-        httpx.post(f"{url}/sim/misbehave", json={"rpm": 5})
-        renewed = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1))
+        first = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1), verify=TLS)
+        second = httpx.post(f"{url}/generate", json={"text": "hi"}, verify=TLS)
+        third = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1), verify=TLS)
+        health = httpx.get(f"{url}/health", verify=TLS)
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
+        httpx.post(f"{url}/sim/misbehave", json={"rpm": None}, verify=TLS)
+        unlimited = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1),
+                               verify=TLS)
+        httpx.post(f"{url}/sim/misbehave", json={"rpm": 5}, verify=TLS)
+        renewed = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=1), verify=TLS)
     assert (first.status_code, second.status_code, third.status_code) == (200, 200, 429)
     for response, remaining in ((first, "1"), (second, "0"), (third, "0"), (renewed, "4")):
         assert response.headers["x-ratelimit-limit-requests"] in ("2", "5")
@@ -371,9 +376,9 @@ def test_every_switch_shows_in_the_state_and_clear_turns_them_all_off() -> None:
     with running_sim("--instant", "--hang", "partial", "--wording", "tgi",
                      "--error-request-ids", "--poison", "X", "--poison", "Y",
                      "--rpm", "9") as url:
-        given = httpx.get(f"{url}/sim/misbehave").json()
-        cleared = httpx.post(f"{url}/sim/misbehave", json={"clear": True}).json()
-        stats = httpx.get(f"{url}/sim/stats").json()
+        given = httpx.get(f"{url}/sim/misbehave", verify=TLS).json()
+        cleared = httpx.post(f"{url}/sim/misbehave", json={"clear": True}, verify=TLS).json()
+        stats = httpx.get(f"{url}/sim/stats", verify=TLS).json()
     switches = ("hang", "wording", "error_request_ids", "poison", "rpm")
     assert [given[k] for k in switches] == ["partial", "tgi", True, ["X", "Y"], 9]
     assert [cleared[k] for k in switches] == [None, None, False, [], None]

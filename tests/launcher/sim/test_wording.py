@@ -14,7 +14,7 @@ import pytest
 
 from launcher.sim.protocol import RequestError
 from launcher.sim.wording import WORDINGS, Ask, fit
-from tests.sim_helpers import chat_body, running_sim
+from tests.sim_helpers import TLS, chat_body, running_sim
 
 CHAT = "/v1/chat/completions"
 MODEL = "sim/Qwen3.6-27B"
@@ -119,7 +119,7 @@ def urls() -> Iterator[dict[str, str]]:
 def test_each_wording_refuses_as_its_engine_does(
         urls: dict[str, str], words: str, text: str, extra: dict[str, Any], status: int,
         body: dict[str, Any]) -> None:
-    response = httpx.post(urls[words] + CHAT, json=chat_body(text, **extra))
+    response = httpx.post(urls[words] + CHAT, json=chat_body(text, **extra), verify=TLS)
     assert response.status_code == status
     assert response.content == orjson.dumps(body)
     assert response.headers["content-type"] == "application/json"
@@ -128,7 +128,7 @@ def test_each_wording_refuses_as_its_engine_does(
 def test_llama_cpp_takes_a_max_tokens_too_large_and_stops_at_the_end_of_the_context(
         urls: dict[str, str]) -> None:
     response = httpx.post(urls["llamacpp"] + CHAT,
-                          json=chat_body(max_tokens=100, ignore_eos=True))
+                          json=chat_body(max_tokens=100, ignore_eos=True), verify=TLS)
     assert response.status_code == 200
     answer = response.json()
     assert answer["choices"][0]["finish_reason"] == "length"
@@ -137,18 +137,20 @@ def test_llama_cpp_takes_a_max_tokens_too_large_and_stops_at_the_end_of_the_cont
 
 @pytest.mark.parametrize("words", WORDINGS)
 def test_a_job_that_fits_is_served_in_every_wording(urls: dict[str, str], words: str) -> None:
-    response = httpx.post(urls[words] + CHAT, json=chat_body(max_tokens=20))
+    response = httpx.post(urls[words] + CHAT, json=chat_body(max_tokens=20), verify=TLS)
     assert response.status_code == 200
 
 
 def test_the_wording_is_switched_while_the_server_runs_and_cleared_to_the_flavours() -> None:
     with running_sim("--instant", "--flavor", "vllm", "--context-length", "64") as url:
-        own = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": LONG}]})
-        state = httpx.post(url + "/sim/misbehave", json={"wording": "tgi"}).json()
+        own = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": LONG}]},
+                         verify=TLS)
+        state = httpx.post(url + "/sim/misbehave", json={"wording": "tgi"}, verify=TLS).json()
         switched = httpx.post(url + CHAT, json={"messages": [{"role": "user",
-                                                              "content": LONG}]})
-        cleared = httpx.post(url + "/sim/misbehave", json={"clear": True}).json()
-        again = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": LONG}]})
+                                                              "content": LONG}]}, verify=TLS)
+        cleared = httpx.post(url + "/sim/misbehave", json={"clear": True}, verify=TLS).json()
+        again = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": LONG}]},
+                           verify=TLS)
     assert (own.status_code, switched.status_code, again.status_code) == (400, 422, 400)
     assert own.json()["error"]["message"].startswith("This model's maximum context length")
     assert switched.json()["error_type"] == "validation"
@@ -159,12 +161,12 @@ def test_the_wording_is_switched_while_the_server_runs_and_cleared_to_the_flavou
 def test_the_strict_flavour_keeps_sglangs_words_in_its_own_shape_unless_told() -> None:
     with running_sim("--instant", "--flavor", "strict", "--context-length", "64") as url:
         body = {"messages": [{"role": "user", "content": LONG}]}
-        own = httpx.post(url + CHAT, json=body)
+        own = httpx.post(url + CHAT, json=body, verify=TLS)
         # transformers serve has no completion cap of its own
         large = httpx.post(url + CHAT, json={**body, "messages": [
-            {"role": "user", "content": "Hello there"}], "max_tokens": 30})
-        httpx.post(url + "/sim/misbehave", json={"wording": "openai"})
-        told = httpx.post(url + CHAT, json=body)
+            {"role": "user", "content": "Hello there"}], "max_tokens": 30}, verify=TLS)
+        httpx.post(url + "/sim/misbehave", json={"wording": "openai"}, verify=TLS)
+        told = httpx.post(url + CHAT, json=body, verify=TLS)
     assert own.status_code == 400 and own.json() == {"detail": (
         "The input (108 tokens) is longer than the model's context length (64 tokens).")}
     assert large.status_code == 200
