@@ -6,9 +6,10 @@ Redis round trips half of a worker's CPU against an instant server, and the call
 record, most of Redis's CPU per prompt: a fleet of short requests (embeddings, short chats)
 would need a Redis core for a few hundred GPUs. `CheckpointWriter.add` queues a record and
 waits; a group closes when `GROUP_RECORDS` records are queued or its window (the settings'
-`checkpoint_window_s`) after its oldest record came, whichever is first, and is sent once the
-previous call is back. A loaded worker fills a group at once; a slow one still commits every
-record within the window.
+`checkpoint_window_s`) after its oldest record came, or a batch's last answer comes (the
+batch waits for nothing more), whichever is first, and is sent once the previous call is
+back. A loaded worker fills a group at once; a slow one still commits every record within the
+window, and no batch waits a window at its end.
 
 The script adds each record once (HSETNX). Counters, the per-worker and per-minute tallies,
 the canary's window and the failure breaker's window move only for a first copy, so a prompt
@@ -62,6 +63,9 @@ class Entry:
     # The failure breaker's token (breaker.outcome): "" for an answer, the cause of a failure;
     # None: the breaker does not count it.
     outcome: str | None = None
+    # The last answer its batch waits for: its group closes at once, so that a batch ends
+    # when its last answer is in, not a window later.
+    closes: bool = False
 
 
 @dataclass
@@ -125,16 +129,17 @@ class CheckpointWriter:
         # A failure closes its group at once: the breaker judges each group that has one,
         # and a job-wide refusal must pause the job within the breaker's window, not a
         # window plus a group.
-        if len(self._queue) >= GROUP_RECORDS or entry.outcome:
+        if len(self._queue) >= GROUP_RECORDS or entry.outcome or entry.closes:
             self._full.set()
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
         return await pending.done
 
-    async def answered(self, job: str, count: int) -> None:
+    async def answered(self, job: str, count: int, closes: bool = False) -> None:
         """Note `count` answers of `job` that skip the checkpoint (an embeddings batch's) in
-        the failure breaker's window, with the next group, and wait for it as `add` does;
-        nothing to do when the breaker is off."""
+        the failure breaker's window, with the next group, and wait for it as `add` does
+        (`closes`: its batch's last, which closes the group at once); nothing to do when the
+        breaker is off."""
         if not self._outcomes_kept or count <= 0:
             return
         loop = asyncio.get_running_loop()
@@ -142,7 +147,7 @@ class CheckpointWriter:
         self._answers.append(noted)
         # As many answers as a group's records close it: an embeddings request's waits for
         # nothing, as when its records filled a group.
-        if sum(n.count for n in self._answers) >= GROUP_RECORDS:
+        if closes or sum(n.count for n in self._answers) >= GROUP_RECORDS:
             self._full.set()
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all())
@@ -163,7 +168,8 @@ class CheckpointWriter:
                 for n in noted:
                     answers.setdefault(n.job, []).append(n)
                 # What is left closes the next group at once if it would have closed this one.
-                if len(self._queue) >= GROUP_RECORDS or any(p.entry.outcome for p in self._queue):
+                if len(self._queue) >= GROUP_RECORDS or any(
+                        p.entry.outcome or p.entry.closes for p in self._queue):
                     self._full.set()
                 else:
                     self._full.clear()

@@ -46,7 +46,7 @@ class Checkpoints(Protocol):
 
     async def add(self, entry: Entry) -> bool: ...
 
-    async def answered(self, job: str, count: int) -> None: ...
+    async def answered(self, job: str, count: int, closes: bool = False) -> None: ...
 
 
 class LiveLedger:
@@ -208,5 +208,5 @@ class ShardedCheckpoints:
     async def add(self, entry: Entry) -> bool:
         return await self._writers[await self._live.shard(entry.job)].add(entry)
 
-    async def answered(self, job: str, count: int) -> None:
-        await self._writers[await self._live.shard(job)].answered(job, count)
+    async def answered(self, job: str, count: int, closes: bool = False) -> None:
+        await self._writers[await self._live.shard(job)].answered(job, count, closes)

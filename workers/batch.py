@@ -143,6 +143,8 @@ class BatchRunner:
         self.backlog = Backlog()
         # Per pool thread: whether this thread's batch still counts as loading in the backlog.
         self._loading = threading.local()
+        # Per batch being answered: how many of its answers are still to be checkpointed.
+        self._left: dict[tuple[str, str], int] = {}
         self._quality, self._checkpoints = loop.run(self._register())
         self._sender = _Sender(settings, backend, self.backlog, self._quality, self._checkpoint,
                                live)
@@ -277,7 +279,11 @@ class BatchRunner:
             attempt = lease.settled_attempts()
         origin = Origin(self.backend.server_url, self.worker, attempt)
         if todo and attempt > self.settings.batch_max_attempts:
-            new = self.loop.run(self._give_up(manifest, batch, todo, origin))
+            self._left[job, batch] = len(todo)
+            try:
+                new = self.loop.run(self._give_up(manifest, batch, todo, origin))
+            finally:
+                self._left.pop((job, batch), None)
             finished.update(new)
             todo = []
         self.backlog.add(loading=-1, unsent=len(todo))
@@ -285,12 +291,15 @@ class BatchRunner:
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
+            self._left[job, batch] = len(todo)
             try:
                 new = self.loop.run(self._sender.generate(manifest, batch, todo, lease, origin))
             except ModelChoiceError as exc:
                 # Every prompt would fail the same way: stop the job where an operator sees it.
                 self.ledger.jobs.set_state(job, STATE_PAUSED, f"model: {exc}")
                 raise
+            finally:
+                self._left.pop((job, batch), None)
             finished.update(new)
         self._write(manifest, sink, batch, prompts, finished, loaded)
         failed = sum(1 for r in finished.values() if is_failure(r))
@@ -359,10 +368,16 @@ class BatchRunner:
         # A rollout's answer holds what its program returned: reasoning there is its choice,
         # so the canary does not count it missing.
         # A thinking model reasons in chat only: a raw completion continues its prompt as is.
+        # The batch's last answer closes its group: the batch waits for nothing else.
+        key = (manifest.name, batch)
+        left = self._left.get(key)
+        closes = left == 1
+        if left is not None:
+            self._left[key] = left - 1
         if manifest.endpoint == EMBEDDINGS and not is_failure(record):
             # The batch is an embedding's group: it waits for the batch's write (and is
             # counted by its recording); the breaker's window only learns it came.
-            await self._checkpoints.answered(manifest.name, 1)
+            await self._checkpoints.answered(manifest.name, 1, closes=closes)
             return
         thinking = (manifest.rollout is None and manifest.endpoint == CHAT
                     and manifest.params.thinking_of(prompt.body))
@@ -373,6 +388,7 @@ class BatchRunner:
             fact=(canary.sample(record, thinking).to_json()
                   if self._quality.window(manifest.name) else b""),
             outcome=breaker.outcome(record),
+            closes=closes,
         ))
 
 

@@ -129,6 +129,41 @@ def test_a_failure_closes_its_group_without_waiting_for_its_window(
     assert asyncio.run(with_writer(redis_url, 0, failing, commit_window_s=60.0)) == 1
 
 
+def test_a_batchs_last_answer_closes_its_group_without_waiting_for_its_window(
+        redis_url: str, redis_client: Any) -> None:
+    # A window of a minute, one answer waiting in it: the last answer its batch waits for
+    # closes the group at once (the batch ends now, not a window later), both in one call.
+    async def last(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
+        answer = writer.add(entry(0))
+        e = entry(1)
+        closing = writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters, e.fact,
+                                   closes=True))
+        assert all(await asyncio.wait_for(asyncio.gather(answer, closing), 30.0))
+        return await script_calls(r)
+
+    assert asyncio.run(with_writer(redis_url, 0, last, commit_window_s=60.0)) == 1
+
+
+def test_a_batchs_last_answer_noted_closes_its_group_without_waiting_for_its_window(
+        redis_url: str, redis_client: Any) -> None:
+    # An embeddings batch's last answer, noted for the breaker: no window either.
+    async def body() -> None:
+        r = aioredis.Redis.from_url(redis_url)
+        async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
+            return None
+
+        writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 60.0,
+                                  judge_failures, 100)
+        try:
+            await asyncio.wait_for(asyncio.gather(writer.answered(JOB, 3),
+                                                  writer.answered(JOB, 1, closes=True)), 30.0)
+        finally:
+            await r.aclose()
+
+    asyncio.run(body())
+    assert redis_client.llen(keys.job_part(JOB, "outcomes")) == 4
+
+
 def test_a_group_with_copies_already_there_counts_only_its_first_copies(
         redis_url: str, redis_client: Any) -> None:
     # The group's sums come from the writer; when some of its records were there already the

@@ -10,6 +10,7 @@ so no prompt is sent or counted twice.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,7 +179,10 @@ def events(redis_client: Any) -> Events:
 
 @pytest.fixture
 def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchRunner]:
+           monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+           ) -> Iterator[BatchRunner]:
+    """A worker's BatchRunner on FakeServer, with one batch of PROMPTS; parametrized
+    indirectly, its checkpoint window in seconds (else the settings' default)."""
     monkeypatch.setattr("workers.backend.ServerClient", FakeServer)
     monkeypatch.setattr("workers.batch.open_sink",
                         lambda uri, **_: RecordingSink(Path(uri), events))
@@ -193,8 +197,10 @@ def runner(redis_url: str, redis_client: Any, tmp_path: Path, events: Events,
                                          b"".join(orjson.dumps(r) + b"\n" for r in rows))
     # Built as a worker builds it; retries at once: the tests count tries, not waits.
     runtime = WorkerRuntime()
-    runtime.configure(Settings(redis_url=redis_url, retry_backoff_s=0.0, retry_backoff_max_s=0.0),
-                      "w0@test", [], "http://fake:30000")
+    window: dict[str, float] = ({"checkpoint_window_s": request.param}
+                                if hasattr(request, "param") else {})
+    runtime.configure(Settings(redis_url=redis_url, retry_backoff_s=0.0, retry_backoff_max_s=0.0,
+                               **window), "w0@test", [], "http://fake:30000")
     assert runtime.ledger is not None
     runtime.ledger.close()
     runtime.ledger = ledger
@@ -228,6 +234,17 @@ def test_checkpoint_then_errors_then_results_then_finish_then_release(
                       redis_client.hgetall(keys.job_part(JOB, "written")).items()}
     assert written_counts["prompts_done"] == 5 and written_counts["prompts_failed"] == 1
     assert runner.ledger.leases.attempts(JOB, BATCH) == 0  # a finished batch spends no attempt
+
+
+@pytest.mark.parametrize("runner", [3600.0], indirect=True)
+def test_a_batch_ends_when_its_last_answer_is_in_not_a_checkpoint_window_later(
+        runner: BatchRunner, redis_client: Any, tmp_path: Path) -> None:
+    # A checkpoint window of an hour: the batch's last answer closes its group, so the batch
+    # is written and recorded now (the future's wait is far under the window).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(runner.run, JOB, BATCH).result(timeout=120)
+    assert (outcome.status, outcome.done, outcome.failed) == ("done", 5, 1)
+    assert written(tmp_path, "results") == [p for p in PROMPTS if p != BAD]
 
 
 def test_a_rerun_sends_only_the_prompts_missing_from_the_checkpoint(
