@@ -9,7 +9,9 @@ come in a row, and a server that fails what it is sent is taken out of rotation 
 (workers/flow.py) instead of failing prompts.
 
 Each finished prompt's outcome goes to a capped list under the job in the same script call as
-its checkpoint (record_group.lua): "" for an answer, the failure's `cause` for a failure.
+its checkpoint (record_group.lua): "" for an answer, the failure's `cause` for a failure; the
+answers that skip the checkpoint (an embeddings batch's) go there as a count, in the next
+group's call (CheckpointWriter.answered).
 After a group that recorded failures, the same call returns the list, and the worker judges
 it on its loop (`Breaker.judge`): it trips when the newest `streak` outcomes are failures with
 one cause, or when one cause makes at least `share` of the last `window` outcomes. A trip
