@@ -254,12 +254,10 @@ def split_choices(response: ChatCompletion) -> list[ChatCompletion]:
             for choice, out, think in zip(choices, completion, reasoned, strict=True)]
 
 
-def embedding_record(
-    prompt_id: str, line: int, vectors: list[str], prompt_tokens: int, latency_s: float,
-    origin: Origin, asked_format: str,
-) -> AnswerRecord:
-    """The answer of an embeddings prompt: its vectors (base64 float32, `vector_b64`), its
-    share of the request's prompt tokens, and the format its line asked for."""
+def _pooled_record(prompt_id: str, line: int, prompt_tokens: int, latency_s: float,
+                   origin: Origin) -> AnswerRecord:
+    """What the answer of a prompt that generates nothing (embeddings, classify) holds beside
+    its own fields: no text, its share of the request's prompt tokens, where it was made."""
     return {
         "id": prompt_id,
         "line": line,
@@ -272,9 +270,19 @@ def embedding_record(
         "server": origin.server,
         "worker": origin.worker,
         "attempt": origin.attempt,
-        "embedding": vectors,
-        "embedding_format": asked_format,
     }
+
+
+def embedding_record(
+    prompt_id: str, line: int, vectors: list[str], prompt_tokens: int, latency_s: float,
+    origin: Origin, asked_format: str,
+) -> AnswerRecord:
+    """The answer of an embeddings prompt: its vectors (base64 float32, `vector_b64`), its
+    share of the request's prompt tokens, and the format its line asked for."""
+    record = _pooled_record(prompt_id, line, prompt_tokens, latency_s, origin)
+    record["embedding"] = vectors
+    record["embedding_format"] = asked_format
+    return record
 
 
 def classified_record(
@@ -283,21 +291,10 @@ def classified_record(
 ) -> AnswerRecord:
     """The answer of a classify prompt: each text's label and probabilities (`items`: its
     texts' entries of the answer's `data`), and its share of the request's prompt tokens."""
-    return {
-        "id": prompt_id,
-        "line": line,
-        "reasoning_content": None,
-        "content": "",
-        "tool_calls": None,
-        "finish_reason": None,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "reasoning_tokens": 0},
-        "latency_s": round(latency_s, 4),
-        "server": origin.server,
-        "worker": origin.worker,
-        "attempt": origin.attempt,
-        "label": [d.get("label") for d in items],
-        "probs": [[float(p) for p in d["probs"]] for d in items],
-    }
+    record = _pooled_record(prompt_id, line, prompt_tokens, latency_s, origin)
+    record["label"] = [d.get("label") for d in items]
+    record["probs"] = [[float(p) for p in d["probs"]] for d in items]
+    return record
 
 
 def split_pooled(

@@ -434,16 +434,29 @@ def _openai_completion(request: dict[str, Any]) -> RequestBody:
     return body
 
 
-def _openai_embedding(request: dict[str, Any]) -> RequestBody:
+def _pooled_body(request: dict[str, Any], fields: tuple[str, ...], what: str,
+                 no_sampling: str) -> dict[str, Any]:
+    """The `input` and `user` of the body of a request that generates nothing (`what`: "an
+    embeddings", "a classify"), after refusing a field not among `fields` (and model)."""
     for key in request:
-        if key != "model" and key not in EMBEDDING_FIELDS:
-            raise _Invalid(f"body.{key}", _NO_SAMPLING if key in SAMPLING_PARAMS else
-                           _unknown_field(key, EMBEDDING_FIELDS, "an embeddings body has "
-                                          f"{', '.join(EMBEDDING_FIELDS)} (and model)"))
+        if key != "model" and key not in fields:
+            raise _Invalid(f"body.{key}", no_sampling if key in SAMPLING_PARAMS else
+                           _unknown_field(key, fields, f"{what} body has "
+                                          f"{', '.join(fields)} (and model)"))
     if request.get("input") is None:
-        raise _Invalid("body.input", "missing; an embeddings body has input: a string or a list "
+        raise _Invalid("body.input", f"missing; {what} body has input: a string or a list "
                        "of strings")
     body: dict[str, Any] = {"input": _embedding_input(request["input"])}
+    user = request.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise _Invalid("body.user", f"expected a string; got {_show(user)}")
+        body["user"] = user
+    return body
+
+
+def _openai_embedding(request: dict[str, Any]) -> RequestBody:
+    body = _pooled_body(request, EMBEDDING_FIELDS, "an embeddings", _NO_SAMPLING)
     dimensions = request.get("dimensions")
     if dimensions is not None:
         if not _is_int(dimensions) or dimensions < 1:
@@ -455,29 +468,11 @@ def _openai_embedding(request: dict[str, Any]) -> RequestBody:
             raise _Invalid("body.encoding_format", f"expected one of "
                            f"{', '.join(ENCODING_FORMATS)}; got {_show(encoding)}")
         body["encoding_format"] = encoding
-    user = request.get("user")
-    if user is not None:
-        if not isinstance(user, str):
-            raise _Invalid("body.user", f"expected a string; got {_show(user)}")
-        body["user"] = user
     return cast("RequestBody", body)
 
 
 def _openai_classify(request: dict[str, Any]) -> RequestBody:
-    for key in request:
-        if key != "model" and key not in CLASSIFY_FIELDS:
-            raise _Invalid(f"body.{key}", _NO_SAMPLING_CLASSIFY if key in SAMPLING_PARAMS else
-                           _unknown_field(key, CLASSIFY_FIELDS, "a classify body has "
-                                          f"{', '.join(CLASSIFY_FIELDS)} (and model)"))
-    if request.get("input") is None:
-        raise _Invalid("body.input", "missing; a classify body has input: a string or a list "
-                       "of strings")
-    body: dict[str, Any] = {"input": _embedding_input(request["input"])}
-    user = request.get("user")
-    if user is not None:
-        if not isinstance(user, str):
-            raise _Invalid("body.user", f"expected a string; got {_show(user)}")
-        body["user"] = user
+    body = _pooled_body(request, CLASSIFY_FIELDS, "a classify", _NO_SAMPLING_CLASSIFY)
     activation = request.get("use_activation")
     if activation is not None:
         if not isinstance(activation, bool):
