@@ -144,23 +144,27 @@ def test_a_batchs_last_answer_closes_its_group_without_waiting_for_its_window(
     assert asyncio.run(with_writer(redis_url, 0, last, commit_window_s=60.0)) == 1
 
 
+async def noting(redis_url: str, *notes: tuple[int, bool]) -> None:
+    """Note answers that skip the checkpoint, (count, closes) each at once, with a breaker that
+    keeps 100 outcomes and a window of a minute; fails if they wait for the window."""
+    r = aioredis.Redis.from_url(redis_url)
+
+    async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
+        return None
+
+    writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 60.0,
+                              judge_failures, 100)
+    try:
+        await asyncio.wait_for(asyncio.gather(
+            *(writer.answered(JOB, count, closes=closes) for count, closes in notes)), 30.0)
+    finally:
+        await r.aclose()
+
+
 def test_a_batchs_last_answer_noted_closes_its_group_without_waiting_for_its_window(
         redis_url: str, redis_client: Any) -> None:
     # An embeddings batch's last answer, noted for the breaker: no window either.
-    async def body() -> None:
-        r = aioredis.Redis.from_url(redis_url)
-        async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
-            return None
-
-        writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 60.0,
-                                  judge_failures, 100)
-        try:
-            await asyncio.wait_for(asyncio.gather(writer.answered(JOB, 3),
-                                                  writer.answered(JOB, 1, closes=True)), 30.0)
-        finally:
-            await r.aclose()
-
-    asyncio.run(body())
+    asyncio.run(noting(redis_url, (3, False), (1, True)))
     assert redis_client.llen(keys.job_part(JOB, "outcomes")) == 4
 
 
@@ -236,17 +240,5 @@ def test_answers_that_skip_the_checkpoint_reach_the_breakers_window_in_the_next_
 def test_a_group_closes_at_its_size_in_answers_noted_without_waiting_for_its_window(
         redis_url: str, redis_client: Any) -> None:
     # An embeddings request's answers, noted together, close their group as its records did.
-    async def body() -> None:
-        r = aioredis.Redis.from_url(redis_url)
-        async def judge_failures(job: str, entries: list[Entry], seen: Any) -> None:
-            return None
-
-        writer = CheckpointWriter(r, "gpu0@test", Recorder(), lambda job: 0, 60.0,
-                                  judge_failures, 100)
-        try:
-            await asyncio.wait_for(writer.answered(JOB, GROUP_RECORDS), 30.0)
-        finally:
-            await r.aclose()
-
-    asyncio.run(body())
+    asyncio.run(noting(redis_url, (GROUP_RECORDS, False)))
     assert redis_client.llen(keys.job_part(JOB, "outcomes")) == GROUP_RECORDS
