@@ -487,7 +487,7 @@ def test_the_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_layer()
     assert [line for line in commands if f"`{line}`" not in readme] == []
     assert "whole test suite, two test files at a time" in readme
     assert "about 32 minutes on two cores (CI runs exactly this line" in readme
-    assert "The fast layer alone takes about 70 s on an idle two-core machine" in readme
+    assert "The fast layer alone takes about 53 s on an idle two-core machine" in readme
 
 
 def test_the_walkthrough_says_what_flower_and_an_s3_output_want() -> None:
