@@ -486,7 +486,7 @@ def test_the_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_layer()
     assert len(commands) == 3
     assert [line for line in commands if f"`{line}`" not in readme] == []
     assert "whole test suite, two test files at a time" in readme
-    assert "about 32 minutes on two cores (CI runs exactly this line" in readme
+    assert "about 22 minutes on two cores, 23 with the other core busy (CI runs exactly" in readme
     assert "The fast layer alone takes about 53 s on an idle two-core machine" in readme
 
 
