@@ -32,10 +32,11 @@ and rotation; what the worker holds is counted in its backlog (workers/backlog.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -253,9 +254,10 @@ class BatchRunner:
         if self._sink_call(lambda: sink.exists(keys.sink_result(job, batch))):
             # Written, but its worker died before recording it: count it from the sink.
             records = self._sink_call(lambda: list(batch_records(sink, job, batch)))
+            live = (answered_counts(records, self.ledger.batches.checkpoint(job, batch))
+                    if _batch_is_group(manifest) else {})
             self.ledger.batches.finish_and_settle(
-                job, batch, written_counts(records), self.worker, [],
-                live=self._unchecked(manifest, records, self.ledger.batches.checkpoint(job, batch)))
+                job, batch, written_counts(records), self.worker, [], live=live)
             return Outcome(status="already-done", batch=batch, attempt=lease.attempt)
         return self._generate_and_write(manifest, sink, lease)
 
@@ -273,17 +275,14 @@ class BatchRunner:
             raise JobError(f"{where} is missing")
         prompts = [Prompt(**orjson.loads(line)) for line in raw.splitlines() if line]
         finished = self.ledger.batches.checkpoint(job, batch)
-        loaded = dict(finished)
+        loaded = frozenset(finished)
         todo = [p for p in prompts if p.key not in finished]
         if todo and attempt > self.settings.batch_max_attempts:
             attempt = lease.settled_attempts()
         origin = Origin(self.backend.server_url, self.worker, attempt)
         if todo and attempt > self.settings.batch_max_attempts:
-            self._left[job, batch] = len(todo)
-            try:
+            with self._answering(job, batch, len(todo)):
                 new = self.loop.run(self._give_up(manifest, batch, todo, origin))
-            finally:
-                self._left.pop((job, batch), None)
             finished.update(new)
             todo = []
         self.backlog.add(loading=-1, unsent=len(todo))
@@ -291,15 +290,14 @@ class BatchRunner:
         if todo:
             log.info("batch %s/%s: %d prompts (%d resumed), attempt %d",
                      job, batch, len(todo), len(prompts) - len(todo), attempt)
-            self._left[job, batch] = len(todo)
             try:
-                new = self.loop.run(self._sender.generate(manifest, batch, todo, lease, origin))
+                with self._answering(job, batch, len(todo)):
+                    new = self.loop.run(
+                        self._sender.generate(manifest, batch, todo, lease, origin))
             except ModelChoiceError as exc:
                 # Every prompt would fail the same way: stop the job where an operator sees it.
                 self.ledger.jobs.set_state(job, STATE_PAUSED, f"model: {exc}")
                 raise
-            finally:
-                self._left.pop((job, batch), None)
             finished.update(new)
         self._write(manifest, sink, batch, prompts, finished, loaded)
         failed = sum(1 for r in finished.values() if is_failure(r))
@@ -326,9 +324,9 @@ class BatchRunner:
 
     def _write(
         self, manifest: JobManifest, sink: Sink, batch: str, prompts: list[Prompt],
-        finished: dict[str, OutputRecord], loaded: dict[str, OutputRecord],
+        finished: dict[str, OutputRecord], loaded: frozenset[str],
     ) -> None:
-        """Write the batch's objects, each once, and record it (`loaded`: the records its
+        """Write the batch's objects, each once, and record it (`loaded`: the keys its
         checkpoint held when this run began, counted already)."""
         job = manifest.name
         ordered = [finished[p.key] for p in prompts]
@@ -347,20 +345,20 @@ class BatchRunner:
         records = ordered if wrote else self._sink_call(
             lambda: list(batch_records(sink, job, batch)))
         counts = written_counts(records)
-        live = self._unchecked(manifest, records, loaded)
+        live = answered_counts(records, loaded) if _batch_is_group(manifest) else {}
         reasons = [orjson.dumps({"batch": batch, **r["error"], "id": r["custom_id"]}) for r in bad]
         on_redis(f"batch {job}/{batch}: finish", lambda: self.ledger.batches.finish_and_settle(
             job, batch, counts, self.worker, reasons if wrote else [], size, live=live))
 
-    @staticmethod
-    def _unchecked(manifest: JobManifest, written: list[OutputRecord],
-                   checkpointed: Mapping[str, OutputRecord]) -> dict[str, float]:
-        """What the written batch's answers that skipped the checkpoint add to the live
-        counters: an embeddings job's (`_checkpoint`), but those its checkpoint holds (written
-        there before its answers skipped it); none for other jobs."""
-        if manifest.endpoint != EMBEDDINGS:
-            return {}
-        return answered_counts(written, checkpointed)
+    @contextlib.contextmanager
+    def _answering(self, job: str, batch: str, answers: int) -> Iterator[None]:
+        """While `answers` of the batch are being made: `_checkpoint` counts them down, and
+        the last closes its checkpoint group."""
+        self._left[job, batch] = answers
+        try:
+            yield
+        finally:
+            self._left.pop((job, batch), None)
 
     async def _checkpoint(
         self, manifest: JobManifest, batch: str, prompt: Prompt, record: OutputRecord
@@ -374,7 +372,7 @@ class BatchRunner:
         closes = left == 1
         if left is not None:
             self._left[key] = left - 1
-        if manifest.endpoint == EMBEDDINGS and not is_failure(record):
+        if _batch_is_group(manifest) and not is_failure(record):
             # The batch is an embedding's group: it waits for the batch's write (and is
             # counted by its recording); the breaker's window only learns it came.
             await self._checkpoints.answered(manifest.name, 1, closes=closes)
@@ -526,7 +524,7 @@ class _Sender:
         except RetryableError as exc:
             records = self._failed(ask, exc, origin)
         else:
-            records = [_pooled_record(kind, p, items, tokens, latency, origin)
+            records = [_pooled_answer(kind, p, items, tokens, latency, origin)
                        for p, (items, tokens) in zip(
                            ask, split_pooled(response, counts, weights), strict=True)]
         finally:
@@ -663,7 +661,15 @@ def _embed_asks(todo: list[Prompt], kind: Endpoint, size: int) -> list[list[Prom
     return asks
 
 
-def _pooled_record(kind: Endpoint, prompt: Prompt, items: list[dict[str, Any]], tokens: int,
+def _batch_is_group(manifest: JobManifest) -> bool:
+    """Whether the job's answers skip the checkpoint, their batch being their group: an
+    embeddings job's (a vector is kilobytes, most of Redis's cost per record, and a batch of
+    texts is seconds of a GPU); they are counted by the batch's recording
+    (`records.answered_counts`)."""
+    return manifest.endpoint == EMBEDDINGS
+
+
+def _pooled_answer(kind: Endpoint, prompt: Prompt, items: list[dict[str, Any]], tokens: int,
                    latency: float, origin: Origin) -> OutputRecord:
     """A prompt's record from its texts' entries of an embeddings or classify answer."""
     if kind.name == CLASSIFY:
