@@ -274,13 +274,14 @@ def _pooled_record(prompt_id: str, line: int, prompt_tokens: int, latency_s: flo
 
 
 def embedding_record(
-    prompt_id: str, line: int, vectors: list[str], prompt_tokens: int, latency_s: float,
-    origin: Origin, asked_format: str,
+    prompt_id: str, line: int, items: list[dict[str, Any]], prompt_tokens: int,
+    latency_s: float, origin: Origin, asked_format: str,
 ) -> AnswerRecord:
-    """The answer of an embeddings prompt: its vectors (base64 float32, `vector_b64`), its
-    share of the request's prompt tokens, and the format its line asked for."""
+    """The answer of an embeddings prompt: its texts' vectors (`items`: its texts' entries of
+    the answer's `data`) as base64 float32 (`vector_b64`), its share of the request's prompt
+    tokens, and the format its line asked for."""
     record = _pooled_record(prompt_id, line, prompt_tokens, latency_s, origin)
-    record["embedding"] = vectors
+    record["embedding"] = [vector_b64(d["embedding"]) for d in items]
     record["embedding_format"] = asked_format
     return record
 
@@ -312,14 +313,6 @@ def split_pooled(
         out.append((data[at:at + count], share))
         at += count
     return out
-
-
-def split_embeddings(
-    response: ChatCompletion, counts: list[int], weights: list[int],
-) -> list[tuple[list[str], int]]:
-    """`split_pooled` of an embeddings request: each prompt's vectors as base64 float32."""
-    return [([vector_b64(d["embedding"]) for d in items], share)
-            for items, share in split_pooled(response, counts, weights)]
 
 
 def vector_b64(embedding: list[float] | str) -> str:

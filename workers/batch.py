@@ -74,7 +74,6 @@ from fleetgen.records import (
     result_record,
     split_choices,
     split_pooled,
-    vector_b64,
     written_counts,
 )
 from fleetgen.retry import on_redis, on_sink, with_attempts
@@ -674,8 +673,7 @@ def _pooled_answer(kind: Endpoint, prompt: Prompt, items: list[dict[str, Any]], 
     """A prompt's record from its texts' entries of an embeddings or classify answer."""
     if kind.name == CLASSIFY:
         return classified_record(prompt.id, prompt.line, items, tokens, latency, origin)
-    return embedding_record(prompt.id, prompt.line, [vector_b64(d["embedding"]) for d in items],
-                            tokens, latency, origin,
+    return embedding_record(prompt.id, prompt.line, items, tokens, latency, origin,
                             str(prompt.body.get("encoding_format") or "float"))
 
 

@@ -3,7 +3,7 @@ job's vectors exact through Parquet (float16 close), its Parquet written a row g
 and what is refused.
 
 Jobs are written into a real folder sink the way the workers write them (`result_record` of a
-raw completion, `embedding_record` of `split_embeddings`), the manifest into a real Redis;
+raw completion, `embedding_record` of `split_pooled`), the manifest into a real Redis;
 `python -m producer export` runs in-process (`producer.cli.main`).
 """
 
@@ -25,7 +25,7 @@ from fleetgen.records import (
     embedding_record,
     error_record,
     result_record,
-    split_embeddings,
+    split_pooled,
     vector_floats,
 )
 from fleetgen.sink import Sink, open_sink
@@ -92,10 +92,10 @@ class EndpointJob(Job):
                 for n, vector in enumerate(self.vector(i, t) for i, c in zip(ids, counts, strict=True)
                                            for t in range(c))]
         response = {"object": "list", "data": data, "usage": {"prompt_tokens": 3 * len(data)}}
-        return [dict(embedding_record(i, self.line(i), vectors, tokens, 0.125, ORIGIN,
+        return [dict(embedding_record(i, self.line(i), items, tokens, 0.125, ORIGIN,
                                       self.formats.get(i, "float")))
-                for i, (vectors, tokens) in zip(
-                    ids, split_embeddings(response, counts, counts), strict=True)]  # type: ignore[arg-type]
+                for i, (items, tokens) in zip(
+                    ids, split_pooled(response, counts, counts), strict=True)]  # type: ignore[arg-type]
 
     def floats(self, prompt_id: str) -> list[list[float]]:
         """The vectors of a prompt as its record keeps them, as float32 values."""
