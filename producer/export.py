@@ -36,7 +36,7 @@ import importlib.util
 import os
 import secrets
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Self, TypedDict, cast
@@ -279,7 +279,6 @@ ROW_GROUP_ROWS = 65_536
 def _write_parquet(path: Path, rows: Iterable[OutputRecord], *, sampled: bool,
                    grouped: bool, rollout: bool) -> int:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     # A fixed schema: every row group must have the same one, whatever its first rows hold.
     columns = {**PARQUET_COLUMNS, **(ROLLOUT_COLUMNS if rollout else {})}
@@ -295,13 +294,23 @@ def _write_parquet(path: Path, rows: Iterable[OutputRecord], *, sampled: bool,
     else:
         schema = pa.schema(fields)
         items = (_parquet_row(r, rollout) for r in rows)
+    return _write_row_groups(path, schema, items, _text_size)
+
+
+def _write_row_groups(path: Path, schema: Any, items: Iterable[dict[str, Any]],
+                      size: Callable[[dict[str, Any]], int] = lambda item: 0) -> int:
+    """Stream `items` into a Parquet file of `schema`, a row group written each ROW_GROUP_ROWS
+    rows or ROW_GROUP_BYTES of `size`, whichever comes first; the rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     buffer: list[dict[str, Any]] = []
     count = buffered = 0
     with pq.ParquetWriter(path, schema) as writer:
         for item in items:
             buffer.append(item)
             count += 1
-            buffered += _text_size(item)
+            buffered += size(item)
             if buffered >= ROW_GROUP_BYTES or len(buffer) >= ROW_GROUP_ROWS:
                 writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
                 buffer = []
@@ -400,24 +409,11 @@ def _class_rows(record: OutputRecord) -> Iterator[dict[str, Any]]:
 def _write_classes_parquet(path: Path, rows: Iterable[OutputRecord]) -> int:
     """One row per text, a row group written each ROW_GROUP_ROWS rows."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     fields = [(name, pa.type_for_alias(kind)) for name, kind in CLASS_COLUMNS.items()]
     fields.insert(4, ("probs", pa.list_(pa.float64())))
-    schema = pa.schema(fields)
-    buffer: list[dict[str, Any]] = []
-    count = 0
-    with pq.ParquetWriter(path, schema) as writer:
-        for record in rows:
-            for row in _class_rows(record):
-                buffer.append(row)
-                count += 1
-            if len(buffer) >= ROW_GROUP_ROWS:
-                writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
-                buffer = []
-        if buffer or not count:
-            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
-    return count
+    return _write_row_groups(path, pa.schema(fields),
+                             (row for record in rows for row in _class_rows(record)))
 
 
 class _VectorGroup:
