@@ -27,7 +27,7 @@ import orjson
 from fastapi import Request, Response
 
 from launcher.sim import protocol
-from launcher.sim.embeddings import check_length, sglang_check_input, submit_all, tokens_of
+from launcher.sim.embeddings import check_length, forward, sglang_check_input, tokens_of
 from launcher.sim.protocol import ClassifyRequest, RequestError, bad_request
 from launcher.sim.simulator import Simulator
 from launcher.sim.stress import answered
@@ -95,14 +95,8 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
     index = sim.count_request()
     for tokens in lengths:
         check_length(sim, tokens)
-    key = b"\x00".join(i.encode() if isinstance(i, str) else repr(i).encode() for i in inputs)
-    sim.fail_if_drawn(key, index)
     rid = "classify-" + uuid.uuid4().hex
-    sreqs = submit_all(sim, rid, lengths)
-    for sreq in sreqs:
-        await sim.wait_done(sreq, request)
-    if any(sreq.aborted for sreq in sreqs):
-        raise protocol.flavor_error(flavor, 500, "Aborted", "InternalServerError")
+    await forward(sim, request, inputs, lengths, index, rid)
     labels = len(cfg.label_names)
     logits = [logits_of(item, labels, cfg.seed) for item in inputs]
     return orjson.dumps(_body(sim, req, logits, sum(lengths), rid))

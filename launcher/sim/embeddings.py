@@ -138,7 +138,7 @@ def _body(sim: Simulator, req: EmbeddingRequest, vectors: list[list[float]],
                       "reasoning_tokens": 0, "completion_tokens_details": None}}
 
 
-def submit_all(sim: Simulator, rid: str, lengths: list[int]) -> list[SimRequest]:
+def _submit_all(sim: Simulator, rid: str, lengths: list[int]) -> list[SimRequest]:
     """One sequence per input; refused whole if the server refuses any."""
     sreqs: list[SimRequest] = []
     try:
@@ -151,6 +151,21 @@ def submit_all(sim: Simulator, rid: str, lengths: list[int]) -> list[SimRequest]
             sim.scheduler.abort_request(sreq)
         raise
     return sreqs
+
+
+async def forward(sim: Simulator, request: Request, inputs: list[str | list[int]],
+                  lengths: list[int], index: int, rid: str) -> None:
+    """The pooling forward of a request's sequences (`inputs`, of `lengths` tokens; the
+    `index`th request): a drawn failure first (--fail-rate), then each sequence queued and
+    waited for, refused whole if any is; 500 "Aborted" when one was aborted. Embeddings and
+    classify run it alike."""
+    key = b"\x00".join(i.encode() if isinstance(i, str) else repr(i).encode() for i in inputs)
+    sim.fail_if_drawn(key, index)
+    sreqs = _submit_all(sim, rid, lengths)
+    for sreq in sreqs:
+        await sim.wait_done(sreq, request)
+    if any(sreq.aborted for sreq in sreqs):
+        raise protocol.flavor_error(sim.cfg.flavor, 500, "Aborted", "InternalServerError")
 
 
 async def _answer(sim: Simulator, request: Request) -> bytes:
@@ -169,15 +184,9 @@ async def _answer(sim: Simulator, request: Request) -> bytes:
     if not cfg.is_embedding:
         raise protocol.wrong_mode(flavor, "embeddings")
     _check_dimensions(sim, req.dimensions)
-    key = b"\x00".join(i.encode() if isinstance(i, str) else repr(i).encode() for i in inputs)
-    sim.fail_if_drawn(key, index)
     rid = ("embd-" + (request.headers.get("x-request-id") or req.request_id
                       or uuid.uuid4().hex)) if flavor == "vllm" else uuid.uuid4().hex
-    sreqs = submit_all(sim, rid, lengths)
-    for sreq in sreqs:
-        await sim.wait_done(sreq, request)
-    if any(sreq.aborted for sreq in sreqs):
-        raise protocol.flavor_error(flavor, 500, "Aborted", "InternalServerError")
+    await forward(sim, request, inputs, lengths, index, rid)
     vectors = [embedding_of(item, cfg.embedding_dim, cfg.seed, req.dimensions)
                for item in inputs]
     return orjson.dumps(_body(sim, req, vectors, sum(lengths), rid))
