@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import orjson
+import pytest
 import redis.asyncio as aioredis
 
 from fleetgen import keys
@@ -114,34 +116,23 @@ def test_a_group_closes_at_its_size_without_waiting_for_its_window(redis_url: st
     assert asyncio.run(with_writer(redis_url, 0, full, commit_window_s=60.0)) == 2
 
 
-def test_a_failure_closes_its_group_without_waiting_for_its_window(
-        redis_url: str, redis_client: Any) -> None:
-    # A window of a minute, one answer waiting in it: a failure added after it closes the
-    # group at once (the breaker judges it now), both in one call.
-    async def failing(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
+@pytest.mark.parametrize("closing", [
+    # a failure: the breaker judges it now
+    {"outcome": "invalid_request"},
+    # the last answer its batch waits for: the batch ends now, not a window later
+    {"closes": True},
+], ids=["a-failure", "a-batchs-last-answer"])
+def test_an_entry_that_closes_its_group_sends_it_without_waiting_for_its_window(
+        closing: dict[str, Any], redis_url: str, redis_client: Any) -> None:
+    # A window of a minute, one answer waiting in it: the entry added after it closes the
+    # group at once, both in one call.
+    async def closed(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
         answer = writer.add(entry(0))
-        e = entry(1)
-        failure = writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters, e.fact,
-                                   outcome="invalid_request"))
-        assert all(await asyncio.wait_for(asyncio.gather(answer, failure), 30.0))
+        last = writer.add(dataclasses.replace(entry(1), **closing))
+        assert all(await asyncio.wait_for(asyncio.gather(answer, last), 30.0))
         return await script_calls(r)
 
-    assert asyncio.run(with_writer(redis_url, 0, failing, commit_window_s=60.0)) == 1
-
-
-def test_a_batchs_last_answer_closes_its_group_without_waiting_for_its_window(
-        redis_url: str, redis_client: Any) -> None:
-    # A window of a minute, one answer waiting in it: the last answer its batch waits for
-    # closes the group at once (the batch ends now, not a window later), both in one call.
-    async def last(writer: CheckpointWriter, judge: Recorder, r: Any) -> int:
-        answer = writer.add(entry(0))
-        e = entry(1)
-        closing = writer.add(Entry(e.job, e.batch, e.prompt_id, e.record, e.counters, e.fact,
-                                   closes=True))
-        assert all(await asyncio.wait_for(asyncio.gather(answer, closing), 30.0))
-        return await script_calls(r)
-
-    assert asyncio.run(with_writer(redis_url, 0, last, commit_window_s=60.0)) == 1
+    assert asyncio.run(with_writer(redis_url, 0, closed, commit_window_s=60.0)) == 1
 
 
 async def noting(redis_url: str, *notes: tuple[int, bool]) -> None:
